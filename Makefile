@@ -1,0 +1,34 @@
+# Two entry points: `make run` (the stack and the main job) and `make test` (the suite).
+# Both are idempotent and need nothing done by hand on a fresh machine (Python 3.11+,
+# Java 17, Maven).
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+LIBS    := broker/libs/.fetched
+
+.PHONY: run test setup broker-libs clean stop
+
+setup: $(STAMP) $(LIBS)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+$(LIBS): broker/pom.xml
+	mvn -q -B -f broker/pom.xml dependency:copy-dependencies
+	touch $@
+
+run: setup
+	$(BIN)/steadyrl up
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+stop:
+	-$(BIN)/steadyrl broker stop
+
+clean: stop
+	rm -rf $(VENV) broker/libs .steadyrl

@@ -1,0 +1,372 @@
+"""A consume-transform-produce stage: the delivery rules of every steadyrl worker.
+
+Guarantee (mode="transactional"): each input record yields its outputs (or its DLQ record)
+exactly once as seen by read_committed consumers, across crashes (SIGKILL included),
+restarts and rebalances. Assumptions: outputs are produced only by this stage's producer,
+the instance's `transactional.id` is stable across its restarts (else the open transaction
+of a dead instance is aborted only after `transaction.timeout.ms`), and downstream reads
+with isolation.level=read_committed.
+
+Guarantee (mode="at_least_once"): outputs are delivered (acks=all, idempotent producer)
+before the input offsets are committed; after a crash some outputs may repeat.
+
+The loop is flat, as in confluent-kafka's eos example:
+
+    consume batch -> pause -> transform in a worker thread while polling -> resume
+    -> begin txn -> produce outputs + DLQ records -> send offsets -> commit
+    (abort + rewind to committed offsets if the transaction requires abort)
+
+A record the codec refuses, or whose handler raises, goes to `rl.dlq` with its reason in
+the same transaction as the batch's outputs. A handler that raises `RetryLater` makes the
+whole batch wait: nothing is committed, the consumer rewinds, and the batch is retried
+after a backoff. Nothing a record contains can crash the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from steadyrl import codec
+from steadyrl.bus.kafka import consumer_config, producer_config
+from steadyrl.contracts import Contract, DLQReason
+from steadyrl.http import Health
+from steadyrl.topics import load_catalogue, topic_name
+
+log = logging.getLogger(__name__)
+
+RECORDS = Counter("steadyrl_stage_records", "Input records handled", ["stage", "outcome"])
+DLQ = Counter("steadyrl_stage_dlq_records", "Records sent to the DLQ", ["stage", "reason"])
+TXNS = Counter("steadyrl_stage_transactions", "Transactions finished", ["stage", "result"])
+BATCH_SECONDS = Histogram("steadyrl_stage_batch_seconds", "Transform time of one batch", ["stage"],
+                          buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300))
+LAST_COMMIT = Gauge("steadyrl_stage_last_commit_timestamp_seconds", "Unix time of the last commit", ["stage"])
+BUSY = Gauge("steadyrl_stage_busy", "1 while a batch is being transformed (partitions paused)", ["stage"])
+
+
+class RetryLater(Exception):
+    """Raised by a handler when the batch cannot be processed now (e.g. a dependency is down).
+
+    Nothing is committed; the batch is re-read and retried after `backoff_s`.
+    """
+
+    def __init__(self, message: str, backoff_s: float = 1.0):
+        super().__init__(message)
+        self.backoff_s = backoff_s
+
+
+@dataclass(frozen=True)
+class Meta:
+    """Where an input record came from."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    timestamp_ms: int
+
+
+@dataclass
+class Output:
+    """One record to produce: `topic` is the catalogue name (e.g. "rl.scored")."""
+
+    topic: str
+    key: str | bytes | None
+    value: Contract
+
+
+#: A handler turns one accepted input into zero or more outputs. It must be a pure
+#: function of its input (it may run again for the same record after a crash).
+Handler = Callable[[Contract, Meta], list[Output]]
+
+
+class Stage:
+    """One consumer-group member that transforms `input_topic` records into outputs.
+
+    Args:
+        name: stage name; labels metrics and DLQ records (`stage` = `name/instance_id`).
+        bootstrap, topic_prefix, instance_id: from the service config.
+        input_topic: catalogue name of the input (e.g. "rl.rollouts").
+        input_contract: the contract expected on it.
+        group_id: consumer group (all instances of a service share one).
+        handle: the transform (see `Handler`).
+        mode: "transactional" (exactly-once) or "at_least_once".
+        batch_size: max records per transaction.
+        batch_timeout_s: how long to wait for a batch to fill.
+        health: heartbeat and readiness checks (added: broker, assignment).
+        stats_interval_s: librdkafka statistics interval.
+    """
+
+    def __init__(self, *, name: str, bootstrap: str, topic_prefix: str, instance_id: str,
+                 input_topic: str, input_contract: type[Contract], group_id: str, handle: Handler,
+                 mode: Literal["transactional", "at_least_once"] = "transactional",
+                 batch_size: int = 16, batch_timeout_s: float = 0.5, health: Health | None = None,
+                 stats_interval_s: float = 5.0, max_poll_interval_s: float = 300.0):
+        from confluent_kafka import Consumer, Producer
+
+        self.name, self.mode, self.handle = name, mode, handle
+        self.prefix = topic_prefix
+        self.stage_id = f"{name}/{instance_id}"
+        self.input_contract = input_contract
+        self.input_topic = topic_name(input_topic, topic_prefix)
+        catalogue = load_catalogue()
+        self.max_bytes = catalogue[input_topic].max_message_bytes
+        self.batch_size, self.batch_timeout_s = batch_size, batch_timeout_s
+        self.health = health or Health()
+        client = f"{name}-{instance_id}"
+        self.consumer = Consumer(consumer_config(bootstrap, f"{client}-consumer", group_id,
+                                                 stats_interval_s, max_poll_interval_s))
+        txn_id = f"steadyrl-{name}-{instance_id}" if mode == "transactional" else None
+        self._producer_cfg = producer_config(bootstrap, f"{client}-producer", txn_id, stats_interval_s)
+        self.producer = Producer(self._producer_cfg)
+        self._stats_client = f"{client}-consumer"
+        self._assigned: set[tuple[str, int]] = set()
+        self._revoked_during_batch: set[tuple[str, int]] = set()
+        self._busy = False
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-transform")
+        self._delivery_errors: list[str] = []
+        self.health.add_check("assignment", self._check_assignment)
+        self.health.add_check("broker", self._check_broker)
+
+    # ---- readiness -------------------------------------------------------------------
+    def _check_assignment(self) -> tuple[bool, str]:
+        n = len(self._assigned)
+        return n > 0, f"{n} partitions of {self.input_topic} assigned"
+
+    def _check_broker(self) -> tuple[bool, str]:
+        from steadyrl.bus.kafka import STATS
+
+        up = STATS.brokers_up(self._stats_client)
+        if up is None:
+            return bool(self._assigned), "no statistics yet; assignment implies a reachable broker"
+        return up > 0, f"{up} brokers up"
+
+    # ---- rebalance callbacks (run inside poll/consume) ---------------------------------
+    def _on_assign(self, consumer, partitions) -> None:
+        self._assigned |= {(p.topic, p.partition) for p in partitions}
+        log.info("partitions assigned", extra={"stage": self.stage_id,
+                                               "partitions": sorted(p.partition for p in partitions)})
+
+    def _on_revoke(self, consumer, partitions) -> None:
+        gone = {(p.topic, p.partition) for p in partitions}
+        self._assigned -= gone
+        if self._busy:
+            self._revoked_during_batch |= gone
+        log.info("partitions revoked", extra={"stage": self.stage_id,
+                                              "partitions": sorted(p.partition for p in partitions)})
+
+    # ---- the loop ----------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Run until `stop` is set; then abort any open transaction and close the clients.
+
+        Raises confluent_kafka.KafkaException on a fatal producer error (the process should
+        exit and be restarted; the next instance resumes from committed offsets).
+        """
+        if self.mode == "transactional":
+            self.producer.init_transactions(60)
+        self.consumer.subscribe([self.input_topic], on_assign=self._on_assign,
+                                on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        log.info("stage running", extra={"stage": self.stage_id, "mode": self.mode,
+                                         "input": self.input_topic})
+        try:
+            while not stop.is_set():
+                self.health.beat()
+                self.producer.poll(0)
+                msgs = self.consumer.consume(self.batch_size, timeout=self.batch_timeout_s)
+                msgs = [m for m in msgs if self._usable(m)]
+                if msgs:
+                    self._process(msgs)
+        finally:
+            self.close()
+
+    def _usable(self, m) -> bool:
+        if m.error() is None:
+            return True
+        log.warning("consume error", extra={"stage": self.stage_id, "error": str(m.error())})
+        return False
+
+    def _process(self, msgs: list) -> None:
+        self._revoked_during_batch = set()
+        t0 = time.monotonic()
+        try:
+            outputs = self._transform_while_polling(msgs)
+        except RetryLater as e:
+            log.warning("batch deferred", extra={"stage": self.stage_id, "why": str(e)})
+            self._rewind()
+            time.sleep(e.backoff_s)
+            return
+        BATCH_SECONDS.labels(self.name).observe(time.monotonic() - t0)
+        batch_parts = {(m.topic(), m.partition()) for m in msgs}
+        if batch_parts & self._revoked_during_batch:
+            # Another member owns some of these partitions now: it will redo them.
+            log.info("partitions revoked mid-batch; dropping batch", extra={"stage": self.stage_id})
+            self._rewind()
+            return
+        offsets = self._next_offsets(msgs)
+        if self.mode == "transactional":
+            self._commit_transaction(outputs, offsets)
+        else:
+            self._commit_at_least_once(outputs, offsets)
+
+    def _transform_while_polling(self, msgs: list) -> list[tuple[str, str | bytes | None, Contract]]:
+        """Run the transform in a worker thread; keep polling with partitions paused."""
+        self._busy = True
+        BUSY.labels(self.name).set(1)
+        paused = self.consumer.assignment()
+        self.consumer.pause(paused)
+        fut = self._pool.submit(self._transform, msgs)
+        try:
+            while not fut.done():
+                self.health.beat()
+                self.producer.poll(0)
+                stray = self.consumer.poll(0.1)
+                if stray is not None and stray.error() is None:
+                    # Fetched before the pause took effect: put it back for the next batch.
+                    from confluent_kafka import TopicPartition
+
+                    self.consumer.seek(TopicPartition(stray.topic(), stray.partition(), stray.offset()))
+                now = self.consumer.assignment()
+                fresh = [p for p in now if (p.topic, p.partition) not in {(q.topic, q.partition) for q in paused}]
+                if fresh:  # assigned mid-batch: keep them paused too
+                    self.consumer.pause(fresh)
+                    paused += fresh
+            return fut.result()
+        finally:
+            self._busy = False
+            BUSY.labels(self.name).set(0)
+            self.consumer.resume(self.consumer.assignment())
+
+    def _transform(self, msgs: list) -> list[tuple[str, str | bytes | None, Contract]]:
+        out: list[tuple[str, str | bytes | None, Contract]] = []
+        for m in msgs:
+            meta = Meta(m.topic(), m.partition(), m.offset(), m.key(), m.timestamp()[1])
+            try:
+                value = codec.decode(m.value(), m.headers(), self.input_contract, self.max_bytes)
+            except codec.Rejected as rej:
+                out.append(self._dlq(rej, meta, m.value()))
+                continue
+            try:
+                produced = self.handle(value, meta)
+            except RetryLater:
+                raise
+            except Exception as e:  # the handler's bug must not stop the stage
+                log.exception("handler failed", extra={"stage": self.stage_id, "offset": meta.offset})
+                rej = codec.Rejected(DLQReason.handler_error, f"{type(e).__name__}: {e}",
+                                     codec.header_value(m.headers()))
+                out.append(self._dlq(rej, meta, m.value()))
+                continue
+            RECORDS.labels(self.name, "ok").inc()
+            out.extend((topic_name(o.topic, self.prefix), o.key, o.value) for o in produced)
+        return out
+
+    def _dlq(self, rej: codec.Rejected, meta: Meta, value: bytes | None):
+        RECORDS.labels(self.name, "dlq").inc()
+        DLQ.labels(self.name, rej.reason.value).inc()
+        log.warning("record to DLQ", extra={"stage": self.stage_id, "reason": rej.reason.value,
+                                            "detail": rej.detail, "topic": meta.topic,
+                                            "partition": meta.partition, "offset": meta.offset})
+        rec = codec.dlq_record(rej, stage=self.stage_id, topic=meta.topic, partition=meta.partition,
+                               offset=meta.offset, key=meta.key, value=value)
+        return topic_name("rl.dlq", self.prefix), meta.key, rec
+
+    @staticmethod
+    def _next_offsets(msgs: list) -> list:
+        from confluent_kafka import TopicPartition
+
+        last: dict[tuple[str, int], int] = {}
+        for m in msgs:
+            k = (m.topic(), m.partition())
+            last[k] = max(last.get(k, -1), m.offset())
+        return [TopicPartition(t, p, o + 1) for (t, p), o in last.items()]
+
+    def _produce(self, outputs, on_delivery=None) -> None:
+        for topic, key, value in outputs:
+            payload, headers = codec.encode(value)
+            while True:
+                try:
+                    self.producer.produce(topic, payload, key=key, headers=headers, on_delivery=on_delivery)
+                    break
+                except BufferError:  # local queue full: serve delivery reports, then retry
+                    self.producer.poll(0.1)
+
+    def _commit_transaction(self, outputs, offsets) -> None:
+        from confluent_kafka import KafkaException
+
+        try:
+            self.producer.begin_transaction()
+            self._produce(outputs)
+            self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), 60)
+            self._commit_with_retry()
+        except KafkaException as e:
+            err = e.args[0]
+            if err.txn_requires_abort():
+                log.warning("transaction aborted", extra={"stage": self.stage_id, "error": str(err)})
+                self.producer.abort_transaction(60)
+                TXNS.labels(self.name, "aborted").inc()
+                self._rewind()
+                return
+            raise  # fatal: exit; the restarted instance fences this one and resumes
+        TXNS.labels(self.name, "committed").inc()
+        LAST_COMMIT.labels(self.name).set(time.time())
+
+    def _commit_with_retry(self, attempts: int = 10) -> None:
+        from confluent_kafka import KafkaException
+
+        for i in range(attempts):
+            try:
+                self.producer.commit_transaction(60)
+                return
+            except KafkaException as e:
+                if e.args[0].retriable() and i + 1 < attempts:
+                    time.sleep(min(0.1 * 2 ** i, 5))
+                    continue
+                raise
+
+    def _commit_at_least_once(self, outputs, offsets) -> None:
+        self._delivery_errors.clear()
+
+        def on_delivery(err, msg):
+            if err is not None:
+                self._delivery_errors.append(str(err))
+
+        self._produce(outputs, on_delivery)
+        left = self.producer.flush(300)
+        if left or self._delivery_errors:
+            log.error("outputs not delivered; rewinding", extra={"stage": self.stage_id, "left": left,
+                                                                 "errors": self._delivery_errors[:3]})
+            self._rewind()
+            return
+        self.consumer.commit(offsets=offsets, asynchronous=False)
+        TXNS.labels(self.name, "committed").inc()
+        LAST_COMMIT.labels(self.name).set(time.time())
+
+    def _rewind(self) -> None:
+        """Seek every assigned partition back to its committed offset."""
+        assignment = self.consumer.assignment()
+        if not assignment:
+            return
+        for tp in self.consumer.committed(assignment, timeout=30):
+            if tp.offset < 0:  # nothing committed yet: start of the log (auto.offset.reset=earliest)
+                from confluent_kafka import OFFSET_BEGINNING
+
+                tp.offset = OFFSET_BEGINNING
+            self.consumer.seek(tp)
+
+    def close(self) -> None:
+        """Abort an open transaction, flush, and close the consumer (leaving the group)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        try:
+            self.producer.flush(10)
+        except Exception:
+            pass
+        try:
+            self.consumer.close()
+        except Exception as e:
+            log.warning("consumer close failed", extra={"stage": self.stage_id, "error": str(e)})
+        log.info("stage stopped", extra={"stage": self.stage_id})

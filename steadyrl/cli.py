@@ -1,0 +1,184 @@
+"""`steadyrl`: the command line for people (broker, topics, schemas, up).
+
+Heavy imports happen inside each command so `--help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+DEFAULT_STATE = Path(".steadyrl")
+LOCAL_BOOTSTRAP = "127.0.0.1:9092"
+SERVICE_PORTS = {"actor": 8100, "rollout": 8200, "reward": 8300, "learner": 8400}
+#: Services `steadyrl up` runs today, in start order. The others arrive with the pipeline.
+SERVICES = ("reward",)
+
+
+def _bootstrap(args) -> str | None:
+    """`--bootstrap`, else STEADYRL_BOOTSTRAP, else None (use the local broker)."""
+    return args.bootstrap or os.environ.get("STEADYRL_BOOTSTRAP") or None
+
+
+def _local_broker(args):
+    from steadyrl.broker import LocalBroker
+
+    return LocalBroker(Path(args.state_dir) / "broker", port=args.port, controller_port=args.port + 1,
+                       heap_mb=args.heap_mb)
+
+
+def cmd_broker(args) -> int:
+    from steadyrl import broker as b
+
+    if args.action == "fetch":
+        print(b.fetch())
+        return 0
+    lb = _local_broker(args)
+    if args.action == "start":
+        b.fetch()
+        lb.start()
+        print(json.dumps(lb.status()))
+    elif args.action == "stop":
+        print("stopped" if lb.stop() else "not running")
+    else:
+        st = lb.status()
+        print(json.dumps(st))
+        return 0 if st["running"] else 3
+    return 0
+
+
+def cmd_topics(args) -> int:
+    from steadyrl.topics import create_topics, list_topics
+
+    bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
+    if args.action == "create":
+        for name, what in create_topics(bootstrap, args.prefix).items():
+            print(f"{name}\t{what}")
+    else:
+        for row in list_topics(bootstrap, args.prefix):
+            print(f"{row['topic']}\t{'present' if row['present'] else 'MISSING'}\t"
+                  f"{row['partitions']}/{row['wanted']} partitions")
+    return 0
+
+
+def cmd_schemas(args) -> int:
+    from steadyrl.schemas import check_schemas, export_schemas
+
+    if args.action == "export":
+        for p in export_schemas():
+            print(p)
+        return 0
+    problems = check_schemas()
+    for p in problems:
+        print(p, file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _parse_scale(items: list[str]) -> dict[str, int]:
+    scale = {}
+    for item in items:
+        name, _, n = item.partition("=")
+        if name not in SERVICE_PORTS or not n.isdigit() or int(n) < 1:
+            raise SystemExit(f"--scale wants SERVICE=N with SERVICE in {sorted(SERVICE_PORTS)}, got {item!r}")
+        scale[name] = int(n)
+    return scale
+
+
+def cmd_up(args) -> int:
+    from steadyrl import broker as b
+    from steadyrl.supervisor import Child, Supervisor
+    from steadyrl.topics import create_topics
+
+    scale = _parse_scale(args.scale)
+    bootstrap = _bootstrap(args)
+    lb = None
+    if bootstrap is None:
+        b.fetch()
+        lb = _local_broker(args)
+        print(f"starting Kafka broker ({lb.state_dir}) ...", flush=True)
+        lb.start()
+        bootstrap = lb.bootstrap
+    print(f"broker {bootstrap}: topics {create_topics(bootstrap, args.prefix)}", flush=True)
+    children = []
+    for svc in SERVICES:
+        for i in range(scale.get(svc, 1)):
+            port = SERVICE_PORTS[svc] + i
+            children.append(Child(f"{svc}-{i}", [
+                sys.executable, "-m", f"services.{svc}", "--bootstrap", bootstrap,
+                "--topic-prefix", args.prefix, "--instance-id", f"{svc}-{i}", "--metrics-port", str(port),
+                *(["--config", args.config] if args.config else [])], port))
+    sup = Supervisor(children)
+
+    def _stop(signum, frame):
+        sup.stop.set()
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        sup.start_all()
+        ready = sup.wait_ready()
+        for c in children:
+            print(f"{c.name}: {'ready' if ready[c.name] else 'NOT ready'} at {c.url}/readyz", flush=True)
+        if args.exit_when_ready:
+            return 0 if all(ready.values()) else 1
+        print("stack up; Ctrl-C stops everything", flush=True)
+        sup.run_until_stopped()
+        return 0
+    finally:
+        print("stopping services ...", flush=True)
+        sup.stop_all()
+        if lb is not None:
+            print("stopping broker ...", flush=True)
+            lb.stop()
+        print("stopped", flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="steadyrl", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp, broker_opts=False):
+        sp.add_argument("--bootstrap", help="existing cluster (default: $STEADYRL_BOOTSTRAP or the local broker)")
+        sp.add_argument("--prefix", default="", help="topic name prefix")
+        if broker_opts:
+            sp.add_argument("--state-dir", default=str(DEFAULT_STATE), help="broker pid, logs and data live here")
+            sp.add_argument("--port", type=int, default=9092, help="broker port (controller: port+1)")
+            sp.add_argument("--heap-mb", type=int, default=512, help="broker JVM heap, MiB")
+
+    sp = sub.add_parser("broker", help="the local single-node Kafka broker")
+    sp.add_argument("action", choices=["fetch", "start", "stop", "status"])
+    common(sp, broker_opts=True)
+    sp.set_defaults(fn=cmd_broker)
+
+    sp = sub.add_parser("topics", help="create or list the catalogue's topics")
+    sp.add_argument("action", choices=["create", "list"])
+    common(sp)
+    sp.set_defaults(fn=cmd_topics)
+
+    sp = sub.add_parser("schemas", help="export or check the JSON Schemas in schemas/")
+    sp.add_argument("action", choices=["export", "check"])
+    sp.set_defaults(fn=cmd_schemas)
+
+    sp = sub.add_parser("up", help="broker, topics and every service; Ctrl-C stops all")
+    common(sp, broker_opts=True)
+    sp.add_argument("--scale", action="append", default=[], metavar="SERVICE=N")
+    sp.add_argument("--config", help="YAML config passed to every service")
+    sp.add_argument("--exit-when-ready", action="store_true", help="stop everything once all are ready")
+    sp.set_defaults(fn=cmd_up)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args) or 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Typed service configuration: defaults < YAML file < environment < CLI flags.
+
+Every service defines one `ServiceConfig` subclass with its own section (e.g. `reward:`).
+Environment variables are `STEADYRL_<FIELD>` and `STEADYRL_<SECTION>__<FIELD>`
+(`STEADYRL_BOOTSTRAP` points everything at an existing cluster); CLI flags are kebab-case
+(`--metrics-port`, `--reward.batch-size`); `--config FILE.yaml` names the YAML file.
+A bad value stops the service at start with the field named (`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from pathlib import Path
+from typing import ClassVar, Literal, TypeVar
+
+from pydantic import Field, ValidationError
+from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict,
+                               YamlConfigSettingsSource)
+
+
+class ConfigError(SystemExit):
+    """Bad configuration; the message names each offending field. Exits with status 2."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _default_instance() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class ServiceConfig(BaseSettings):
+    """Settings every service shares."""
+
+    model_config = SettingsConfigDict(env_prefix="STEADYRL_", env_nested_delimiter="__",
+                                      cli_kebab_case=True, extra="forbid",
+                                      nested_model_default_partial_update=True)
+
+    bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers (host:port,...).")
+    topic_prefix: str = Field("", description="Prefix of every topic name (isolates runs and tests).")
+    instance_id: str = Field(default_factory=_default_instance,
+                             description="Stable id of this instance; transactional.id derives from it.")
+    metrics_host: str = Field("127.0.0.1", description="Bind address of /livez, /readyz, /metrics.")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Port of the HTTP server; 0 picks a free one.")
+    metrics_interval: float = Field(5.0, gt=0, le=3600,
+                                    description="Seconds between librdkafka statistics and process metrics.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["json", "text"] = "json"
+
+    yaml_file: ClassVar[Path | None] = None  # set by load() on a subclass; read by the source hook
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource):
+        sources = [init_settings, env_settings]
+        if cls.yaml_file is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=cls.yaml_file))
+        return tuple(sources)
+
+
+S = TypeVar("S", bound=ServiceConfig)
+
+
+def load(cls: type[S], argv: list[str] | None = None, prog: str | None = None) -> S:
+    """Build `cls` from `--config FILE`, the environment and CLI flags in `argv`.
+
+    Raises:
+        ConfigError: a field failed validation (each is named with its message) or the
+            YAML file is missing.
+    """
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=Path, default=None)
+    known, rest = pre.parse_known_args(argv if argv is not None else [])
+    if known.config is not None and not known.config.is_file():
+        raise ConfigError(f"config file not found: {known.config}")
+
+    class _Loaded(cls):  # type: ignore[misc,valid-type]
+        model_config = SettingsConfigDict(cli_prog_name=prog or cls.__name__)
+
+    _Loaded.yaml_file = known.config
+    _Loaded.__name__ = cls.__name__
+    try:
+        loaded = _Loaded(_cli_parse_args=rest)
+    except ValidationError as e:
+        lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
+                 for err in e.errors()]
+        raise ConfigError(f"invalid {cls.__name__}:\n" + "\n".join(lines)) from None
+    return loaded

@@ -1,0 +1,187 @@
+"""Message contracts: the value of every record on every steadyrl topic.
+
+Each contract is a pydantic model with a schema name and a `MAJOR.MINOR` version. The
+`schema` header of a record is `name/vMAJOR.MINOR` (e.g. `prompt/v1.0`). A reader accepts
+any minor version of its own major: minors only add optional fields, and unknown fields
+are ignored. A new major means an incompatible change.
+
+The JSON Schema of each model is checked in under `schemas/` (`steadyrl schemas export`
+writes them; a test fails when a file and its model disagree).
+"""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+def now_ms() -> int:
+    """Wall-clock time in milliseconds since the epoch."""
+    return int(time.time() * 1000)
+
+
+class Contract(BaseModel):
+    """Base of all message values. Subclasses set SCHEMA_NAME and SCHEMA_VERSION."""
+
+    model_config = ConfigDict(extra="ignore", frozen=False)
+
+    SCHEMA_NAME: ClassVar[str]
+    SCHEMA_VERSION: ClassVar[str]  # "MAJOR.MINOR"
+
+    @classmethod
+    def schema_header(cls) -> str:
+        """The `schema` header value, e.g. `prompt/v1.0`."""
+        return f"{cls.SCHEMA_NAME}/v{cls.SCHEMA_VERSION}"
+
+    @classmethod
+    def major(cls) -> int:
+        return int(cls.SCHEMA_VERSION.split(".")[0])
+
+
+class ChatMessage(BaseModel):
+    """One chat turn."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Prompt(Contract):
+    """One prompt on `rl.prompts`, with the number of samples wanted (key: prompt_id)."""
+
+    SCHEMA_NAME: ClassVar[str] = "prompt"
+    SCHEMA_VERSION: ClassVar[str] = "1.0"
+
+    prompt_id: str = Field(min_length=1, max_length=256,
+                           description="Deterministic id `e{epoch}-i{index}` (feeder) or caller-chosen.")
+    epoch: int = Field(ge=0, description="Pass over the dataset this prompt belongs to.")
+    index: int = Field(ge=0, description="Row of the dataset.")
+    messages: list[ChatMessage] = Field(min_length=1, description="Chat to complete.")
+    n_samples: int = Field(ge=1, le=1024, description="Completions wanted (GRPO group size).")
+    data_source: str = Field(default="", description="verl `data_source`: picks the reward function.")
+    ground_truth: str | None = Field(default=None, description="verl `reward_model.ground_truth`.")
+    extra_info: dict[str, Any] = Field(default_factory=dict)
+    policy_version_min: int = Field(default=0, ge=0,
+                                    description="Oldest policy version the learner will accept.")
+    created_ms: int = Field(default_factory=now_ms, description="Feeder time, ms since epoch.")
+
+
+class Sample(BaseModel):
+    """One completion of a prompt."""
+
+    text: str
+    token_ids: list[int] = Field(description="Response token ids, (T,).")
+    logprobs: list[float] = Field(description="Behaviour-policy log-probabilities of token_ids, (T,), nats.")
+    finish_reason: Literal["stop", "length", "error"] = "stop"
+
+    @model_validator(mode="after")
+    def _same_length(self) -> "Sample":
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(f"token_ids has {len(self.token_ids)} entries but logprobs has "
+                             f"{len(self.logprobs)}; they must match")
+        return self
+
+
+class RolloutGroup(Contract):
+    """The n completions of one prompt on `rl.rollouts` (key: prompt_id)."""
+
+    SCHEMA_NAME: ClassVar[str] = "rollout_group"
+    SCHEMA_VERSION: ClassVar[str] = "1.0"
+
+    prompt: Prompt
+    prompt_token_ids: list[int] = Field(default_factory=list, description="Tokenized chat, (P,).")
+    samples: list[Sample] = Field(min_length=1)
+    policy_version: int = Field(ge=0, description="Policy that generated every sample.")
+    actor: str = Field(default="", description="Which actor instance answered.")
+    generated_ms: int = Field(default_factory=now_ms)
+
+    @property
+    def prompt_id(self) -> str:
+        return self.prompt.prompt_id
+
+
+class RewardSource(str, Enum):
+    """Where a reward came from."""
+
+    rule = "rule"
+    model = "model"
+    cache = "cache"
+
+
+class ScoredGroup(Contract):
+    """A rollout group with one reward per sample, on `rl.scored` (key: prompt_id)."""
+
+    SCHEMA_NAME: ClassVar[str] = "scored_group"
+    SCHEMA_VERSION: ClassVar[str] = "1.0"
+
+    group: RolloutGroup
+    rewards: list[float] = Field(description="One scalar reward per sample, (n,).")
+    reward_source: RewardSource
+    scorer: str = Field(description="Scorer name and version, e.g. `rule:numeric_match@1`.")
+    cache_similarity: float | None = Field(default=None, ge=0.0, le=1.0,
+                                           description="Similarity of the prompt a cached reward came from.")
+    reward_extra: list[dict[str, Any]] = Field(default_factory=list,
+                                               description="Per-sample extra fields a scorer returned.")
+    scored_ms: int = Field(default_factory=now_ms)
+
+    @model_validator(mode="after")
+    def _one_reward_per_sample(self) -> "ScoredGroup":
+        if len(self.rewards) != len(self.group.samples):
+            raise ValueError(f"{len(self.rewards)} rewards for {len(self.group.samples)} samples")
+        return self
+
+    @property
+    def prompt_id(self) -> str:
+        return self.group.prompt.prompt_id
+
+
+class PolicyUpdate(Contract):
+    """A new policy version on `rl.policy` (compacted, constant key)."""
+
+    SCHEMA_NAME: ClassVar[str] = "policy_update"
+    SCHEMA_VERSION: ClassVar[str] = "1.0"
+
+    version: int = Field(ge=0)
+    step: int = Field(ge=0, description="Learner global step that produced it.")
+    uri: str = Field(min_length=1, description="Path of the weights under the policy root.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    created_ms: int = Field(default_factory=now_ms)
+
+
+class DLQReason(str, Enum):
+    """Why a record went to `rl.dlq`."""
+
+    undecodable = "undecodable"              # not UTF-8 JSON
+    missing_schema_header = "missing_schema_header"
+    wrong_schema = "wrong_schema"            # another contract on this topic
+    major_version_mismatch = "major_version_mismatch"
+    validation_failed = "validation_failed"
+    oversize = "oversize"
+    handler_error = "handler_error"          # the stage's transform raised
+    rejected = "rejected"                    # a data gate refused it
+
+
+class DLQRecord(Contract):
+    """A record some stage could not accept, on `rl.dlq` (key: the original key)."""
+
+    SCHEMA_NAME: ClassVar[str] = "dlq_record"
+    SCHEMA_VERSION: ClassVar[str] = "1.0"
+
+    reason: DLQReason
+    error: str = Field(description="Human-readable detail naming what was expected and what came.")
+    stage: str = Field(description="Service/instance that rejected it.")
+    topic: str
+    partition: int
+    offset: int
+    key_b64: str | None = None
+    schema_seen: str | None = Field(default=None, description="The `schema` header seen, if any.")
+    payload_b64: str = Field(description="Original value (base64), truncated to payload_truncated_to bytes.")
+    payload_size: int = Field(ge=0, description="Original value size in bytes.")
+    payload_sha256: str
+    payload_truncated: bool = False
+    rejected_ms: int = Field(default_factory=now_ms)
+
+
+ALL_CONTRACTS: tuple[type[Contract], ...] = (Prompt, RolloutGroup, ScoredGroup, PolicyUpdate, DLQRecord)

@@ -1,0 +1,69 @@
+"""Process scaffolding shared by every service: logs, HTTP probes, signals, the main loop.
+
+    cfg = config.load(RewardConfig, argv, prog="steadyrl-reward")
+    run_service("reward", cfg, lambda health: build_stage(cfg, health))
+
+`run_service` sets up structured logs, starts /livez /readyz /metrics on
+cfg.metrics_host:cfg.metrics_port, turns SIGTERM/SIGINT into a stop event, and runs the
+loop object's `run(stop)` on the main thread. It prints `listening <url>` as the first
+line on stdout so supervisors and tests can find a port picked at random.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from typing import Callable, Protocol
+
+from steadyrl import logs
+from steadyrl.config import ServiceConfig
+from steadyrl.http import Health, HealthServer, make_app
+
+log = logging.getLogger(__name__)
+
+
+class Loop(Protocol):
+    def run(self, stop: threading.Event) -> None: ...
+
+
+def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
+                extra_routes: Callable | None = None) -> int:
+    """Run one service process until SIGTERM/SIGINT. Returns the exit status."""
+    logs.setup(name, cfg.log_level, cfg.log_format)
+    health = Health(liveness_timeout_s=max(60.0, 6 * cfg.metrics_interval))
+    app = make_app(name, health)
+    if extra_routes is not None:
+        extra_routes(app)
+    server = HealthServer(app, cfg.metrics_host, cfg.metrics_port).start()
+    print(f"listening {server.url}", flush=True)
+    stop = threading.Event()
+
+    def _on_signal(signum, frame):
+        log.info("stop requested", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        loop = build(health)
+        loop.run(stop)
+    except Exception:
+        log.exception("service failed")
+        return 1
+    finally:
+        server.stop()
+    log.info("service stopped")
+    return 0
+
+
+def main_guard(fn: Callable[[list[str]], int]) -> None:
+    """Run `fn(sys.argv[1:])` and exit with its status; config errors print cleanly."""
+    from steadyrl.config import ConfigError
+
+    try:
+        sys.exit(fn(sys.argv[1:]))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,96 @@
+"""The topic catalogue (`schemas/topics.yaml`) and idempotent creation via AdminClient."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, Field
+
+from steadyrl.broker import PROJECT_ROOT
+
+CATALOGUE_PATH = PROJECT_ROOT / "schemas" / "topics.yaml"
+
+
+class TopicSpec(BaseModel):
+    """One catalogue entry."""
+
+    name: str
+    key: str
+    schema_name: str | None = Field(alias="schema")
+    partitions: int = Field(ge=1)
+    retention_ms: int = Field(ge=-1)
+    cleanup_policy: str = Field(pattern="^(delete|compact)$")
+    max_message_bytes: int = Field(ge=1024)
+
+    def configs(self) -> dict[str, str]:
+        """Topic-level configs for CreateTopics."""
+        return {"retention.ms": str(self.retention_ms), "cleanup.policy": self.cleanup_policy,
+                "max.message.bytes": str(self.max_message_bytes)}
+
+
+def load_catalogue(path: Path = CATALOGUE_PATH) -> dict[str, TopicSpec]:
+    """Catalogue by base name (`rl.prompts`, ...). Raises pydantic.ValidationError if malformed."""
+    data = yaml.safe_load(Path(path).read_text())
+    return {t["name"]: TopicSpec.model_validate(t) for t in data["topics"]}
+
+
+def topic_name(base: str, prefix: str = "") -> str:
+    """Physical topic name: `prefix + base` (prefixes isolate tests and parallel runs)."""
+    return f"{prefix}{base}"
+
+
+def create_topics(bootstrap: str, prefix: str = "", timeout_s: float = 30.0) -> dict[str, str]:
+    """Create every catalogue topic that is missing; grow partitions that are too few.
+
+    Idempotent. Returns `{topic: "created" | "exists" | "partitions N->M"}`.
+    Raises confluent_kafka.KafkaException on any other broker error.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    existing = admin.list_topics(timeout=timeout_s).topics
+    result: dict[str, str] = {}
+    new, grow = [], []
+    for spec in load_catalogue().values():
+        name = topic_name(spec.name, prefix)
+        if name in existing:
+            have = len(existing[name].partitions)
+            if have < spec.partitions:
+                grow.append(NewPartitions(name, spec.partitions))
+                result[name] = f"partitions {have}->{spec.partitions}"
+            else:
+                result[name] = "exists"
+        else:
+            new.append(NewTopic(name, num_partitions=spec.partitions, replication_factor=1,
+                                config=spec.configs()))
+            result[name] = "created"
+    futures = {}
+    if new:
+        futures.update(admin.create_topics(new, operation_timeout=timeout_s))
+    if grow:
+        futures.update(admin.create_partitions(grow, operation_timeout=timeout_s))
+    for name, fut in futures.items():
+        try:
+            fut.result()
+        except KafkaException as e:
+            if e.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:  # a concurrent creator won
+                result[name] = "exists"
+            else:
+                raise
+    return result
+
+
+def list_topics(bootstrap: str, prefix: str = "", timeout_s: float = 10.0) -> list[dict]:
+    """Catalogue topics as they exist on the broker: name, partitions, present."""
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=timeout_s)
+    rows = []
+    for spec in load_catalogue().values():
+        name = topic_name(spec.name, prefix)
+        t = md.topics.get(name)
+        rows.append({"topic": name, "present": t is not None,
+                     "partitions": len(t.partitions) if t else 0, "wanted": spec.partitions})
+    return rows
