@@ -20,7 +20,10 @@ from typing import Callable
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+# The classic text format every Prometheus 2.x scrapes (what prometheus-client itself
+# answers when the scraper does not ask for another).
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +85,7 @@ def make_app(service: str, health: Health, registry: CollectorRegistry = REGISTR
 
     @app.get("/metrics")
     def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
     return app
 

@@ -21,6 +21,8 @@ class RewardSection(BaseModel):
     group_id: str = Field("steadyrl-reward", description="Consumer group shared by all reward workers.")
     batch_size: int = Field(16, ge=1, le=10_000, description="Groups per transaction.")
     batch_timeout_s: float = Field(0.5, gt=0, le=60, description="Wait for a batch to fill, seconds.")
+    max_record_bytes: int | None = Field(None, ge=1024,
+                                         description="Larger rollout groups go to rl.dlq (default: topic limit).")
 
 
 class RewardConfig(ServiceConfig):
@@ -59,6 +61,7 @@ def main(argv: list[str]) -> int:
                      instance_id=cfg.instance_id, input_topic="rl.rollouts", input_contract=RolloutGroup,
                      group_id=cfg.reward.group_id, handle=make_handler(cfg), mode="transactional",
                      batch_size=cfg.reward.batch_size, batch_timeout_s=cfg.reward.batch_timeout_s,
-                     health=health, stats_interval_s=cfg.metrics_interval)
+                     health=health, stats_interval_s=cfg.metrics_interval,
+                     max_record_bytes=cfg.reward.max_record_bytes)
 
     return run_service("reward", cfg, build)

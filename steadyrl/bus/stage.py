@@ -101,13 +101,16 @@ class Stage:
         batch_timeout_s: how long to wait for a batch to fill.
         health: heartbeat and readiness checks (added: broker, assignment).
         stats_interval_s: librdkafka statistics interval.
+        max_record_bytes: larger input values go to the DLQ as oversize (default: the
+            input topic's max_message_bytes from the catalogue).
     """
 
     def __init__(self, *, name: str, bootstrap: str, topic_prefix: str, instance_id: str,
                  input_topic: str, input_contract: type[Contract], group_id: str, handle: Handler,
                  mode: Literal["transactional", "at_least_once"] = "transactional",
                  batch_size: int = 16, batch_timeout_s: float = 0.5, health: Health | None = None,
-                 stats_interval_s: float = 5.0, max_poll_interval_s: float = 300.0):
+                 stats_interval_s: float = 5.0, max_poll_interval_s: float = 300.0,
+                 max_record_bytes: int | None = None):
         from confluent_kafka import Consumer, Producer
 
         self.name, self.mode, self.handle = name, mode, handle
@@ -116,7 +119,7 @@ class Stage:
         self.input_contract = input_contract
         self.input_topic = topic_name(input_topic, topic_prefix)
         catalogue = load_catalogue()
-        self.max_bytes = catalogue[input_topic].max_message_bytes
+        self.max_bytes = max_record_bytes or catalogue[input_topic].max_message_bytes
         self.batch_size, self.batch_timeout_s = batch_size, batch_timeout_s
         self.health = health or Health()
         client = f"{name}-{instance_id}"

@@ -1,0 +1,35 @@
+"""Shared fixtures. Integration tests run against a real Kafka broker: the one named by
+STEADYRL_BOOTSTRAP, else one this suite starts (and stops) in a temporary folder."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from steadyrl.broker import LocalBroker, fetch, free_port
+from steadyrl.topics import create_topics
+from tests.helpers import unique_prefix
+
+
+@pytest.fixture(scope="session")
+def bootstrap(tmp_path_factory):
+    existing = os.environ.get("STEADYRL_BOOTSTRAP")
+    if existing:
+        yield existing
+        return
+    fetch()
+    broker = LocalBroker(tmp_path_factory.mktemp("broker"), port=free_port(), controller_port=free_port())
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def prefix(bootstrap):
+    """A fresh topic prefix with every catalogue topic created under it."""
+    p = unique_prefix()
+    create_topics(bootstrap, p)
+    return p

@@ -1,0 +1,56 @@
+import subprocess
+import sys
+
+import pytest
+from pydantic import BaseModel, Field
+
+from steadyrl.config import ConfigError, ServiceConfig, load
+from tests.helpers import ROOT
+
+
+class Section(BaseModel):
+    batch_size: int = Field(4, ge=1)
+    scorer: str = "numeric_match"
+
+
+class Cfg(ServiceConfig):
+    svc: Section = Section()
+
+
+def test_precedence_defaults_yaml_env_cli(tmp_path, monkeypatch):
+    f = tmp_path / "c.yaml"
+    f.write_text("metrics_port: 7000\nmetrics_interval: 9\nsvc:\n  batch_size: 3\n  scorer: yaml\n")
+    monkeypatch.setenv("STEADYRL_SVC__BATCH_SIZE", "5")
+    monkeypatch.setenv("STEADYRL_BOOTSTRAP", "10.0.0.1:9092")
+    cfg = load(Cfg, ["--config", str(f), "--metrics-port", "9100", "--svc.scorer", "cli"])
+    assert cfg.metrics_port == 9100          # CLI beats YAML
+    assert cfg.metrics_interval == 9         # YAML beats default
+    assert cfg.svc.batch_size == 5           # env beats YAML
+    assert cfg.svc.scorer == "cli"
+    assert cfg.bootstrap == "10.0.0.1:9092"  # STEADYRL_BOOTSTRAP
+    assert cfg.metrics_host == "127.0.0.1"   # loopback by default
+
+
+def test_bad_value_names_the_field():
+    with pytest.raises(ConfigError) as exc:
+        load(Cfg, ["--svc.batch-size", "0"])
+    assert "svc.batch_size" in str(exc.value) and "greater than or equal to 1" in str(exc.value)
+
+
+def test_unknown_yaml_key_names_it(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("metrics_prot: 1\n")
+    with pytest.raises(ConfigError, match="metrics_prot"):
+        load(Cfg, ["--config", str(f)])
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="config file not found"):
+        load(Cfg, ["--config", "/nonexistent.yaml"])
+
+
+def test_service_refuses_bad_config_at_start():
+    r = subprocess.run([sys.executable, "-m", "services.reward", "--reward.batch-size", "-1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "reward.batch_size" in r.stderr

@@ -1,0 +1,85 @@
+import json
+
+import jsonschema
+import pytest
+
+from steadyrl import codec
+from steadyrl.contracts import ALL_CONTRACTS, DLQReason, Prompt, RolloutGroup, ScoredGroup
+from steadyrl.schemas import check_schemas, json_schema, schema_path
+from tests.helpers import rollout_group
+
+
+def test_checked_in_schemas_match_models():
+    assert check_schemas() == []
+
+
+@pytest.mark.parametrize("contract", ALL_CONTRACTS, ids=lambda c: c.SCHEMA_NAME)
+def test_schema_file_is_valid_json_schema(contract):
+    schema = json.loads(schema_path(contract).read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["$id"] == contract.schema_header()
+
+
+def test_instance_validates_against_checked_in_schema():
+    g = rollout_group(3)
+    schema = json.loads(schema_path(RolloutGroup).read_text())
+    jsonschema.validate(json.loads(g.model_dump_json()), schema)
+    bad = json.loads(g.model_dump_json())
+    bad["samples"] = []
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+
+
+def test_round_trip_sets_schema_header():
+    g = rollout_group(7)
+    value, headers = codec.encode(g)
+    assert headers == [("schema", b"rollout_group/v1.0")]
+    assert codec.decode(value, headers, RolloutGroup) == g
+
+
+def test_minor_version_is_accepted_and_unknown_fields_ignored():
+    g = rollout_group(1)
+    obj = json.loads(g.model_dump_json())
+    obj["added_in_1_7"] = "x"
+    got = codec.decode(json.dumps(obj).encode(), [("schema", b"rollout_group/v1.7")], RolloutGroup)
+    assert got == g
+
+
+@pytest.mark.parametrize("value,headers,reason,needle", [
+    (b"\xff\xfe not json", [("schema", b"rollout_group/v1.0")], DLQReason.undecodable, "not UTF-8 JSON"),
+    (b"{}", None, DLQReason.missing_schema_header, "got none"),
+    (b"{}", [("schema", b"garbage")], DLQReason.missing_schema_header, "malformed"),
+    (b"{}", [("schema", b"prompt/v1.0")], DLQReason.wrong_schema, "expected rollout_group/v1.0, got prompt/v1.0"),
+    (b"{}", [("schema", b"rollout_group/v2.0")], DLQReason.major_version_mismatch,
+     "expected rollout_group v1.x, got rollout_group/v2.0"),
+    (b'{"prompt": 1}', [("schema", b"rollout_group/v1.0")], DLQReason.validation_failed, "prompt"),
+    (b"x" * 2000, [("schema", b"rollout_group/v1.0")], DLQReason.oversize, "2000 bytes, limit is 1024"),
+])
+def test_each_bad_record_is_rejected_with_its_reason(value, headers, reason, needle):
+    with pytest.raises(codec.Rejected) as exc:
+        codec.decode(value, headers, RolloutGroup, max_bytes=1024)
+    assert exc.value.reason == reason
+    assert needle in exc.value.detail
+
+
+def test_dlq_record_truncates_large_payloads_but_keeps_size_and_hash():
+    payload = b"a" * (codec.DLQ_PAYLOAD_LIMIT + 10)
+    rej = codec.Rejected(DLQReason.oversize, "too big")
+    rec = codec.dlq_record(rej, stage="s", topic="t", partition=2, offset=9, key=b"k", value=payload)
+    assert rec.payload_truncated and rec.payload_size == len(payload)
+    assert len(codec.encode(rec)[0]) < 1024 * 1024  # fits rl.dlq's max.message.bytes
+
+
+def test_sample_lengths_must_agree():
+    with pytest.raises(ValueError, match="token_ids has 2 entries but logprobs has 1"):
+        RolloutGroup.model_validate({**json.loads(rollout_group(1).model_dump_json()),
+                                     "samples": [{"text": "x", "token_ids": [1, 2], "logprobs": [0.0]}]})
+
+
+def test_scored_group_needs_one_reward_per_sample():
+    with pytest.raises(ValueError, match="2 rewards for 1 samples"):
+        ScoredGroup(group=rollout_group(1), rewards=[1.0, 0.0], reward_source="rule", scorer="x")
+
+
+def test_prompt_json_schema_has_version():
+    assert json_schema(Prompt)["x-schema-version"] == "1.0"
