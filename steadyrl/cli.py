@@ -106,7 +106,7 @@ def cmd_up(args) -> int:
     children = []
     for svc in SERVICES:
         for i in range(scale.get(svc, 1)):
-            port = SERVICE_PORTS[svc] + i
+            port = SERVICE_PORTS[svc] + args.port_offset + i
             children.append(Child(f"{svc}-{i}", [
                 sys.executable, "-m", f"services.{svc}", "--bootstrap", bootstrap,
                 "--topic-prefix", args.prefix, "--instance-id", f"{svc}-{i}", "--metrics-port", str(port),
@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--scale", action="append", default=[], metavar="SERVICE=N")
     sp.add_argument("--config", help="YAML config passed to every service")
     sp.add_argument("--exit-when-ready", action="store_true", help="stop everything once all are ready")
+    sp.add_argument("--port-offset", type=int, default=0,
+                    help="added to every service's HTTP port (actor 8100, rollout 8200+i, reward 8300+i, learner 8400)")
     sp.set_defaults(fn=cmd_up)
     return p
 

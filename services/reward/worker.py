@@ -20,7 +20,7 @@ class RewardSection(BaseModel):
     scorer_version: str = Field("1", description="Recorded with every score as `rule:<scorer>@<version>`.")
     group_id: str = Field("steadyrl-reward", description="Consumer group shared by all reward workers.")
     batch_size: int = Field(16, ge=1, le=10_000, description="Groups per transaction.")
-    batch_timeout_s: float = Field(0.5, gt=0, le=60, description="Wait for a batch to fill, seconds.")
+    batch_timeout_s: float = Field(0.5, gt=0, le=60, description="Longest wait for the next record, seconds.")
     max_record_bytes: int | None = Field(None, ge=1024,
                                          description="Larger rollout groups go to rl.dlq (default: topic limit).")
 

@@ -98,7 +98,7 @@ class Stage:
         handle: the transform (see `Handler`).
         mode: "transactional" (exactly-once) or "at_least_once".
         batch_size: max records per transaction.
-        batch_timeout_s: how long to wait for a batch to fill.
+        batch_timeout_s: longest wait for the next record before the loop ticks (seconds).
         health: heartbeat and readiness checks (added: broker, assignment).
         stats_interval_s: librdkafka statistics interval.
         max_record_bytes: larger input values go to the DLQ as oversize (default: the
@@ -181,12 +181,24 @@ class Stage:
             while not stop.is_set():
                 self.health.beat()
                 self.producer.poll(0)
-                msgs = self.consumer.consume(self.batch_size, timeout=self.batch_timeout_s)
-                msgs = [m for m in msgs if self._usable(m)]
+                msgs = [m for m in self._next_batch() if self._usable(m)]
                 if msgs:
                     self._process(msgs)
         finally:
             self.close()
+
+    def _next_batch(self) -> list:
+        """Up to batch_size records: whatever is already fetched, else wait for the first.
+
+        Never waits for a batch to fill, so latency at low rates is one transaction, and
+        batches grow by themselves under load.
+        """
+        msgs = self.consumer.consume(self.batch_size, timeout=0)
+        if not msgs:
+            msgs = self.consumer.consume(1, timeout=self.batch_timeout_s)
+            if msgs and self.batch_size > 1:
+                msgs += self.consumer.consume(self.batch_size - 1, timeout=0)
+        return msgs
 
     def _usable(self, m) -> bool:
         if m.error() is None:

@@ -1,0 +1,48 @@
+"""`steadyrl up` (what `make run` calls): broker, topics, services ready; Ctrl-C stops all."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from steadyrl.broker import LocalBroker, free_port
+from tests.helpers import ROOT
+
+
+def test_up_then_ctrl_c_stops_everything(tmp_path):
+    port, offset = free_port(), 1000 + os.getpid() % 500
+    state = tmp_path / "state"
+    log = open(tmp_path / "up.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "steadyrl.cli", "up", "--state-dir", str(state), "--port",
+                             str(port), "--port-offset", str(offset), "--prefix", "up."],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    broker = LocalBroker(state / "broker", port=port)
+    try:
+        deadline = time.monotonic() + 120
+        while b"stack up" not in (tmp_path / "up.log").read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "up.log").read_text()
+            time.sleep(0.2)
+        r = httpx.get(f"http://127.0.0.1:{8300 + offset}/readyz")
+        assert r.status_code == 200, r.text
+        assert r.json()["checks"]["assignment"]["ok"]
+        broker_pid = broker.pid()
+        assert broker_pid is not None
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        assert proc.wait(60) == 0
+        out = (tmp_path / "up.log").read_text()
+        assert "stopped" in out.splitlines()[-1]
+        assert broker.pid() is None
+        assert not os.path.exists(f"/proc/{broker_pid}")
+        try:
+            httpx.get(f"http://127.0.0.1:{8300 + offset}/livez", timeout=1)
+            raise AssertionError("reward service still answering after Ctrl-C")
+        except httpx.ConnectError:
+            pass
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        broker.stop()
+        log.close()
