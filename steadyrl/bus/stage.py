@@ -103,6 +103,8 @@ class Stage:
         stats_interval_s: librdkafka statistics interval.
         max_record_bytes: larger input values go to the DLQ as oversize (default: the
             input topic's max_message_bytes from the catalogue).
+        pause_after_s: a transform running longer than this gets its partitions paused
+            while the loop keeps polling.
     """
 
     def __init__(self, *, name: str, bootstrap: str, topic_prefix: str, instance_id: str,
@@ -110,7 +112,7 @@ class Stage:
                  mode: Literal["transactional", "at_least_once"] = "transactional",
                  batch_size: int = 16, batch_timeout_s: float = 0.5, health: Health | None = None,
                  stats_interval_s: float = 5.0, max_poll_interval_s: float = 300.0,
-                 max_record_bytes: int | None = None):
+                 max_record_bytes: int | None = None, pause_after_s: float = 0.5):
         from confluent_kafka import Consumer, Producer
 
         self.name, self.mode, self.handle = name, mode, handle
@@ -121,6 +123,7 @@ class Stage:
         catalogue = load_catalogue()
         self.max_bytes = max_record_bytes or catalogue[input_topic].max_message_bytes
         self.batch_size, self.batch_timeout_s = batch_size, batch_timeout_s
+        self.pause_after_s = pause_after_s
         self.health = health or Health()
         client = f"{name}-{instance_id}"
         self.consumer = Consumer(consumer_config(bootstrap, f"{client}-consumer", group_id,
@@ -230,32 +233,42 @@ class Stage:
             self._commit_at_least_once(outputs, offsets)
 
     def _transform_while_polling(self, msgs: list) -> list[tuple[str, str | bytes | None, Contract]]:
-        """Run the transform in a worker thread; keep polling with partitions paused."""
+        """Run the transform in a worker thread; if it takes longer than `pause_after_s`,
+        pause the assignment and keep polling until it is done (max.poll.interval.ms never
+        trips). Fast transforms are not paused: pausing drops prefetched records."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        from confluent_kafka import TopicPartition
+
         self._busy = True
         BUSY.labels(self.name).set(1)
-        paused = self.consumer.assignment()
-        self.consumer.pause(paused)
         fut = self._pool.submit(self._transform, msgs)
+        paused: set[tuple[str, int]] = set()
         try:
-            while not fut.done():
+            try:
+                return fut.result(timeout=self.pause_after_s)
+            except FutureTimeout:
+                pass
+            while True:
                 self.health.beat()
-                self.producer.poll(0)
-                stray = self.consumer.poll(0.1)
+                now = {(p.topic, p.partition) for p in self.consumer.assignment()}
+                if now - paused:  # first time, or assigned mid-batch: keep them paused
+                    self.consumer.pause([TopicPartition(t, p) for t, p in now - paused])
+                    paused |= now
+                stray = self.consumer.poll(0)
                 if stray is not None and stray.error() is None:
                     # Fetched before the pause took effect: put it back for the next batch.
-                    from confluent_kafka import TopicPartition
-
                     self.consumer.seek(TopicPartition(stray.topic(), stray.partition(), stray.offset()))
-                now = self.consumer.assignment()
-                fresh = [p for p in now if (p.topic, p.partition) not in {(q.topic, q.partition) for q in paused}]
-                if fresh:  # assigned mid-batch: keep them paused too
-                    self.consumer.pause(fresh)
-                    paused += fresh
-            return fut.result()
+                self.producer.poll(0)
+                try:
+                    return fut.result(timeout=0.1)
+                except FutureTimeout:
+                    continue
         finally:
             self._busy = False
             BUSY.labels(self.name).set(0)
-            self.consumer.resume(self.consumer.assignment())
+            if paused:
+                self.consumer.resume(self.consumer.assignment())
 
     def _transform(self, msgs: list) -> list[tuple[str, str | bytes | None, Contract]]:
         out: list[tuple[str, str | bytes | None, Contract]] = []

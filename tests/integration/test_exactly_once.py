@@ -12,10 +12,12 @@ from tests.helpers import ServiceProc, decode_all, produce_all, read_all, rollou
 N = 120
 
 
-def _worker(bootstrap, prefix, log):
+def _worker(bootstrap, prefix, log, batch_size):
+    # 20 ms a sample: batches of 10 take 0.2 s (no pause), of 40 take 0.8 s (partitions
+    # paused while polling goes on), so both paths are killed mid-batch.
     return ServiceProc("reward", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "eos0",
-                                  "--reward.scorer", "tests.helpers:slow_numeric",  # 20 ms a sample
-                                  "--reward.batch-size", "10", "--metrics-interval", "1"], log)
+                                  "--reward.scorer", "tests.helpers:slow_numeric",
+                                  "--reward.batch-size", str(batch_size), "--metrics-interval", "1"], log)
 
 
 @pytest.mark.slow
@@ -26,7 +28,8 @@ def test_sigkill_mid_batch_then_restart_yields_each_input_once(bootstrap, tmp_pa
     groups = [rollout_group(i) for i in range(N)]
     produce_all(bootstrap, f"{prefix}rl.rollouts", [(g.prompt_id, *codec.encode(g)) for g in groups])
 
-    first = _worker(bootstrap, prefix, tmp_path / "first.log")
+    batch_size = 10 if round_ % 2 == 0 else 40
+    first = _worker(bootstrap, prefix, tmp_path / "first.log", batch_size)
     # Kill while a batch is being transformed, after at least `round_ % 3 + 1` commits.
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -38,9 +41,9 @@ def test_sigkill_mid_batch_then_restart_yields_each_input_once(bootstrap, tmp_pa
     else:
         pytest.fail("the worker never got mid-batch")
     first.kill()
-    assert committed < N / 10, "killed too late: the whole input was already done"
+    assert committed < N / batch_size, "killed too late: the whole input was already done"
 
-    second = _worker(bootstrap, prefix, tmp_path / "second.log")
+    second = _worker(bootstrap, prefix, tmp_path / "second.log", batch_size)
     try:
         scored = decode_all(read_all(bootstrap, f"{prefix}rl.scored", expect=N, timeout_s=90), ScoredGroup)
     finally:
