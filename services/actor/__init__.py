@@ -1,0 +1,4 @@
+"""actor: inference over HTTP (torch on CPU, vLLM on GPU), loads each announced policy version.
+
+Arrives with the pipeline issue.
+"""
