@@ -9,7 +9,7 @@ from steadyrl.contracts import ScoredGroup
 from steadyrl.topics import create_topics
 from tests.helpers import ServiceProc, decode_all, produce_all, read_all, rollout_group, unique_prefix
 
-N = 120
+N = 200
 
 
 def _worker(bootstrap, prefix, log, batch_size):
@@ -35,7 +35,7 @@ def test_sigkill_mid_batch_then_restart_yields_each_input_once(bootstrap, tmp_pa
     while time.monotonic() < deadline:
         committed = first.metric("steadyrl_stage_transactions_total", {"result": "committed"}) or 0
         busy = first.metric("steadyrl_stage_busy") or 0
-        if committed >= round_ % 3 + 1 and busy == 1:
+        if committed >= round_ % 2 + 1 and busy == 1:
             break
         time.sleep(0.01)
     else:

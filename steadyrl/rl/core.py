@@ -1,0 +1,248 @@
+"""The RL math: one pure function per formula, shapes in comments, sources cited.
+
+Notation (CleanRL / verl): B sequences, T response tokens, G samples per prompt.
+`mask` is 1.0 on response tokens that count and 0.0 on padding; every per-token tensor is
+(B, T). Log-probabilities are in nats.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+LossAgg = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
+
+
+# ---------------------------------------------------------------- advantages
+
+def grpo_advantages(rewards: torch.Tensor, norm_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """Group-relative advantages, one scalar per sample.
+
+    A_i = (r_i - mean(r_group)) / (std(r_group) + eps)         with norm_by_std
+    A_i =  r_i - mean(r_group)                                 without (Dr. GRPO)
+
+    Source: Shao et al. 2024, DeepSeekMath, §4.1.2 (outcome supervision); the variant
+    without std: Liu et al. 2025, "Understanding R1-Zero-Like Training", §3.1. std is the
+    unbiased sample std (torch.std), as in verl and TRL; a group of one has std 0.
+
+    Args:
+        rewards: (B, G) one row per prompt.
+    Returns:
+        (B, G) advantages.
+    """
+    mean = rewards.mean(dim=1, keepdim=True)                                  # (B, 1)
+    centred = rewards - mean                                                  # (B, G)
+    if not norm_by_std:
+        return centred
+    G = rewards.shape[1]
+    std = rewards.std(dim=1, keepdim=True) if G > 1 else torch.zeros_like(mean)  # (B, 1)
+    return centred / (std + eps)
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+        lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation over response tokens.
+
+    delta_t = r_t + gamma * V_{t+1} - V_t                   (V after the last token is 0)
+    A_t     = sum_l (gamma * lam)^l * delta_{t+l}
+    returns = A + V
+
+    Source: Schulman et al. 2016, "High-Dimensional Continuous Control Using GAE", eq. 11-16.
+    Masked positions are skipped: the next value of a token is that of the next unmasked one.
+
+    Args:
+        rewards: (B, T) per-token rewards (typically the score on the last token, minus KL).
+        values: (B, T) value estimates V_t.
+        mask: (B, T) 1 on response tokens.
+    Returns:
+        advantages (B, T), returns (B, T); both 0 where mask is 0.
+    """
+    B, T = rewards.shape
+    adv = torch.zeros_like(rewards)                                           # (B, T)
+    last_gae = torch.zeros(B, dtype=rewards.dtype, device=rewards.device)     # (B,)
+    next_value = torch.zeros(B, dtype=rewards.dtype, device=rewards.device)   # (B,)
+    for t in reversed(range(T)):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        gae_t = delta + gamma * lam * last_gae
+        adv[:, t] = gae_t * m
+        # carry through padding unchanged
+        last_gae = torch.where(m > 0, gae_t, last_gae)
+        next_value = torch.where(m > 0, values[:, t], next_value)
+    returns = (adv + values) * mask
+    return adv, returns
+
+
+# ---------------------------------------------------------------- aggregation
+
+def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: LossAgg = "token-mean") -> torch.Tensor:
+    """Reduce a per-token loss (B, T) to a scalar.
+
+    token-mean:           sum(loss * mask) / sum(mask)           (DAPO, Yu et al. 2025, eq. 8)
+    seq-mean-token-sum:   mean_b sum_t loss * mask               (Dr. GRPO, Liu et al. 2025)
+    seq-mean-token-mean:  mean_b (sum_t loss * mask / sum_t mask) (GRPO, Shao et al. 2024, eq. 3)
+    """
+    if mode == "token-mean":
+        return (loss * mask).sum() / mask.sum().clamp(min=1.0)
+    per_seq = (loss * mask).sum(dim=1)                                        # (B,)
+    if mode == "seq-mean-token-sum":
+        return per_seq.mean()
+    if mode == "seq-mean-token-mean":
+        return (per_seq / mask.sum(dim=1).clamp(min=1.0)).mean()
+    raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Population variance of the masked entries."""
+    mean = masked_mean(x, mask)
+    return masked_mean((x - mean) ** 2, mask)
+
+
+# ---------------------------------------------------------------- policy loss
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                clip_low: float = 0.2, clip_high: float = 0.2, clip_ratio_c: float | None = 3.0,
+                agg: LossAgg = "token-mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate policy loss, with asymmetric clip and dual clip.
+
+    ratio    = exp(logp - old_logp)
+    pg_loss1 = -A * ratio
+    pg_loss2 = -A * clip(ratio, 1 - clip_low, 1 + clip_high)
+    loss     = max(pg_loss1, pg_loss2)                         PPO, Schulman et al. 2017, eq. 7
+    where A < 0:  loss = min(loss, -A * clip_ratio_c)          dual clip, Ye et al. 2020, eq. 5
+    Asymmetric (low, high) clip: DAPO "clip-higher", Yu et al. 2025, eq. 10.
+
+    Args:
+        logp, old_logp: (B, T) log-probs of the taken tokens under the current / behaviour policy.
+        advantages: (B, T) (a sequence advantage broadcast over its tokens).
+        mask: (B, T).
+        clip_ratio_c: dual-clip bound (> 1), or None to disable.
+    Returns:
+        scalar loss, and metrics: clip_frac (share of tokens where the clip was active),
+        dual_clip_frac, approx_kl (k1 between behaviour and current, mean over tokens).
+    """
+    log_ratio = logp - old_logp                                               # (B, T)
+    ratio = torch.exp(log_ratio)                                              # (B, T)
+    pg_loss1 = -advantages * ratio                                            # (B, T)
+    pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    clipped = torch.maximum(pg_loss1, pg_loss2)                               # (B, T)
+    clip_active = (pg_loss2 > pg_loss1).float()
+    if clip_ratio_c is not None:
+        if clip_ratio_c <= 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
+        pg_loss3 = -advantages * clip_ratio_c
+        dual = torch.minimum(clipped, pg_loss3)
+        dual_active = ((clipped > pg_loss3) & (advantages < 0)).float()
+        pg_losses = torch.where(advantages < 0, dual, clipped)
+    else:
+        dual_active = torch.zeros_like(clipped)
+        pg_losses = clipped
+    loss = aggregate(pg_losses, mask, agg)
+    with torch.no_grad():
+        metrics = {"clip_frac": masked_mean(clip_active, mask),
+                   "dual_clip_frac": masked_mean(dual_active, mask),
+                   "approx_kl": masked_mean(-log_ratio, mask)}
+    return loss, metrics
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               clip_range: float = 0.2, agg: LossAgg = "token-mean") -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped value loss.
+
+    V_clip = V_old + clip(V - V_old, -eps, eps)
+    loss   = 0.5 * max((V - R)^2, (V_clip - R)^2)
+    Source: the PPO2 baselines implementation (Dhariwal et al. 2017), as in CleanRL ppo.py
+    and verl `compute_value_loss`.
+
+    Args: all (B, T). Returns: scalar loss, clip fraction.
+    """
+    v_clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+    loss1 = (values - returns) ** 2
+    loss2 = (v_clipped - returns) ** 2
+    loss = 0.5 * aggregate(torch.maximum(loss1, loss2), mask, agg)
+    return loss, masked_mean((loss2 > loss1).float(), mask).detach()
+
+
+# ---------------------------------------------------------------- KL and entropy
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLEstimator = "low_var_kl") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi.
+
+    with log r = ref_logp - logp:
+      k1 = -log r                         (unbiased, high variance)
+      k2 = 0.5 * (log r)^2                (biased, low variance)
+      k3 = r - 1 - log r                  (unbiased, low variance, >= 0)
+      low_var_kl = clamp(k3, -10, 10)     (verl's name for k3, bounded)
+    Source: Schulman 2020, "Approximating KL Divergence" (k1, k2, k3); GRPO uses k3
+    (Shao et al. 2024, eq. 4).
+
+    Args: (B, T) each. Returns: (B, T).
+    """
+    log_r = ref_logp - logp
+    if kind == "k1":
+        return -log_r
+    if kind == "k2":
+        return 0.5 * log_r ** 2
+    if kind in ("k3", "low_var_kl"):
+        k3 = torch.exp(log_r) - 1.0 - log_r
+        return torch.clamp(k3, -10.0, 10.0) if kind == "low_var_kl" else k3
+    raise ValueError(f"unknown KL estimator {kind!r}")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the categorical distribution at each position.
+
+    H = logsumexp(z) - sum_i softmax(z)_i * z_i
+    Args: logits (B, T, V). Returns: (B, T), nats.
+    """
+    p = F.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (p * logits).sum(dim=-1)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / temperature) at `tokens`.
+
+    Args: logits (B, T, V) predicting `tokens` (B, T). Returns: (B, T).
+    """
+    logp = F.log_softmax(logits.float() / temperature, dim=-1)                # (B, T, V)
+    return torch.gather(logp, -1, tokens.unsqueeze(-1)).squeeze(-1)           # (B, T)
+
+
+# ---------------------------------------------------------------- optimisation
+
+def clip_grad_norm(params, max_norm: float) -> float:
+    """Clip the global L2 norm of the gradients to `max_norm`; returns the norm before clipping.
+
+    Source: Pascanu et al. 2013, "On the difficulty of training RNNs", Alg. 1.
+    """
+    return float(torch.nn.utils.clip_grad_norm_(list(params), max_norm))
+
+
+def lr_lambda(step: int, warmup_steps: int, total_steps: int, kind: Literal["constant", "cosine"] = "constant",
+              min_ratio: float = 0.0) -> float:
+    """LR multiplier at `step`: linear warmup, then constant or cosine decay to `min_ratio`.
+
+    Cosine: Loshchilov & Hutter 2017, SGDR, eq. 5 (one cycle, no restarts).
+    """
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if kind == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def warn_if_kl_is_off(use_kl: bool, kl_coef: float) -> None:
+    """Start-up warning: KL is switched on but its coefficient is 0 (it does nothing)."""
+    if use_kl and kl_coef == 0.0:
+        warnings.warn("KL to the reference is enabled but kl_coef is 0.0: it has no effect "
+                      "(set kl_coef > 0 or disable KL to skip the reference forward pass)", stacklevel=2)
