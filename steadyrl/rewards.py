@@ -50,7 +50,41 @@ def numeric_match(data_source: str, solution_str: str, ground_truth: str,
     return {"score": float(want is not None and got is not None and got == want), "pred": pred}
 
 
-SCORERS: dict[str, Scorer] = {"numeric_match": numeric_match}
+def tiny_copy(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    """Share of the first 4 characters of `solution_str` equal to `ground_truth` (one char).
+
+    The synthetic task a tiny random model learns by RL in about a minute on CPU.
+    """
+    head = solution_str[:4]
+    return sum(c == ground_truth for c in head) / 4.0
+
+
+def format_reward(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    """1.0 if the reply is only a number (optionally `\\boxed{}` or `#### n`), else 0.0."""
+    s = solution_str.strip()
+    return float(bool(re.fullmatch(r"(?:####\s*|\\boxed\{\s*)?(" + _NUM + r")\s*\}?\.?", s)))
+
+
+def length_penalty(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                   max_chars: int = 200) -> float:
+    """-(excess characters beyond `max_chars`) / max_chars, capped at -1; 0 within the budget."""
+    excess = max(0, len(solution_str) - max_chars)
+    return -min(1.0, excess / max_chars)
+
+
+def numeric_match_formatted(data_source: str, solution_str: str, ground_truth: str,
+                            extra_info: dict | None = None) -> dict[str, Any]:
+    """numeric_match + 0.1 x format_reward + length_penalty: correct, short, number-only answers."""
+    r = numeric_match(data_source, solution_str, ground_truth, extra_info)
+    fmt = format_reward(data_source, solution_str, ground_truth)
+    pen = length_penalty(data_source, solution_str, ground_truth)
+    return {"score": r["score"] + 0.1 * fmt + pen, "correct": r["score"], "format": fmt,
+            "length_penalty": pen, "pred": r["pred"]}
+
+
+SCORERS: dict[str, Scorer] = {"numeric_match": numeric_match, "tiny_copy": tiny_copy,
+                              "format": format_reward, "length_penalty": length_penalty,
+                              "numeric_match_formatted": numeric_match_formatted}
 
 
 def resolve_scorer(name: str) -> Scorer:

@@ -1,0 +1,134 @@
+"""Generation behind one interface: a torch backend (CPU or GPU) and a vLLM backend (GPU).
+
+    gen = TorchGenerator(model, tokenizer)
+    out = gen.generate([[ids of prompt 1], [ids of prompt 2]], SamplingParams(n=8, max_new_tokens=16))
+    out[i][j]  # Completion j of prompt i: token_ids, logprobs, text, finish_reason
+
+Log-probabilities are those of the sampling distribution softmax(logits / temperature)
+before top-p filtering, per generated token, in nats. The EOS token, when generated, is
+the last entry of `token_ids` (the policy must learn to stop) but not part of `text`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, Field
+
+
+class SamplingParams(BaseModel):
+    """How to sample. temperature 0 means greedy."""
+
+    n: int = Field(1, ge=1, description="Completions per prompt.")
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(64, ge=1)
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]        # (T,)
+    logprobs: list[float]       # (T,)
+    text: str
+    finish_reason: Literal["stop", "length"]
+
+
+class Generator(Protocol):
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]: ...
+
+
+class TorchGenerator:
+    """`transformers.generate` on a causal LM, batched with left padding.
+
+    Args:
+        model: a causal LM (its weights are read at each call: training updates show at once).
+        tokenizer: with pad and EOS tokens set.
+        batch_size: max sequences per generate() call.
+    """
+
+    def __init__(self, model, tokenizer, batch_size: int = 64):
+        self.model, self.tok, self.batch_size = model, tokenizer, batch_size
+        self.eos_ids = {tokenizer.eos_token_id}
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        if gen_eos is not None:
+            self.eos_ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        flat = [p for p in prompts for _ in range(params.n)]
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        done: list[Completion] = []
+        for i in range(0, len(flat), self.batch_size):
+            done += self._generate_batch(flat[i:i + self.batch_size], params)
+        return [done[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        device = next(self.model.parameters()).device
+        P = max(len(p) for p in prompts)
+        pad = self.tok.pad_token_id
+        input_ids = torch.tensor([[pad] * (P - len(p)) + p for p in prompts], device=device)   # (N, P)
+        attn = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts], device=device)
+        greedy = params.temperature == 0.0
+        was_training = self.model.training
+        self.model.eval()
+        out = self.model.generate(
+            input_ids=input_ids, attention_mask=attn, max_new_tokens=params.max_new_tokens,
+            do_sample=not greedy, temperature=None if greedy else params.temperature,
+            top_p=None if greedy else params.top_p, top_k=None, pad_token_id=pad,
+            eos_token_id=sorted(self.eos_ids), return_dict_in_generate=True, output_logits=True)
+        self.model.train(was_training)
+        new = out.sequences[:, P:]                                                   # (N, T)
+        logits = torch.stack(out.logits, dim=1).float()                             # (N, T, V)
+        temp = 1.0 if greedy else params.temperature
+        logp = F.log_softmax(logits / temp, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # (N, T)
+        result = []
+        for row, lp in zip(new.tolist(), logp.tolist()):
+            end = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
+            if end is None:
+                ids, lps, reason, text_ids = row, lp, "length", row
+            else:
+                ids, lps, reason, text_ids = row[:end + 1], lp[:end + 1], "stop", row[:end]
+            result.append(Completion(ids, lps, self.tok.decode(text_ids, skip_special_tokens=True), reason))
+        return result
+
+
+class VLLMGenerator:
+    """vLLM backend (GPU only): `LLM.generate` with per-token logprobs, weights reloaded in place.
+
+    Written against vLLM's public API; import-guarded: constructing it without vLLM raises
+    ImportError. Not exercised on the CPU-only CI (tests marked `gpu`).
+    """
+
+    def __init__(self, model_path: str, gpu_memory_utilization: float = 0.5, dtype: str = "bfloat16"):
+        from vllm import LLM  # noqa: F401  (ImportError here is the guard)
+
+        self.llm = LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization, dtype=dtype,
+                       enable_prefix_caching=True)
+        self.tok = self.llm.get_tokenizer()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        from vllm import SamplingParams as VSP
+        from vllm.inputs import TokensPrompt
+
+        sp = VSP(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                 max_tokens=params.max_new_tokens, seed=params.seed, logprobs=0)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+        result = []
+        for o in outs:
+            group = []
+            for c in o.outputs:
+                lps = [step[t].logprob for step, t in zip(c.logprobs, c.token_ids)]
+                group.append(Completion(list(c.token_ids), lps, c.text,
+                                        "stop" if c.finish_reason == "stop" else "length"))
+            result.append(group)
+        return result
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Replace the served weights in place (vLLM's weight-loading path)."""
+        model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        model.load_weights(state_dict.items())

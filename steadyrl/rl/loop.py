@@ -1,0 +1,109 @@
+"""The in-process reference loop: prompts -> generate -> reward -> update, in one process.
+
+It is the oracle the Kafka pipeline is checked against and the baseline it is benchmarked
+against: same model loading, generator, scorers and Trainer, no broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Callable
+
+import torch
+from pydantic import BaseModel, Field
+
+from steadyrl.data import PromptRow
+from steadyrl.generation import SamplingParams, TorchGenerator
+from steadyrl.rewards import resolve_scorer, score_value
+from steadyrl.rl.trainer import Group, TrainConfig, Trainer
+
+log = logging.getLogger(__name__)
+
+
+class LoopConfig(BaseModel):
+    """What the reference loop runs."""
+
+    steps: int = Field(10, ge=1)
+    prompts_per_step: int = Field(8, ge=1, description="B: prompts in one step.")
+    group_size: int = Field(8, ge=1, description="G: samples per prompt.")
+    max_new_tokens: int = Field(32, ge=1)
+    top_p: float = Field(1.0, gt=0, le=1)
+    scorer: str = "numeric_match"
+    seed: int = 0
+    train: TrainConfig = TrainConfig()
+
+
+def encode_prompt(tokenizer, row: PromptRow) -> list[int]:
+    """Token ids of the chat, with the assistant turn opened."""
+    ids = tokenizer.apply_chat_template(row.messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):  # BatchEncoding in newer transformers
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def prompt_batches(rows: list[PromptRow], batch: int, seed: int):
+    """Endless (epoch, index, row) batches: each epoch a fresh seeded shuffle."""
+    epoch = 0
+    while True:
+        order = list(range(len(rows)))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        for s in range(0, len(order) - batch + 1, batch):
+            yield [(epoch, i, rows[i]) for i in order[s:s + batch]]
+        epoch += 1
+
+
+def run_loop(model, tokenizer, rows: list[PromptRow], cfg: LoopConfig,
+             on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
+    """Train `model` in place for cfg.steps; returns one metrics dict per step."""
+    torch.manual_seed(cfg.seed)
+    scorer = resolve_scorer(cfg.scorer)
+    gen = TorchGenerator(model, tokenizer)
+    trainer = Trainer(model, tokenizer.pad_token_id, cfg.train)
+    params = SamplingParams(n=cfg.group_size, temperature=cfg.train.temperature, top_p=cfg.top_p,
+                            max_new_tokens=cfg.max_new_tokens)
+    history = []
+    batches = prompt_batches(rows, cfg.prompts_per_step, cfg.seed)
+    for step in range(cfg.steps):
+        t_step = time.perf_counter()
+        batch = next(batches)
+        prompt_ids = [encode_prompt(tokenizer, row) for _, _, row in batch]
+        t0 = time.perf_counter()
+        completions = gen.generate(prompt_ids, params)
+        t_gen = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        groups = []
+        for (_, _, row), ids, comps in zip(batch, prompt_ids, completions):
+            rewards = [score_value(scorer(row.data_source, c.text, row.ground_truth, row.extra_info))[0]
+                       for c in comps]
+            groups.append(Group(ids, [c.token_ids for c in comps], rewards, [c.logprobs for c in comps]))
+        t_reward = time.perf_counter() - t0
+        metrics = trainer.step(groups)
+        n_tokens = sum(len(r) for g in groups for r in g.responses)
+        metrics.update({"step": step + 1, "timing_s/gen": t_gen, "timing_s/reward": t_reward,
+                        "timing_s/step": time.perf_counter() - t_step,
+                        "perf/gen_tokens_per_s": n_tokens / max(t_gen, 1e-9)})
+        history.append(metrics)
+        if on_step:
+            on_step(step + 1, metrics)
+    return history
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, rows: list[PromptRow], scorer: str = "numeric_match",
+             max_new_tokens: int = 32, batch_size: int = 32) -> tuple[float, list[dict]]:
+    """Greedy accuracy: share of rows whose reward is >= 1.0. Returns (accuracy, per-item results)."""
+    fn = resolve_scorer(scorer)
+    gen = TorchGenerator(model, tokenizer, batch_size=batch_size)
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
+    items = []
+    for s in range(0, len(rows), batch_size):
+        chunk = rows[s:s + batch_size]
+        outs = gen.generate([encode_prompt(tokenizer, r) for r in chunk], params)
+        for row, out in zip(chunk, outs):
+            reward, extra = score_value(fn(row.data_source, out[0].text, row.ground_truth, row.extra_info))
+            items.append({"prompt": row.messages[-1]["content"], "ground_truth": row.ground_truth,
+                          "response": out[0].text, "reward": reward, "correct": reward >= 1.0, **extra})
+    acc = sum(i["correct"] for i in items) / max(1, len(items))
+    return acc, items

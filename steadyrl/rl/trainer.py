@@ -1,0 +1,267 @@
+"""One policy update from scored groups: GRPO, or PPO with a value head and GAE.
+
+The learner service and the in-process reference loop both call `Trainer.step(groups)`;
+the formulas live in `steadyrl.rl.core`. Shapes: N sequences (B prompts x G samples),
+P prompt tokens (left padded), T response tokens (right padded), V vocabulary.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, Field, model_validator
+
+from steadyrl.rl import core
+
+
+class TrainConfig(BaseModel):
+    """Optimisation and loss settings (defaults follow verl where it has one)."""
+
+    algorithm: Literal["grpo", "ppo"] = "grpo"
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    total_steps: int = Field(100, ge=1, description="For the cosine schedule.")
+    max_grad_norm: float = Field(1.0, gt=0)
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
+    mini_batch_size: int | None = Field(None, ge=1, description="Sequences per optimizer step; None: whole batch.")
+    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward (memory).")
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    clip_high: float = Field(0.2, ge=0)
+    clip_ratio_c: float | None = Field(3.0, gt=1, description="Dual-clip bound; None disables.")
+    loss_agg: core.LossAgg = "token-mean"
+    norm_adv_by_std: bool = Field(True, description="GRPO: divide by the group std (False: Dr. GRPO).")
+    use_kl_loss: bool = Field(False, description="Add kl_coef x KL(pi || ref) to the loss.")
+    kl_coef: float = Field(0.001, ge=0)
+    kl_estimator: core.KLEstimator = "low_var_kl"
+    kl_in_reward: bool = Field(False, description="PPO: subtract kl_coef x k1 from per-token rewards.")
+    entropy_coeff: float = Field(0.0, ge=0)
+    temperature: float = Field(1.0, gt=0, description="Must equal the sampling temperature.")
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1)
+    vf_coef: float = Field(0.5, ge=0)
+    vf_clip: float = Field(0.2, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainConfig":
+        if self.kl_in_reward and self.algorithm != "ppo":
+            raise ValueError("kl_in_reward needs algorithm=ppo (GRPO puts KL in the loss: use_kl_loss)")
+        return self
+
+    @property
+    def uses_ref(self) -> bool:
+        return self.use_kl_loss or self.kl_in_reward
+
+
+@dataclass
+class Group:
+    """One prompt's samples and rewards, as the trainer needs them."""
+
+    prompt_ids: list[int]
+    responses: list[list[int]]           # G x (T_i,)
+    rewards: list[float]                 # (G,)
+    behaviour_logprobs: list[list[float]] | None = None
+
+
+class ValueHead(torch.nn.Module):
+    """A linear value head on the policy's last hidden state (shared backbone)."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.v = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.v.weight)
+        torch.nn.init.zeros_(self.v.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:   # (N, L, H) -> (N, L)
+        return self.v(hidden).squeeze(-1)
+
+
+def build_batch(groups: list[Group], pad_id: int) -> dict[str, torch.Tensor]:
+    """Pack groups into tensors: [left-padded prompt | right-padded response].
+
+    Returns input_ids (N, P+T), attention_mask (N, P+T), position_ids (N, P+T),
+    responses (N, T), response_mask (N, T), rewards (B, G), and P.
+    """
+    seqs = [(g.prompt_ids, r) for g in groups for r in g.responses]
+    P = max(len(p) for p, _ in seqs)
+    T = max(max(len(r) for _, r in seqs), 1)
+    ids, attn, resp, rmask = [], [], [], []
+    for p, r in seqs:
+        ids.append([pad_id] * (P - len(p)) + p + r + [pad_id] * (T - len(r)))
+        attn.append([0] * (P - len(p)) + [1] * (len(p) + len(r)) + [0] * (T - len(r)))
+        resp.append(r + [pad_id] * (T - len(r)))
+        rmask.append([1.0] * len(r) + [0.0] * (T - len(r)))
+    attention_mask = torch.tensor(attn)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    G = {len(g.responses) for g in groups}
+    if len(G) != 1:
+        raise ValueError(f"every group needs the same number of samples, got sizes {sorted(G)}")
+    return {"input_ids": torch.tensor(ids), "attention_mask": attention_mask, "position_ids": position_ids,
+            "responses": torch.tensor(resp), "response_mask": torch.tensor(rmask),
+            "rewards": torch.tensor([g.rewards for g in groups], dtype=torch.float32), "P": torch.tensor(P)}
+
+
+class Trainer:
+    """Holds the policy, optimizer, LR schedule, optional frozen reference and value head.
+
+    Args:
+        model: causal LM being trained (updated in place).
+        pad_id: tokenizer pad id.
+        cfg: TrainConfig.
+    """
+
+    def __init__(self, model, pad_id: int, cfg: TrainConfig):
+        self.model, self.pad_id, self.cfg = model, pad_id, cfg
+        core.warn_if_kl_is_off(cfg.uses_ref, cfg.kl_coef)
+        self.ref = None
+        if cfg.uses_ref:
+            self.ref = copy.deepcopy(model).eval()
+            for p in self.ref.parameters():
+                p.requires_grad_(False)
+        self.value_head = ValueHead(model.config.hidden_size) if cfg.algorithm == "ppo" else None
+        params = list(model.parameters()) + (list(self.value_head.parameters()) if self.value_head else [])
+        self.params = params
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: core.lr_lambda(s, cfg.warmup_steps, cfg.total_steps, cfg.lr_schedule))
+        self.global_step = 0
+
+    # -- forward pieces ------------------------------------------------------------------
+    def _forward(self, model, b: dict, idx: slice, need_values: bool = False, need_entropy: bool = False):
+        P = int(b["P"])
+        out = model(input_ids=b["input_ids"][idx], attention_mask=b["attention_mask"][idx],
+                    position_ids=b["position_ids"][idx], output_hidden_states=need_values, use_cache=False)
+        logits = out.logits[:, P - 1:-1]                                         # (n, T, V) predicts responses
+        logp = core.token_logprobs(logits, b["responses"][idx], self.cfg.temperature)   # (n, T)
+        ent = core.entropy_from_logits(logits.float() / self.cfg.temperature) if need_entropy else None
+        values = None
+        if need_values:
+            values = self.value_head(out.hidden_states[-1][:, P - 1:-1].float())  # (n, T)
+        return logp, ent, values
+
+    @torch.no_grad()
+    def _no_grad_pass(self, model, b: dict, need_values: bool = False):
+        N = b["input_ids"].shape[0]
+        mb = self.cfg.micro_batch_size
+        logps, vals = [], []
+        for i in range(0, N, mb):
+            lp, _, v = self._forward(model, b, slice(i, i + mb), need_values=need_values)
+            logps.append(lp)
+            if need_values:
+                vals.append(v)
+        return torch.cat(logps), (torch.cat(vals) if need_values else None)
+
+    # -- one step ------------------------------------------------------------------------
+    def step(self, groups: list[Group]) -> dict[str, float]:
+        """Update the policy on `groups`; returns per-step metrics (verl names).
+
+        Raises ValueError if groups have different sizes.
+        """
+        cfg, t_start = self.cfg, time.perf_counter()
+        b = build_batch(groups, self.pad_id)
+        mask = b["response_mask"]                                                # (N, T)
+        B, G = b["rewards"].shape
+        N, T = mask.shape
+        timing = {}
+        self.model.train()
+
+        t0 = time.perf_counter()
+        old_logp, old_values = self._no_grad_pass(self.model, b, need_values=cfg.algorithm == "ppo")
+        timing["old_log_prob"] = time.perf_counter() - t0
+        ref_logp = None
+        if self.ref is not None:
+            t0 = time.perf_counter()
+            ref_logp, _ = self._no_grad_pass(self.ref, b)
+            timing["ref"] = time.perf_counter() - t0
+
+        # Advantages
+        if cfg.algorithm == "grpo":
+            seq_adv = core.grpo_advantages(b["rewards"], cfg.norm_adv_by_std).reshape(N)   # (N,)
+            advantages = seq_adv[:, None] * mask                                           # (N, T)
+            returns = None
+        else:
+            token_rewards = torch.zeros(N, T)
+            last = (mask.sum(dim=1).long() - 1).clamp(min=0)                               # (N,)
+            token_rewards[torch.arange(N), last] = b["rewards"].reshape(N)
+            if cfg.kl_in_reward:
+                token_rewards -= cfg.kl_coef * core.kl_estimate(old_logp, ref_logp, "k1") * mask
+            advantages, returns = core.gae(token_rewards, old_values, mask, cfg.gamma, cfg.lam)
+            # whiten advantages over the batch (PPO practice; CleanRL norm_adv)
+            mu, var = core.masked_mean(advantages, mask), core.masked_var(advantages, mask)
+            advantages = (advantages - mu) * torch.rsqrt(var + 1e-8) * mask
+
+        # Update
+        t0 = time.perf_counter()
+        mini = cfg.mini_batch_size or N
+        sums: dict[str, float] = {}
+        n_updates = 0
+        grad_norms = []
+        gen = torch.Generator().manual_seed(self.global_step)
+        for _ in range(cfg.ppo_epochs):
+            order = torch.randperm(N, generator=gen) if mini < N else torch.arange(N)
+            for s in range(0, N, mini):
+                mb_idx = order[s:s + mini]
+                mb_tokens = mask[mb_idx].sum().clamp(min=1.0)
+                self.opt.zero_grad(set_to_none=True)
+                for m in range(0, len(mb_idx), cfg.micro_batch_size):
+                    idx = mb_idx[m:m + cfg.micro_batch_size]
+                    # share of the minibatch in this micro-batch, so the sum equals the minibatch loss
+                    weight = (mask[idx].sum() / mb_tokens if cfg.loss_agg == "token-mean"
+                              else torch.tensor(len(idx) / len(mb_idx)))
+                    sub = {k: (v[idx] if k != "P" else v) for k, v in b.items() if k != "rewards"}
+                    logp, ent, values = self._forward(self.model, sub, slice(None),
+                                                      need_values=cfg.algorithm == "ppo",
+                                                      need_entropy=True)
+                    mb_mask = mask[idx]
+                    pg_loss, pg_m = core.policy_loss(logp, old_logp[idx], advantages[idx], mb_mask,
+                                                     cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c, cfg.loss_agg)
+                    loss = pg_loss
+                    entropy = core.aggregate(ent, mb_mask, cfg.loss_agg)
+                    if cfg.entropy_coeff:
+                        loss = loss - cfg.entropy_coeff * entropy
+                    if cfg.use_kl_loss:
+                        kl = core.aggregate(core.kl_estimate(logp, ref_logp[idx], cfg.kl_estimator), mb_mask, cfg.loss_agg)
+                        loss = loss + cfg.kl_coef * kl
+                        sums["actor/kl_loss"] = sums.get("actor/kl_loss", 0.0) + float(kl) * float(weight)
+                    if cfg.algorithm == "ppo":
+                        vf_loss, vf_clip = core.value_loss(values, old_values[idx], returns[idx], mb_mask,
+                                                           cfg.vf_clip, cfg.loss_agg)
+                        loss = loss + cfg.vf_coef * vf_loss
+                        sums["critic/vf_loss"] = sums.get("critic/vf_loss", 0.0) + float(vf_loss) * float(weight)
+                        sums["critic/vf_clipfrac"] = sums.get("critic/vf_clipfrac", 0.0) + float(vf_clip) * float(weight)
+                    (loss * weight).backward()
+                    for k, v in (("actor/pg_loss", pg_loss), ("actor/entropy", entropy),
+                                 ("actor/pg_clipfrac", pg_m["clip_frac"]), ("actor/ppo_kl", pg_m["approx_kl"]),
+                                 ("actor/pg_clipfrac_lower", pg_m["dual_clip_frac"])):
+                        sums[k] = sums.get(k, 0.0) + float(v) * float(weight)
+                grad_norms.append(core.clip_grad_norm(self.params, cfg.max_grad_norm))
+                self.opt.step()
+                n_updates += 1
+        lr = self.sched.get_last_lr()[0]
+        self.sched.step()
+        self.global_step += 1
+        timing["update_actor"] = time.perf_counter() - t0
+
+        metrics = {k: v / n_updates for k, v in sums.items()}
+        with torch.no_grad():
+            r = b["rewards"]
+            metrics.update({
+                "critic/score/mean": float(r.mean()), "critic/score/std": float(r.std()) if r.numel() > 1 else 0.0,
+                "critic/advantages/mean": float(core.masked_mean(advantages, mask)),
+                "critic/advantages/var": float(core.masked_var(advantages, mask)),
+                "actor/grad_norm": sum(grad_norms) / len(grad_norms), "actor/lr": lr,
+                "response_length/mean": float(mask.sum(1).mean()),
+                "training/global_step": self.global_step,
+            })
+            if ref_logp is not None:
+                metrics["actor/kl_ref"] = float(core.masked_mean(core.kl_estimate(old_logp, ref_logp, "k3"), mask))
+        total = time.perf_counter() - t_start
+        metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
+        metrics["timing_s/train_step"] = total
+        metrics["perf/train_tokens_per_s"] = float(b["attention_mask"].sum()) / total
+        return metrics

@@ -1,0 +1,161 @@
+"""Each formula against values computed by hand or by an independent numpy/loop version."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from steadyrl.rl import core
+
+ATOL = 1e-6
+
+
+def test_grpo_advantages_hand_computed():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]])
+    a = core.grpo_advantages(r, eps=0.0 + 1e-6)
+    std = math.sqrt(1 / 3)  # unbiased std of [1,0,0,1]
+    want = torch.tensor([[0.5 / (std + 1e-6), -0.5 / (std + 1e-6), -0.5 / (std + 1e-6), 0.5 / (std + 1e-6)],
+                         [0.0, 0.0, 0.0, 0.0]])
+    assert torch.allclose(a, want, atol=ATOL)
+    assert torch.allclose(core.grpo_advantages(r, norm_by_std=False),
+                          torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.0, 0.0, 0.0, 0.0]]), atol=ATOL)
+
+
+def test_grpo_group_of_one_is_zero_not_nan():
+    a = core.grpo_advantages(torch.tensor([[3.0], [1.0]]))
+    assert torch.equal(a, torch.zeros(2, 1))
+
+
+def _gae_reference(r, v, gamma, lam):
+    """Plain-Python GAE over one unpadded sequence (Schulman et al. 2016, eq. 16)."""
+    T = len(r)
+    adv = [0.0] * T
+    for t in range(T):
+        total = 0.0
+        for l in range(T - t):
+            nv = v[t + l + 1] if t + l + 1 < T else 0.0
+            delta = r[t + l] + gamma * nv - v[t + l]
+            total += (gamma * lam) ** l * delta
+        adv[t] = total
+    return adv
+
+
+def test_gae_matches_the_sum_definition_and_skips_padding():
+    r = [0.0, 0.1, -0.2, 1.0]
+    v = [0.5, 0.4, 0.3, 0.2]
+    gamma, lam = 0.9, 0.8
+    want = _gae_reference(r, v, gamma, lam)
+    # right-padded to T=6, second row left-padded with 2 masked tokens
+    R = torch.tensor([r + [9.0, 9.0], [9.0, 9.0] + r])
+    V = torch.tensor([v + [7.0, 7.0], [7.0, 7.0] + v])
+    M = torch.tensor([[1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]], dtype=torch.float32)
+    adv, ret = core.gae(R, V, M, gamma, lam)
+    assert torch.allclose(adv[0, :4], torch.tensor(want), atol=ATOL)
+    assert torch.allclose(adv[1, 2:], torch.tensor(want), atol=ATOL)
+    assert torch.all(adv[M == 0] == 0) and torch.all(ret[M == 0] == 0)
+    assert torch.allclose(ret[0, :4], torch.tensor(want) + torch.tensor(v), atol=ATOL)
+
+
+def test_policy_loss_hand_computed_with_clip_and_dual_clip():
+    old = torch.zeros(1, 4)
+    ratio = torch.tensor([[1.5, 0.5, 1.1, 5.0]])
+    logp = torch.log(ratio)
+    A = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
+    M = torch.ones(1, 4)
+    loss, m = core.policy_loss(logp, old, A, M, clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0)
+    # token 0: A>0, ratio 1.5 -> max(-1.5, -1.28) = -1.28 (clipped)
+    # token 1: A>0, ratio 0.5 -> max(-0.5, -0.8)  = -0.5
+    # token 2: A<0, ratio 1.1 -> max(1.1, 1.1) = 1.1; dual: min(1.1, 3) = 1.1
+    # token 3: A<0, ratio 5.0 -> max(5.0, 1.28) = 5.0; dual: min(5.0, 3.0) = 3.0
+    per_token = torch.tensor([-1.28, -0.5, 1.1, 3.0])
+    assert abs(loss.item() - per_token.mean().item()) < ATOL
+    assert abs(m["clip_frac"].item() - 0.25) < ATOL        # only token 0 (token 1's clip is inactive)
+    assert abs(m["dual_clip_frac"].item() - 0.25) < ATOL   # token 3
+    assert abs(m["approx_kl"].item() - (-logp).mean().item()) < ATOL
+
+
+def test_policy_loss_gradient_is_zero_where_clipped():
+    old = torch.zeros(1, 2)
+    logp = torch.log(torch.tensor([[1.5, 1.0]])).requires_grad_()
+    loss, _ = core.policy_loss(logp, old, torch.tensor([[1.0, 1.0]]), torch.ones(1, 2), clip_ratio_c=None)
+    loss.backward()
+    assert logp.grad[0, 0] == 0 and abs(logp.grad[0, 1].item() + 0.5) < ATOL  # d(-ratio)/dlogp / 2
+
+
+def test_aggregation_modes():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    M = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert core.aggregate(loss, M, "token-mean").item() == pytest.approx(10 / 4)
+    assert core.aggregate(loss, M, "seq-mean-token-sum").item() == pytest.approx((6 + 4) / 2)
+    assert core.aggregate(loss, M, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
+    with pytest.raises(ValueError, match="unknown loss aggregation"):
+        core.aggregate(loss, M, "nope")
+
+
+def test_value_loss_hand_computed():
+    v = torch.tensor([[1.0, 0.0]])
+    old = torch.tensor([[0.0, 0.0]])
+    R = torch.tensor([[2.0, 1.0]])
+    loss, frac = core.value_loss(v, old, R, torch.ones(1, 2), clip_range=0.2)
+    # token 0: unclipped (1-2)^2 = 1, clipped v=0.2 -> (0.2-2)^2 = 3.24 -> max 3.24
+    # token 1: both (0-1)^2 = 1
+    assert loss.item() == pytest.approx(0.5 * (3.24 + 1) / 2, abs=ATOL)
+    assert frac.item() == pytest.approx(0.5)
+
+
+def test_kl_estimators_against_numpy():
+    rng = np.random.default_rng(0)
+    lp = rng.normal(size=(3, 5))
+    ref = rng.normal(size=(3, 5))
+    lr = ref - lp
+    want = {"k1": -lr, "k2": 0.5 * lr ** 2, "k3": np.exp(lr) - 1 - lr,
+            "low_var_kl": np.clip(np.exp(lr) - 1 - lr, -10, 10)}
+    for kind, w in want.items():
+        got = core.kl_estimate(torch.tensor(lp), torch.tensor(ref), kind).numpy()
+        assert np.allclose(got, w, atol=ATOL), kind
+
+
+def test_k1_and_k3_are_unbiased_for_the_true_kl():
+    p = torch.tensor([0.7, 0.2, 0.1])
+    q = torch.tensor([0.5, 0.3, 0.2])
+    true_kl = (p * (p / q).log()).sum()
+    idx = torch.multinomial(p, 200_000, replacement=True, generator=torch.Generator().manual_seed(0))
+    lp, lq = p.log()[idx], q.log()[idx]
+    for kind in ("k1", "k3"):
+        assert core.kl_estimate(lp, lq, kind).mean().item() == pytest.approx(true_kl.item(), abs=3e-3)
+
+
+def test_entropy_from_logits_hand_computed():
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]]])
+    H = core.entropy_from_logits(logits)
+    assert H[0, 0].item() == pytest.approx(math.log(4), abs=ATOL)
+    assert H[0, 1].item() == pytest.approx(0.0, abs=1e-5)
+
+
+def test_token_logprobs_with_temperature():
+    logits = torch.tensor([[[2.0, 0.0]]])
+    got = core.token_logprobs(logits, torch.tensor([[1]]), temperature=2.0)
+    want = 0.0 - math.log(math.exp(1.0) + 1.0)
+    assert got.item() == pytest.approx(want, abs=ATOL)
+
+
+def test_lr_schedule():
+    assert core.lr_lambda(0, 4, 100) == 0.25
+    assert core.lr_lambda(3, 4, 100) == 1.0
+    assert core.lr_lambda(50, 0, 100, "constant") == 1.0
+    assert core.lr_lambda(0, 0, 100, "cosine") == pytest.approx(1.0)
+    assert core.lr_lambda(50, 0, 100, "cosine") == pytest.approx(0.5)
+    assert core.lr_lambda(100, 0, 100, "cosine", min_ratio=0.1) == pytest.approx(0.1)
+
+
+def test_clip_grad_norm_returns_the_norm_before_clipping():
+    p = torch.nn.Parameter(torch.zeros(2))
+    p.grad = torch.tensor([3.0, 4.0])
+    assert core.clip_grad_norm([p], 1.0) == pytest.approx(5.0)
+    assert torch.allclose(p.grad, torch.tensor([0.6, 0.8]), atol=ATOL)
+
+
+def test_kl_with_zero_coefficient_warns():
+    with pytest.warns(UserWarning, match="kl_coef is 0.0"):
+        core.warn_if_kl_is_off(True, 0.0)
