@@ -227,18 +227,18 @@ class Trainer:
                     if cfg.use_kl_loss:
                         kl = core.aggregate(core.kl_estimate(logp, ref_logp[idx], cfg.kl_estimator), mb_mask, cfg.loss_agg)
                         loss = loss + cfg.kl_coef * kl
-                        sums["actor/kl_loss"] = sums.get("actor/kl_loss", 0.0) + float(kl) * float(weight)
+                        sums["actor/kl_loss"] = sums.get("actor/kl_loss", 0.0) + float(kl.detach()) * float(weight)
                     if cfg.algorithm == "ppo":
                         vf_loss, vf_clip = core.value_loss(values, old_values[idx], returns[idx], mb_mask,
                                                            cfg.vf_clip, cfg.loss_agg)
                         loss = loss + cfg.vf_coef * vf_loss
-                        sums["critic/vf_loss"] = sums.get("critic/vf_loss", 0.0) + float(vf_loss) * float(weight)
+                        sums["critic/vf_loss"] = sums.get("critic/vf_loss", 0.0) + float(vf_loss.detach()) * float(weight)
                         sums["critic/vf_clipfrac"] = sums.get("critic/vf_clipfrac", 0.0) + float(vf_clip) * float(weight)
                     (loss * weight).backward()
                     for k, v in (("actor/pg_loss", pg_loss), ("actor/entropy", entropy),
                                  ("actor/pg_clipfrac", pg_m["clip_frac"]), ("actor/ppo_kl", pg_m["approx_kl"]),
                                  ("actor/pg_clipfrac_lower", pg_m["dual_clip_frac"])):
-                        sums[k] = sums.get(k, 0.0) + float(v) * float(weight)
+                        sums[k] = sums.get(k, 0.0) + float(v.detach()) * float(weight)
                 grad_norms.append(core.clip_grad_norm(self.params, cfg.max_grad_norm))
                 self.opt.step()
                 n_updates += 1

@@ -1,0 +1,96 @@
+"""The in-process loop and the trainer on the tiny model (CPU, fixed seeds)."""
+
+import warnings
+
+import pytest
+import torch
+
+from steadyrl.data import tiny_copy_rows
+from steadyrl.generation import SamplingParams, TorchGenerator
+from steadyrl.models import load_policy
+from steadyrl.rl import core
+from steadyrl.rl.loop import LoopConfig, encode_prompt, evaluate, run_loop
+from steadyrl.rl.trainer import Group, TrainConfig, Trainer, build_batch
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+@pytest.mark.parametrize("algorithm,steps", [("grpo", 150), ("ppo", 150)])
+def test_tiny_task_is_learned(algorithm, steps):
+    model, tok = load_policy("tiny", seed=0)
+    rows = tiny_copy_rows(200, seed=0)
+    cfg = LoopConfig(steps=steps, prompts_per_step=8, group_size=8, max_new_tokens=4, scorer="tiny_copy", seed=0,
+                     train=TrainConfig(algorithm=algorithm, lr=3e-3, micro_batch_size=64))
+    hist = run_loop(model, tok, rows, cfg)
+    first = _mean([h["critic/score/mean"] for h in hist[:10]])
+    last = _mean([h["critic/score/mean"] for h in hist[-10:]])
+    assert first < 0.2, first
+    assert last > first + 0.5, (first, last)
+    acc, items = evaluate(model, tok, rows[:50], scorer="tiny_copy", max_new_tokens=4)
+    assert acc > 0.8 and items[0]["response"] == items[0]["ground_truth"] * 4
+
+
+def test_generation_logprobs_equal_the_trainers_forward():
+    model, tok = load_policy("tiny", seed=1)
+    gen = TorchGenerator(model, tok)
+    rows = tiny_copy_rows(3, seed=1)
+    prompts = [encode_prompt(tok, r) for r in rows]
+    out = gen.generate(prompts, SamplingParams(n=2, temperature=0.7, max_new_tokens=5, seed=3))
+    assert len(out) == 3 and all(len(g) == 2 for g in out)
+    groups = [Group(p, [c.token_ids for c in g], [0.0, 1.0]) for p, g in zip(prompts, out)]
+    trainer = Trainer(model, tok.pad_token_id, TrainConfig(temperature=0.7))
+    b = build_batch(groups, tok.pad_token_id)
+    logp, _ = trainer._no_grad_pass(model, b)
+    want = torch.zeros_like(logp)
+    for i, c in enumerate(c for g in out for c in g):
+        want[i, :len(c.logprobs)] = torch.tensor(c.logprobs)
+    assert torch.allclose(logp * b["response_mask"], want, atol=1e-5)
+
+
+def test_eos_ends_a_completion_and_stays_in_its_tokens():
+    model, tok = load_policy("tiny", seed=2)
+    def eos_first(module, inputs, logits):  # make EOS by far the likeliest next token
+        logits[..., tok.eos_token_id] += 100.0
+        return logits
+
+    model.lm_head.register_forward_hook(eos_first)
+    c = TorchGenerator(model, tok).generate([encode_prompt(tok, tiny_copy_rows(1)[0])],
+                                            SamplingParams(max_new_tokens=5, temperature=0))[0][0]
+    assert c.finish_reason == "stop" and c.token_ids[-1] == tok.eos_token_id and c.text == ""
+
+
+def _grads(micro, agg):
+    model, tok = load_policy("tiny", seed=3)
+    g = [Group([5, 6], [[7, 8, 9], [7]], [1.0, 0.0]), Group([5], [[9, 9], [8, 7, 6, 5]], [0.0, 1.0])]
+    t = Trainer(model, tok.pad_token_id, TrainConfig(micro_batch_size=micro, loss_agg=agg, lr=1e-9,
+                                                     max_grad_norm=1e9))
+    t.step(g)
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_micro_batching_does_not_change_the_gradient(agg):
+    assert torch.allclose(_grads(1, agg), _grads(4, agg), atol=1e-6)
+
+
+def test_kl_loss_with_zero_coefficient_warns():
+    model, tok = load_policy("tiny")
+    with pytest.warns(UserWarning, match="kl_coef is 0.0"):
+        Trainer(model, tok.pad_token_id, TrainConfig(use_kl_loss=True, kl_coef=0.0))
+
+
+def test_kl_to_reference_is_zero_before_any_update_and_grows_after():
+    model, tok = load_policy("tiny", seed=4)
+    t = Trainer(model, tok.pad_token_id, TrainConfig(use_kl_loss=True, kl_coef=0.1, lr=1e-2))
+    g = [Group([5, 6], [[7, 8, 9], [7]], [1.0, 0.0])]
+    m1 = t.step(g)
+    assert m1["actor/kl_ref"] == pytest.approx(0.0, abs=1e-7)
+    m2 = t.step(g)
+    assert m2["actor/kl_ref"] > 1e-6
+
+
+def test_ppo_needs_kl_in_reward_only_with_ppo():
+    with pytest.raises(ValueError, match="kl_in_reward needs algorithm=ppo"):
+        TrainConfig(kl_in_reward=True)
