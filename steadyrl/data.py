@@ -50,7 +50,10 @@ def read_parquet(path: str | Path) -> list[PromptRow]:
     return [_from_verl(r) for r in table.to_pylist()]
 
 
-def read_jsonl(path: str | Path, instruction: str = "") -> list[PromptRow]:
+INSTRUCTION = "Reply with only the final number."
+
+
+def read_jsonl(path: str | Path, instruction: str = INSTRUCTION) -> list[PromptRow]:
     """Rows of a JSONL file with verl fields, or `question` and `answer`.
 
     `instruction` is appended to a bare question (e.g. "Reply with only the final number.").
@@ -67,7 +70,7 @@ def read_jsonl(path: str | Path, instruction: str = "") -> list[PromptRow]:
             else:
                 q = f"{rec['question']} {instruction}".strip()
                 rows.append(PromptRow(messages=[{"role": "user", "content": q}], ground_truth=str(rec["answer"]),
-                                      data_source=rec.get("data_source", "jsonl")))
+                                      data_source=rec.get("data_source") or rec.get("module") or "jsonl"))
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"{path}:{n}: not a verl record nor question/answer: {e}") from None
     return rows
