@@ -12,6 +12,16 @@ from steadyrl.rewards import extract_answer, numeric_match, resolve_scorer, scor
     ("41", "42", 0.0),
     ("no number here", "42", 0.0),
     ("12 then 13", "12", 0.0),  # the final number counts
+    ("-0.5", "-.5", 1.0),
+    ("The answer is -3.", "-3", 1.0),
+    ("1 234", "1234", 0.0),  # a space is not a thousands separator: two numbers, the last is 234
+    ("12,5", "12.5", 0.0),  # a decimal comma is not accepted
+    ("+7", "7", 1.0),
+    ("#### -1,000,000", "-1000000", 1.0),
+    ("\\boxed{3} but wait, 4", "3", 1.0),  # boxed wins over later numbers
+    ("", "0", 0.0),
+    ("5.0000", "5", 1.0),
+    ("2/3", "0.6667", 0.0),
 ])
 def test_numeric_match(solution, truth, score):
     assert numeric_match("arith", solution, truth)["score"] == score
@@ -35,3 +45,15 @@ def test_resolve_by_name_and_dotted_path():
 def test_score_value():
     assert score_value(0.5) == (0.5, {})
     assert score_value({"score": 1, "pred": "3"}) == (1.0, {"pred": "3"})
+
+
+def test_format_and_length_rewards():
+    from steadyrl.rewards import format_reward, length_penalty, numeric_match_formatted, tiny_copy
+
+    assert format_reward("", " 42 ", "") == 1.0 and format_reward("", "the answer is 4", "") == 0.0
+    assert format_reward("", "\\boxed{3}", "") == 1.0 and format_reward("", "#### 1,200", "") == 1.0
+    assert length_penalty("", "x" * 200, "") == 0.0 and length_penalty("", "x" * 300, "") == -0.5
+    assert length_penalty("", "x" * 1000, "") == -1.0
+    r = numeric_match_formatted("", "42", "42")
+    assert r["score"] == pytest.approx(1.1) and r["correct"] == 1.0
+    assert tiny_copy("", "7737", "7") == 0.75 and tiny_copy("", "7", "7") == 0.25
