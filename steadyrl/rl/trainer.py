@@ -170,9 +170,14 @@ class Trainer:
         timing = {}
         self.model.train()
 
-        t0 = time.perf_counter()
-        old_logp, old_values = self._no_grad_pass(self.model, b, need_values=cfg.algorithm == "ppo")
-        timing["old_log_prob"] = time.perf_counter() - t0
+        # One GRPO update on the whole batch is exactly on-policy: the behaviour log-probs
+        # are the current ones (ratio 1), taken from the update's own forward pass.
+        on_policy = cfg.algorithm == "grpo" and cfg.ppo_epochs == 1 and (cfg.mini_batch_size or N) >= N
+        old_logp = old_values = None
+        if not on_policy:
+            t0 = time.perf_counter()
+            old_logp, old_values = self._no_grad_pass(self.model, b, need_values=cfg.algorithm == "ppo")
+            timing["old_log_prob"] = time.perf_counter() - t0
         ref_logp = None
         if self.ref is not None:
             t0 = time.perf_counter()
@@ -218,12 +223,16 @@ class Trainer:
                                                       need_values=cfg.algorithm == "ppo",
                                                       need_entropy=True)
                     mb_mask = mask[idx]
-                    pg_loss, pg_m = core.policy_loss(logp, old_logp[idx], advantages[idx], mb_mask,
+                    behaviour = logp.detach() if on_policy else old_logp[idx]
+                    pg_loss, pg_m = core.policy_loss(logp, behaviour, advantages[idx], mb_mask,
                                                      cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c, cfg.loss_agg)
                     loss = pg_loss
                     entropy = core.aggregate(ent, mb_mask, cfg.loss_agg)
                     if cfg.entropy_coeff:
                         loss = loss - cfg.entropy_coeff * entropy
+                    if ref_logp is not None:  # KL(pi || ref) as the update sees it (k3), for people
+                        kl_ref = core.masked_mean(core.kl_estimate(logp.detach(), ref_logp[idx], "k3"), mb_mask)
+                        sums["actor/kl_ref"] = sums.get("actor/kl_ref", 0.0) + float(kl_ref) * float(weight)
                     if cfg.use_kl_loss:
                         kl = core.aggregate(core.kl_estimate(logp, ref_logp[idx], cfg.kl_estimator), mb_mask, cfg.loss_agg)
                         loss = loss + cfg.kl_coef * kl
@@ -258,8 +267,6 @@ class Trainer:
                 "response_length/mean": float(mask.sum(1).mean()),
                 "training/global_step": self.global_step,
             })
-            if ref_logp is not None:
-                metrics["actor/kl_ref"] = float(core.masked_mean(core.kl_estimate(old_logp, ref_logp, "k3"), mask))
         total = time.perf_counter() - t_start
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         metrics["timing_s/train_step"] = total
