@@ -105,7 +105,7 @@ def main() -> None:
         "reward_per_step": [round(h["critic/score/mean"], 4) for h in hist],
         "response_length_per_step": [round(h["response_length/mean"], 2) for h in hist],
         "seconds_per_step": round(train_s / len(hist), 2),
-        "phase_seconds_mean": {k: round(sum(h[k] for h in hist) / len(hist), 2)
+        "phase_seconds_mean": {k: round(sum(h.get(k, 0.0) for h in hist) / len(hist), 2)
                                for k in ("timing_s/gen", "timing_s/reward", "timing_s/old_log_prob",
                                          "timing_s/update_actor")},
         "eval_seconds": round(eval_s, 1),
