@@ -94,3 +94,14 @@ def test_kl_to_reference_is_zero_before_any_update_and_grows_after():
 def test_ppo_needs_kl_in_reward_only_with_ppo():
     with pytest.raises(ValueError, match="kl_in_reward needs algorithm=ppo"):
         TrainConfig(kl_in_reward=True)
+
+
+def test_vllm_generator_without_vllm_raises_import_error():
+    import importlib.util
+
+    from steadyrl.generation import VLLMGenerator
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    with pytest.raises(ImportError):
+        VLLMGenerator("/nonexistent")
