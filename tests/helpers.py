@@ -132,7 +132,8 @@ class ServiceProc:
         raise AssertionError(f"not ready in {timeout_s}s:\n{self.log_path.read_text()[-3000:]}")
 
     def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
         self.proc.stdout.close()
         self._log.close()
