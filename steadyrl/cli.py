@@ -72,9 +72,13 @@ def cmd_schemas(args) -> int:
         for p in export_schemas():
             print(p)
         return 0
+    from steadyrl.contracts import ALL_CONTRACTS
+
     problems = check_schemas()
     for p in problems:
         print(p, file=sys.stderr)
+    if not problems:
+        print(f"{len(ALL_CONTRACTS)} schemas in schemas/ agree with the models")
     return 1 if problems else 0
 
 
@@ -149,7 +153,10 @@ def cmd_eval(args) -> int:
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     torch.manual_seed(0)
-    rows = load_rows(args.data)[: args.limit or None]
+    rows = load_rows(args.data)
+    if args.limit and args.limit < len(rows):  # evenly spread, so every module is sampled
+        stride = len(rows) / args.limit
+        rows = [rows[int(i * stride)] for i in range(args.limit)]
     model, tok = load_policy(args.model)
     acc, items = evaluate(model, tok, rows, scorer=args.scorer, max_new_tokens=args.max_new_tokens,
                           batch_size=args.batch_size)
@@ -157,7 +164,8 @@ def cmd_eval(args) -> int:
     for row, item in zip(rows, items):
         item["data_source"] = row.data_source
         by_source[row.data_source].append(item["correct"])
-    out = Path(args.out or f"eval-{Path(args.data).stem}.jsonl")
+    out = Path(args.out or DEFAULT_STATE / "eval" / f"eval-{Path(args.data).stem}.jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(i) + "\n" for i in items))
     if len(by_source) > 1:
         for src, oks in sorted(by_source.items()):
@@ -196,11 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("eval", help="greedy accuracy of a model on a prompt set")
     sp.add_argument("--model", default="smollm2-135m-instruct", help="smollm2-135m-instruct, tiny, or a local HF dir")
     sp.add_argument("--data", default="data/arithmetic/test.parquet", help="verl parquet, or JSONL (question/answer)")
-    sp.add_argument("--limit", type=int, default=0, help="first N rows only (0: all)")
+    sp.add_argument("--limit", type=int, default=0, help="N rows spread evenly over the file (0: all)")
     sp.add_argument("--scorer", default="numeric_match")
     sp.add_argument("--max-new-tokens", type=int, default=32)
     sp.add_argument("--batch-size", type=int, default=32)
-    sp.add_argument("--out", help="per-item JSONL (default eval-<data>.jsonl)")
+    sp.add_argument("--out", help="per-item JSONL (default .steadyrl/eval/eval-<data>.jsonl)")
     sp.set_defaults(fn=cmd_eval)
 
     sp = sub.add_parser("up", help="broker, topics and every service; Ctrl-C stops all")

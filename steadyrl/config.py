@@ -76,9 +76,12 @@ def load(cls: type[S], argv: list[str] | None = None, prog: str | None = None) -
         ConfigError: a field failed validation (each is named with its message) or the
             YAML file is missing.
     """
+    argv = list(argv) if argv is not None else []
+    if "-h" in argv or "--help" in argv:
+        print("--config FILE.yaml    YAML settings (precedence: defaults < YAML < STEADYRL_* env < flags)")
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", type=Path, default=None)
-    known, rest = pre.parse_known_args(argv if argv is not None else [])
+    known, rest = pre.parse_known_args(argv)
     if known.config is not None and not known.config.is_file():
         raise ConfigError(f"config file not found: {known.config}")
 
