@@ -15,8 +15,8 @@ from pathlib import Path
 DEFAULT_STATE = Path(".steadyrl")
 LOCAL_BOOTSTRAP = "127.0.0.1:9092"
 SERVICE_PORTS = {"actor": 8100, "rollout": 8200, "reward": 8300, "learner": 8400}
-#: Services `steadyrl up` runs today, in start order. The others arrive with the pipeline.
-SERVICES = ("reward",)
+#: Services `steadyrl up` runs today, in start order. Rollout and learner arrive with the pipeline.
+SERVICES = ("actor", "reward")
 
 
 def _bootstrap(args) -> str | None:

@@ -28,6 +28,8 @@ def test_up_then_ctrl_c_stops_everything(tmp_path):
         r = httpx.get(f"http://127.0.0.1:{8300 + offset}/readyz")
         assert r.status_code == 200, r.text
         assert r.json()["checks"]["assignment"]["ok"]
+        r = httpx.get(f"http://127.0.0.1:{8100 + offset}/readyz")  # the actor, serving the base model
+        assert r.status_code == 200 and r.json()["checks"]["policy"]["detail"] == "serving version 0", r.text
         broker_pid = broker.pid()
         assert broker_pid is not None
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
@@ -41,6 +43,7 @@ def test_up_then_ctrl_c_stops_everything(tmp_path):
             raise AssertionError("reward service still answering after Ctrl-C")
         except httpx.ConnectError:
             pass
+        assert "actor-0" in out and "policy caught up" in out
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,264 @@
+"""Actor: an HTTP generate API over the torch backend, following the policy on `rl.policy`.
+
+    POST /generate  {"prompts": [{"messages": [...]} | {"prompt_ids": [...]}], "n": 4, ...}
+      -> {"policy_version": 3, "completions": [[{token_ids, logprobs, text, finish_reason}, ...], ...]}
+
+On start the actor reads `rl.policy` from the beginning (compacted: the newest record per
+key survives) and loads the newest version; afterwards every new record is loaded as it
+arrives. A version is loaded only if its `uri` resolves to a file under `policy_root` and
+the file's sha256 equals the record's; otherwise the actor keeps serving the version it
+has, logs the refusal and counts it (`steadyrl_actor_policy_rejected_total{reason}`).
+Weights are safetensors only. Every response names the policy_version that produced it.
+Stateless: a restarted actor rebuilds everything from the model name and `rl.policy`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from pathlib import Path
+
+from fastapi import HTTPException
+from prometheus_client import Counter, Gauge, Histogram
+from pydantic import BaseModel, Field, model_validator
+
+from steadyrl.config import ServiceConfig, load
+
+log = logging.getLogger("steadyrl.actor")
+
+POLICY_VERSION = Gauge("steadyrl_actor_policy_version", "Policy version being served")
+POLICY_LOADS = Counter("steadyrl_actor_policy_loads", "Policy versions loaded")
+POLICY_REJECTED = Counter("steadyrl_actor_policy_rejected", "Policy records refused", ["reason"])
+GEN_SECONDS = Histogram("steadyrl_actor_generate_seconds", "Time of one /generate call",
+                        buckets=(0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
+GEN_TOKENS = Counter("steadyrl_actor_generated_tokens", "Completion tokens generated")
+
+
+class ActorSection(BaseModel):
+    """The actor's own settings."""
+
+    model: str = Field("smollm2-135m-instruct", description="smollm2-135m-instruct, tiny, or a local HF dir.")
+    policy_root: Path = Field(Path(".steadyrl/policies"), description="Only weights under this folder are loaded.")
+    max_new_tokens_limit: int = Field(1024, ge=1, description="Largest max_new_tokens a request may ask for.")
+    max_sequences: int = Field(512, ge=1, description="Largest prompts x n per request.")
+    batch_size: int = Field(64, ge=1, description="Sequences per generate() call.")
+
+
+class ActorConfig(ServiceConfig):
+    actor: ActorSection = ActorSection()
+
+
+class PromptIn(BaseModel):
+    messages: list[dict[str, str]] | None = None
+    prompt_ids: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "PromptIn":
+        if (self.messages is None) == (self.prompt_ids is None):
+            raise ValueError("give exactly one of messages or prompt_ids")
+        return self
+
+
+class GenerateRequest(BaseModel):
+    prompts: list[PromptIn] = Field(min_length=1)
+    n: int = Field(1, ge=1, le=256)
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(64, ge=1)
+    seed: int | None = None
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class PolicyRefused(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+class Actor:
+    """The model, its tokenizer, the version served, and the lock that serializes them."""
+
+    def __init__(self, cfg: ActorConfig):
+        from steadyrl.generation import TorchGenerator
+        from steadyrl.models import load_policy
+
+        self.cfg = cfg
+        self.root = cfg.actor.policy_root.resolve()
+        self.model, self.tok = load_policy(cfg.actor.model)
+        self.model.eval()
+        self.gen = TorchGenerator(self.model, self.tok, batch_size=cfg.actor.batch_size)
+        self.version = 0
+        self.lock = threading.Lock()
+        self.caught_up = False
+        POLICY_VERSION.set(0)
+
+    def resolve(self, uri: str) -> Path:
+        """The weights file of `uri` (relative to policy_root, or absolute), checked to lie under it."""
+        p = Path(uri)
+        p = (p if p.is_absolute() else self.root / p).resolve()
+        if not p.is_relative_to(self.root):
+            raise PolicyRefused("outside_root", f"{uri} resolves to {p}, outside policy_root {self.root}")
+        if p.suffix != ".safetensors":
+            raise PolicyRefused("not_safetensors", f"{p} is not a .safetensors file")
+        if not p.is_file():
+            raise PolicyRefused("missing", f"{p} does not exist")
+        return p
+
+    def load_version(self, version: int, uri: str, sha256: str) -> None:
+        """Verify and load one policy version. Raises PolicyRefused (and keeps the old one)."""
+        from safetensors.torch import load_file
+
+        if version <= self.version:
+            raise PolicyRefused("stale", f"version {version} <= serving {self.version}")
+        path = self.resolve(uri)
+        got = sha256_file(path)
+        if got != sha256:
+            raise PolicyRefused("sha256_mismatch", f"{path}: expected {sha256}, got {got}")
+        state = load_file(path)
+        own = self.model.state_dict()
+        unexpected = [k for k in state if k not in own]
+        bad_shape = [k for k in state if k in own and own[k].shape != state[k].shape]
+        # A key may be absent when it shares storage with one that is present (tied
+        # embeddings: safetensors keeps one name per tensor).
+        present = {own[k].data_ptr() for k in state if k in own}
+        missing = [k for k in own if k not in state and own[k].data_ptr() not in present]
+        if unexpected or bad_shape or missing:  # refused before the model is touched
+            raise PolicyRefused("wrong_model", f"missing {missing[:3]}, unexpected {unexpected[:3]}, "
+                                               f"wrong shape {bad_shape[:3]}")
+        with self.lock:
+            self.model.load_state_dict(state, strict=False)
+            self.version = version
+        POLICY_VERSION.set(version)
+        POLICY_LOADS.inc()
+        log.info("policy loaded", extra={"version": version, "uri": uri})
+
+    def generate(self, req: GenerateRequest) -> dict:
+        from steadyrl.generation import SamplingParams
+
+        if req.max_new_tokens > self.cfg.actor.max_new_tokens_limit:
+            raise HTTPException(422, f"max_new_tokens {req.max_new_tokens} > limit {self.cfg.actor.max_new_tokens_limit}")
+        if len(req.prompts) * req.n > self.cfg.actor.max_sequences:
+            raise HTTPException(422, f"{len(req.prompts)} prompts x n={req.n} > max_sequences "
+                                     f"{self.cfg.actor.max_sequences}")
+        ids = []
+        for p in req.prompts:
+            if p.prompt_ids is not None:
+                if any(t < 0 or t >= len(self.tok) for t in p.prompt_ids):
+                    raise HTTPException(422, f"prompt_ids must be in [0, {len(self.tok)})")
+                ids.append(p.prompt_ids)
+            else:
+                from steadyrl.data import PromptRow
+                from steadyrl.rl.loop import encode_prompt
+
+                ids.append(encode_prompt(self.tok, PromptRow(messages=p.messages, ground_truth="")))
+        params = SamplingParams(n=req.n, temperature=req.temperature, top_p=req.top_p,
+                                max_new_tokens=req.max_new_tokens, seed=req.seed)
+        t0 = time.perf_counter()
+        with self.lock:
+            version = self.version
+            out = self.gen.generate(ids, params)
+        GEN_SECONDS.observe(time.perf_counter() - t0)
+        GEN_TOKENS.inc(sum(len(c.token_ids) for g in out for c in g))
+        return {"policy_version": version, "prompt_ids": ids,
+                "completions": [[c.__dict__ for c in g] for g in out]}
+
+
+class PolicyFollower:
+    """Reads `rl.policy` from the beginning, then follows it; loads each version into the actor."""
+
+    def __init__(self, actor: Actor, cfg: ActorConfig):
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        from steadyrl.bus.kafka import consumer_config
+        from steadyrl.topics import topic_name
+
+        self.actor = actor
+        self.topic = topic_name("rl.policy", cfg.topic_prefix)
+        conf = consumer_config(cfg.bootstrap, f"actor-{cfg.instance_id}", f"actor-{cfg.instance_id}",
+                               cfg.metrics_interval)
+        conf.pop("group.protocol")  # assign(), no group membership: every actor reads everything
+        self.consumer = Consumer(conf)
+        self.consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+
+    def _end_offset(self) -> int:
+        from confluent_kafka import TopicPartition
+
+        return self.consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=10)[1]
+
+    def run(self, stop: threading.Event, health) -> None:
+        from steadyrl import codec
+        from steadyrl.contracts import PolicyUpdate
+
+        end = self._end_offset()
+        newest: PolicyUpdate | None = None
+        position = 0
+        while not stop.is_set():
+            health.beat()
+            msg = self.consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                position = msg.offset() + 1
+                try:
+                    upd = codec.decode(msg.value(), msg.headers(), PolicyUpdate)
+                except codec.Rejected as rej:
+                    POLICY_REJECTED.labels(rej.reason.value).inc()
+                    log.warning("policy record refused", extra={"reason": rej.reason.value, "detail": rej.detail})
+                    upd = None
+                if upd is not None:
+                    if not self.actor.caught_up:
+                        newest = upd if newest is None or upd.version > newest.version else newest
+                    else:
+                        self._load(upd)
+            if not self.actor.caught_up and position >= end:
+                if newest is not None:
+                    self._load(newest)
+                self.actor.caught_up = True
+                log.info("policy caught up", extra={"version": self.actor.version})
+        self.consumer.close()
+
+    def _load(self, upd) -> None:
+        try:
+            self.actor.load_version(upd.version, upd.uri, upd.sha256)
+        except PolicyRefused as e:
+            POLICY_REJECTED.labels(e.reason).inc()
+            log.warning("policy refused", extra={"version": upd.version, "reason": e.reason, "detail": e.detail})
+
+
+def main(argv: list[str]) -> int:
+    cfg = load(ActorConfig, argv, prog="steadyrl-actor")
+    from steadyrl.service import run_service
+
+    state: dict = {}
+
+    def routes(app):
+        @app.post("/generate")
+        def generate(req: GenerateRequest) -> dict:
+            actor = state.get("actor")
+            if actor is None or not actor.caught_up:
+                raise HTTPException(503, "model loading or policy not caught up yet")
+            return actor.generate(req)
+
+    def build(health):
+        actor = Actor(cfg)
+        state["actor"] = actor
+        health.add_check("model", lambda: (True, f"{cfg.actor.model} loaded"))
+        health.add_check("policy", lambda: (actor.caught_up, f"serving version {actor.version}"
+                                            if actor.caught_up else "reading rl.policy"))
+        follower = PolicyFollower(actor, cfg)
+
+        class Loop:
+            def run(self, stop):
+                follower.run(stop, health)
+
+        return Loop()
+
+    return run_service("actor", cfg, build, extra_routes=routes)
