@@ -16,7 +16,7 @@ DEFAULT_STATE = Path(".steadyrl")
 LOCAL_BOOTSTRAP = "127.0.0.1:9092"
 SERVICE_PORTS = {"actor": 8100, "rollout": 8200, "reward": 8300, "learner": 8400}
 #: Services `steadyrl up` runs today, in start order. Rollout and learner arrive with the pipeline.
-SERVICES = ("actor", "reward")
+SERVICES = ("actor", "rollout", "reward")
 
 
 def _bootstrap(args) -> str | None:
@@ -111,10 +111,12 @@ def cmd_up(args) -> int:
     for svc in SERVICES:
         for i in range(scale.get(svc, 1)):
             port = SERVICE_PORTS[svc] + args.port_offset + i
+            extra = (["--rollout.actor-url", f"http://127.0.0.1:{SERVICE_PORTS['actor'] + args.port_offset}"]
+                     if svc == "rollout" else [])
             children.append(Child(f"{svc}-{i}", [
                 sys.executable, "-m", f"services.{svc}", "--bootstrap", bootstrap,
                 "--topic-prefix", args.prefix, "--instance-id", f"{svc}-{i}", "--metrics-port", str(port),
-                *(["--config", args.config] if args.config else [])], port))
+                *extra, *(["--config", args.config] if args.config else [])], port))
     sup = Supervisor(children)
 
     def _stop(signum, frame):

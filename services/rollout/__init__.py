@@ -1,1 +1,1 @@
-"""rollout: rl.prompts -> actor -> rl.rollouts, in Kafka transactions. Arrives with the pipeline issue."""
+"""rollout: rl.prompts -> actor (HTTP) -> rl.rollouts, exactly once, in Kafka transactions."""

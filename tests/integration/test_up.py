@@ -30,6 +30,7 @@ def test_up_then_ctrl_c_stops_everything(tmp_path):
         assert r.json()["checks"]["assignment"]["ok"]
         r = httpx.get(f"http://127.0.0.1:{8100 + offset}/readyz")  # the actor, serving the base model
         assert r.status_code == 200 and r.json()["checks"]["policy"]["detail"] == "serving version 0", r.text
+        assert httpx.get(f"http://127.0.0.1:{8200 + offset}/readyz").status_code == 200  # rollout-0
         broker_pid = broker.pid()
         assert broker_pid is not None
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
