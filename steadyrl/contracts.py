@@ -63,8 +63,6 @@ class Prompt(Contract):
     data_source: str = Field(default="", description="verl `data_source`: picks the reward function.")
     ground_truth: str | None = Field(default=None, description="verl `reward_model.ground_truth`.")
     extra_info: dict[str, Any] = Field(default_factory=dict)
-    policy_version_min: int = Field(default=0, ge=0,
-                                    description="Oldest policy version the learner will accept.")
     created_ms: int = Field(default_factory=now_ms, description="Feeder time, ms since epoch.")
 
 

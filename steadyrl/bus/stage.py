@@ -129,8 +129,7 @@ class Stage:
         self.consumer = Consumer(consumer_config(bootstrap, f"{client}-consumer", group_id,
                                                  stats_interval_s, max_poll_interval_s))
         txn_id = f"steadyrl-{name}-{instance_id}" if mode == "transactional" else None
-        self._producer_cfg = producer_config(bootstrap, f"{client}-producer", txn_id, stats_interval_s)
-        self.producer = Producer(self._producer_cfg)
+        self.producer = Producer(producer_config(bootstrap, f"{client}-producer", txn_id, stats_interval_s))
         self._stats_client = f"{client}-consumer"
         self._assigned: set[tuple[str, int]] = set()
         self._revoked_during_batch: set[tuple[str, int]] = set()

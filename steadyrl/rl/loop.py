@@ -77,7 +77,7 @@ def run_loop(model, tokenizer, rows: list[PromptRow], cfg: LoopConfig,
         for (_, _, row), ids, comps in zip(batch, prompt_ids, completions):
             rewards = [score_value(scorer(row.data_source, c.text, row.ground_truth, row.extra_info))[0]
                        for c in comps]
-            groups.append(Group(ids, [c.token_ids for c in comps], rewards, [c.logprobs for c in comps]))
+            groups.append(Group(ids, [c.token_ids for c in comps], rewards))
         t_reward = time.perf_counter() - t0
         metrics = trainer.step(groups)
         n_tokens = sum(len(r) for g in groups for r in g.responses)

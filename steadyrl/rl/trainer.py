@@ -65,7 +65,6 @@ class Group:
     prompt_ids: list[int]
     responses: list[list[int]]           # G x (T_i,)
     rewards: list[float]                 # (G,)
-    behaviour_logprobs: list[list[float]] | None = None
 
 
 class ValueHead(torch.nn.Module):
