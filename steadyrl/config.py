@@ -5,6 +5,10 @@ Environment variables are `STEADYRL_<FIELD>` and `STEADYRL_<SECTION>__<FIELD>`
 (`STEADYRL_BOOTSTRAP` points everything at an existing cluster); CLI flags are kebab-case
 (`--metrics-port`, `--reward.batch-size`); `--config FILE.yaml` names the YAML file.
 A bad value stops the service at start with the field named (`ConfigError`).
+
+One YAML file can configure the whole stack (`steadyrl up --config configs/tiny.yaml`):
+each service reads the shared fields and its own section, and ignores the sections of the
+other services (`STACK_SECTIONS`); any other unknown key is an error.
 """
 
 from __future__ import annotations
@@ -29,6 +33,19 @@ class ConfigError(SystemExit):
 
     def __str__(self) -> str:
         return self.message
+
+
+#: Top-level sections of a stack-wide YAML file; each service reads its own.
+STACK_SECTIONS = frozenset({"actor", "rollout", "reward", "reward_server", "learner"})
+
+
+class _StackYaml(YamlConfigSettingsSource):
+    """The YAML source, minus the other services' sections."""
+
+    def __call__(self):
+        data = super().__call__()
+        own = set(self.settings_cls.model_fields)
+        return {k: v for k, v in data.items() if k in own or k not in STACK_SECTIONS}
 
 
 def _default_instance() -> str:
@@ -62,7 +79,7 @@ class ServiceConfig(BaseSettings):
                                    file_secret_settings: PydanticBaseSettingsSource):
         sources = [init_settings, env_settings]
         if cls.yaml_file is not None:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=cls.yaml_file))
+            sources.append(_StackYaml(settings_cls, yaml_file=cls.yaml_file))
         return tuple(sources)
 
 

@@ -52,10 +52,10 @@ class Prompt(Contract):
     """One prompt on `rl.prompts`, with the number of samples wanted (key: prompt_id)."""
 
     SCHEMA_NAME: ClassVar[str] = "prompt"
-    SCHEMA_VERSION: ClassVar[str] = "1.0"
+    SCHEMA_VERSION: ClassVar[str] = "1.1"  # 1.1: run_id, sampling settings, seed, min_policy_version
 
     prompt_id: str = Field(min_length=1, max_length=256,
-                           description="Deterministic id `e{epoch}-i{index}` (feeder) or caller-chosen.")
+                           description="Deterministic id `{run_id}/e{epoch}-i{index}` (feeder) or caller-chosen.")
     epoch: int = Field(ge=0, description="Pass over the dataset this prompt belongs to.")
     index: int = Field(ge=0, description="Row of the dataset.")
     messages: list[ChatMessage] = Field(min_length=1, description="Chat to complete.")
@@ -64,6 +64,14 @@ class Prompt(Contract):
     ground_truth: str | None = Field(default=None, description="verl `reward_model.ground_truth`.")
     extra_info: dict[str, Any] = Field(default_factory=dict)
     created_ms: int = Field(default_factory=now_ms, description="Feeder time, ms since epoch.")
+    run_id: str = Field(default="", max_length=128,
+                        description="Learner run that published it (sorts by start time); empty: any run.")
+    temperature: float = Field(default=1.0, ge=0.0, le=10.0, description="Sampling temperature (the learner's).")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(default=64, ge=1, le=32768)
+    seed: int | None = Field(default=None, ge=0, description="Sampling seed: same seed, weights, prompt -> same samples.")
+    min_policy_version: int = Field(default=0, ge=0,
+                                    description="Generate with this policy version of run_id or a newer one.")
 
 
 class Sample(BaseModel):
@@ -139,13 +147,15 @@ class PolicyUpdate(Contract):
     """A new policy version on `rl.policy` (compacted, constant key)."""
 
     SCHEMA_NAME: ClassVar[str] = "policy_update"
-    SCHEMA_VERSION: ClassVar[str] = "1.0"
+    SCHEMA_VERSION: ClassVar[str] = "1.1"  # 1.1: run_id
 
     version: int = Field(ge=0)
     step: int = Field(ge=0, description="Learner global step that produced it.")
     uri: str = Field(min_length=1, description="Path of the weights under the policy root.")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     created_ms: int = Field(default_factory=now_ms)
+    run_id: str = Field(default="", max_length=128,
+                        description="Learner run; a later run's version 0 replaces any version of an earlier run.")
 
 
 class DLQReason(str, Enum):

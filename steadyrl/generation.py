@@ -5,7 +5,12 @@
     out[i][j]  # Completion j of prompt i: token_ids, logprobs, text, finish_reason
 
 Log-probabilities are those of the sampling distribution softmax(logits / temperature)
-before top-p filtering, per generated token, in nats. The EOS token, when generated, is
+before top-p filtering, per generated token, in nats.
+
+Sampling is reproducible per prompt: completion j of a prompt with seed s draws its tokens
+from its own random stream (seeded from s and j), so it does not depend on which other
+prompts share the batch. The Kafka pipeline (actor) and the in-process loop therefore
+produce the same samples for the same prompt, seed and weights. The EOS token, when generated, is
 the last entry of `token_ids` (the policy must learn to stop) but not part of `text`.
 """
 
@@ -26,7 +31,38 @@ class SamplingParams(BaseModel):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(64, ge=1)
-    seed: int | None = None
+    seed: int | None = Field(None, description="Seed of every prompt without its own (see generate's seeds).")
+
+
+def sample_seed(prompt_seed: int, j: int) -> int:
+    """Seed of completion j of a prompt seeded `prompt_seed` (a 63-bit mix, no collisions for small j)."""
+    return (prompt_seed * 6364136223846793005 + 1442695040888963407 * (j + 1)) % (1 << 63)
+
+
+class SeededSampler:
+    """A logits processor that samples each row from its own `torch.Generator`.
+
+    Draws token ~ top-p(softmax(scores / temperature)) by inverse CDF with one uniform per
+    row and step, and returns scores that are 0 at the drawn token and -inf elsewhere, so
+    greedy decoding emits exactly the drawn tokens. Args: one seed per row (N,).
+    """
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float):
+        self.gens = [torch.Generator().manual_seed(s) for s in seeds]
+        self.temperature, self.top_p = temperature, top_p
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        probs = F.softmax(scores.float() / self.temperature, dim=-1)            # (N, V)
+        if self.top_p < 1.0:  # keep the smallest set of tokens whose mass reaches top_p
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            drop = (sorted_p.cumsum(-1) - sorted_p) >= self.top_p              # mass before token
+            sorted_p = sorted_p.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        u = torch.stack([torch.rand((), generator=g) for g in self.gens]).to(probs.device)  # (N,)
+        cdf = probs.cumsum(-1)                                                  # (N, V)
+        token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).clamp(max=probs.shape[-1] - 1)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter(-1, token, 0.0)
 
 
 @dataclass
@@ -58,16 +94,29 @@ class TorchGenerator:
             self.eos_ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: list[int | None] | None = None) -> list[list[Completion]]:
+        """params.n completions of each prompt (token ids, (P_i,)).
+
+        seeds: one per prompt (None entries: params.seed, else a draw from torch's global
+        generator). Returns completions[i][j] for prompt i, sample j.
+        """
+        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        seeds = [s if s is not None else params.seed if params.seed is not None
+                 else int(torch.randint(0, 1 << 62, ())) for s in seeds]
         flat = [p for p in prompts for _ in range(params.n)]
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
+        row_seeds = [sample_seed(s, j) for s in seeds for j in range(params.n)]
         done: list[Completion] = []
         for i in range(0, len(flat), self.batch_size):
-            done += self._generate_batch(flat[i:i + self.batch_size], params)
+            done += self._generate_batch(flat[i:i + self.batch_size], params, row_seeds[i:i + self.batch_size])
         return [done[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
+                        row_seeds: list[int]) -> list[Completion]:
+        from transformers import LogitsProcessorList
+
         device = next(self.model.parameters()).device
         P = max(len(p) for p in prompts)
         pad = self.tok.pad_token_id
@@ -76,11 +125,12 @@ class TorchGenerator:
         greedy = params.temperature == 0.0
         was_training = self.model.training
         self.model.eval()
+        sampler = [] if greedy else [SeededSampler(row_seeds, params.temperature, params.top_p)]
         out = self.model.generate(
             input_ids=input_ids, attention_mask=attn, max_new_tokens=params.max_new_tokens,
-            do_sample=not greedy, temperature=None if greedy else params.temperature,
-            top_p=None if greedy else params.top_p, top_k=None, pad_token_id=pad,
-            eos_token_id=sorted(self.eos_ids), return_dict_in_generate=True, output_logits=True)
+            do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad,
+            logits_processor=LogitsProcessorList(sampler), eos_token_id=sorted(self.eos_ids),
+            return_dict_in_generate=True, output_logits=True)
         self.model.train(was_training)
         new = out.sequences[:, P:]                                                   # (N, T)
         logits = torch.stack(out.logits, dim=1).float()                             # (N, T, V)

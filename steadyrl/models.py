@@ -78,10 +78,17 @@ def smollm2_cached(dtype: torch.dtype = torch.float32) -> Path:
     fresh = AutoModelForCausalLM.from_config(config, dtype=dtype)
     fresh.load_state_dict(quantized.state_dict())
     fresh.generation_config = quantized.generation_config
-    tmp = out.with_name(out.name + ".tmp")
+    # Several services may convert at once (actor and learner under `steadyrl up`): each
+    # writes its own folder and the first rename wins.
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     fresh.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
-    tmp.replace(out) if not out.exists() else None
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
     log.info("SmolLM2 converted from GGUF and cached", extra={"path": str(out),
                                                               "seconds": round(time.perf_counter() - t0, 1)})
     return out

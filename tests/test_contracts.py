@@ -82,4 +82,4 @@ def test_scored_group_needs_one_reward_per_sample():
 
 
 def test_prompt_json_schema_has_version():
-    assert json_schema(Prompt)["x-schema-version"] == "1.0"
+    assert json_schema(Prompt)["x-schema-version"] == "1.1"

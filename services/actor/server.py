@@ -5,10 +5,16 @@
 
 On start the actor reads `rl.policy` from the beginning (compacted: the newest record per
 key survives) and loads the newest version; afterwards every new record is loaded as it
-arrives. A version is loaded only if its `uri` resolves to a file under `policy_root` and
-the file's sha256 equals the record's; otherwise the actor keeps serving the version it
-has, logs the refusal and counts it (`steadyrl_actor_policy_rejected_total{reason}`).
-Weights are safetensors only. Every response names the policy_version that produced it.
+arrives. Versions are ordered by (run_id, version): a later learner run (run ids sort by
+start time) replaces whatever an earlier run left. A version is loaded only if its `uri`
+resolves to a file under `policy_root` and the file's sha256 equals the record's;
+otherwise the actor keeps serving the version it has, logs the refusal and counts it
+(`steadyrl_actor_policy_rejected_total{reason}`). Weights are safetensors only.
+
+Every response names the policy_version that produced it. A request may name the run and
+the oldest version it accepts (`run_id`, `min_policy_version`, from the prompt): while the
+actor is behind it answers 503 (retry soon); a prompt of an earlier run gets 409.
+Each prompt may carry its own sampling `seed` (reproducible samples, see generation.py).
 Stateless: a restarted actor rebuilds everything from the model name and `rl.policy`.
 """
 
@@ -53,6 +59,7 @@ class ActorConfig(ServiceConfig):
 class PromptIn(BaseModel):
     messages: list[dict[str, str]] | None = None
     prompt_ids: list[int] | None = None
+    seed: int | None = Field(None, ge=0, description="Sampling seed of this prompt's completions.")
 
     @model_validator(mode="after")
     def _one_of(self) -> "PromptIn":
@@ -67,7 +74,9 @@ class GenerateRequest(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(64, ge=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, description="Seed of prompts without their own.")
+    run_id: str = Field("", description="Learner run the prompts belong to ('' = any).")
+    min_policy_version: int = Field(0, ge=0, description="Oldest version of run_id acceptable.")
 
 
 def sha256_file(path: Path) -> str:
@@ -97,7 +106,7 @@ class Actor:
         self.model, self.tok = load_policy(cfg.actor.model)
         self.model.eval()
         self.gen = TorchGenerator(self.model, self.tok, batch_size=cfg.actor.batch_size)
-        self.version = 0
+        self.run_id, self.version = "", 0   # "" / 0: the base weights
         self.lock = threading.Lock()
         self.caught_up = False
         POLICY_VERSION.set(0)
@@ -114,12 +123,13 @@ class Actor:
             raise PolicyRefused("missing", f"{p} does not exist")
         return p
 
-    def load_version(self, version: int, uri: str, sha256: str) -> None:
+    def load_version(self, version: int, uri: str, sha256: str, run_id: str = "") -> None:
         """Verify and load one policy version. Raises PolicyRefused (and keeps the old one)."""
         from safetensors.torch import load_file
 
-        if version <= self.version:
-            raise PolicyRefused("stale", f"version {version} <= serving {self.version}")
+        if (run_id, version) <= (self.run_id, self.version):
+            raise PolicyRefused("stale", f"run {run_id!r} version {version} is not newer than serving "
+                                         f"run {self.run_id!r} version {self.version}")
         path = self.resolve(uri)
         got = sha256_file(path)
         if got != sha256:
@@ -137,10 +147,20 @@ class Actor:
                                                f"wrong shape {bad_shape[:3]}")
         with self.lock:
             self.model.load_state_dict(state, strict=False)
-            self.version = version
+            self.run_id, self.version = run_id, version
         POLICY_VERSION.set(version)
         POLICY_LOADS.inc()
-        log.info("policy loaded", extra={"version": version, "uri": uri})
+        log.info("policy loaded", extra={"run_id": run_id, "version": version, "uri": uri})
+
+    def check_version(self, run_id: str, min_version: int) -> None:
+        """Raise HTTPException 503 while behind the request's run/version, 409 for an earlier run."""
+        if not run_id:
+            return
+        if run_id < self.run_id:
+            raise HTTPException(409, f"prompt of run {run_id!r}, earlier than the served run {self.run_id!r}")
+        if run_id > self.run_id or self.version < min_version:
+            raise HTTPException(503, f"serving run {self.run_id!r} version {self.version}; waiting for run "
+                                     f"{run_id!r} version >= {min_version}")
 
     def generate(self, req: GenerateRequest) -> dict:
         from steadyrl.generation import SamplingParams
@@ -150,8 +170,9 @@ class Actor:
         if len(req.prompts) * req.n > self.cfg.actor.max_sequences:
             raise HTTPException(422, f"{len(req.prompts)} prompts x n={req.n} > max_sequences "
                                      f"{self.cfg.actor.max_sequences}")
-        ids = []
+        ids, seeds = [], []
         for p in req.prompts:
+            seeds.append(p.seed)
             if p.prompt_ids is not None:
                 if any(t < 0 or t >= len(self.tok) for t in p.prompt_ids):
                     raise HTTPException(422, f"prompt_ids must be in [0, {len(self.tok)})")
@@ -165,8 +186,9 @@ class Actor:
                                 max_new_tokens=req.max_new_tokens, seed=req.seed)
         t0 = time.perf_counter()
         with self.lock:
+            self.check_version(req.run_id, req.min_policy_version)
             version = self.version
-            out = self.gen.generate(ids, params)
+            out = self.gen.generate(ids, params, seeds=seeds)
         GEN_SECONDS.observe(time.perf_counter() - t0)
         GEN_TOKENS.inc(sum(len(c.token_ids) for g in out for c in g))
         return {"policy_version": version, "prompt_ids": ids,
@@ -215,7 +237,8 @@ class PolicyFollower:
                     upd = None
                 if upd is not None:
                     if not self.actor.caught_up:
-                        newest = upd if newest is None or upd.version > newest.version else newest
+                        if newest is None or (upd.run_id, upd.version) > (newest.run_id, newest.version):
+                            newest = upd
                     else:
                         self._load(upd)
             if not self.actor.caught_up and position >= end:
@@ -227,7 +250,7 @@ class PolicyFollower:
 
     def _load(self, upd) -> None:
         try:
-            self.actor.load_version(upd.version, upd.uri, upd.sha256)
+            self.actor.load_version(upd.version, upd.uri, upd.sha256, upd.run_id)
         except PolicyRefused as e:
             POLICY_REJECTED.labels(e.reason).inc()
             log.warning("policy refused", extra={"version": upd.version, "reason": e.reason, "detail": e.detail})
@@ -251,7 +274,7 @@ def main(argv: list[str]) -> int:
         actor = Actor(cfg)
         state["actor"] = actor
         health.add_check("model", lambda: (True, f"{cfg.actor.model} loaded"))
-        health.add_check("policy", lambda: (actor.caught_up, f"serving version {actor.version}"
+        health.add_check("policy", lambda: (actor.caught_up, f"serving run {actor.run_id!r} version {actor.version}"
                                             if actor.caught_up else "reading rl.policy"))
         follower = PolicyFollower(actor, cfg)
 

@@ -1,11 +1,17 @@
 """Rollout worker: consume `rl.prompts`, ask the actor for n samples, produce `rl.rollouts`.
 
 Delivery: a transactional Stage (steadyrl.bus.stage). Each prompt yields one rollout group
-exactly once for read_committed readers, across kill -9 and rebalances. While the actor is
-unreachable, answers 503 (loading) or times out, the batch is held (`RetryLater`): nothing
-is committed and the prompts are retried after a backoff, never dropped. An actor 4xx
-(the request itself is wrong, e.g. more samples than it allows) sends the prompt to
-`rl.dlq` with the actor's message.
+exactly once for read_committed readers, across kill -9 and rebalances. The prompts of a
+batch go to the actor in one request per sampling setting (the actor batches them), each
+with its own seed, so a prompt's samples do not depend on its batch mates.
+
+The prompt says how to sample (temperature, top_p, max_new_tokens, n, seed: the learner
+decides, since its loss must use the same temperature) and which policy it wants
+(run_id, min_policy_version). While the actor is unreachable, answers 503 (loading, or
+its policy is behind the prompt's) or times out, the batch is held (`RetryLater`):
+nothing is committed and the prompts are retried after a backoff, never dropped. An
+actor 4xx (the request itself is wrong, or the prompt belongs to an earlier run) sends
+the prompt to `rl.dlq` with the actor's message.
 """
 
 from __future__ import annotations
@@ -22,44 +28,61 @@ class RolloutSection(BaseModel):
 
     actor_url: str = Field("http://127.0.0.1:8100", description="Base URL of the actor.")
     group_id: str = Field("steadyrl-rollout", description="Consumer group shared by all rollout workers.")
-    batch_size: int = Field(4, ge=1, le=1000, description="Prompts per transaction.")
+    batch_size: int = Field(8, ge=1, le=1000, description="Prompts per transaction (and per actor request).")
     batch_timeout_s: float = Field(0.5, gt=0, le=60, description="Longest wait for the next prompt, seconds.")
-    temperature: float = Field(1.0, ge=0, le=10)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(64, ge=1)
-    request_timeout_s: float = Field(300.0, gt=0, description="Per /generate call.")
-    retry_backoff_s: float = Field(2.0, gt=0, description="Wait before retrying a held batch.")
+    request_timeout_s: float = Field(600.0, gt=0, description="Per /generate call.")
+    retry_backoff_s: float = Field(2.0, gt=0, description="Wait before retrying while the actor is unreachable.")
+    behind_backoff_s: float = Field(0.2, gt=0, description="Wait before retrying while the actor loads a policy.")
 
 
 class RolloutConfig(ServiceConfig):
     rollout: RolloutSection = RolloutSection()
 
 
+def _request_key(p: Prompt) -> tuple:
+    return (p.n_samples, p.temperature, p.top_p, p.max_new_tokens, p.run_id, p.min_policy_version)
+
+
 def make_handler(cfg: RolloutConfig, client: httpx.Client):
-    """Prompt -> [Output(rl.rollouts)], one actor call per prompt."""
+    """[(Prompt, meta)] -> one [Output(rl.rollouts)] per prompt, one actor call per sampling setting."""
     from steadyrl.bus.stage import Output, RetryLater
 
     r = cfg.rollout
 
-    def handle(prompt: Prompt, meta) -> list[Output]:
-        body = {"prompts": [{"messages": [m.model_dump() for m in prompt.messages]}], "n": prompt.n_samples,
-                "temperature": r.temperature, "top_p": r.top_p, "max_new_tokens": r.max_new_tokens}
+    def call_actor(prompts: list[Prompt]) -> list[RolloutGroup]:
+        p0 = prompts[0]
+        body = {"prompts": [{"messages": [m.model_dump() for m in p.messages], "seed": p.seed} for p in prompts],
+                "n": p0.n_samples, "temperature": p0.temperature, "top_p": p0.top_p,
+                "max_new_tokens": p0.max_new_tokens, "run_id": p0.run_id,
+                "min_policy_version": p0.min_policy_version}
         try:
             resp = client.post(f"{r.actor_url}/generate", json=body, timeout=r.request_timeout_s)
         except httpx.HTTPError as e:
             raise RetryLater(f"actor unreachable: {type(e).__name__}: {e}", r.retry_backoff_s) from None
+        if resp.status_code == 503:
+            raise RetryLater(f"actor not ready: {resp.text[:200]}", r.behind_backoff_s)
         if resp.status_code >= 500:
             raise RetryLater(f"actor answered {resp.status_code}: {resp.text[:200]}", r.retry_backoff_s)
         if resp.status_code >= 400:
             raise ValueError(f"actor refused the request ({resp.status_code}): {resp.text[:500]}")
         out = resp.json()
-        samples = [Sample(text=c["text"], token_ids=c["token_ids"], logprobs=c["logprobs"],
-                          finish_reason=c["finish_reason"]) for c in out["completions"][0]]
-        group = RolloutGroup(prompt=prompt, prompt_token_ids=out["prompt_ids"][0], samples=samples,
+        return [RolloutGroup(prompt=p, prompt_token_ids=out["prompt_ids"][i],
+                             samples=[Sample(text=c["text"], token_ids=c["token_ids"], logprobs=c["logprobs"],
+                                             finish_reason=c["finish_reason"]) for c in out["completions"][i]],
                              policy_version=out["policy_version"], actor=r.actor_url)
-        return [Output("rl.rollouts", prompt.prompt_id, group)]
+                for i, p in enumerate(prompts)]
 
-    return handle
+    def handle_batch(items) -> list[list[Output]]:
+        by_key: dict[tuple, list[int]] = {}
+        for i, (p, _) in enumerate(items):
+            by_key.setdefault(_request_key(p), []).append(i)
+        groups: dict[int, RolloutGroup] = {}
+        for idx in by_key.values():
+            for i, g in zip(idx, call_actor([items[i][0] for i in idx])):
+                groups[i] = g
+        return [[Output("rl.rollouts", items[i][0].prompt_id, groups[i])] for i in range(len(items))]
+
+    return handle_batch
 
 
 def main(argv: list[str]) -> int:
@@ -71,7 +94,7 @@ def main(argv: list[str]) -> int:
         client = httpx.Client()
         return Stage(name="rollout", bootstrap=cfg.bootstrap, topic_prefix=cfg.topic_prefix,
                      instance_id=cfg.instance_id, input_topic="rl.prompts", input_contract=Prompt,
-                     group_id=cfg.rollout.group_id, handle=make_handler(cfg, client), mode="transactional",
+                     group_id=cfg.rollout.group_id, handle_batch=make_handler(cfg, client), mode="transactional",
                      batch_size=cfg.rollout.batch_size, batch_timeout_s=cfg.rollout.batch_timeout_s,
                      health=health, stats_interval_s=cfg.metrics_interval)
 

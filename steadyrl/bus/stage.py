@@ -84,6 +84,9 @@ class Output:
 #: A handler turns one accepted input into zero or more outputs. It must be a pure
 #: function of its input (it may run again for the same record after a crash).
 Handler = Callable[[Contract, Meta], list[Output]]
+#: A batch handler does the same for every accepted record of a batch at once (one
+#: result list per record, in order); the rollout worker uses it to send one request.
+BatchHandler = Callable[[list[tuple[Contract, Meta]]], list[list[Output]]]
 
 
 class Stage:
@@ -95,7 +98,10 @@ class Stage:
         input_topic: catalogue name of the input (e.g. "rl.rollouts").
         input_contract: the contract expected on it.
         group_id: consumer group (all instances of a service share one).
-        handle: the transform (see `Handler`).
+        handle: the transform (see `Handler`), or
+        handle_batch: the transform of a whole batch (see `BatchHandler`). When it raises
+            (other than RetryLater), each record is retried alone so only the failing one
+            goes to the DLQ.
         mode: "transactional" (exactly-once) or "at_least_once".
         batch_size: max records per transaction.
         batch_timeout_s: longest wait for the next record before the loop ticks (seconds).
@@ -108,14 +114,17 @@ class Stage:
     """
 
     def __init__(self, *, name: str, bootstrap: str, topic_prefix: str, instance_id: str,
-                 input_topic: str, input_contract: type[Contract], group_id: str, handle: Handler,
+                 input_topic: str, input_contract: type[Contract], group_id: str, handle: Handler | None = None,
+                 handle_batch: BatchHandler | None = None,
                  mode: Literal["transactional", "at_least_once"] = "transactional",
                  batch_size: int = 16, batch_timeout_s: float = 0.5, health: Health | None = None,
                  stats_interval_s: float = 5.0, max_poll_interval_s: float = 300.0,
                  max_record_bytes: int | None = None, pause_after_s: float = 0.5):
         from confluent_kafka import Consumer, Producer
 
-        self.name, self.mode, self.handle = name, mode, handle
+        if (handle is None) == (handle_batch is None):
+            raise ValueError("give exactly one of handle or handle_batch")
+        self.name, self.mode, self.handle, self.handle_batch = name, mode, handle, handle_batch
         self.prefix = topic_prefix
         self.stage_id = f"{name}/{instance_id}"
         self.input_contract = input_contract
@@ -271,26 +280,46 @@ class Stage:
 
     def _transform(self, msgs: list) -> list[tuple[str, str | bytes | None, Contract]]:
         out: list[tuple[str, str | bytes | None, Contract]] = []
+        accepted: list[tuple[Contract, Meta, object]] = []
         for m in msgs:
             meta = Meta(m.topic(), m.partition(), m.offset(), m.key(), m.timestamp()[1])
             try:
-                value = codec.decode(m.value(), m.headers(), self.input_contract, self.max_bytes)
+                accepted.append((codec.decode(m.value(), m.headers(), self.input_contract, self.max_bytes), meta, m))
             except codec.Rejected as rej:
                 out.append(self._dlq(rej, meta, m.value()))
-                continue
-            try:
-                produced = self.handle(value, meta)
-            except RetryLater:
-                raise
-            except Exception as e:  # the handler's bug must not stop the stage
-                log.exception("handler failed", extra={"stage": self.stage_id, "offset": meta.offset})
-                rej = codec.Rejected(DLQReason.handler_error, f"{type(e).__name__}: {e}",
-                                     codec.header_value(m.headers()))
-                out.append(self._dlq(rej, meta, m.value()))
+        if not accepted:
+            return out
+        try:
+            results = self._call([(v, meta) for v, meta, _ in accepted])
+        except RetryLater:
+            raise
+        except Exception:  # isolate the record(s) that fail: one call per record
+            results = []
+            for v, meta, m in accepted:
+                try:
+                    results.append(self._call([(v, meta)])[0])
+                except RetryLater:
+                    raise
+                except Exception as e:  # the handler's bug must not stop the stage
+                    log.exception("handler failed", extra={"stage": self.stage_id, "offset": meta.offset})
+                    rej = codec.Rejected(DLQReason.handler_error, f"{type(e).__name__}: {e}",
+                                         codec.header_value(m.headers()))
+                    results.append(self._dlq(rej, meta, m.value()))
+        for res in results:
+            if isinstance(res, tuple):  # a DLQ record
+                out.append(res)
                 continue
             RECORDS.labels(self.name, "ok").inc()
-            out.extend((topic_name(o.topic, self.prefix), o.key, o.value) for o in produced)
+            out.extend((topic_name(o.topic, self.prefix), o.key, o.value) for o in res)
         return out
+
+    def _call(self, items: list[tuple[Contract, Meta]]) -> list[list[Output]]:
+        if self.handle_batch is not None:
+            results = self.handle_batch(items)
+            if len(results) != len(items):
+                raise RuntimeError(f"batch handler returned {len(results)} results for {len(items)} records")
+            return results
+        return [self.handle(v, meta) for v, meta in items]
 
     def _dlq(self, rej: codec.Rejected, meta: Meta, value: bytes | None):
         RECORDS.labels(self.name, "dlq").inc()

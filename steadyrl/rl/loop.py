@@ -43,6 +43,11 @@ def encode_prompt(tokenizer, row: PromptRow) -> list[int]:
     return list(ids)
 
 
+def prompt_seed(run_seed: int, epoch: int, index: int) -> int:
+    """Sampling seed of dataset row `index` in `epoch` (the learner's feeder uses the same)."""
+    return (run_seed * 1_000_003 + epoch) * 10_000_019 + index
+
+
 def prompt_batches(rows: list[PromptRow], batch: int, seed: int):
     """Endless (epoch, index, row) batches: each epoch a fresh seeded shuffle."""
     epoch = 0
@@ -70,7 +75,7 @@ def run_loop(model, tokenizer, rows: list[PromptRow], cfg: LoopConfig,
         batch = next(batches)
         prompt_ids = [encode_prompt(tokenizer, row) for _, _, row in batch]
         t0 = time.perf_counter()
-        completions = gen.generate(prompt_ids, params)
+        completions = gen.generate(prompt_ids, params, seeds=[prompt_seed(cfg.seed, e, i) for e, i, _ in batch])
         t_gen = time.perf_counter() - t0
         t0 = time.perf_counter()
         groups = []

@@ -11,7 +11,7 @@ N = 12
 
 
 def _prompt(i, n=3):
-    return Prompt(prompt_id=f"e0-i{i}", epoch=0, index=i, n_samples=n, ground_truth=str(i % 10),
+    return Prompt(prompt_id=f"e0-i{i}", epoch=0, index=i, n_samples=n, ground_truth=str(i % 10), max_new_tokens=4,
                   messages=[{"role": "user", "content": str(i % 10)}], data_source="tiny_copy")
 
 
@@ -21,7 +21,7 @@ def test_prompts_wait_for_the_actor_then_each_yields_one_group(bootstrap, prefix
     produce_all(bootstrap, f"{prefix}rl.prompts", [(p.prompt_id, *codec.encode(p)) for p in prompts])
     rollout = ServiceProc("rollout", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "r0",
                                       "--rollout.actor-url", f"http://127.0.0.1:{port}",
-                                      "--rollout.max-new-tokens", "4", "--rollout.retry-backoff-s", "0.5"],
+                                      "--rollout.retry-backoff-s", "0.5"],
                           tmp_path / "rollout.log")
     actor = None
     try:

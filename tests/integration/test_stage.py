@@ -9,7 +9,7 @@ from steadyrl.contracts import DLQRecord, DLQReason, ScoredGroup
 from tests.helpers import ServiceProc, decode_all, produce_all, read_all, rollout_group
 
 
-def test_round_trip_and_every_bad_record_lands_in_dlq(bootstrap, prefix, tmp_path):
+def test_round_trip_and_every_bad_record_lands_in_dlq(bootstrap, reward_server, prefix, tmp_path):
     good = [rollout_group(i, answer="4" if i % 2 else "5") for i in range(6)]
     boom = rollout_group(99, answer="boom")
     v = codec.encode(good[0])[0]
@@ -28,7 +28,7 @@ def test_round_trip_and_every_bad_record_lands_in_dlq(bootstrap, prefix, tmp_pat
     produce_all(bootstrap, f"{prefix}rl.rollouts", records)
 
     svc = ServiceProc("reward", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "rt0",
-                                 "--reward.scorer", "tests.helpers:failing_scorer", "--metrics-interval", "1",
+                                 "--reward.server-url", reward_server, "--reward.scorer", "tests.helpers:failing_scorer", "--metrics-interval", "1",
                                  "--reward.max-record-bytes", "200000"],
                       tmp_path / "reward.log")
     try:
