@@ -10,13 +10,16 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 DEFAULT_STATE = Path(".steadyrl")
 LOCAL_BOOTSTRAP = "127.0.0.1:9092"
-SERVICE_PORTS = {"actor": 8100, "rollout": 8200, "reward": 8300, "learner": 8400}
-#: Services `steadyrl up` runs today, in start order. Rollout and learner arrive with the pipeline.
-SERVICES = ("actor", "rollout", "reward")
+SERVICE_PORTS = {"reward-server": 8390, "actor": 8100, "rollout": 8200, "reward": 8300, "learner": 8400}
+#: What `steadyrl up` runs, in start order: service -> module. `--scale` applies to rollout and reward.
+SERVICES = {"reward-server": "services.reward.server", "actor": "services.actor", "rollout": "services.rollout",
+            "reward": "services.reward", "learner": "services.learner"}
+SCALABLE = ("rollout", "reward")
 
 
 def _bootstrap(args) -> str | None:
@@ -86,10 +89,45 @@ def _parse_scale(items: list[str]) -> dict[str, int]:
     scale = {}
     for item in items:
         name, _, n = item.partition("=")
-        if name not in SERVICE_PORTS or not n.isdigit() or int(n) < 1:
-            raise SystemExit(f"--scale wants SERVICE=N with SERVICE in {sorted(SERVICE_PORTS)}, got {item!r}")
+        if name not in SCALABLE or not n.isdigit() or int(n) < 1:
+            raise SystemExit(f"--scale wants SERVICE=N with SERVICE in {list(SCALABLE)}, got {item!r}")
         scale[name] = int(n)
     return scale
+
+
+class Progress:
+    """The learner's progress as one line per change: bar, step, reward mean, tokens/s."""
+
+    def __init__(self, url: str, out=sys.stdout, width: int = 24):
+        self.url, self.out, self.width = url, out, width
+        self.t0 = time.monotonic()
+        self.last: tuple | None = None
+        self.next_poll = 0.0
+        self.done = False
+
+    def tick(self) -> None:
+        import httpx
+
+        if time.monotonic() < self.next_poll:
+            return
+        self.next_poll = time.monotonic() + 2.0
+        try:
+            p = httpx.get(f"{self.url}/progress", timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            return
+        self.done = bool(p.get("done"))
+        key = (p.get("step"), p.get("phase"))
+        if key == self.last or "steps" not in p:
+            return
+        self.last = key
+        step, steps = p.get("step") or 0, p["steps"]
+        fill = int(self.width * step / max(steps, 1))
+        reward = f"{p['reward_mean']:.3f}" if p.get("reward_mean") is not None else "-"
+        tps = f"{p['tokens_per_s']:.0f}" if p.get("tokens_per_s") is not None else "-"
+        mins, secs = divmod(int(time.monotonic() - self.t0), 60)
+        self.out.write(f"progress [{'#' * fill}{'.' * (self.width - fill)}] step {step}/{steps} "
+                       f"reward {reward} tokens/s {tps} ({p.get('phase')}, {mins}m{secs:02d}s)\n")
+        self.out.flush()
 
 
 def cmd_up(args) -> int:
@@ -99,6 +137,7 @@ def cmd_up(args) -> int:
 
     scale = _parse_scale(args.scale)
     bootstrap = _bootstrap(args)
+    state = Path(args.state_dir)
     lb = None
     if bootstrap is None:
         b.fetch()
@@ -107,17 +146,23 @@ def cmd_up(args) -> int:
         lb.start()
         bootstrap = lb.bootstrap
     print(f"broker {bootstrap}: topics {create_topics(bootstrap, args.prefix)}", flush=True)
+    url = {svc: f"http://127.0.0.1:{SERVICE_PORTS[svc] + args.port_offset}" for svc in SERVICES}
+    policies = str(state / "policies")
+    extra = {"actor": ["--actor.policy-root", policies],
+             "rollout": ["--rollout.actor-url", url["actor"]],
+             "reward": ["--reward.server-url", url["reward-server"]],
+             "learner": ["--learner.policy-root", policies, "--learner.state-dir", str(state / "learner")]}
     children = []
-    for svc in SERVICES:
+    for svc, module in SERVICES.items():
         for i in range(scale.get(svc, 1)):
             port = SERVICE_PORTS[svc] + args.port_offset + i
-            extra = (["--rollout.actor-url", f"http://127.0.0.1:{SERVICE_PORTS['actor'] + args.port_offset}"]
-                     if svc == "rollout" else [])
             children.append(Child(f"{svc}-{i}", [
-                sys.executable, "-m", f"services.{svc}", "--bootstrap", bootstrap,
+                sys.executable, "-m", module, "--bootstrap", bootstrap,
                 "--topic-prefix", args.prefix, "--instance-id", f"{svc}-{i}", "--metrics-port", str(port),
-                *extra, *(["--config", args.config] if args.config else [])], port))
+                *extra.get(svc, []), *(["--config", args.config] if args.config else [])], port,
+                final=svc == "learner"))
     sup = Supervisor(children)
+    progress = Progress(url["learner"])
 
     def _stop(signum, frame):
         sup.stop.set()
@@ -132,7 +177,9 @@ def cmd_up(args) -> int:
         if args.exit_when_ready:
             return 0 if all(ready.values()) else 1
         print("stack up; Ctrl-C stops everything", flush=True)
-        sup.run_until_stopped()
+        sup.run_until_stopped(tick=progress.tick)
+        if sup.finished:
+            print(f"{sup.finished} finished its run; stopping the stack", flush=True)
         return 0
     finally:
         print("stopping services ...", flush=True)
@@ -213,13 +260,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", help="per-item JSONL (default .steadyrl/eval/eval-<data>.jsonl)")
     sp.set_defaults(fn=cmd_eval)
 
-    sp = sub.add_parser("up", help="broker, topics and every service; Ctrl-C stops all")
+    sp = sub.add_parser("up", help="broker, topics and every service; trains until the learner's run is done "
+                                   "(Ctrl-C stops all)")
     common(sp, broker_opts=True)
     sp.add_argument("--scale", action="append", default=[], metavar="SERVICE=N")
     sp.add_argument("--config", help="YAML config passed to every service")
     sp.add_argument("--exit-when-ready", action="store_true", help="stop everything once all are ready")
     sp.add_argument("--port-offset", type=int, default=0,
-                    help="added to every service's HTTP port (actor 8100, rollout 8200+i, reward 8300+i, learner 8400)")
+                    help="added to every service's HTTP port (actor 8100, rollout 8200+i, reward 8300+i, "
+                         "reward-server 8390, learner 8400)")
     sp.set_defaults(fn=cmd_up)
     return p
 

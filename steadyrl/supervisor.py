@@ -4,7 +4,8 @@ Each service instance is a child process with a stable instance id (`reward-0`, 
 a restarted transactional worker fences its crashed predecessor at once. A child that
 exits unexpectedly is restarted with exponential backoff (1 s doubling to 30 s; reset
 after 60 s of healthy running). Output lines are prefixed with the instance name.
-SIGINT/SIGTERM stop the children (SIGTERM, then SIGKILL after a grace period) and then
+A child marked `final` (the learner) that exits with status 0 has finished its work: the
+whole stack stops. SIGINT/SIGTERM stop the children (SIGTERM, then SIGKILL after a grace period) and then
 the broker, if this command started it.
 
 Why our own ~100 lines and not supervisord/circus/honcho: honcho stops everything when
@@ -34,6 +35,7 @@ class Child:
     argv: list[str]
     port: int
     proc: subprocess.Popen | None = None
+    final: bool = False      # exit status 0 means "done": stop the whole stack
     restarts: int = 0
     backoff_s: float = 1.0
     started_at: float = 0.0
@@ -65,6 +67,7 @@ class Supervisor:
         self.grace_s = grace_s
         self.out = out
         self.stop = threading.Event()
+        self.finished: str | None = None   # name of the `final` child that exited 0
         width = max(len(c.name) for c in children) if children else 0
         self._prefix = {c.name: c.name.ljust(width) for c in children}
 
@@ -110,6 +113,10 @@ class Supervisor:
                 if now - c.started_at > 60:
                     c.backoff_s = 1.0
                 continue
+            if rc == 0 and c.final:
+                self.finished = c.name
+                self.stop.set()
+                return
             c.restarts += 1
             self.out.write(f"{self._prefix[c.name]} | exited with {rc}; restart #{c.restarts} in {c.backoff_s:.0f}s\n")
             c.proc = None

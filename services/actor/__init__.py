@@ -1,4 +1,1 @@
-"""actor: inference over HTTP (torch on CPU, vLLM on GPU), loads each announced policy version.
-
-Arrives with the pipeline issue.
-"""
+"""actor: inference over HTTP (torch on CPU, vLLM on GPU), loads each announced policy version."""

@@ -1,1 +1,1 @@
-"""learner: prompt feeder, GRPO/PPO on rl.scored, checkpoints, rl.policy. Arrives with the pipeline issue."""
+"""learner: prompt feeder, GRPO/PPO on rl.scored, policy store and rl.policy (see learner.py)."""

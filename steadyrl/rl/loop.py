@@ -97,8 +97,12 @@ def run_loop(model, tokenizer, rows: list[PromptRow], cfg: LoopConfig,
 
 @torch.no_grad()
 def evaluate(model, tokenizer, rows: list[PromptRow], scorer: str = "numeric_match",
-             max_new_tokens: int = 32, batch_size: int = 32) -> tuple[float, list[dict]]:
-    """Greedy accuracy: share of rows whose reward is >= 1.0. Returns (accuracy, per-item results)."""
+             max_new_tokens: int = 32, batch_size: int = 32,
+             on_batch: Callable[[], None] | None = None) -> tuple[float, list[dict]]:
+    """Greedy accuracy: share of rows whose reward is >= 1.0. Returns (accuracy, per-item results).
+
+    on_batch is called after each generation batch (a service beats its liveness there).
+    """
     fn = resolve_scorer(scorer)
     gen = TorchGenerator(model, tokenizer, batch_size=batch_size)
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
@@ -110,5 +114,7 @@ def evaluate(model, tokenizer, rows: list[PromptRow], scorer: str = "numeric_mat
             reward, extra = score_value(fn(row.data_source, out[0].text, row.ground_truth, row.extra_info))
             items.append({"prompt": row.messages[-1]["content"], "ground_truth": row.ground_truth,
                           "response": out[0].text, "reward": reward, "correct": reward >= 1.0, **extra})
+        if on_batch:
+            on_batch()
     acc = sum(i["correct"] for i in items) / max(1, len(items))
     return acc, items
