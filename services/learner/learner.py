@@ -298,10 +298,14 @@ class Learner:
             raise RuntimeError(f"{left} records not delivered; errors: {errors}")
 
     def top_up(self) -> int:
-        """Publish prompts until (max_staleness + 1) x B are in flight; returns how many."""
-        st, cap = self.state, (self.lc.max_staleness + 1) * self.lc.prompts_per_step
+        """Publish prompts until (max_staleness + 1) x B are in flight; returns how many.
+
+        Never more than steps x B new prompts in all: a finished run leaves none untrained.
+        """
+        st, lc = self.state, self.lc
+        cap, total = (lc.max_staleness + 1) * lc.prompts_per_step, lc.steps * lc.prompts_per_step
         n = 0
-        while len(st.in_flight) < cap or st.requeue:
+        while (len(st.in_flight) < cap and st.feeder_position < total) or st.requeue:
             if st.requeue:
                 pid = st.requeue.pop(0)
                 f = InFlight(**st.in_flight[pid])

@@ -105,3 +105,19 @@ def test_vllm_generator_without_vllm_raises_import_error():
         pytest.skip("vLLM is installed here")
     with pytest.raises(ImportError):
         VLLMGenerator("/nonexistent")
+
+
+def test_seeded_sampler_draws_from_softmax_and_respects_top_p():
+    from steadyrl.generation import SeededSampler
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(20_000, 1)      # (N, V)
+    p = torch.softmax(logits[0] / 0.7, -1)
+    out = SeededSampler(list(range(20_000)), temperature=0.7, top_p=1.0)(None, logits)
+    assert torch.isfinite(out).sum(-1).eq(1).all()                       # exactly one token kept per row
+    freq = torch.bincount(out.argmax(-1), minlength=4).float() / 20_000
+    assert torch.allclose(freq, p, atol=0.015), (freq, p)
+    # top_p 0.8: the smallest set reaching 0.8 of the mass is tokens {0, 1} (0.76 < 0.8 <= 0.95)
+    out = SeededSampler(list(range(20_000)), temperature=0.7, top_p=0.8)(None, logits)
+    kept = p[:3] / p[:3].sum() if p[:2].sum() < 0.8 else p[:2] / p[:2].sum()
+    freq = torch.bincount(out.argmax(-1), minlength=4).float() / 20_000
+    assert torch.allclose(freq[:len(kept)], kept, atol=0.015) and freq[len(kept):].sum() == 0

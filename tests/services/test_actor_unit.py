@@ -36,3 +36,37 @@ def test_stale_versions_are_refused(tmp_path):
     actor.load_version(2, "v.safetensors", sha256_file(tmp_path / "v.safetensors"))
     with pytest.raises(PolicyRefused, match="stale"):
         actor.load_version(2, "v.safetensors", sha256_file(tmp_path / "v.safetensors"))
+
+
+def test_a_later_run_replaces_any_version_of_an_earlier_one(tmp_path):
+    from fastapi import HTTPException
+
+    actor = _actor(tmp_path)
+    save_model(tiny_model(len(actor.tok), seed=3), str(tmp_path / "v.safetensors"))
+    sha = sha256_file(tmp_path / "v.safetensors")
+    actor.load_version(7, "v.safetensors", sha, run_id="r20261129T100000-aaaa")
+    actor.load_version(0, "v.safetensors", sha, run_id="r20261129T110000-bbbb")  # a new run's version 0
+    assert (actor.run_id, actor.version) == ("r20261129T110000-bbbb", 0)
+    with pytest.raises(PolicyRefused, match="stale"):  # the earlier run cannot come back
+        actor.load_version(8, "v.safetensors", sha, run_id="r20261129T100000-aaaa")
+    actor.check_version("", 5)  # no run named: anything goes
+    actor.check_version("r20261129T110000-bbbb", 0)
+    for run, version, status in [("r20261129T110000-bbbb", 1, 503),   # behind: retry soon
+                                 ("r20261129T120000-cccc", 0, 503),   # a run not loaded yet
+                                 ("r20261129T100000-aaaa", 0, 409)]:  # an earlier run: refused
+        with pytest.raises(HTTPException) as e:
+            actor.check_version(run, version)
+        assert e.value.status_code == status, (run, version)
+
+
+def test_seeded_samples_do_not_depend_on_the_batch(tmp_path):
+    from steadyrl.generation import SamplingParams
+
+    actor = _actor(tmp_path)
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6)
+    a, b, c = [1, 5, 6], [1, 7, 8], [1, 9, 10]
+    alone = actor.gen.generate([b], params, seeds=[42])[0]
+    batched = actor.gen.generate([a, b, c], params, seeds=[1, 42, 2])[1]
+    assert [x.token_ids for x in alone] == [x.token_ids for x in batched]
+    other = actor.gen.generate([b], params, seeds=[43])[0]
+    assert [x.token_ids for x in other] != [x.token_ids for x in alone]
