@@ -80,7 +80,8 @@ class LearnerSection(BaseModel):
     group_size: int = Field(8, ge=1, description="G: samples per prompt.")
     max_new_tokens: int = Field(32, ge=1)
     top_p: float = Field(1.0, gt=0, le=1)
-    max_staleness: int = Field(1, ge=0, description="Train on groups from versions >= step - max_staleness.")
+    max_staleness: int = Field(0, ge=0, description="Train on groups from versions >= step - max_staleness "
+                               "(0 on a CPU-only machine: generation and training share the cores).")
     seed: int = Field(0, description="Prompt order, sampling seeds and the tiny model's init.")
     policy_root: Path = Field(Path(".steadyrl/policies"), description="Weights are written under it (the actor's root).")
     keep_policies: int = Field(3, ge=1, description="Policy files kept per run (the newest).")
@@ -414,7 +415,9 @@ class Learner:
         st, lc = self.state, self.lc
         take = sorted(self._ready, key=lambda pid: st.in_flight[pid]["seq"])[:lc.prompts_per_step]
         batch = [self._ready.pop(pid) for pid in take]
-        groups = [Group(sg.group.prompt_token_ids, [s.token_ids for s in sg.group.samples], sg.rewards)
+        # A group sampled by an older version brings its behaviour log-probs (see Trainer).
+        groups = [Group(sg.group.prompt_token_ids, [s.token_ids for s in sg.group.samples], sg.rewards,
+                        [s.logprobs for s in sg.group.samples] if sg.group.policy_version < st.step else None)
                   for sg, _, _ in batch]
         self.progress["phase"] = "training"
         metrics = self.trainer.step(groups)

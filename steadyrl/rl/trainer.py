@@ -65,6 +65,9 @@ class Group:
     prompt_ids: list[int]
     responses: list[list[int]]           # G x (T_i,)
     rewards: list[float]                 # (G,)
+    # G x (T_i,): log-probs of an older policy that sampled the responses. Give them only
+    # when that policy is not the current one (a stale group); the ratio then starts from them.
+    behaviour_logprobs: list[list[float]] | None = None
 
 
 class ValueHead(torch.nn.Module):
@@ -169,13 +172,23 @@ class Trainer:
         timing = {}
         self.model.train()
 
-        # One GRPO update on the whole batch is exactly on-policy: the behaviour log-probs
-        # are the current ones (ratio 1), taken from the update's own forward pass.
-        on_policy = cfg.algorithm == "grpo" and cfg.ppo_epochs == 1 and (cfg.mini_batch_size or N) >= N
+        # One GRPO update on the whole batch of fresh groups is exactly on-policy: the
+        # behaviour log-probs are the current ones (ratio 1), from the update's own forward.
+        stale = [g.behaviour_logprobs is not None for g in groups]
+        on_policy = (cfg.algorithm == "grpo" and cfg.ppo_epochs == 1 and (cfg.mini_batch_size or N) >= N
+                     and not any(stale))
         old_logp = old_values = None
         if not on_policy:
             t0 = time.perf_counter()
             old_logp, old_values = self._no_grad_pass(self.model, b, need_values=cfg.algorithm == "ppo")
+            # Stale groups: the policy that sampled them is older than the one being updated;
+            # the ratio pi_theta / pi_behaviour starts from its log-probs (decoupled PPO).
+            row = 0
+            for g in groups:
+                for lp in (g.behaviour_logprobs or [None] * len(g.responses)):
+                    if lp is not None:
+                        old_logp[row, :len(lp)] = torch.tensor(lp, dtype=old_logp.dtype)
+                    row += 1
             timing["old_log_prob"] = time.perf_counter() - t0
         ref_logp = None
         if self.ref is not None:

@@ -121,3 +121,29 @@ def test_seeded_sampler_draws_from_softmax_and_respects_top_p():
     kept = p[:3] / p[:3].sum() if p[:2].sum() < 0.8 else p[:2] / p[:2].sum()
     freq = torch.bincount(out.argmax(-1), minlength=4).float() / 20_000
     assert torch.allclose(freq[:len(kept)], kept, atol=0.015) and freq[len(kept):].sum() == 0
+
+
+def test_stale_groups_start_the_ratio_from_their_behaviour_logprobs():
+    """Behaviour log-probs equal to the current ones give the on-policy update exactly;
+    other ones change it (the ratio is no longer 1, clipping can act)."""
+    from steadyrl.rl.trainer import Group, Trainer, build_batch
+
+    def run(behaviour):
+        model, tok = load_policy("tiny", seed=5)
+        trainer = Trainer(model, tok.pad_token_id, TrainConfig(lr=1e-2, micro_batch_size=64))
+        groups = [Group([1, 5, 40], [[6, 7], [8, 9, 2]], [1.0, 0.0], behaviour)]
+        trainer.step(groups)
+        return model, trainer, groups
+
+    fresh, _, groups = run(None)
+    model, tok = load_policy("tiny", seed=5)
+    t = Trainer(model, tok.pad_token_id, TrainConfig(micro_batch_size=64))
+    b = build_batch(groups, tok.pad_token_id)
+    cur, _ = t._no_grad_pass(model, b)
+    same = [cur[0, :2].tolist(), cur[1, :3].tolist()]
+    replay, _, _ = run(same)
+    far = [[x - 1.0 for x in same[0]], [x - 1.0 for x in same[1]]]   # ratio e^1 > 1.2: clipped
+    clipped, _, _ = run(far)
+    diff = lambda m1, m2: max((a - b).abs().max().item() for a, b in zip(m1.parameters(), m2.parameters()))
+    assert diff(fresh, replay) < 1e-6
+    assert diff(fresh, clipped) > 1e-4
