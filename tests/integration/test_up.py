@@ -7,6 +7,7 @@ import sys
 import time
 
 import httpx
+import yaml
 
 from steadyrl.broker import LocalBroker, free_port
 from tests.helpers import ROOT
@@ -15,9 +16,13 @@ from tests.helpers import ROOT
 def test_up_then_ctrl_c_stops_everything(tmp_path):
     port, offset = free_port(), 1000 + os.getpid() % 500
     state = tmp_path / "state"
+    cfg = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    cfg["learner"].update(steps=100_000, eval_data=None)  # still training when Ctrl-C comes
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     log = open(tmp_path / "up.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "steadyrl.cli", "up", "--state-dir", str(state), "--port",
-                             str(port), "--port-offset", str(offset), "--prefix", "up."],
+                             str(port), "--port-offset", str(offset), "--prefix", "up.",
+                             "--config", str(tmp_path / "config.yaml")],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     broker = LocalBroker(state / "broker", port=port)
     try:
@@ -28,9 +33,14 @@ def test_up_then_ctrl_c_stops_everything(tmp_path):
         r = httpx.get(f"http://127.0.0.1:{8300 + offset}/readyz")
         assert r.status_code == 200, r.text
         assert r.json()["checks"]["assignment"]["ok"]
-        r = httpx.get(f"http://127.0.0.1:{8100 + offset}/readyz")  # the actor, serving the base model
-        assert r.status_code == 200 and r.json()["checks"]["policy"]["detail"] == "serving version 0", r.text
+        r = httpx.get(f"http://127.0.0.1:{8100 + offset}/readyz")  # the actor, serving the learner's weights
+        assert r.status_code == 200 and r.json()["checks"]["policy"]["ok"], r.text
         assert httpx.get(f"http://127.0.0.1:{8200 + offset}/readyz").status_code == 200  # rollout-0
+        assert httpx.get(f"http://127.0.0.1:{8390 + offset}/readyz").status_code == 200  # reward server
+        deadline = time.monotonic() + 60
+        while (httpx.get(f"http://127.0.0.1:{8400 + offset}/progress").json().get("step") or 0) < 3:
+            assert time.monotonic() < deadline, "the learner does not step"
+            time.sleep(0.2)
         broker_pid = broker.pid()
         assert broker_pid is not None
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
@@ -44,7 +54,7 @@ def test_up_then_ctrl_c_stops_everything(tmp_path):
             raise AssertionError("reward service still answering after Ctrl-C")
         except httpx.ConnectError:
             pass
-        assert "actor-0" in out and "policy caught up" in out
+        assert "actor-0" in out and "policy caught up" in out and "progress [" in out
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
