@@ -8,7 +8,7 @@ For 1 KB and 64 KB rollout groups:
     reports p50/p99 in ms.
   - throughput: a backlog of records produced up front; records/s and MB/s from the
     first produce to the last scored group received.
-Starts its own broker (temporary dir) and one reward worker process; stops both.
+Starts its own broker (temporary dir), a reward server and one reward worker process; stops them.
 """
 
 from __future__ import annotations
@@ -122,12 +122,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         broker = LocalBroker(Path(tmp) / "broker", port=free_port(), controller_port=free_port())
         broker.start()
-        worker = None
+        worker = server = None
         try:
             prefix = "bench."
             create_topics(broker.bootstrap, prefix)
+            server = ServiceProc("reward.server", [], Path(tmp) / "server.log")
+            server.wait_ready()
             worker = ServiceProc("reward", ["--bootstrap", broker.bootstrap, "--topic-prefix", prefix,
-                                            "--instance-id", "bench0", "--reward.batch-size", str(args.batch_size)],
+                                            "--instance-id", "bench0", "--reward.batch-size", str(args.batch_size),
+                                            "--reward.server-url", server.url],
                                  Path(tmp) / "reward.log")
             worker.wait_ready()
             results = {
@@ -135,12 +138,14 @@ def main() -> None:
                 "64KB": run_size(broker.bootstrap, prefix, 64 * 1024, n_lat=200, rate=10, n_tput=1000),
             }
         finally:
-            if worker is not None:
-                worker.stop()
+            for proc in (worker, server):
+                if proc is not None:
+                    proc.stop()
             broker.stop()
     out = {
         "benchmark": "kafka_roundtrip",
-        "what": "produce -> reward worker (transactional consume-score-produce) -> read_committed consumer",
+        "what": "produce -> reward worker (transactional consume, one HTTP call to the reward server per batch, "
+                "produce) -> read_committed consumer",
         "stage_batch_size": args.batch_size,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "broker": "Apache Kafka 4.1.1, single node KRaft, local, -Xmx512m",
