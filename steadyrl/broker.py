@@ -185,15 +185,16 @@ class LocalBroker:
         if r.returncode != 0:
             raise BrokerError(f"StorageTool format failed: {r.stdout.strip()} {r.stderr.strip()}")
 
-    def start(self, timeout_s: float = 90.0) -> None:
+    def start(self, timeout_s: float = 90.0) -> bool:
         """Start the broker if it is not running and wait until metadata answers.
 
+        Returns True if this call started it, False if it was already running.
         Raises BrokerError (with the log tail) if the JVM exits or metadata does not
         answer within `timeout_s`.
         """
         if self.pid() is not None:
             self.wait_ready(timeout_s)
-            return
+            return False
         if not any(libs_dir().glob("kafka_2.13-*.jar")):
             raise BrokerError(f"no broker jars in {libs_dir()}: run `steadyrl broker fetch` (or `make`)")
         self.format()
@@ -214,6 +215,7 @@ class LocalBroker:
         self._proc = proc
         self.wait_ready(timeout_s, proc)
         log.info("broker started", extra={"pid": proc.pid, "bootstrap": self.bootstrap})
+        return True
 
     def wait_ready(self, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
         """Block until the broker answers a metadata request (not merely the port)."""

@@ -103,7 +103,6 @@ class Progress:
         self.t0 = time.monotonic()
         self.last: tuple | None = None
         self.next_poll = 0.0
-        self.done = False
 
     def tick(self) -> None:
         import httpx
@@ -115,7 +114,6 @@ class Progress:
             p = httpx.get(f"{self.url}/progress", timeout=2).json()
         except (httpx.HTTPError, ValueError):
             return
-        self.done = bool(p.get("done"))
         key = (p.get("step"), p.get("phase"))
         if key == self.last or "steps" not in p:
             return
@@ -143,8 +141,10 @@ def cmd_up(args) -> int:
         b.fetch()
         lb = _local_broker(args)
         print(f"starting Kafka broker ({lb.state_dir}) ...", flush=True)
-        lb.start()
         bootstrap = lb.bootstrap
+        if not lb.start():
+            print("a broker was already running there: using it, and leaving it running", flush=True)
+            lb = None  # not ours to stop
     print(f"broker {bootstrap}: topics {create_topics(bootstrap, args.prefix)}", flush=True)
     url = {svc: f"http://127.0.0.1:{SERVICE_PORTS[svc] + args.port_offset}" for svc in SERVICES}
     policies = str(state / "policies")
@@ -161,7 +161,14 @@ def cmd_up(args) -> int:
                 "--topic-prefix", args.prefix, "--instance-id", f"{svc}-{i}", "--metrics-port", str(port),
                 *extra.get(svc, []), *(["--config", args.config] if args.config else [])], port,
                 final=svc == "learner"))
-    sup = Supervisor(children)
+    def run_finished() -> bool:  # the learner exited 0: done, or only stopped from outside?
+        try:
+            run = (state / "learner" / "CURRENT").read_text().strip()
+            return json.loads((state / "learner" / run / "state.json").read_text())["finished"]
+        except (OSError, ValueError, KeyError):
+            return False
+
+    sup = Supervisor(children, is_done=run_finished)
     progress = Progress(url["learner"])
 
     def _stop(signum, frame):
@@ -178,6 +185,10 @@ def cmd_up(args) -> int:
             return 0 if all(ready.values()) else 1
         print("stack up; Ctrl-C stops everything", flush=True)
         sup.run_until_stopped(tick=progress.tick)
+        if sup.failed:
+            print(f"{sup.failed} cannot start (configuration error, see its output above); stopping the stack",
+                  flush=True)
+            return 2
         if sup.finished:
             print(f"{sup.finished} finished its run; stopping the stack", flush=True)
         return 0

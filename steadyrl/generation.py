@@ -60,7 +60,8 @@ class SeededSampler:
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
         u = torch.stack([torch.rand((), generator=g) for g in self.gens]).to(probs.device)  # (N,)
         cdf = probs.cumsum(-1)                                                  # (N, V)
-        token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).clamp(max=probs.shape[-1] - 1)
+        # right=True: u = 0 must not pick a leading zero-probability token
+        token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).clamp(max=probs.shape[-1] - 1)
         out = torch.full_like(scores, float("-inf"))
         return out.scatter(-1, token, 0.0)
 

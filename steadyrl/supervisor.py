@@ -4,8 +4,10 @@ Each service instance is a child process with a stable instance id (`reward-0`, 
 a restarted transactional worker fences its crashed predecessor at once. A child that
 exits unexpectedly is restarted with exponential backoff (1 s doubling to 30 s; reset
 after 60 s of healthy running). Output lines are prefixed with the instance name.
-A child marked `final` (the learner) that exits with status 0 has finished its work: the
-whole stack stops. SIGINT/SIGTERM stop the children (SIGTERM, then SIGKILL after a grace period) and then
+A child marked `final` (the learner) that exits with status 0 and `is_done()` has finished
+its work: the whole stack stops (exit 0 without `is_done()` is a stop from outside: it is
+restarted). A child that exits with status 2 (configuration error) would fail the same way
+again: the stack stops and `failed` names it. SIGINT/SIGTERM stop the children (SIGTERM, then SIGKILL after a grace period) and then
 the broker, if this command started it.
 
 Why our own ~100 lines and not supervisord/circus/honcho: honcho stops everything when
@@ -62,12 +64,14 @@ class Supervisor:
         grace_s: SIGTERM-to-SIGKILL grace period when stopping.
     """
 
-    def __init__(self, children: list[Child], grace_s: float = 20.0, out=sys.stdout):
+    def __init__(self, children: list[Child], grace_s: float = 20.0, out=sys.stdout, is_done=lambda: True):
         self.children = children
+        self.is_done = is_done
         self.grace_s = grace_s
         self.out = out
         self.stop = threading.Event()
         self.finished: str | None = None   # name of the `final` child that exited 0
+        self.failed: str | None = None     # name of a child that exited 2 (bad configuration)
         width = max(len(c.name) for c in children) if children else 0
         self._prefix = {c.name: c.name.ljust(width) for c in children}
 
@@ -113,8 +117,12 @@ class Supervisor:
                 if now - c.started_at > 60:
                     c.backoff_s = 1.0
                 continue
-            if rc == 0 and c.final:
+            if rc == 0 and c.final and self.is_done():
                 self.finished = c.name
+                self.stop.set()
+                return
+            if rc == 2:
+                self.failed = c.name
                 self.stop.set()
                 return
             c.restarts += 1

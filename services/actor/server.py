@@ -4,7 +4,7 @@
       -> {"policy_version": 3, "completions": [[{token_ids, logprobs, text, finish_reason}, ...], ...]}
 
 On start the actor reads `rl.policy` from the beginning (compacted: the newest record per
-key survives) and loads the newest version; afterwards every new record is loaded as it
+key survives) and loads the newest version it can verify (older ones if the newest is refused); afterwards every new record is loaded as it
 arrives. Versions are ordered by (run_id, version): a later learner run (run ids sort by
 start time) replaces whatever an earlier run left. A version is loaded only if its `uri`
 resolves to a file under `policy_root` and the file's sha256 equals the record's;
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from fastapi import HTTPException
 from prometheus_client import Counter, Gauge, Histogram
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from steadyrl.config import ServiceConfig, load
 
@@ -44,6 +44,8 @@ GEN_TOKENS = Counter("steadyrl_actor_generated_tokens", "Completion tokens gener
 
 class ActorSection(BaseModel):
     """The actor's own settings."""
+
+    model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
     model: str = Field("smollm2-135m-instruct", description="smollm2-135m-instruct, tiny, or a local HF dir.")
     policy_root: Path = Field(Path(".steadyrl/policies"), description="Only weights under this folder are loaded.")
@@ -106,7 +108,7 @@ class Actor:
         self.model, self.tok = load_policy(cfg.actor.model)
         self.model.eval()
         self.gen = TorchGenerator(self.model, self.tok, batch_size=cfg.actor.batch_size)
-        self.run_id, self.version = "", 0   # "" / 0: the base weights
+        self.run_id, self.version, self.sha256 = "", 0, ""   # "" / 0: the base weights
         self.lock = threading.Lock()
         self.caught_up = False
         POLICY_VERSION.set(0)
@@ -127,7 +129,10 @@ class Actor:
         """Verify and load one policy version. Raises PolicyRefused (and keeps the old one)."""
         from safetensors.torch import load_file
 
-        if (run_id, version) <= (self.run_id, self.version):
+        # The same version with other bytes: a learner that crashed after announcing it
+        # redid the step (see the learner's resume); serve the redone weights.
+        redone = (run_id, version) == (self.run_id, self.version) and sha256 != self.sha256
+        if (run_id, version) <= (self.run_id, self.version) and not redone:
             raise PolicyRefused("stale", f"run {run_id!r} version {version} is not newer than serving "
                                          f"run {self.run_id!r} version {self.version}")
         path = self.resolve(uri)
@@ -147,7 +152,7 @@ class Actor:
                                                f"wrong shape {bad_shape[:3]}")
         with self.lock:
             self.model.load_state_dict(state, strict=False)
-            self.run_id, self.version = run_id, version
+            self.run_id, self.version, self.sha256 = run_id, version, sha256
         POLICY_VERSION.set(version)
         POLICY_LOADS.inc()
         log.info("policy loaded", extra={"run_id": run_id, "version": version, "uri": uri})
@@ -222,7 +227,7 @@ class PolicyFollower:
         from steadyrl.contracts import PolicyUpdate
 
         end = self._end_offset()
-        newest: PolicyUpdate | None = None
+        seen: list[PolicyUpdate] = []   # records read while catching up
         position = 0
         while not stop.is_set():
             health.beat()
@@ -237,23 +242,26 @@ class PolicyFollower:
                     upd = None
                 if upd is not None:
                     if not self.actor.caught_up:
-                        if newest is None or (upd.run_id, upd.version) > (newest.run_id, newest.version):
-                            newest = upd
+                        seen.append(upd)
                     else:
                         self._load(upd)
             if not self.actor.caught_up and position >= end:
-                if newest is not None:
-                    self._load(newest)
+                # newest first; if it is refused (missing file, wrong model), fall back to older ones
+                for upd in sorted(seen, key=lambda u: (u.run_id, u.version), reverse=True):
+                    if self._load(upd):
+                        break
                 self.actor.caught_up = True
                 log.info("policy caught up", extra={"version": self.actor.version})
         self.consumer.close()
 
-    def _load(self, upd) -> None:
+    def _load(self, upd) -> bool:
         try:
             self.actor.load_version(upd.version, upd.uri, upd.sha256, upd.run_id)
+            return True
         except PolicyRefused as e:
             POLICY_REJECTED.labels(e.reason).inc()
             log.warning("policy refused", extra={"version": upd.version, "reason": e.reason, "detail": e.detail})
+            return False
 
 
 def main(argv: list[str]) -> int:

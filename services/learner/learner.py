@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from prometheus_client import Counter, Gauge, Histogram
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from steadyrl.config import ServiceConfig, load
 from steadyrl.rl.trainer import TrainConfig
@@ -68,6 +68,8 @@ _TRAIN_EXPORTED = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/
 class LearnerSection(BaseModel):
     """The learner's own settings (the defaults are `make run`: SmolLM2 on the arithmetic set)."""
 
+    model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
+
     model: str = Field("smollm2-135m-instruct", description="smollm2-135m-instruct, tiny, or a local HF dir.")
     data: str = Field("data/arithmetic/train.parquet", description="verl parquet, JSONL, or tiny_copy:N.")
     eval_data: str | None = Field("data/arithmetic/test.parquet",
@@ -84,10 +86,33 @@ class LearnerSection(BaseModel):
                                "(0 on a CPU-only machine: generation and training share the cores).")
     seed: int = Field(0, description="Prompt order, sampling seeds and the tiny model's init.")
     policy_root: Path = Field(Path(".steadyrl/policies"), description="Weights are written under it (the actor's root).")
-    keep_policies: int = Field(3, ge=1, description="Policy files kept per run (the newest).")
+    keep_policies: int = Field(3, ge=2, description="Policy files kept per run (the newest; >= 2 so the one "
+                                                   "state.json names survives a crash mid-step).")
     state_dir: Path = Field(Path(".steadyrl/learner"), description="Run state, audit log and summary.")
     resume: bool = Field(True, description="Continue an unfinished run found in state_dir.")
     train: TrainConfig = TrainConfig(lr=1e-5, temperature=0.8, total_steps=20)
+
+    @field_validator("data", "eval_data")
+    @classmethod
+    def _dataset_exists(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if v.startswith("tiny_copy:"):
+            n = v.split(":", 1)[1]
+            if not n.isdigit() or int(n) < 1:
+                raise ValueError(f"tiny_copy:N needs a row count N >= 1, got {n!r}")
+            return v
+        p = Path(v)
+        if p.suffix not in (".parquet", ".jsonl", ".json"):
+            raise ValueError(f"{v}: expected a .parquet (verl) or .jsonl file, or tiny_copy:N")
+        if not p.is_file():
+            raise ValueError(f"{v}: no such file (relative paths start at {Path.cwd()})")
+        return v
+
+    def fingerprint(self) -> dict:
+        """What a run cannot change on resume: model, data and the order and shape of batches."""
+        return {"model": self.model, "data": self.data, "prompts_per_step": self.prompts_per_step,
+                "group_size": self.group_size, "seed": self.seed, "algorithm": self.train.algorithm}
 
 
 class LearnerConfig(ServiceConfig):
@@ -144,10 +169,12 @@ class RunState:
     """What `state.json` holds: enough to continue the run after a restart."""
 
     run_id: str
+    config: dict = field(default_factory=dict)                    # LearnerSection.fingerprint()
     step: int = 0
     policy_uri: str = ""
     policy_sha256: str = ""
     offsets: dict[str, int] = field(default_factory=dict)       # partition -> next offset of rl.scored
+    dlq_offset: int = -1                                          # next offset of rl.dlq (-1: not set)
     feeder_position: int = 0                                      # prompts taken from the dataset order
     in_flight: dict[str, dict] = field(default_factory=dict)      # prompt_id -> InFlight
     requeue: list[str] = field(default_factory=list)              # prompt ids to publish again
@@ -211,11 +238,13 @@ class Learner:
         self.state = self._open_run()
         self.run_dir = lc.state_dir / self.state.run_id
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._trim_audit()
         self.progress: dict = {"run_id": self.state.run_id, "steps": lc.steps, "step": self.state.step,
                                "phase": "starting", "done": False}
         self._ready: dict[str, tuple] = {}          # prompt_id -> (ScoredGroup, partition, offset)
         self._order = self._dataset_order()
         self._last_step_t = time.monotonic()
+        self._dlq_in_a_row = 0
 
     # ---- run state ----------------------------------------------------------------------
     def _open_run(self) -> RunState:
@@ -224,14 +253,32 @@ class Learner:
             path = self.lc.state_dir / current.read_text().strip() / "state.json"
             if path.exists():
                 st = RunState(**json.loads(path.read_text()))
-                if not st.finished:
+                want = self.lc.fingerprint()
+                changed = {k: f"{st.config.get(k)!r} -> {v!r}" for k, v in want.items() if st.config.get(k) != v}
+                if not st.finished and changed:
+                    log.warning("not resuming the unfinished run: its configuration differs; starting a new run",
+                                extra={"run_id": st.run_id, "step": st.step, "changed": changed})
+                elif not st.finished:
                     self._restore_weights(st)
                     log.warning("resuming run", extra={"run_id": st.run_id, "step": st.step,
                                                        "note": "optimizer moments restart from zero"})
                     return st
-        st = RunState(run_id=new_run_id())
+        st = RunState(run_id=new_run_id(), config=self.lc.fingerprint())
         write_atomic(current, st.run_id + "\n")
         return st
+
+    def _trim_audit(self) -> None:
+        """Drop audit lines of steps after the saved state (a crash between the two writes):
+        those groups are re-read from the saved offsets and trained again."""
+        path = self.run_dir / "consumed.jsonl"
+        if not path.exists():
+            return
+        lines = path.read_text().splitlines()
+        keep = [line for line in lines if json.loads(line)["step"] <= self.state.step]
+        if len(keep) != len(lines):
+            log.warning("audit log trimmed to the saved step", extra={"step": self.state.step,
+                                                                      "dropped": len(lines) - len(keep)})
+            write_atomic(path, "".join(line + "\n" for line in keep))
 
     def _restore_weights(self, st: RunState) -> None:
         from safetensors.torch import load_model
@@ -304,7 +351,8 @@ class Learner:
         Never more than steps x B new prompts in all: a finished run leaves none untrained.
         """
         st, lc = self.state, self.lc
-        cap, total = (lc.max_staleness + 1) * lc.prompts_per_step, lc.steps * lc.prompts_per_step
+        cap = (lc.max_staleness + 1) * lc.prompts_per_step
+        total = lc.steps * lc.prompts_per_step + st.counts.get("dlq", 0)  # replace prompts lost to rl.dlq
         n = 0
         while (len(st.in_flight) < cap and st.feeder_position < total) or st.requeue:
             if st.requeue:
@@ -330,8 +378,6 @@ class Learner:
         """Write the current weights (safetensors) and announce them on rl.policy."""
         from safetensors.torch import save_model
 
-        from steadyrl.contracts import PolicyUpdate
-
         st = self.state
         rel = Path(st.run_id) / f"v{st.step:06d}.safetensors"
         path = self.policy_root / rel
@@ -342,13 +388,19 @@ class Learner:
             os.fsync(f.fileno())
         tmp.replace(path)
         st.policy_uri, st.policy_sha256 = str(rel), sha256_file(path)
-        self._produce("rl.policy", "policy", PolicyUpdate(version=st.step, step=st.step, uri=str(rel),
-                                                          sha256=st.policy_sha256, run_id=st.run_id))
-        self._flush()
+        self._announce()
         for old in sorted(path.parent.glob("v*.safetensors"))[:-self.lc.keep_policies]:
             old.unlink(missing_ok=True)
         STEP.set(st.step)
         log.info("policy published", extra={"version": st.step, "uri": str(rel)})
+
+    def _announce(self) -> None:
+        from steadyrl.contracts import PolicyUpdate
+
+        st = self.state
+        self._produce("rl.policy", "policy", PolicyUpdate(version=st.step, step=st.step, uri=st.policy_uri,
+                                                          sha256=st.policy_sha256, run_id=st.run_id))
+        self._flush()
 
     # ---- reading rl.scored ----------------------------------------------------------------
     def _consumer(self):
@@ -360,13 +412,51 @@ class Learner:
                                f"learner-{self.state.run_id}", self.cfg.metrics_interval)
         conf.pop("group.protocol", None)
         c = Consumer(conf)
-        topic = self.topics["rl.scored"]
+        topic, dlq = self.topics["rl.scored"], self.topics["rl.dlq"]
         parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
-        if not self.state.offsets:  # a new run starts at the end: older runs' groups are not ours
+        if not self.state.offsets:  # a new run starts at the end: older runs' records are not ours
             for p in parts:
                 self.state.offsets[str(p)] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
-        c.assign([TopicPartition(topic, p, self.state.offsets.get(str(p), 0)) for p in parts])
+        if self.state.dlq_offset < 0:
+            self.state.dlq_offset = c.get_watermark_offsets(TopicPartition(dlq, 0), timeout=30)[1]
+        c.assign([TopicPartition(topic, p, self.state.offsets.get(str(p), 0)) for p in parts]
+                 + [TopicPartition(dlq, 0, self.state.dlq_offset)])
         return c
+
+    def _dead_letter(self, msg) -> None:
+        """A record of rl.dlq: if it is one of our prompts in flight, that prompt is lost
+        (it cannot be generated or scored); count it and let the feeder publish another.
+
+        Raises ConfigError (exit 2: `steadyrl up` stops instead of restarting) when a whole
+        batch's worth of prompts in a row were lost: the configuration cannot work (e.g.
+        group_size above what the actor allows).
+        """
+        from steadyrl import codec
+        from steadyrl.contracts import DLQRecord
+
+        st = self.state
+        st.dlq_offset = msg.offset() + 1
+        pid = (msg.key() or b"").decode(errors="replace")
+        if pid not in st.in_flight or pid in self._ready:
+            return
+        try:
+            reason = codec.decode(msg.value(), msg.headers(), DLQRecord)
+            why = f"{reason.stage}: {reason.reason.value}: {reason.error}"
+        except codec.Rejected as rej:
+            why = f"unreadable DLQ record: {rej.detail}"
+        del st.in_flight[pid]
+        if pid in st.requeue:
+            st.requeue.remove(pid)
+        self._count("dlq")
+        self._dlq_in_a_row += 1
+        GROUPS.labels("dlq").inc()
+        log.warning("prompt lost to rl.dlq; publishing another", extra={"prompt_id": pid, "why": why})
+        if self._dlq_in_a_row >= self.lc.prompts_per_step:
+            from steadyrl.config import ConfigError
+
+            self._save_state()
+            raise ConfigError(f"the learner's configuration cannot work: {self._dlq_in_a_row} prompts in a row "
+                              f"went to rl.dlq; last: {why}")
 
     def _accept(self, msg) -> None:
         from steadyrl import codec
@@ -433,6 +523,7 @@ class Learner:
         for pid in take:
             del st.in_flight[pid]
             st.trained.append(pid)
+        self._dlq_in_a_row = 0
         now = time.monotonic()
         seconds, self._last_step_t = now - self._last_step_t, now
         tokens = sum(len(s.token_ids) for sg, _, _ in batch for s in sg.group.samples)
@@ -531,6 +622,8 @@ class Learner:
         if not st.policy_uri:
             self.publish_policy()  # version 0: the actor serves exactly our initial weights
             self._save_state()
+        else:  # resumed: announce the version we continue from (a redone step has other bytes)
+            self._announce()
         consumer = self._consumer()
         try:
             self.top_up()
@@ -542,7 +635,11 @@ class Learner:
                 self.health.beat()
                 msgs = consumer.consume(256, timeout=0) or consumer.consume(1, timeout=0.5)
                 for msg in msgs:
-                    if msg.error() is None:
+                    if msg.error() is not None:
+                        continue
+                    if msg.topic() == self.topics["rl.dlq"]:
+                        self._dead_letter(msg)
+                    else:
                         self._accept(msg)
                 self._drop_stale()
                 if len(self._ready) >= lc.prompts_per_step:

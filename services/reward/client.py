@@ -1,7 +1,8 @@
 """The reward workers' one way to the reward server.
 
-`RewardClient.score(group)` returns the group's rewards, or raises `RetryLater` when the
-server cannot answer now (unreachable, timeout, 5xx): the worker then holds its batch,
+`RewardClient.score_many(groups)` returns each group's rewards, or raises `RetryLater` when the
+server cannot answer now (unreachable, timeout, 408/429, 5xx, or an answer that is not the
+expected JSON): the worker then holds its batch,
 nothing is lost. A 4xx (e.g. the scorer is not served) or a scorer error on one of the
 group's samples raises ValueError, which sends the group to `rl.dlq`. The resilience issue adds the circuit
 breaker and the cached-score fallback here, behind the same method.
@@ -53,12 +54,17 @@ class RewardClient:
             resp = self.http.post(f"{self.url}/score", json=body, timeout=self.timeout_s)
         except httpx.HTTPError as e:
             raise RetryLater(f"reward server unreachable: {type(e).__name__}: {e}", self.retry_backoff_s) from None
-        if resp.status_code >= 500:
+        if resp.status_code >= 500 or resp.status_code in (408, 429):
             raise RetryLater(f"reward server answered {resp.status_code}: {resp.text[:200]}", self.retry_backoff_s)
         if resp.status_code >= 400:
             raise ValueError(f"reward server refused the request ({resp.status_code}): {resp.text[:500]}")
-        out = resp.json()
-        scores = out["scores"]
+        try:
+            out = resp.json()
+            scores, scorer = out["scores"], out["scorer"]
+            source = RewardSource(out.get("reward_source", "rule"))
+        except (ValueError, KeyError, TypeError) as e:  # the server's bug, not the group's
+            raise RetryLater(f"reward server answered 200 without scores: {type(e).__name__}: {e}; "
+                             f"body {resp.text[:200]!r}", self.retry_backoff_s) from None
         if len(scores) != len(items):
             raise RetryLater(f"reward server returned {len(scores)} scores for {len(items)} items", self.retry_backoff_s)
         result, k = [], 0
@@ -69,8 +75,8 @@ class RewardClient:
             errors = [c["error"] for c in chunk if c.get("reward") is None]
             if errors:  # the scorer cannot score this group: not retryable
                 raise ValueError(f"prompt {g.prompt_id}: {errors[0]}")
-            result.append(Scores([float(c["reward"]) for c in chunk], out["scorer"],
-                                 RewardSource(out.get("reward_source", "rule")), [c.get("extra", {}) for c in chunk]))
+            result.append(Scores([float(c["reward"]) for c in chunk], scorer, source,
+                                 [c.get("extra", {}) for c in chunk]))
         return result
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import HTTPException
 from prometheus_client import Counter, Histogram
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.config import ServiceConfig, load
 
@@ -35,6 +35,8 @@ ERRORS = Counter("steadyrl_reward_server_errors", "Failed /score calls", ["kind"
 
 class RewardServerSection(BaseModel):
     """The reward server's own settings."""
+
+    model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
     scorers: list[str] = Field(["numeric_match", "numeric_match_formatted", "format", "length_penalty", "tiny_copy"],
                                min_length=1, description="Scorers served: registered names or module:function.")
@@ -106,7 +108,8 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         from steadyrl.config import ConfigError
 
-        raise ConfigError(f"invalid RewardServerConfig:\n  reward_server.scorers: {e}") from None
+        field = "default_scorer" if str(e).startswith("default_scorer") else "scorers"
+        raise ConfigError(f"invalid RewardServerConfig:\n  reward_server.{field}: {e}") from None
 
     def routes(app):
         @app.post("/score")

@@ -9,7 +9,7 @@ is held, never dropped. Groups the codec refuses, or that the scorer cannot scor
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.config import ServiceConfig, load
 from steadyrl.contracts import RolloutGroup, ScoredGroup
@@ -17,6 +17,8 @@ from steadyrl.contracts import RolloutGroup, ScoredGroup
 
 class RewardSection(BaseModel):
     """The reward worker's own settings."""
+
+    model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
     server_url: str = Field("http://127.0.0.1:8390", description="Base URL of the reward server.")
     scorer: str | None = Field(None, description="Scorer to ask the server for (None: its default).")

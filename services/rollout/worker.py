@@ -17,7 +17,7 @@ the prompt to `rl.dlq` with the actor's message.
 from __future__ import annotations
 
 import httpx
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.config import ServiceConfig, load
 from steadyrl.contracts import Prompt, RolloutGroup, Sample
@@ -25,6 +25,8 @@ from steadyrl.contracts import Prompt, RolloutGroup, Sample
 
 class RolloutSection(BaseModel):
     """The rollout worker's own settings."""
+
+    model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
     actor_url: str = Field("http://127.0.0.1:8100", description="Base URL of the actor.")
     group_id: str = Field("steadyrl-rollout", description="Consumer group shared by all rollout workers.")

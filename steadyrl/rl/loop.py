@@ -12,7 +12,7 @@ import time
 from typing import Callable
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.data import PromptRow
 from steadyrl.generation import SamplingParams, TorchGenerator
@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 class LoopConfig(BaseModel):
     """What the reference loop runs."""
+
+    model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
     steps: int = Field(10, ge=1)
     prompts_per_step: int = Field(8, ge=1, description="B: prompts in one step.")

@@ -13,13 +13,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from steadyrl.rl import core
 
 
 class TrainConfig(BaseModel):
     """Optimisation and loss settings (defaults follow verl where it has one)."""
+
+    model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
     algorithm: Literal["grpo", "ppo"] = "grpo"
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")

@@ -196,3 +196,47 @@ def test_rollout_workers_scale_to_three_and_each_consumes(bootstrap, tmp_path):
         assert up.proc.wait(240) == 0
     finally:
         up.close()
+
+
+@pytest.mark.slow
+def test_learner_killed_mid_run_resumes_and_trains_every_prompt_once(bootstrap, tmp_path):
+    """SIGKILL the learner at step 30 of 100: it resumes its run from state.json (offsets,
+    feeder position, prompts in flight) and the audit log still holds each prompt once."""
+    steps = 100
+    up = Up(bootstrap, tmp_path, _config(tmp_path, steps=steps, eval_data=None))
+    try:
+        deadline = time.monotonic() + 240
+        while (up.progress().get("step") or 0) < 30:
+            assert up.proc.poll() is None and time.monotonic() < deadline, up.log()[-4000:]
+            time.sleep(0.1)
+        os.kill(up.child_pid("learner-0"), signal.SIGKILL)
+        rc = up.proc.wait(300)
+    finally:
+        up.close()
+    out = up.log()
+    assert rc == 0, out[-4000:]
+    assert "learner-0       | exited with -9" in out and "resuming run" in out
+    run_prefix = up.run_dir().name + "/"
+    published = {codec.decode(m.value(), m.headers(), Prompt).prompt_id
+                 for m in read_all(bootstrap, f"{up.prefix}rl.prompts", expect=steps * 8)}
+    consumed = [json.loads(line) for line in (up.run_dir() / "consumed.jsonl").read_text().splitlines()]
+    trained = [c["prompt_id"] for c in consumed]
+    assert len(trained) == len(set(trained)) == steps * 8
+    assert set(trained) == {p for p in published if p.startswith(run_prefix)}
+    assert [c["step"] for c in consumed] == sorted(c["step"] for c in consumed)
+    summary = json.loads((up.run_dir() / "summary.json").read_text())
+    assert len(summary["reward_per_step"]) == steps
+
+
+def test_prompts_that_cannot_be_generated_stop_the_stack_with_the_reason(bootstrap, tmp_path):
+    """group_size 300 > the actor's n limit (256): every prompt goes to rl.dlq; the learner
+    counts each as lost, and after a batch's worth in a row stops with exit 2 naming the
+    reason, which stops `up` (a configuration error is not restarted)."""
+    up = Up(bootstrap, tmp_path, _config(tmp_path, steps=5, group_size=300, eval_data=None))
+    rc = up.wait(240)
+    out = up.log()
+    assert rc == 2, out[-4000:]
+    assert "prompts in a row went to rl.dlq" in out and "less than or equal to 256" in out
+    assert "learner-0 cannot start (configuration error" in out
+    state = json.loads((up.run_dir() / "state.json").read_text())
+    assert state["counts"]["dlq"] == 8 and state["step"] == 0

@@ -70,3 +70,16 @@ def test_seeded_samples_do_not_depend_on_the_batch(tmp_path):
     assert [x.token_ids for x in alone] == [x.token_ids for x in batched]
     other = actor.gen.generate([b], params, seeds=[43])[0]
     assert [x.token_ids for x in other] != [x.token_ids for x in alone]
+
+
+def test_the_same_version_with_other_bytes_is_a_redone_step(tmp_path):
+    actor = _actor(tmp_path)
+    for seed in (3, 4):
+        save_model(tiny_model(len(actor.tok), seed=seed), str(tmp_path / f"v{seed}.safetensors"))
+    run = "r20261129T100000-aaaa"
+    actor.load_version(5, "v3.safetensors", sha256_file(tmp_path / "v3.safetensors"), run_id=run)
+    with pytest.raises(PolicyRefused, match="stale"):  # the same bytes again: nothing to do
+        actor.load_version(5, "v3.safetensors", sha256_file(tmp_path / "v3.safetensors"), run_id=run)
+    actor.load_version(5, "v4.safetensors", sha256_file(tmp_path / "v4.safetensors"), run_id=run)
+    want = tiny_model(len(actor.tok), seed=4).state_dict()
+    assert all(torch.equal(want[k], v) for k, v in actor.model.state_dict().items())
