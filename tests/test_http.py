@@ -65,3 +65,17 @@ def test_metrics_on_the_exact_path_without_redirect(served):
 def test_binds_loopback_by_default(served):
     _, server = served
     assert server.host == "127.0.0.1"
+
+
+def test_connections_are_accepted_with_tcp_nodelay():
+    """Regression: keep-alive requests took ~44 ms each (response body held by Nagle until
+    the client's delayed ACK); accepted sockets inherit TCP_NODELAY from the listener."""
+    import socket
+
+    from steadyrl.http import Health, HealthServer, make_app
+
+    server = HealthServer(make_app("t", Health()), "127.0.0.1", 0)
+    try:
+        assert server._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        server._sock.close()
