@@ -162,13 +162,18 @@ class VLLMGenerator:
                        enable_prefix_caching=True)
         self.tok = self.llm.get_tokenizer()
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: list[int | None] | None = None) -> list[list[Completion]]:
+        """As TorchGenerator.generate; each prompt's seed goes to its own vLLM SamplingParams
+        (vLLM's sampler, so samples differ from the torch backend's for the same seed)."""
         from vllm import SamplingParams as VSP
         from vllm.inputs import TokensPrompt
 
-        sp = VSP(n=params.n, temperature=params.temperature, top_p=params.top_p,
-                 max_tokens=params.max_new_tokens, seed=params.seed, logprobs=0)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+        sps = [VSP(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                   max_tokens=params.max_new_tokens, seed=s if s is not None else params.seed, logprobs=0)
+               for s in seeds]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sps, use_tqdm=False)
         result = []
         for o in outs:
             group = []

@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 
 from fastapi import HTTPException
 from prometheus_client import Counter, Gauge, Histogram
@@ -48,6 +49,8 @@ class ActorSection(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
     model: str = Field("smollm2-135m-instruct", description="smollm2-135m-instruct, tiny, or a local HF dir.")
+    backend: Literal["torch", "vllm"] = Field("torch", description="torch (CPU or GPU), or vllm (GPU, the `gpu` extra).")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vllm: share of GPU memory it may take.")
     policy_root: Path = Field(Path(".steadyrl/policies"), description="Only weights under this folder are loaded.")
     max_new_tokens_limit: int = Field(1024, ge=1, description="Largest max_new_tokens a request may ask for.")
     max_sequences: int = Field(512, ge=1, description="Largest prompts x n per request.")
@@ -107,7 +110,14 @@ class Actor:
         self.root = cfg.actor.policy_root.resolve()
         self.model, self.tok = load_policy(cfg.actor.model)
         self.model.eval()
-        self.gen = TorchGenerator(self.model, self.tok, batch_size=cfg.actor.batch_size)
+        if cfg.actor.backend == "vllm":  # the torch copy stays for the policy checks
+            from steadyrl.generation import VLLMGenerator
+            from steadyrl.models import SMOLLM2, smollm2_cached
+
+            path = smollm2_cached() if cfg.actor.model == SMOLLM2 else Path(cfg.actor.model)
+            self.gen = VLLMGenerator(str(path), gpu_memory_utilization=cfg.actor.gpu_memory_utilization)
+        else:
+            self.gen = TorchGenerator(self.model, self.tok, batch_size=cfg.actor.batch_size)
         self.run_id, self.version, self.sha256 = "", 0, ""   # "" / 0: the base weights
         self.lock = threading.Lock()
         self.caught_up = False
@@ -152,6 +162,8 @@ class Actor:
                                                f"wrong shape {bad_shape[:3]}")
         with self.lock:
             self.model.load_state_dict(state, strict=False)
+            if hasattr(self.gen, "load_weights"):  # vLLM holds its own copy
+                self.gen.load_weights(self.model.state_dict())
             self.run_id, self.version, self.sha256 = run_id, version, sha256
         POLICY_VERSION.set(version)
         POLICY_LOADS.inc()

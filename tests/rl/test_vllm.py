@@ -18,7 +18,7 @@ def test_vllm_generates_with_logprobs_and_reloads_weights():
     gen = VLLMGenerator(str(path), gpu_memory_utilization=0.3)
     _, tok = load_policy(SMOLLM2)
     ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True)
-    out = gen.generate([list(ids)], SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=0))
+    out = gen.generate([list(ids)], SamplingParams(n=4, temperature=1.0, max_new_tokens=8), seeds=[0])
     assert len(out) == 1 and len(out[0]) == 4
     c = out[0][0]
     assert len(c.token_ids) == len(c.logprobs) > 0 and all(lp <= 0 for lp in c.logprobs)
