@@ -135,6 +135,7 @@ def test_staleness_0_pipeline_equals_the_in_process_loop(bootstrap, tmp_path):
     learned = load_file(up.state / "policies" / state["policy_uri"])
     own = model.state_dict()
     diff = max((learned[k] - own[k]).abs().max().item() for k in learned)
+    print(f"max |pipeline - in-process| over all parameters: {diff}")
     assert diff <= 1e-6, diff
     assert set(learned) <= set(own) and len(learned) >= len(own) - 1  # tied embeddings: one name kept
 
