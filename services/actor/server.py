@@ -20,7 +20,6 @@ Stateless: a restarted actor rebuilds everything from the model name and `rl.pol
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -32,6 +31,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from steadyrl.config import ServiceConfig, load
+from steadyrl.files import sha256_file  # noqa: F401  (tests import it from here)
 
 log = logging.getLogger("steadyrl.actor")
 
@@ -82,15 +82,6 @@ class GenerateRequest(BaseModel):
     seed: int | None = Field(None, ge=0, description="Seed of prompts without their own.")
     run_id: str = Field("", description="Learner run the prompts belong to ('' = any).")
     min_policy_version: int = Field(0, ge=0, description="Oldest version of run_id acceptable.")
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class PolicyRefused(Exception):

@@ -31,7 +31,6 @@ names the run in progress.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -45,6 +44,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from steadyrl.config import ServiceConfig, load
+from steadyrl.files import sha256_file, write_atomic
 from steadyrl.rl.trainer import TrainConfig
 
 log = logging.getLogger("steadyrl.learner")
@@ -134,24 +134,6 @@ def spread(rows: list, limit: int) -> list:
         return rows
     stride = len(rows) / limit
     return [rows[int(i * stride)] for i in range(limit)]
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write, fsync, rename: readers see the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
 
 
 @dataclass

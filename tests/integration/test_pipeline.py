@@ -53,6 +53,13 @@ class Up:
         except (httpx.HTTPError, ValueError):
             return {}
 
+    def wait_step(self, step: int, timeout_s: float = 240) -> None:
+        """Until the learner reports `step` (fails if `up` exits or time runs out)."""
+        deadline = time.monotonic() + timeout_s
+        while (self.progress().get("step") or 0) < step:
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.log()[-4000:]
+            time.sleep(0.1)
+
     def child_pid(self, instance: str) -> int:
         """PID of the child `python -m services.* --instance-id <instance>` that this `up` started."""
         for d in Path("/proc").iterdir():
@@ -85,6 +92,20 @@ class Up:
     def run_dir(self) -> Path:
         learner = self.state / "learner"
         return learner / (learner / "CURRENT").read_text().strip()
+
+
+def _audit_exactly_once(up: Up, bootstrap: str, steps: int, batch: int = 8) -> None:
+    """Every prompt id the feeder published (rl.prompts) was trained exactly once (consumed.jsonl)."""
+    run_prefix = up.run_dir().name + "/"
+    published = {codec.decode(m.value(), m.headers(), Prompt).prompt_id
+                 for m in read_all(bootstrap, f"{up.prefix}rl.prompts", expect=steps * batch)}
+    consumed = [json.loads(line) for line in (up.run_dir() / "consumed.jsonl").read_text().splitlines()]
+    trained = [c["prompt_id"] for c in consumed]
+    assert len(trained) == steps * batch
+    assert len(set(trained)) == len(trained), "a prompt was trained twice"
+    assert set(trained) == {p for p in published if p.startswith(run_prefix)}
+    assert [c["step"] for c in consumed] == sorted(c["step"] for c in consumed)
+    assert sorted({c["step"] for c in consumed}) == list(range(1, steps + 1))
 
 
 def test_reward_rises_through_the_full_pipeline(bootstrap, tmp_path):
@@ -147,10 +168,7 @@ def test_kill_rollout_and_reward_mid_run_every_prompt_trained_once(bootstrap, tm
     up = Up(bootstrap, tmp_path, _config(tmp_path, steps=steps, eval_data=None),
             "--scale", "rollout=3", "--scale", "reward=2")
     try:
-        deadline = time.monotonic() + 240
-        while (up.progress().get("step") or 0) < 20:
-            assert up.proc.poll() is None and time.monotonic() < deadline, up.log()[-4000:]
-            time.sleep(0.2)
+        up.wait_step(20)
         # --scale rollout=3: every rollout worker has partitions and has handled prompts
         for i in range(3):
             ready = httpx.get(f"{up.url(8200, i)}/readyz", timeout=5).json()
@@ -165,17 +183,7 @@ def test_kill_rollout_and_reward_mid_run_every_prompt_trained_once(bootstrap, tm
     assert rc == 0, out[-4000:]
     assert "rollout-0       | exited with -9" in out and "reward-0        | exited with -9" in out
 
-    # The audit: every prompt id the feeder published was trained exactly once.
-    prefix_run = up.run_dir().name + "/"
-    published = {codec.decode(m.value(), m.headers(), Prompt).prompt_id
-                 for m in read_all(bootstrap, f"{up.prefix}rl.prompts", expect=steps * 8)}
-    published = {p for p in published if p.startswith(prefix_run)}
-    consumed = [json.loads(line) for line in (up.run_dir() / "consumed.jsonl").read_text().splitlines()]
-    trained = [c["prompt_id"] for c in consumed]
-    assert len(trained) == steps * 8
-    assert len(set(trained)) == len(trained), "a prompt was trained twice"
-    assert set(trained) == published, (len(published), len(set(trained)))
-    assert sorted({c["step"] for c in consumed}) == list(range(1, steps + 1))
+    _audit_exactly_once(up, bootstrap, steps)
 
 
 def test_rollout_workers_scale_to_three_and_each_consumes(bootstrap, tmp_path):
@@ -206,10 +214,7 @@ def test_learner_killed_mid_run_resumes_and_trains_every_prompt_once(bootstrap, 
     steps = 100
     up = Up(bootstrap, tmp_path, _config(tmp_path, steps=steps, eval_data=None))
     try:
-        deadline = time.monotonic() + 240
-        while (up.progress().get("step") or 0) < 30:
-            assert up.proc.poll() is None and time.monotonic() < deadline, up.log()[-4000:]
-            time.sleep(0.1)
+        up.wait_step(30)
         os.kill(up.child_pid("learner-0"), signal.SIGKILL)
         rc = up.proc.wait(300)
     finally:
@@ -217,14 +222,7 @@ def test_learner_killed_mid_run_resumes_and_trains_every_prompt_once(bootstrap, 
     out = up.log()
     assert rc == 0, out[-4000:]
     assert "learner-0       | exited with -9" in out and "resuming run" in out
-    run_prefix = up.run_dir().name + "/"
-    published = {codec.decode(m.value(), m.headers(), Prompt).prompt_id
-                 for m in read_all(bootstrap, f"{up.prefix}rl.prompts", expect=steps * 8)}
-    consumed = [json.loads(line) for line in (up.run_dir() / "consumed.jsonl").read_text().splitlines()]
-    trained = [c["prompt_id"] for c in consumed]
-    assert len(trained) == len(set(trained)) == steps * 8
-    assert set(trained) == {p for p in published if p.startswith(run_prefix)}
-    assert [c["step"] for c in consumed] == sorted(c["step"] for c in consumed)
+    _audit_exactly_once(up, bootstrap, steps)
     summary = json.loads((up.run_dir() / "summary.json").read_text())
     assert len(summary["reward_per_step"]) == steps
 
