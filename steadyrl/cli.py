@@ -201,6 +201,41 @@ def cmd_up(args) -> int:
         print("stopped", flush=True)
 
 
+def cmd_ckpt(args) -> int:
+    from steadyrl import checkpoint as ck
+
+    root = Path(args.dir)
+    if args.action == "list":
+        latest = (root / "LATEST").read_text().strip() if (root / "LATEST").exists() else None
+        names = ck.list_checkpoints(root)
+        if not names:
+            print(f"no checkpoints in {root}")
+            return 1
+        for name in names:
+            try:
+                m = ck.verify(root / name)
+                size = sum(f["size"] for f in m["files"].values())
+                status = f"ok  step {m['step']}  {size / 1e6:.1f} MB  {m.get('created', '')}"
+            except ck.CheckpointError as e:
+                status = f"BROKEN: {e}"
+            print(f"{'*' if name == latest else ' '} {name}  {status}")
+        return 0
+    target = root if (root / "manifest.json").exists() else None
+    try:
+        if target is None:
+            target = ck.latest_valid(root)
+            if target is None:
+                print(f"no checkpoints in {root}", file=sys.stderr)
+                return 1
+        m = ck.verify(target)
+    except ck.CheckpointError as e:
+        print(f"invalid: {e}", file=sys.stderr)
+        return 1
+    print(f"ok: {target} step {m['step']}, format v{m['format_version']}, {len(m['files'])} files verified, "
+          f"config {json.dumps(m.get('config', {}))}")
+    return 0
+
+
 def cmd_eval(args) -> int:
     import logging
     from collections import defaultdict
@@ -260,6 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("schemas", help="export or check the JSON Schemas in schemas/")
     sp.add_argument("action", choices=["export", "check"])
     sp.set_defaults(fn=cmd_schemas)
+
+    sp = sub.add_parser("ckpt", help="list or verify learner checkpoints")
+    sp.add_argument("action", choices=["list", "verify"])
+    sp.add_argument("dir", help="checkpoint folder (verify: it, or a step_* folder in it)")
+    sp.set_defaults(fn=cmd_ckpt)
 
     sp = sub.add_parser("eval", help="greedy accuracy of a model on a prompt set")
     sp.add_argument("--model", default="smollm2-135m-instruct", help="smollm2-135m-instruct, tiny, or a local HF dir")

@@ -1,0 +1,279 @@
+"""Layered, verified learner checkpoints.
+
+Layout (one folder per step, `LATEST` names the newest complete one):
+
+    <dir>/step_000500/
+      model/model.safetensors        weights
+      optimizer/optimizer.pt         optimizer + LR-scheduler state (torch.save; loaded weights_only)
+      meta.json                      global_step, scheduler step, RNG states, learner state
+      manifest.json                  format version, step, config, every file's size and sha256
+    <dir>/LATEST                     written last, atomically
+
+A step is written into `step_000500.tmp-<pid>/`, every file fsynced, the folder renamed,
+and only then `LATEST` replaced: a crash mid-save leaves at most a `.tmp-*` folder that is
+never read (and is removed by the next save). `verify` checks everything `manifest.json`
+promises and raises `CheckpointError` naming the mismatch (expected vs got).
+
+`AsyncCheckpointer` takes a CPU snapshot on the caller's thread (the only part the step
+loop waits for) and writes it in a background thread; at most one save is in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from steadyrl.files import sha256_file, write_atomic
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = "1.0"
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used; the message names what mismatched (expected vs got)."""
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, numpy and torch RNG states, JSON-serialisable."""
+    import numpy as np
+
+    py = random.getstate()
+    np_state = np.random.get_state()
+    return {"python": [py[0], list(py[1]), py[2]],
+            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+            "torch": torch.get_rng_state().tolist()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+
+    v, internal, gauss = state["python"]
+    random.setstate((v, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def snapshot(model, optimizer, scheduler) -> dict[str, Any]:
+    """CPU copies of everything a save writes (the step loop may go on changing the originals).
+    Tensors that share storage (tied embeddings) stay shared in the copy."""
+    copies: dict[int, torch.Tensor] = {}
+
+    def cpu(obj):
+        if isinstance(obj, torch.Tensor):
+            key = obj.data_ptr()
+            if key not in copies:
+                copies[key] = obj.detach().to("cpu", copy=True)
+            return copies[key]
+        if isinstance(obj, dict):
+            return {k: cpu(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(cpu(v) for v in obj)
+        return obj
+
+    return {"model": cpu(model.state_dict()), "optimizer": cpu(optimizer.state_dict()),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None}
+
+
+def write(root: Path, step: int, snap: dict[str, Any], meta: dict[str, Any], config: dict[str, Any],
+          keep: int = 3) -> Path:
+    """Write one checkpoint for `step` and make it LATEST. Returns its folder.
+
+    `config` (model, tokenizer, algorithm, ...) is recorded in the manifest and checked on
+    resume. Keeps the newest `keep` complete checkpoints.
+    """
+    from safetensors.torch import save_file
+
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:06d}"
+    tmp = root / f"{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "model").mkdir(parents=True)
+    (tmp / "optimizer").mkdir()
+    # safetensors refuses tensors that share storage (tied embeddings): keep one name per storage
+    seen, weights = set(), {}
+    for k, v in snap["model"].items():
+        if v.data_ptr() in seen:
+            continue
+        seen.add(v.data_ptr())
+        weights[k] = v.contiguous()
+    save_file(weights, str(tmp / "model" / "model.safetensors"))
+    torch.save({"optimizer": snap["optimizer"], "scheduler": snap["scheduler"]}, tmp / "optimizer" / "optimizer.pt")
+    (tmp / "meta.json").write_text(json.dumps(meta))
+    files = {}
+    for p in sorted(tmp.rglob("*")):
+        if p.is_file():
+            _fsync_file(p)
+            files[str(p.relative_to(tmp))] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+    manifest = {"format_version": FORMAT_VERSION, "step": step, "config": config, "files": files,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    _fsync_file(tmp / "manifest.json")
+    for d in (tmp / "model", tmp / "optimizer", tmp):
+        _fsync_dir(d)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    _fsync_dir(root)
+    write_atomic(root / "LATEST", final.name + "\n")
+    for old in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(root / old, ignore_errors=True)
+    for stray in root.glob("step_*.tmp-*"):
+        if stray != tmp:
+            shutil.rmtree(stray, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(root: Path) -> list[str]:
+    """Complete checkpoint folder names under root, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.glob("step_*") if p.is_dir() and ".tmp-" not in p.name)
+
+
+def verify(path: Path, expect_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Check one checkpoint folder; returns its manifest.
+
+    Raises CheckpointError naming the first mismatch: missing manifest, other format
+    version, a missing/truncated/changed file (size or sha256, expected vs got), or a
+    config key (model, tokenizer, algorithm, ...) that differs from `expect_config`.
+    """
+    mpath = path / "manifest.json"
+    if not mpath.is_file():
+        raise CheckpointError(f"{path}: no manifest.json (incomplete checkpoint)")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{mpath}: not JSON: {e}") from None
+    got = manifest.get("format_version")
+    if str(got).split(".")[0] != FORMAT_VERSION.split(".")[0]:
+        raise CheckpointError(f"{path}: checkpoint format mismatch: expected v{FORMAT_VERSION}, got v{got}")
+    for rel, want in manifest["files"].items():
+        p = path / rel
+        if not p.is_file():
+            raise CheckpointError(f"{path}: {rel} missing (expected {want['size']} bytes)")
+        size = p.stat().st_size
+        if size != want["size"]:
+            raise CheckpointError(f"{path}: {rel} size mismatch: expected {want['size']} bytes, got {size}")
+        digest = sha256_file(p)
+        if digest != want["sha256"]:
+            raise CheckpointError(f"{path}: {rel} sha256 mismatch: expected {want['sha256']}, got {digest}")
+    for required in ("model/model.safetensors", "optimizer/optimizer.pt", "meta.json"):
+        if required not in manifest["files"]:
+            raise CheckpointError(f"{path}: {required} not in the manifest")
+    for key, want in (expect_config or {}).items():
+        have = manifest.get("config", {}).get(key)
+        if have != want:
+            raise CheckpointError(f"{path}: {key} mismatch: expected {want!r}, got {have!r}")
+    return manifest
+
+
+def latest_valid(root: Path, expect_config: dict[str, Any] | None = None) -> Path | None:
+    """The newest checkpoint that verifies: LATEST, else older ones with a warning saying why.
+
+    Returns None when root holds no checkpoint at all. Raises CheckpointError when there
+    are checkpoints but none verifies (never silently starts from zero).
+    """
+    names = list_checkpoints(root)
+    if not names:
+        return None
+    latest = (root / "LATEST").read_text().strip() if (root / "LATEST").exists() else names[-1]
+    order = [latest] + [n for n in reversed(names) if n != latest]
+    errors = []
+    for name in order:
+        try:
+            verify(root / name, expect_config)
+        except CheckpointError as e:
+            errors.append(str(e))
+            log.warning("checkpoint unusable; trying the previous one", extra={"checkpoint": name, "why": str(e)})
+            continue
+        return root / name
+    raise CheckpointError("no usable checkpoint in " + str(root) + ":\n  " + "\n  ".join(errors))
+
+
+def load(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
+    """Load a verified checkpoint into model/optimizer/scheduler; returns meta.json.
+
+    Raises CheckpointError if the weights do not fit the model (a key missing that is not
+    tied to a present one, or an unexpected key).
+    """
+    from safetensors.torch import load_file
+
+    weights = load_file(str(path / "model" / "model.safetensors"))
+    own = model.state_dict()
+    present = {own[k].data_ptr() for k in weights if k in own}
+    missing = [k for k in own if k not in weights and own[k].data_ptr() not in present]
+    unexpected = [k for k in weights if k not in own]
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: weights do not fit the model: missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]}")
+    model.load_state_dict(weights, strict=False)
+    state = torch.load(path / "optimizer" / "optimizer.pt", weights_only=True)
+    optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and state["scheduler"] is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    return json.loads((path / "meta.json").read_text())
+
+
+class AsyncCheckpointer:
+    """Background writer: `save()` snapshots on the caller's thread and returns; the write
+    runs in a thread. At most one save is in flight (a second waits for the first).
+
+    Args:
+        root: checkpoint folder.
+        config: recorded in every manifest, checked on resume.
+        keep: complete checkpoints kept.
+    """
+
+    def __init__(self, root: Path, config: dict[str, Any], keep: int = 3):
+        self.root, self.config, self.keep = Path(root), config, keep
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.last_seconds: float | None = None
+
+    def save(self, step: int, model, optimizer, scheduler, meta: dict[str, Any]) -> None:
+        self.wait()
+        snap = snapshot(model, optimizer, scheduler)
+
+        def run():
+            t0 = time.perf_counter()
+            try:
+                write(self.root, step, snap, meta, self.config, self.keep)
+                self.last_seconds = time.perf_counter() - t0
+            except BaseException as e:  # reported by wait()
+                self.error = e
+
+        self._thread = threading.Thread(target=run, name=f"checkpoint-{step}", daemon=False)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is complete. Re-raises its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise CheckpointError(f"checkpoint save failed: {type(err).__name__}: {err}") from err

@@ -1,0 +1,121 @@
+"""Layered checkpoints: round trip, every broken case with its own error, fallback, async."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from steadyrl import checkpoint as ck
+from steadyrl.models import load_policy
+from steadyrl.rl.trainer import Group, TrainConfig, Trainer
+
+CONFIG = {"model": "tiny", "tokenizer": "tiny-chars", "algorithm": "grpo"}
+
+
+def _trained(steps=2, seed=0):
+    model, tok = load_policy("tiny", seed=seed)
+    tr = Trainer(model, tok.pad_token_id, TrainConfig(lr=1e-2, micro_batch_size=64))
+    for i in range(steps):
+        tr.step([Group([1, 5, 40], [[6, 7], [8, 9, 2]], [1.0, float(i % 2)])])
+    return model, tr
+
+
+def _save(root, step=2, **kw):
+    model, tr = _trained(step)
+    return ck.write(root, step, ck.snapshot(model, tr.opt, tr.sched), {"global_step": step, "rng": ck.rng_state()},
+                    CONFIG, **kw), model, tr
+
+
+def test_round_trip_restores_weights_optimizer_scheduler_and_rng(tmp_path):
+    path, model, tr = _save(tmp_path)
+    assert (tmp_path / "LATEST").read_text().strip() == path.name == "step_000002"
+    torch.manual_seed(123)
+    want_next = torch.rand(3)
+    model2, tr2 = _trained(0, seed=9)
+    torch.manual_seed(123)
+    meta = ck.load(ck.latest_valid(tmp_path, CONFIG), model2, tr2.opt, tr2.sched)
+    assert meta["global_step"] == 2
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), model2.state_dict().values()))
+    assert tr2.sched.last_epoch == tr.sched.last_epoch
+    s1, s2 = tr.opt.state_dict()["state"], tr2.opt.state_dict()["state"]
+    assert all(torch.equal(s1[k]["exp_avg"], s2[k]["exp_avg"]) for k in s1)
+    torch.manual_seed(0)
+    ck.set_rng_state(meta["rng"])  # the RNG state saved at step 2 continues identically
+    torch.manual_seed(123)
+    assert torch.equal(torch.rand(3), want_next)
+
+
+@pytest.mark.parametrize("break_it,message", [
+    (lambda p: (p / "model/model.safetensors").write_bytes((p / "model/model.safetensors").read_bytes()[:100]),
+     "model/model.safetensors size mismatch: expected"),
+    (lambda p: (p / "meta.json").write_text(json.dumps({"global_step": 999}).ljust(len((p / "meta.json").read_text()))),
+     "meta.json sha256 mismatch: expected"),
+    (lambda p: shutil.rmtree(p / "optimizer"), "optimizer/optimizer.pt missing"),
+    (lambda p: (p / "manifest.json").write_text(
+        (p / "manifest.json").read_text().replace('"format_version": "1.0"', '"format_version": "2.0"')),
+     "checkpoint format mismatch: expected v1.0, got v2.0"),
+    (lambda p: (p / "manifest.json").unlink(), "no manifest.json"),
+])
+def test_each_broken_checkpoint_says_what_is_wrong(tmp_path, break_it, message):
+    path, _, _ = _save(tmp_path)
+    break_it(path)
+    with pytest.raises(ck.CheckpointError, match=message.replace("(", r"\(")):
+        ck.verify(path, CONFIG)
+
+
+def test_another_model_is_refused_by_name(tmp_path):
+    path, _, _ = _save(tmp_path)
+    with pytest.raises(ck.CheckpointError, match="model mismatch: expected 'smollm2-135m-instruct', got 'tiny'"):
+        ck.verify(path, {**CONFIG, "model": "smollm2-135m-instruct"})
+
+
+def test_a_corrupt_newest_falls_back_to_the_previous_with_a_warning(tmp_path, caplog):
+    model, tr = _trained(1)
+    for step in (1, 2):
+        ck.write(tmp_path, step, ck.snapshot(model, tr.opt, tr.sched), {"global_step": step}, CONFIG)
+    (tmp_path / "step_000002" / "model" / "model.safetensors").write_bytes(b"garbage")
+    assert ck.latest_valid(tmp_path, CONFIG).name == "step_000001"
+    assert any("step_000002" in str(getattr(r, "checkpoint", "")) for r in caplog.records)
+    (tmp_path / "step_000001" / "meta.json").write_text("{}")
+    with pytest.raises(ck.CheckpointError, match="no usable checkpoint"):
+        ck.latest_valid(tmp_path, CONFIG)
+
+
+def test_half_written_saves_are_never_read_and_keep_k(tmp_path):
+    model, tr = _trained(1)
+    (tmp_path / "step_000009.tmp-1").mkdir(parents=True)  # a crash mid-save
+    assert ck.latest_valid(tmp_path) is None
+    for step in range(1, 6):
+        ck.write(tmp_path, step, ck.snapshot(model, tr.opt, tr.sched), {}, CONFIG, keep=2)
+    assert ck.list_checkpoints(tmp_path) == ["step_000004", "step_000005"]
+    assert not list(tmp_path.glob("*.tmp-*"))
+
+
+def test_async_save_writes_the_snapshot_not_later_updates(tmp_path):
+    model, tr = _trained(1)
+    saver = ck.AsyncCheckpointer(tmp_path, CONFIG)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    saver.save(1, model, tr.opt, tr.sched, {"global_step": 1})
+    with torch.no_grad():  # the step loop goes on changing the weights
+        for p in model.parameters():
+            p.add_(1.0)
+    saver.wait()
+    model2, tr2 = _trained(0, seed=5)
+    ck.load(ck.latest_valid(tmp_path, CONFIG), model2, tr2.opt, tr2.sched)
+    assert all(torch.equal(want[k], v) for k, v in model2.state_dict().items())
+
+
+def test_ckpt_cli_lists_and_verifies(tmp_path, capsys):
+    from steadyrl.cli import main
+
+    model, tr = _trained(1)
+    for step in (1, 2):
+        ck.write(tmp_path, step, ck.snapshot(model, tr.opt, tr.sched), {}, CONFIG)
+    assert main(["ckpt", "list", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "* step_000002  ok  step 2" in out and "  step_000001  ok  step 1" in out
+    assert main(["ckpt", "verify", str(tmp_path)]) == 0 and "ok:" in capsys.readouterr().out
+    (tmp_path / "step_000002" / "meta.json").write_text('{"global_step": 7}')
+    assert main(["ckpt", "verify", str(tmp_path / "step_000002")]) == 1
+    assert "meta.json size mismatch" in capsys.readouterr().err
