@@ -5,8 +5,9 @@
 
 On start the actor reads `rl.policy` from the beginning (compacted: the newest record per
 key survives) and loads the newest version it can verify (older ones if the newest is refused); afterwards every new record is loaded as it
-arrives. Versions are ordered by (run_id, version): a later learner run (run ids sort by
-start time) replaces whatever an earlier run left. A version is loaded only if its `uri`
+arrives. A later learner run (run ids sort by start time) replaces whatever an earlier run
+left; within a run the newest record wins, even a lower version (a learner that resumed
+from a checkpoint redoes the steps since). A version is loaded only if its `uri`
 resolves to a file under `policy_root` and the file's sha256 equals the record's;
 otherwise the actor keeps serving the version it has, logs the refusal and counts it
 (`steadyrl_actor_policy_rejected_total{reason}`). Weights are safetensors only.
@@ -130,10 +131,10 @@ class Actor:
         """Verify and load one policy version. Raises PolicyRefused (and keeps the old one)."""
         from safetensors.torch import load_file
 
-        # The same version with other bytes: a learner that crashed after announcing it
-        # redid the step (see the learner's resume); serve the redone weights.
-        redone = (run_id, version) == (self.run_id, self.version) and sha256 != self.sha256
-        if (run_id, version) <= (self.run_id, self.version) and not redone:
+        # Within one run the learner is the only writer and its newest record is the truth,
+        # even a lower version or the same version with other bytes: after a crash it goes
+        # on from a checkpoint and redoes the steps since. Across runs, a later run wins.
+        if run_id < self.run_id or (run_id, version, sha256) == (self.run_id, self.version, self.sha256):
             raise PolicyRefused("stale", f"run {run_id!r} version {version} is not newer than serving "
                                          f"run {self.run_id!r} version {self.version}")
         path = self.resolve(uri)
@@ -249,8 +250,10 @@ class PolicyFollower:
                     else:
                         self._load(upd)
             if not self.actor.caught_up and position >= end:
-                # newest first; if it is refused (missing file, wrong model), fall back to older ones
-                for upd in sorted(seen, key=lambda u: (u.run_id, u.version), reverse=True):
+                # the newest run's last record first; if it is refused (missing file, wrong
+                # model), fall back to earlier records
+                order = sorted(enumerate(seen), key=lambda t: (t[1].run_id, t[0]), reverse=True)
+                for upd in (u for _, u in order):
                     if self._load(upd):
                         break
                 self.actor.caught_up = True

@@ -89,7 +89,10 @@ class LearnerSection(BaseModel):
     keep_policies: int = Field(3, ge=2, description="Policy files kept per run (the newest; >= 2 so the one "
                                                    "state.json names survives a crash mid-step).")
     state_dir: Path = Field(Path(".steadyrl/learner"), description="Run state, audit log and summary.")
-    resume: bool = Field(True, description="Continue an unfinished run found in state_dir.")
+    resume: str = Field("auto", description="auto: continue the unfinished run in state_dir from its newest "
+                                            "valid checkpoint; never: always a new run; or a checkpoint folder.")
+    checkpoint_every: int = Field(5, ge=1, description="Steps between checkpoints (also one on stop and at the end).")
+    keep_checkpoints: int = Field(3, ge=1, description="Complete checkpoints kept per run.")
     train: TrainConfig = TrainConfig(lr=1e-5, temperature=0.8, total_steps=20)
 
     @field_validator("data", "eval_data")
@@ -221,6 +224,10 @@ class Learner:
         self.run_dir = lc.state_dir / self.state.run_id
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._trim_audit()
+        from steadyrl.checkpoint import AsyncCheckpointer
+
+        self.saver = AsyncCheckpointer(self.run_dir / "checkpoints", {**lc.fingerprint(), "tokenizer": lc.model},
+                                       keep=lc.keep_checkpoints)
         self.progress: dict = {"run_id": self.state.run_id, "steps": lc.steps, "step": self.state.step,
                                "phase": "starting", "done": False}
         self._ready: dict[str, tuple] = {}          # prompt_id -> (ScoredGroup, partition, offset)
@@ -230,24 +237,54 @@ class Learner:
 
     # ---- run state ----------------------------------------------------------------------
     def _open_run(self) -> RunState:
-        current = self.lc.state_dir / "CURRENT"
-        if self.lc.resume and current.exists():
+        from steadyrl import checkpoint as ck
+
+        current, want = self.lc.state_dir / "CURRENT", self.lc.fingerprint()
+        if self.lc.resume not in ("auto", "never"):  # an explicit checkpoint: it must verify
+            st = self._restore(Path(self.lc.resume), ck.verify(Path(self.lc.resume), want))
+            write_atomic(current, st.run_id + "\n")
+            return st
+        if self.lc.resume == "auto" and current.exists():
             path = self.lc.state_dir / current.read_text().strip() / "state.json"
             if path.exists():
                 st = RunState(**json.loads(path.read_text()))
-                want = self.lc.fingerprint()
                 changed = {k: f"{st.config.get(k)!r} -> {v!r}" for k, v in want.items() if st.config.get(k) != v}
                 if not st.finished and changed:
                     log.warning("not resuming the unfinished run: its configuration differs; starting a new run",
                                 extra={"run_id": st.run_id, "step": st.step, "changed": changed})
                 elif not st.finished:
+                    found = ck.latest_valid(path.parent / "checkpoints", want)  # raises if all are broken
+                    if found is not None:
+                        return self._restore(found, ck.verify(found, want))
                     self._restore_weights(st)
-                    log.warning("resuming run", extra={"run_id": st.run_id, "step": st.step,
-                                                       "note": "optimizer moments restart from zero"})
+                    log.warning("resuming run without a checkpoint yet", extra={
+                        "run_id": st.run_id, "step": st.step, "note": "optimizer moments restart from zero"})
                     return st
-        st = RunState(run_id=new_run_id(), config=self.lc.fingerprint())
+        st = RunState(run_id=new_run_id(), config=want)
         write_atomic(current, st.run_id + "\n")
         return st
+
+    def _restore(self, path: Path, manifest: dict) -> RunState:
+        """Weights, optimizer, LR schedule, RNG and learner state of a verified checkpoint."""
+        from steadyrl import checkpoint as ck
+
+        meta = ck.load(path, self.model, self.trainer.opt, self.trainer.sched)
+        self.trainer.global_step = meta["global_step"]
+        ck.set_rng_state(meta["rng"])
+        st = RunState(**meta["learner_state"])
+        log.warning("resuming run from checkpoint", extra={"run_id": st.run_id, "step": st.step,
+                                                           "checkpoint": str(path)})
+        return st
+
+    def _checkpoint(self, wait: bool = False) -> None:
+        """Hand a snapshot of this step to the background writer (`wait`: until it is on disk)."""
+        from steadyrl import checkpoint as ck
+
+        meta = {"global_step": self.trainer.global_step, "scheduler_step": self.trainer.sched.last_epoch,
+                "rng": ck.rng_state(), "learner_state": self._state_for_save()}
+        self.saver.save(self.state.step, self.model, self.trainer.opt, self.trainer.sched, meta)
+        if wait:
+            self.saver.wait()
 
     def _trim_audit(self) -> None:
         """Drop audit lines of steps after the saved state (a crash between the two writes):
@@ -274,12 +311,15 @@ class Learner:
         for _ in range(st.step):
             self.trainer.sched.step()
 
-    def _save_state(self) -> None:
-        """state.json, with offsets that re-read every group read but not yet trained."""
+    def _state_for_save(self) -> dict:
+        """The run state, with offsets that re-read every group read but not yet trained."""
         saved = dict(self.state.offsets)
         for _, part, off in self._ready.values():
             saved[str(part)] = min(saved.get(str(part), off), off)
-        write_atomic(self.run_dir / "state.json", json.dumps({**asdict(self.state), "offsets": saved}))
+        return json.loads(json.dumps({**asdict(self.state), "offsets": saved}))
+
+    def _save_state(self) -> None:
+        write_atomic(self.run_dir / "state.json", json.dumps(self._state_for_save()))
 
     def _count(self, what: str, n: int = 1) -> None:
         self.state.counts[what] = self.state.counts.get(what, 0) + n
@@ -371,7 +411,11 @@ class Learner:
         tmp.replace(path)
         st.policy_uri, st.policy_sha256 = str(rel), sha256_file(path)
         self._announce()
-        for old in sorted(path.parent.glob("v*.safetensors"))[:-self.lc.keep_policies]:
+        # keep the newest keep_policies up to this version; later ones are from weights a
+        # crash threw away (this learner resumed from an earlier checkpoint)
+        files = sorted(path.parent.glob("v*.safetensors"))
+        later = [f for f in files if int(f.stem[1:]) > st.step]
+        for old in later + [f for f in files if f not in later][:-self.lc.keep_policies]:
             old.unlink(missing_ok=True)
         STEP.set(st.step)
         log.info("policy published", extra={"version": st.step, "uri": str(rel)})
@@ -470,15 +514,21 @@ class Learner:
     def _drop_stale(self) -> None:
         oldest = self.state.step - self.lc.max_staleness
         for pid, (sg, _, _) in list(self._ready.items()):
-            if sg.group.policy_version < oldest:
-                del self._ready[pid]
-                f = self.state.in_flight[pid]
-                f["attempt"] += 1
-                self.state.requeue.append(pid)
-                GROUPS.labels("stale").inc()
-                self._count("stale_dropped")
-                log.info("stale group dropped; prompt published again",
-                         extra={"prompt_id": pid, "policy_version": sg.group.policy_version, "step": self.state.step})
+            v = sg.group.policy_version
+            if oldest <= v <= self.state.step:
+                continue
+            # older than max_staleness allows; or newer than this learner: made by weights a
+            # crash threw away (resumed from an earlier checkpoint): redo it, same seed
+            stale = v < oldest
+            del self._ready[pid]
+            if stale:
+                self.state.in_flight[pid]["attempt"] += 1
+            self.state.requeue.append(pid)
+            GROUPS.labels("stale" if stale else "future").inc()
+            self._count("stale_dropped" if stale else "future_dropped")
+            log.info("group dropped; prompt published again",
+                     extra={"prompt_id": pid, "policy_version": v, "step": self.state.step,
+                            "why": "stale" if stale else "from discarded weights"})
 
     # ---- one update ---------------------------------------------------------------------
     def train_step(self) -> dict:
@@ -515,6 +565,8 @@ class Learner:
                **{k: v for k, v in metrics.items() if k in _TRAIN_EXPORTED}}
         st.history.append(row)
         self._save_state()
+        if st.step % lc.checkpoint_every == 0:
+            self._checkpoint()
         STEP_SECONDS.observe(seconds)
         REWARD_MEAN.set(row["reward_mean"])
         REWARD_STD.set(row["reward_std"])
@@ -601,11 +653,10 @@ class Learner:
     # ---- the loop -----------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         st, lc = self.state, self.lc
-        if not st.policy_uri:
-            self.publish_policy()  # version 0: the actor serves exactly our initial weights
-            self._save_state()
-        else:  # resumed: announce the version we continue from (a redone step has other bytes)
-            self._announce()
+        # Version 0 is our initial weights; after a resume, the version we continue from (the
+        # actor may hold later versions that a crash threw away: it follows the newest record).
+        self.publish_policy()
+        self._save_state()
         consumer = self._consumer()
         try:
             self.top_up()
@@ -628,6 +679,7 @@ class Learner:
                     self.train_step()
                 self.top_up()
                 IN_FLIGHT.set(len(st.in_flight))
+            self._checkpoint(wait=True)  # on stop and at the end
             if st.step >= lc.steps and not st.finished:
                 st.eval_after = self.evaluate("after")
                 self.write_summary()
@@ -636,6 +688,7 @@ class Learner:
                 self.progress.update({"phase": "done", "done": True,
                                       "summary": str(self.run_dir / "summary.json")})
         finally:
+            self.saver.wait()
             consumer.close()
             self.producer.flush(30)
 

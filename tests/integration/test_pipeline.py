@@ -239,3 +239,48 @@ def test_prompts_that_cannot_be_generated_stop_the_stack_with_the_reason(bootstr
     assert "learner-0 cannot start (configuration error" in out
     state = json.loads((up.run_dir() / "state.json").read_text())
     assert state["counts"]["dlq"] == 8 and state["step"] == 0
+
+
+@pytest.mark.slow
+def test_learner_killed_three_times_ends_bitwise_equal_to_the_uninterrupted_loop(bootstrap, tmp_path):
+    """Checkpoints every 5 steps; SIGKILL the learner at steps 7, 14 and 22 of 30. Each
+    restart goes on from the newest checkpoint (throwing away up to 4 steps, whose groups are
+    redone with the same seeds): the final weights equal run_loop's exactly, and the audit
+    log holds every prompt once."""
+    from safetensors.torch import load_file
+
+    from services.learner.learner import load_dataset
+    from steadyrl.models import load_policy
+    from steadyrl.rl.loop import LoopConfig, run_loop
+    from steadyrl.rl.trainer import TrainConfig
+
+    steps = 30
+    config = _config(tmp_path, steps=steps, max_staleness=0, eval_data=None, checkpoint_every=5)
+    lc = yaml.safe_load(config.read_text())["learner"]
+    up = Up(bootstrap, tmp_path, config)
+    try:
+        for at in (7, 14, 22):
+            up.wait_step(at)
+            os.kill(up.child_pid("learner-0"), signal.SIGKILL)
+            time.sleep(1.0)  # the supervisor notices; /progress answers again once restarted
+            up.wait_step(0)
+        rc = up.proc.wait(300)
+    finally:
+        up.close()
+    out = up.log()
+    assert rc == 0, out[-4000:]
+    assert out.count("learner-0       | exited with -9") == 3
+    assert out.count("resuming run from checkpoint") == 3
+    _audit_exactly_once(up, bootstrap, steps)
+
+    model, tok = load_policy("tiny", seed=0)
+    cfg = LoopConfig(steps=steps, prompts_per_step=lc["prompts_per_step"], group_size=lc["group_size"],
+                     max_new_tokens=lc["max_new_tokens"], scorer="tiny_copy", seed=0,
+                     train=TrainConfig(**lc["train"]))
+    run_loop(model, tok, load_dataset(lc["data"]), cfg)
+    state = json.loads((up.run_dir() / "state.json").read_text())
+    learned = load_file(up.state / "policies" / state["policy_uri"])
+    own = model.state_dict()
+    diff = max((learned[k] - own[k]).abs().max().item() for k in learned)
+    print(f"max |killed pipeline - in-process| over all parameters: {diff}")
+    assert diff == 0.0

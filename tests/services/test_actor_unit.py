@@ -83,3 +83,14 @@ def test_the_same_version_with_other_bytes_is_a_redone_step(tmp_path):
     actor.load_version(5, "v4.safetensors", sha256_file(tmp_path / "v4.safetensors"), run_id=run)
     want = tiny_model(len(actor.tok), seed=4).state_dict()
     assert all(torch.equal(want[k], v) for k, v in actor.model.state_dict().items())
+
+
+def test_within_a_run_the_newest_record_wins_even_a_lower_version(tmp_path):
+    """A learner resumed from its step-10 checkpoint after reaching 13 announces 10 again."""
+    actor = _actor(tmp_path)
+    for seed in (3, 4):
+        save_model(tiny_model(len(actor.tok), seed=seed), str(tmp_path / f"v{seed}.safetensors"))
+    run = "r20261129T100000-aaaa"
+    actor.load_version(13, "v3.safetensors", sha256_file(tmp_path / "v3.safetensors"), run_id=run)
+    actor.load_version(10, "v4.safetensors", sha256_file(tmp_path / "v4.safetensors"), run_id=run)
+    assert actor.version == 10
