@@ -93,6 +93,8 @@ class LearnerSection(BaseModel):
                                             "valid checkpoint; never: always a new run; or a checkpoint folder.")
     checkpoint_every: int = Field(5, ge=1, description="Steps between checkpoints (also one on stop and at the end).")
     keep_checkpoints: int = Field(3, ge=1, description="Complete checkpoints kept per run.")
+    rollout_cache_max_file_bytes: int = Field(2 * 1024 ** 3, ge=1024,
+                                              description="Size cap of one rollout-cache part file, bytes.")
     train: TrainConfig = TrainConfig(lr=1e-5, temperature=0.8, total_steps=20)
 
     @field_validator("data", "eval_data")
@@ -228,6 +230,15 @@ class Learner:
 
         self.saver = AsyncCheckpointer(self.run_dir / "checkpoints", {**lc.fingerprint(), "tokenizer": lc.model},
                                        keep=lc.keep_checkpoints)
+        from steadyrl.config import ConfigError
+        from steadyrl.rollout_cache import CacheSchemaError, RolloutCache
+
+        try:
+            self.cache = RolloutCache(self.run_dir / "rollout-cache", lc.rollout_cache_max_file_bytes)
+        except CacheSchemaError as e:  # cannot resume onto it: say so and stop (exit 2)
+            raise ConfigError(f"cannot resume run {self.state.run_id}: {e}") from None
+        if self.cache.truncate_after(self.state.step):
+            log.warning("rollout cache rows after the resumed step dropped", extra={"step": self.state.step})
         self.progress: dict = {"run_id": self.state.run_id, "steps": lc.steps, "step": self.state.step,
                                "phase": "starting", "done": False}
         self._ready: dict[str, tuple] = {}          # prompt_id -> (ScoredGroup, partition, offset)
@@ -280,6 +291,7 @@ class Learner:
         """Hand a snapshot of this step to the background writer (`wait`: until it is on disk)."""
         from steadyrl import checkpoint as ck
 
+        self.cache.close()  # closed parts hold only steps <= this checkpoint's
         meta = {"global_step": self.trainer.global_step, "scheduler_step": self.trainer.sched.last_epoch,
                 "rng": ck.rng_state(), "learner_state": self._state_for_save()}
         self.saver.save(self.state.step, self.model, self.trainer.opt, self.trainer.sched, meta)
@@ -552,6 +564,9 @@ class Learner:
                                     "reward_mean": sum(sg.rewards) / len(sg.rewards)}) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        from steadyrl.rollout_cache import rows_of
+
+        self.cache.append([r for sg, _, _ in batch for r in rows_of(sg, st.step)])
         for pid in take:
             del st.in_flight[pid]
             st.trained.append(pid)
@@ -688,6 +703,7 @@ class Learner:
                 self.progress.update({"phase": "done", "done": True,
                                       "summary": str(self.run_dir / "summary.json")})
         finally:
+            self.cache.close()
             self.saver.wait()
             consumer.close()
             self.producer.flush(30)

@@ -272,6 +272,12 @@ def test_learner_killed_three_times_ends_bitwise_equal_to_the_uninterrupted_loop
     assert out.count("learner-0       | exited with -9") == 3
     assert out.count("resuming run from checkpoint") == 3
     _audit_exactly_once(up, bootstrap, steps)
+    import pyarrow.dataset as ds
+
+    cache = ds.dataset(up.run_dir() / "rollout-cache", format="ipc").to_table()
+    keys = list(zip(cache.column("prompt_id").to_pylist(), cache.column("sample").to_pylist()))
+    assert len(keys) == len(set(keys)) == steps * lc["prompts_per_step"] * lc["group_size"]
+    assert sorted(set(cache.column("step").to_pylist())) == list(range(1, steps + 1))
 
     model, tok = load_policy("tiny", seed=0)
     cfg = LoopConfig(steps=steps, prompts_per_step=lc["prompts_per_step"], group_size=lc["group_size"],
