@@ -217,19 +217,17 @@ def latest_valid(root: Path, expect_config: dict[str, Any] | None = None) -> Pat
 def load(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
     """Load a verified checkpoint into model/optimizer/scheduler; returns meta.json.
 
-    Raises CheckpointError if the weights do not fit the model (a key missing that is not
-    tied to a present one, or an unexpected key).
+    Raises CheckpointError if the weights do not fit the model (see
+    steadyrl.models.state_dict_mismatch).
     """
     from safetensors.torch import load_file
 
+    from steadyrl.models import state_dict_mismatch
+
     weights = load_file(str(path / "model" / "model.safetensors"))
-    own = model.state_dict()
-    present = {own[k].data_ptr() for k in weights if k in own}
-    missing = [k for k in own if k not in weights and own[k].data_ptr() not in present]
-    unexpected = [k for k in weights if k not in own]
-    if missing or unexpected:
-        raise CheckpointError(f"{path}: weights do not fit the model: missing {missing[:3]}, "
-                              f"unexpected {unexpected[:3]}")
+    why = state_dict_mismatch(model, weights)
+    if why:
+        raise CheckpointError(f"{path}: weights do not fit the model: {why}")
     model.load_state_dict(weights, strict=False)
     state = torch.load(path / "optimizer" / "optimizer.pt", weights_only=True)
     optimizer.load_state_dict(state["optimizer"])

@@ -127,6 +127,23 @@ def tiny_model(vocab_size: int, seed: int = 0, hidden: int = 64, layers: int = 2
     return LlamaForCausalLM(cfg)
 
 
+def state_dict_mismatch(model, weights: dict[str, torch.Tensor]) -> str | None:
+    """Why `weights` cannot be loaded into `model` (None when they fit).
+
+    A key may be absent when it shares storage with one that is present (tied embeddings:
+    safetensors keeps one name per tensor); any other missing key, an unexpected key or a
+    shape difference is named (first three of each).
+    """
+    own = model.state_dict()
+    unexpected = [k for k in weights if k not in own]
+    bad_shape = [k for k in weights if k in own and own[k].shape != weights[k].shape]
+    present = {own[k].data_ptr() for k in weights if k in own}
+    missing = [k for k in own if k not in weights and own[k].data_ptr() not in present]
+    if unexpected or bad_shape or missing:
+        return f"missing {missing[:3]}, unexpected {unexpected[:3]}, wrong shape {bad_shape[:3]}"
+    return None
+
+
 def load_policy(name: str, dtype: torch.dtype = torch.float32, seed: int = 0):
     """`(model, tokenizer)` for `smollm2-135m-instruct`, `tiny`, or a local HF directory.
 

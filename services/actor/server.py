@@ -141,17 +141,12 @@ class Actor:
         got = sha256_file(path)
         if got != sha256:
             raise PolicyRefused("sha256_mismatch", f"{path}: expected {sha256}, got {got}")
+        from steadyrl.models import state_dict_mismatch
+
         state = load_file(path)
-        own = self.model.state_dict()
-        unexpected = [k for k in state if k not in own]
-        bad_shape = [k for k in state if k in own and own[k].shape != state[k].shape]
-        # A key may be absent when it shares storage with one that is present (tied
-        # embeddings: safetensors keeps one name per tensor).
-        present = {own[k].data_ptr() for k in state if k in own}
-        missing = [k for k in own if k not in state and own[k].data_ptr() not in present]
-        if unexpected or bad_shape or missing:  # refused before the model is touched
-            raise PolicyRefused("wrong_model", f"missing {missing[:3]}, unexpected {unexpected[:3]}, "
-                                               f"wrong shape {bad_shape[:3]}")
+        why = state_dict_mismatch(self.model, state)
+        if why:  # refused before the model is touched
+            raise PolicyRefused("wrong_model", why)
         with self.lock:
             self.model.load_state_dict(state, strict=False)
             if hasattr(self.gen, "load_weights"):  # vLLM holds its own copy

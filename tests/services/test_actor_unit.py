@@ -72,11 +72,16 @@ def test_seeded_samples_do_not_depend_on_the_batch(tmp_path):
     assert [x.token_ids for x in other] != [x.token_ids for x in alone]
 
 
-def test_the_same_version_with_other_bytes_is_a_redone_step(tmp_path):
+def _actor_with_two_policies(tmp_path):
+    """An actor and two tiny policies v3/v4.safetensors (seeds 3, 4) under its root; and a run id."""
     actor = _actor(tmp_path)
     for seed in (3, 4):
         save_model(tiny_model(len(actor.tok), seed=seed), str(tmp_path / f"v{seed}.safetensors"))
-    run = "r20261129T100000-aaaa"
+    return actor, "r20261129T100000-aaaa"
+
+
+def test_the_same_version_with_other_bytes_is_a_redone_step(tmp_path):
+    actor, run = _actor_with_two_policies(tmp_path)
     actor.load_version(5, "v3.safetensors", sha256_file(tmp_path / "v3.safetensors"), run_id=run)
     with pytest.raises(PolicyRefused, match="stale"):  # the same bytes again: nothing to do
         actor.load_version(5, "v3.safetensors", sha256_file(tmp_path / "v3.safetensors"), run_id=run)
@@ -87,10 +92,7 @@ def test_the_same_version_with_other_bytes_is_a_redone_step(tmp_path):
 
 def test_within_a_run_the_newest_record_wins_even_a_lower_version(tmp_path):
     """A learner resumed from its step-10 checkpoint after reaching 13 announces 10 again."""
-    actor = _actor(tmp_path)
-    for seed in (3, 4):
-        save_model(tiny_model(len(actor.tok), seed=seed), str(tmp_path / f"v{seed}.safetensors"))
-    run = "r20261129T100000-aaaa"
+    actor, run = _actor_with_two_policies(tmp_path)
     actor.load_version(13, "v3.safetensors", sha256_file(tmp_path / "v3.safetensors"), run_id=run)
     actor.load_version(10, "v4.safetensors", sha256_file(tmp_path / "v4.safetensors"), run_id=run)
     assert actor.version == 10
