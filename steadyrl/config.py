@@ -90,8 +90,8 @@ def load(cls: type[S], argv: list[str] | None = None, prog: str | None = None) -
     """Build `cls` from `--config FILE`, the environment and CLI flags in `argv`.
 
     Raises:
-        ConfigError: a field failed validation (each is named with its message) or the
-            YAML file is missing.
+        ConfigError: a field failed validation (each is named with its message), or the
+            YAML file is missing or not YAML.
     """
     argv = list(argv) if argv is not None else []
     if "-h" in argv or "--help" in argv:
@@ -107,8 +107,12 @@ def load(cls: type[S], argv: list[str] | None = None, prog: str | None = None) -
 
     _Loaded.yaml_file = known.config
     _Loaded.__name__ = cls.__name__
+    import yaml
+
     try:
         loaded = _Loaded(_cli_parse_args=rest)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {known.config} is not valid YAML: {e}") from None
     except ValidationError as e:
         lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
                  for err in e.errors()]

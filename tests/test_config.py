@@ -54,3 +54,15 @@ def test_service_refuses_bad_config_at_start():
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "reward.batch_size" in r.stderr
+
+
+def test_malformed_yaml_is_a_config_error(tmp_path):
+    import pytest
+
+    from services.reward.worker import RewardConfig
+    from steadyrl.config import ConfigError, load
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("reward:\n  batch_size: [1\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load(RewardConfig, ["--config", str(bad)])
