@@ -92,6 +92,49 @@ def test_half_written_saves_are_never_read_and_keep_k(tmp_path):
     assert not list(tmp_path.glob("*.tmp-*"))
 
 
+_KILLED_MID_SAVE = """
+import os
+import sys
+from pathlib import Path
+from tests.test_checkpoint import CONFIG, _trained
+from steadyrl import checkpoint as ck
+model, tr = _trained(1)
+root = Path(sys.argv[1])
+ck.write(root, 1, ck.snapshot(model, tr.opt, tr.sched), {"global_step": 1}, CONFIG)
+os.environ["STEADYRL_FAILPOINT"] = sys.argv[2]  # armed for the second save only
+saver = ck.AsyncCheckpointer(root, CONFIG)
+saver.save(2, model, tr.opt, tr.sched, {"global_step": 2})  # the failpoint SIGKILLs us mid-write
+saver.wait()
+print("not killed")
+"""
+
+
+def test_kill_9_in_the_middle_of_a_save_leaves_the_previous_checkpoint_latest(tmp_path):
+    """A real SIGKILL half-way through an async save (weights written, optimizer not): the
+    half-written folder is never read, LATEST still names step 1 and it verifies; the next
+    save removes the leftover."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root, marker = tmp_path / "ckpt", tmp_path / "fired"
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", _KILLED_MID_SAVE, str(root), f"checkpoint.mid_write:{marker}"],
+                          cwd=repo,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    assert marker.read_text().startswith("checkpoint.mid_write")
+    (half,) = root.glob("step_000002.tmp-*")
+    assert (half / "model" / "model.safetensors").is_file() and not (half / "optimizer" / "optimizer.pt").exists()
+    assert (root / "LATEST").read_text().strip() == "step_000001"
+    assert ck.latest_valid(root, CONFIG).name == "step_000001"
+    model, tr = _trained(1)
+    ck.write(root, 2, ck.snapshot(model, tr.opt, tr.sched), {"global_step": 2}, CONFIG)  # marker set: no kill
+    assert ck.list_checkpoints(root) == ["step_000001", "step_000002"] and not list(root.glob("*.tmp-*"))
+
+
 def test_async_save_writes_the_snapshot_not_later_updates(tmp_path):
     model, tr = _trained(1)
     saver = ck.AsyncCheckpointer(tmp_path, CONFIG)

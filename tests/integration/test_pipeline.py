@@ -33,7 +33,7 @@ def _config(tmp_path: Path, **learner) -> Path:
 class Up:
     """`steadyrl up` on the session broker, in its own process group."""
 
-    def __init__(self, bootstrap: str, tmp_path: Path, config: Path, *extra: str):
+    def __init__(self, bootstrap: str, tmp_path: Path, config: Path, *extra: str, env: dict | None = None):
         self.state = tmp_path / "state"
         self.prefix = unique_prefix()
         self.offset = 2000 + (os.getpid() * 7 + int(time.time())) % 3000
@@ -42,7 +42,8 @@ class Up:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "steadyrl.cli", "up", "--bootstrap", bootstrap, "--state-dir", str(self.state),
              "--prefix", self.prefix, "--port-offset", str(self.offset), "--config", str(config), *extra],
-            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **(env or {})})
 
     def url(self, base_port: int, i: int = 0) -> str:
         return f"http://127.0.0.1:{base_port + self.offset + i}"
@@ -243,10 +244,11 @@ def test_prompts_that_cannot_be_generated_stop_the_stack_with_the_reason(bootstr
 
 @pytest.mark.slow
 def test_learner_killed_three_times_ends_bitwise_equal_to_the_uninterrupted_loop(bootstrap, tmp_path):
-    """Checkpoints every 5 steps; SIGKILL the learner at steps 7, 14 and 22 of 30. Each
-    restart goes on from the newest checkpoint (throwing away up to 4 steps, whose groups are
-    redone with the same seeds): the final weights equal run_loop's exactly, and the audit
-    log holds every prompt once."""
+    """Checkpoints every 5 steps; SIGKILL the learner at step 7, then half-way through writing
+    a checkpoint (a failpoint, armed by deleting its marker: weights written, optimizer not),
+    then at step 22 of 30. Each restart goes on from the newest complete checkpoint (throwing
+    away up to 4 steps, whose groups are redone with the same seeds): the final weights equal
+    run_loop's exactly, and the audit log holds every prompt once."""
     from safetensors.torch import load_file
 
     from services.learner.learner import load_dataset
@@ -257,16 +259,33 @@ def test_learner_killed_three_times_ends_bitwise_equal_to_the_uninterrupted_loop
     steps = 30
     config = _config(tmp_path, steps=steps, max_staleness=0, eval_data=None, checkpoint_every=5)
     lc = yaml.safe_load(config.read_text())["learner"]
-    up = Up(bootstrap, tmp_path, config)
+    marker = tmp_path / "failpoint-fired"
+    marker.write_text("disarmed until the test deletes this file\n")
+    up = Up(bootstrap, tmp_path, config, env={"STEADYRL_FAILPOINT": f"checkpoint.mid_write:{marker}"})
+    ckpts = None
     try:
-        for at in (7, 14, 22):
-            up.wait_step(at)
-            os.kill(up.child_pid("learner-0"), signal.SIGKILL)
-            time.sleep(1.0)  # the supervisor notices; /progress answers again once restarted
-            up.wait_step(0)
+        up.wait_step(7)
+        os.kill(up.child_pid("learner-0"), signal.SIGKILL)
+        time.sleep(1.0)  # the supervisor notices; /progress answers again once restarted
+        up.wait_step(0)
+        ckpts = up.run_dir() / "checkpoints"
+        marker.unlink()  # the restarted learner's next save kills it half-way
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert up.proc.poll() is None and time.monotonic() < deadline, up.log()[-4000:]
+            time.sleep(0.05)
+        killed_in = marker.read_text()
+        time.sleep(1.0)
+        up.wait_step(0)
+        up.wait_step(22)
+        os.kill(up.child_pid("learner-0"), signal.SIGKILL)
+        time.sleep(1.0)
+        up.wait_step(0)
         rc = up.proc.wait(300)
     finally:
         up.close()
+    assert killed_in.startswith("checkpoint.mid_write pid ")
+    assert not list(ckpts.glob("*.tmp-*")), "the half-written save was not cleaned up"
     out = up.log()
     assert rc == 0, out[-4000:]
     assert out.count("learner-0       | exited with -9") == 3
