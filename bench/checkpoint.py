@@ -1,12 +1,16 @@
 """Checkpoint cost on SmolLM2-135M-Instruct: step time saving every step (async) vs never,
 save and load seconds, bytes written.
 
-    .venv/bin/python bench/checkpoint.py [--steps 4] [--out bench/results/checkpoint.json]
+    .venv/bin/python bench/checkpoint.py [--rounds 3] [--steps 4] [--out bench/results/checkpoint.json]
 
 Each step is a real GRPO update on 8 groups x 8 samples of 32 tokens (fixed random token
-responses, so generation is not timed). Runs `never`, `every step (async)`, then `never`
-again, and reports the mean step time of each and the async overhead against the mean of
-the two `never` runs.
+responses, so generation is not timed). Runs `--rounds` rounds of `--steps` steps never
+saving, then `--steps` steps saving every step (async, the wait for the last save
+included), interleaved so that drift in the machine's speed hits both modes alike, and
+reports the median over rounds of each mode's seconds per step and the async overhead
+between the medians. Also: the time the step loop spends in `save()`
+(the CPU snapshot), the background write's duration, and a synchronous save, verify and
+load.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import platform
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -34,6 +39,7 @@ def main() -> None:
     from steadyrl.rl.trainer import Group, TrainConfig, Trainer
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--out", default=str(ROOT / "bench/results/checkpoint.json"))
     args = ap.parse_args()
@@ -47,22 +53,26 @@ def main() -> None:
     config = {"model": SMOLLM2, "tokenizer": SMOLLM2, "algorithm": "grpo"}
     tmp = Path(tempfile.mkdtemp(prefix="ckbench-"))
     try:
-        def steps(save: bool) -> list[float]:
-            saver = ck.AsyncCheckpointer(tmp / "ckpt", config, keep=2)
-            times = []
+        saver = ck.AsyncCheckpointer(tmp / "ckpt", config, keep=2)
+        snapshot_s, write_s = [], []  # save() on the step loop; the last background write of each block
+
+        def block(save: bool) -> float:
+            """Seconds per step over `--steps` steps; with saving, the wait for the block's last
+            save is included (charged to the block, as a run's next step would pay it)."""
+            t0 = time.perf_counter()
             for _ in range(args.steps):
-                t0 = time.perf_counter()
                 trainer.step(groups)
                 if save:
+                    t1 = time.perf_counter()
                     saver.save(trainer.global_step, model, trainer.opt, trainer.sched, {"global_step": trainer.global_step})
-                times.append(time.perf_counter() - t0)
+                    snapshot_s.append(time.perf_counter() - t1)
             saver.wait()
-            return times
+            if save:
+                write_s.append(saver.last_seconds)
+            return (time.perf_counter() - t0) / args.steps
 
-        steps(False)  # warm-up (allocations, optimizer state)
-        never_a = steps(False)
-        every = steps(True)
-        never_b = steps(False)
+        block(False)  # warm-up (allocations, optimizer state)
+        rounds = [{"never": block(False), "every": block(True)} for _ in range(args.rounds)]
         t0 = time.perf_counter()
         ck.write(tmp / "sync", trainer.global_step, ck.snapshot(model, trainer.opt, trainer.sched), {}, config)
         save_s = time.perf_counter() - t0
@@ -76,18 +86,20 @@ def main() -> None:
         files = {str(p.relative_to(path)): p.stat().st_size for p in path.rglob("*") if p.is_file()}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    mean = lambda xs: sum(xs) / len(xs)
-    never = mean(never_a + never_b)
+    never = statistics.median(r["never"] for r in rounds)
+    every = statistics.median(r["every"] for r in rounds)
     out = {
-        "benchmark": "checkpoint", "model": SMOLLM2, "steps_per_mode": args.steps,
+        "benchmark": "checkpoint", "model": SMOLLM2, "rounds": args.rounds, "steps_per_mode_per_round": args.steps,
         "step_batch": "8 groups x 8 samples, 60 prompt + 32 response tokens, micro-batch 8",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "step_seconds_never": round(never, 3), "step_seconds_every_step_async": round(mean(every), 3),
-        "async_overhead_pct": round(100 * (mean(every) / never - 1), 2),
+        "step_seconds_never_median_of_rounds": round(never, 3), "step_seconds_every_step_async_median_of_rounds": round(every, 3),
+        "async_overhead_pct": round(100 * (every / never - 1), 2),
+        "save_call_seconds_median": round(statistics.median(snapshot_s), 3),
+        "background_write_seconds_median": round(statistics.median(write_s), 2),
         "sync_save_seconds": round(save_s, 2), "verify_seconds": round(verify_s, 2), "load_seconds": round(load_s, 2),
         "bytes_per_checkpoint": sum(files.values()), "files": files,
-        "raw": {"never_a": never_a, "every": every, "never_b": never_b},
+        "raw": {"rounds": rounds, "save_call_seconds": snapshot_s, "background_write_seconds": write_s},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))

@@ -149,3 +149,76 @@ class ServiceProc:
         self.proc.stdout.close()
         self._log.close()
         return self.proc.returncode
+
+
+class FakeRewardServer:
+    """A reward server on 127.0.0.1 whose behaviour a test switches: `mode` is "ok" (scores
+    with the named rule scorer, like the real server), "hang" (holds the request until the
+    mode changes or the server stops), "error" (500) or "slow" (waits `delay_s`, then ok).
+    /readyz answers 200 in ok/slow, 503 in error, and hangs in hang. Counts /score calls."""
+
+    def __init__(self, scorer: str = "tiny_copy"):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from steadyrl.rewards import resolve_scorer, score_value
+
+        self.mode, self.delay_s, self.calls = "ok", 0.0, 0
+        self._changed = threading.Condition()
+        fn, outer = resolve_scorer(scorer), self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                try:
+                    self.send_response(code)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:  # the client gave up (timeout)
+                    pass
+
+            def _behave(self) -> str:
+                mode = outer.mode
+                if mode == "hang":
+                    with outer._changed:
+                        outer._changed.wait_for(lambda: outer.mode != "hang", timeout=120)
+                    return "gone"
+                if mode == "slow":
+                    time.sleep(outer.delay_s)
+                return mode
+
+            def do_GET(self):
+                mode = self._behave()
+                self._send(200 if mode in ("ok", "slow") else 503, {"mode": mode})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                outer.calls += 1
+                mode = self._behave()
+                if mode not in ("ok", "slow"):
+                    return self._send(500, {"detail": f"fake server in mode {mode}"})
+                scores = [{"reward": score_value(fn(it.get("data_source", ""), it["response"], it.get("ground_truth"),
+                                                    it.get("extra_info")))[0], "extra": {}} for it in body["items"]]
+                self._send(200, {"scorer": f"rule:{scorer}@1", "reward_source": "rule", "scores": scores})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def set(self, mode: str, delay_s: float = 0.0) -> None:
+        with self._changed:
+            self.mode, self.delay_s = mode, delay_s
+            self._changed.notify_all()
+
+    def stop(self) -> None:
+        self.set("stopped")
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -59,10 +59,14 @@ TRAIN_METRIC = Gauge("steadyrl_learner_train", "Last step's trainer metrics (ver
 IN_FLIGHT = Gauge("steadyrl_learner_prompts_in_flight", "Prompts published and not yet trained")
 PUBLISHED = Counter("steadyrl_learner_prompts_published", "Prompts published to rl.prompts", ["kind"])
 GROUPS = Counter("steadyrl_learner_groups", "Scored groups read", ["outcome"])
+TRAINED_BY_SOURCE = Counter("steadyrl_learner_trained_groups", "Groups trained on, by where their reward came from",
+                            ["reward_source"])
+OOM_FALLBACKS = Counter("steadyrl_learner_oom_fallbacks", "Steps that ran out of memory and were retried in the safe mode")
 EVAL_ACCURACY = Gauge("steadyrl_learner_eval_accuracy", "Greedy test-split accuracy", ["when"])
 
 _TRAIN_EXPORTED = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm",
-                   "actor/kl_ref", "actor/lr", "critic/advantages/var", "response_length/mean", "critic/vf_loss")
+                   "actor/kl_ref", "actor/lr", "critic/advantages/var", "response_length/mean", "critic/vf_loss",
+                   "perf/safe_mode")
 
 
 class LearnerSection(BaseModel):
@@ -95,6 +99,11 @@ class LearnerSection(BaseModel):
     keep_checkpoints: int = Field(3, ge=1, description="Complete checkpoints kept per run.")
     rollout_cache_max_file_bytes: int = Field(2 * 1024 ** 3, ge=1024,
                                               description="Size cap of one rollout-cache part file, bytes.")
+    cache_scored_weight: float = Field(1.0, ge=0, le=1,
+                                       description="Share of the policy-gradient loss a cache-scored group (scored "
+                                                   "from a similar prompt while the reward server was down) gets, "
+                                                   "by scaling its advantages; 0 excludes them (still consumed "
+                                                   "and counted).")
     train: TrainConfig = TrainConfig(lr=1e-5, temperature=0.8, total_steps=20)
 
     @field_validator("data", "eval_data")
@@ -550,8 +559,10 @@ class Learner:
         take = sorted(self._ready, key=lambda pid: st.in_flight[pid]["seq"])[:lc.prompts_per_step]
         batch = [self._ready.pop(pid) for pid in take]
         # A group sampled by an older version brings its behaviour log-probs (see Trainer).
+        # A cache-scored group (reward server down) weighs cache_scored_weight in the loss.
         groups = [Group(sg.group.prompt_token_ids, [s.token_ids for s in sg.group.samples], sg.rewards,
-                        [s.logprobs for s in sg.group.samples] if sg.group.policy_version < st.step else None)
+                        [s.logprobs for s in sg.group.samples] if sg.group.policy_version < st.step else None,
+                        weight=lc.cache_scored_weight if sg.reward_source.value == "cache" else 1.0)
                   for sg, _, _ in batch]
         self.progress["phase"] = "training"
         metrics = self.trainer.step(groups)
@@ -570,6 +581,14 @@ class Learner:
         for pid in take:
             del st.in_flight[pid]
             st.trained.append(pid)
+        sources = [sg.reward_source.value for sg, _, _ in batch]
+        for source in set(sources):
+            TRAINED_BY_SOURCE.labels(source).inc(sources.count(source))
+        if "cache" in sources:
+            self._count("cache_scored", sources.count("cache"))
+        if metrics.get("perf/oom_fallback"):
+            OOM_FALLBACKS.inc()
+            self._count("oom_fallback")
         self._dlq_in_a_row = 0
         now = time.monotonic()
         seconds, self._last_step_t = now - self._last_step_t, now
@@ -577,6 +596,7 @@ class Learner:
         row = {"step": st.step, "reward_mean": metrics["critic/score/mean"], "reward_std": metrics["critic/score/std"],
                "tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": tokens / max(seconds, 1e-9),
                "policy_versions": sorted({sg.group.policy_version for sg, _, _ in batch}),
+               "cache_scored": sources.count("cache"),
                **{k: v for k, v in metrics.items() if k in _TRAIN_EXPORTED}}
         st.history.append(row)
         self._save_state()

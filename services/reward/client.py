@@ -1,72 +1,203 @@
-"""The reward workers' one way to the reward server.
+"""The reward workers' one way to the reward server: timeout, circuit breaker, cached scores.
 
-`RewardClient.score_many(groups)` returns each group's rewards, or raises `RetryLater` when the
-server cannot answer now (unreachable, timeout, 408/429, 5xx, or an answer that is not the
-expected JSON): the worker then holds its batch,
-nothing is lost. A 4xx (e.g. the scorer is not served) or a scorer error on one of the
-group's samples raises ValueError, which sends the group to `rl.dlq`. The resilience issue adds the circuit
-breaker and the cached-score fallback here, behind the same method.
+`RewardClient.score_many(groups)` returns, for each group, its `Scores` -- or a `RetryLater`
+for a group that must wait (the worker holds it: never dropped). It raises `RetryLater`
+when the whole batch must wait, and ValueError for a request the server refuses (4xx) or a
+group whose sample the scorer cannot score (the worker sends it to `rl.dlq`).
+
+Around each call to `POST /score`:
+
+    timeout      `timeout_s` (default 30 s) for connect, each read and each write
+    breaker      steadyrl.breaker.CircuitBreaker: 3 consecutive failures (unreachable,
+                 timeout, 408/429/5xx, malformed answer) open it; while open no call goes
+                 out, a background probe GETs /readyz every `probe_interval_s` and a
+                 healthy answer half-opens it (as does `reset_timeout_s` passing); the
+                 trial call's success closes it
+    fallback     while open, each group is scored from the most similar of the last 1000
+                 prompts the server scored (services.reward.cache), marked
+                 `reward_source=cache` with the similarity; a group below the similarity
+                 floor is held until the server is back
+
+A failure that does not (yet) open the breaker holds the whole batch for `retry_backoff_s`.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from prometheus_client import Counter, Gauge, Histogram
 
 from steadyrl.bus.stage import RetryLater
+from steadyrl.breaker import CircuitBreaker, State
 from steadyrl.contracts import RewardSource, RolloutGroup
+
+log = logging.getLogger("steadyrl.reward")
+
+BREAKER_STATE = Gauge("steadyrl_reward_breaker_state", "1 for the reward server breaker's current state", ["state"])
+BREAKER_CHANGES = Counter("steadyrl_reward_breaker_transitions", "Breaker state changes", ["to"])
+CALLS = Counter("steadyrl_reward_calls", "Calls to the reward server", ["outcome"])
+CALL_SECONDS = Histogram("steadyrl_reward_call_seconds", "Duration of one /score call (any outcome)",
+                         buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60))
+FALLBACK = Counter("steadyrl_reward_fallback_groups", "Groups met while the breaker was open",
+                   ["outcome"])  # cache | held
+CACHE_SIMILARITY = Histogram("steadyrl_reward_cache_similarity", "Prompt similarity of cache-scored groups",
+                             buckets=(0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0))
+CACHE_SIZE = Gauge("steadyrl_reward_cache_prompts", "Scored prompts held for the cached-score fallback")
+
+
+def prompt_text(g: RolloutGroup) -> str:
+    """The text a group's prompt is matched and scored on: its last user message."""
+    users = [m.content for m in g.prompt.messages if m.role == "user"]
+    return users[-1] if users else g.prompt.messages[-1].content
 
 
 @dataclass
 class Scores:
-    """Rewards of one group: (n,) floats, the scorer id, where they came from, per-sample extras."""
+    """Rewards of one group: (n,) floats, the scorer id, where they came from, per-sample extras,
+    and for cache-scored groups the prompt similarity (0..1)."""
 
     rewards: list[float]
     scorer: str
     source: RewardSource
     extra: list[dict[str, Any]] = field(default_factory=list)
+    similarity: float | None = None
 
 
 class RewardClient:
-    """HTTP client of the reward server.
+    """Guarded HTTP client of the reward server.
 
     Args:
         url: base URL of the reward server.
         scorer: scorer name to ask for (None: the server's default).
-        timeout_s: per call, seconds.
-        retry_backoff_s: how long a held batch waits before it is retried.
+        timeout_s: per call, seconds (connect, each read, each write).
+        retry_backoff_s: how long a held batch or group waits before it is retried.
+        breaker: the circuit breaker (default: 3 failures, 30 s reset timeout).
+        cache: the cached-score fallback (services.reward.cache.ScoreCache); None: no
+            fallback (groups are held while the breaker is open).
+        probe_interval_s: seconds between /readyz probes while open (0: no probe thread).
     """
 
     def __init__(self, url: str, scorer: str | None = None, timeout_s: float = 30.0,
-                 retry_backoff_s: float = 2.0):
+                 retry_backoff_s: float = 2.0, breaker: CircuitBreaker | None = None,
+                 cache: ScoreCache | None = None, probe_interval_s: float = 5.0):
         self.url, self.scorer = url.rstrip("/"), scorer
         self.timeout_s, self.retry_backoff_s = timeout_s, retry_backoff_s
         self.http = httpx.Client()
+        self.breaker = breaker or CircuitBreaker("reward-server", 3, 30.0)
+        prev = self.breaker.on_change
+        self.breaker.on_change = lambda old, new, why: (self._on_change(new), prev and prev(old, new, why))
+        for s in State:
+            BREAKER_STATE.labels(s.value).set(1 if s is self.breaker.state else 0)
+        self.cache = cache
+        self.probe_interval_s = probe_interval_s
+        self._stop = threading.Event()
+        if probe_interval_s > 0:
+            threading.Thread(target=self._probe_loop, name="reward-probe", daemon=True).start()
 
-    def score_many(self, groups: list[RolloutGroup]) -> list[Scores]:
-        """Score every sample of every group in one request. Raises RetryLater or ValueError."""
-        items = [{"data_source": g.prompt.data_source, "response": s.text, "ground_truth": g.prompt.ground_truth,
-                  "extra_info": g.prompt.extra_info} for g in groups for s in g.samples]
+    @staticmethod
+    def _on_change(new: State) -> None:
+        for s in State:
+            BREAKER_STATE.labels(s.value).set(1 if s is new else 0)
+        BREAKER_CHANGES.labels(new.value).inc()
+
+    # ---- health probe ---------------------------------------------------------------------
+    def probe_once(self) -> bool:
+        """GET /readyz; a 200 while open half-opens the breaker. Returns whether it was healthy."""
+        try:
+            ok = self.http.get(f"{self.url}/readyz", timeout=min(self.timeout_s, 5.0)).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if ok:
+            self.breaker.probe_succeeded()
+        return ok
+
+    def _probe_loop(self) -> None:
+        while not self._stop.wait(self.probe_interval_s):
+            if self.breaker.state is State.open:
+                self.probe_once()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.http.close()
+
+    # ---- scoring --------------------------------------------------------------------------
+    def score_many(self, groups: list[RolloutGroup]) -> list[Scores | RetryLater]:
+        """Score every sample of every group (one request). Per group: Scores, or RetryLater
+        (held). Raises RetryLater (hold the batch) or ValueError (see module doc)."""
+        if self.breaker.allow():
+            try:
+                result = self._call(groups)
+            except ValueError:
+                self.breaker.record_success()  # the server is up; the request or a group is wrong
+                raise
+            except RetryLater as e:
+                self.breaker.record_failure(str(e))
+                if self.breaker.state is not State.open:
+                    raise
+                log.warning("reward server failing; scoring from the cache", extra={"why": str(e)})
+            else:
+                self.breaker.record_success()
+                if self.cache is not None:
+                    for g, s in zip(groups, result):
+                        if isinstance(s, Scores):
+                            self.cache.add(g.prompt_id, prompt_text(g), [x.text for x in g.samples], s.rewards,
+                                           s.scorer)
+                    CACHE_SIZE.set(len(self.cache))
+                return result
+        return [self._from_cache(g) for g in groups]
+
+    def _from_cache(self, g: RolloutGroup) -> Scores | RetryLater:
+        hit = self.cache.lookup(prompt_text(g), [s.text for s in g.samples]) if self.cache is not None else None
+        if hit is None:
+            FALLBACK.labels("held").inc()
+            return RetryLater(f"reward server breaker {self.breaker.state.value} and no cached prompt within "
+                              f"similarity {self.cache.floor if self.cache else '-'}", self.retry_backoff_s)
+        FALLBACK.labels("cache").inc()
+        CACHE_SIMILARITY.observe(hit.similarity)
+        extra = [{"cache_of": hit.source_prompt_id, "response_similarity": r} for r in hit.response_similarity]
+        return Scores(hit.rewards, hit.scorer, RewardSource.cache, extra, hit.similarity)
+
+    def _call(self, groups: list[RolloutGroup]) -> list[Scores]:
+        """One POST /score. Raises RetryLater (server's fault) or ValueError (the request's)."""
+        items = [{"data_source": g.prompt.data_source, "prompt": prompt_text(g), "response": s.text,
+                  "ground_truth": g.prompt.ground_truth, "extra_info": g.prompt.extra_info}
+                 for g in groups for s in g.samples]
         body = {"scorer": self.scorer, "items": items}
+        t0 = time.perf_counter()
         try:
             resp = self.http.post(f"{self.url}/score", json=body, timeout=self.timeout_s)
+        except httpx.TimeoutException as e:
+            CALLS.labels("timeout").inc()
+            raise RetryLater(f"reward server timed out after {self.timeout_s:g} s: {type(e).__name__}",
+                             self.retry_backoff_s) from None
         except httpx.HTTPError as e:
+            CALLS.labels("unreachable").inc()
             raise RetryLater(f"reward server unreachable: {type(e).__name__}: {e}", self.retry_backoff_s) from None
+        finally:
+            CALL_SECONDS.observe(time.perf_counter() - t0)
         if resp.status_code >= 500 or resp.status_code in (408, 429):
+            CALLS.labels("server_error").inc()
             raise RetryLater(f"reward server answered {resp.status_code}: {resp.text[:200]}", self.retry_backoff_s)
         if resp.status_code >= 400:
+            CALLS.labels("refused").inc()
             raise ValueError(f"reward server refused the request ({resp.status_code}): {resp.text[:500]}")
         try:
             out = resp.json()
             scores, scorer = out["scores"], out["scorer"]
             source = RewardSource(out.get("reward_source", "rule"))
         except (ValueError, KeyError, TypeError) as e:  # the server's bug, not the group's
+            CALLS.labels("malformed").inc()
             raise RetryLater(f"reward server answered 200 without scores: {type(e).__name__}: {e}; "
                              f"body {resp.text[:200]!r}", self.retry_backoff_s) from None
         if len(scores) != len(items):
+            CALLS.labels("malformed").inc()
             raise RetryLater(f"reward server returned {len(scores)} scores for {len(items)} items", self.retry_backoff_s)
+        CALLS.labels("ok").inc()
         result, k = [], 0
         for g in groups:
             n = len(g.samples)
@@ -78,6 +209,3 @@ class RewardClient:
             result.append(Scores([float(c["reward"]) for c in chunk], scorer, source,
                                  [c.get("extra", {}) for c in chunk]))
         return result
-
-    def close(self) -> None:
-        self.http.close()

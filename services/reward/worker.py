@@ -2,9 +2,11 @@
 
 Delivery: a transactional Stage (steadyrl.bus.stage) -- each rollout group is scored and
 published exactly once for read_committed readers, across kill -9 and rebalances. A batch
-is scored in one request through `RewardClient`; while the server cannot answer the batch
-is held, never dropped. Groups the codec refuses, or that the scorer cannot score, go to
-`rl.dlq` with the reason.
+is scored in one request through `RewardClient` (timeout, circuit breaker). While the
+breaker is open, groups are scored from the cache of recently scored prompts
+(`reward_source=cache`, with the similarity); a group with no similar cached prompt is
+held -- never dropped -- until the server is back. Groups the codec refuses, or that the
+scorer cannot score, go to `rl.dlq` with the reason.
 """
 
 from __future__ import annotations
@@ -22,8 +24,15 @@ class RewardSection(BaseModel):
 
     server_url: str = Field("http://127.0.0.1:8390", description="Base URL of the reward server.")
     scorer: str | None = Field(None, description="Scorer to ask the server for (None: its default).")
-    timeout_s: float = Field(30.0, gt=0, description="Per scoring call, seconds.")
-    retry_backoff_s: float = Field(2.0, gt=0, description="Wait before retrying a held batch, seconds.")
+    timeout_s: float = Field(30.0, gt=0, description="Per scoring call, seconds (connect, each read, each write).")
+    retry_backoff_s: float = Field(2.0, gt=0, description="Wait before retrying a held batch or group, seconds.")
+    failure_threshold: int = Field(3, ge=1, description="Consecutive failed calls that open the circuit breaker.")
+    reset_timeout_s: float = Field(30.0, gt=0, description="Seconds open before a trial call half-opens it.")
+    probe_interval_s: float = Field(5.0, gt=0, description="Seconds between /readyz probes while open.")
+    cache_size: int = Field(1000, ge=0, description="Scored prompts kept for the cached-score fallback (0: none; "
+                                                    "groups wait while the breaker is open).")
+    cache_similarity_floor: float = Field(0.8, gt=0, le=1,
+                                          description="Least prompt similarity (MinHash Jaccard) a cached score needs.")
     group_id: str = Field("steadyrl-reward", description="Consumer group shared by all reward workers.")
     batch_size: int = Field(16, ge=1, le=10_000, description="Groups per transaction.")
     batch_timeout_s: float = Field(0.5, gt=0, le=60, description="Longest wait for the next record, seconds.")
@@ -36,14 +45,16 @@ class RewardConfig(ServiceConfig):
 
 
 def make_handler(client):
-    """The transform [RolloutGroup] -> one [Output(rl.scored)] each, one server call per batch."""
-    from steadyrl.bus.stage import Output
+    """The transform [RolloutGroup] -> one [Output(rl.scored)] each (or RetryLater: held),
+    one server call per batch."""
+    from steadyrl.bus.stage import Output, RetryLater
 
-    def handle_batch(items) -> list[list]:
+    def handle_batch(items) -> list:
         scores = client.score_many([g for g, _ in items])
-        return [[Output("rl.scored", g.prompt_id,
+        return [s if isinstance(s, RetryLater) else  # held: the stage retries it later
+                [Output("rl.scored", g.prompt_id,
                         ScoredGroup(group=g, rewards=s.rewards, reward_source=s.source, scorer=s.scorer,
-                                    reward_extra=s.extra))]
+                                    cache_similarity=s.similarity, reward_extra=s.extra))]
                 for (g, _), s in zip(items, scores)]
 
     return handle_batch
@@ -51,13 +62,19 @@ def make_handler(client):
 
 def main(argv: list[str]) -> int:
     cfg = load(RewardConfig, argv, prog="steadyrl-reward")
+    from services.reward.cache import ScoreCache
     from services.reward.client import RewardClient
+    from steadyrl.breaker import CircuitBreaker
     from steadyrl.bus.stage import Stage
     from steadyrl.service import run_service
 
     def build(health):
         r = cfg.reward
-        client = RewardClient(r.server_url, r.scorer, r.timeout_s, r.retry_backoff_s)
+        breaker = CircuitBreaker("reward-server", r.failure_threshold, r.reset_timeout_s)
+        cache = ScoreCache(r.cache_size, r.cache_similarity_floor) if r.cache_size else None
+        client = RewardClient(r.server_url, r.scorer, r.timeout_s, r.retry_backoff_s, breaker, cache,
+                              r.probe_interval_s)
+        health.add_check("reward_server", lambda: (True, f"breaker {breaker.state.value}"))
         return Stage(name="reward", bootstrap=cfg.bootstrap, topic_prefix=cfg.topic_prefix,
                      instance_id=cfg.instance_id, input_topic="rl.rollouts", input_contract=RolloutGroup,
                      group_id=r.group_id, handle_batch=make_handler(client), mode="transactional",

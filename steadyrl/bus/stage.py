@@ -19,7 +19,11 @@ The loop is flat, as in confluent-kafka's eos example:
 A record the codec refuses, or whose handler raises, goes to `rl.dlq` with its reason in
 the same transaction as the batch's outputs. A handler that raises `RetryLater` makes the
 whole batch wait: nothing is committed, the consumer rewinds, and the batch is retried
-after a backoff. Nothing a record contains can crash the loop.
+after a backoff. A batch handler may instead hold single records by returning a
+`RetryLater` as their result: each partition is then committed up to its first held
+record (outputs of records after it are not produced), the consumer rewinds to it, and the
+held records are retried after the backoff -- held, never dropped, order kept per
+partition. Nothing a record contains can crash the loop.
 """
 
 from __future__ import annotations
@@ -85,8 +89,9 @@ class Output:
 #: function of its input (it may run again for the same record after a crash).
 Handler = Callable[[Contract, Meta], list[Output]]
 #: A batch handler does the same for every accepted record of a batch at once (one
-#: result list per record, in order); the rollout worker uses it to send one request.
-BatchHandler = Callable[[list[tuple[Contract, Meta]]], list[list[Output]]]
+#: result list per record, in order, or a RetryLater to hold that record); the rollout
+#: worker uses it to send one request, the reward worker to hold groups it cannot score yet.
+BatchHandler = Callable[[list[tuple[Contract, Meta]]], "list[list[Output] | RetryLater]"]
 
 
 class Stage:
@@ -221,7 +226,7 @@ class Stage:
         self._revoked_during_batch = set()
         t0 = time.monotonic()
         try:
-            outputs = self._transform_while_polling(msgs)
+            tagged, held = self._transform_while_polling(msgs)
         except RetryLater as e:
             log.warning("batch deferred", extra={"stage": self.stage_id, "why": str(e)})
             self._rewind()
@@ -235,12 +240,25 @@ class Stage:
             self._rewind()
             return
         offsets = self._next_offsets(msgs)
+        if held:  # commit each partition only up to its first held record
+            tagged = [t for t in tagged if t[0] not in held or t[1] < held[t[0]][0]]
+            for tp in offsets:
+                if (tp.topic, tp.partition) in held:
+                    tp.offset = held[(tp.topic, tp.partition)][0]
+        outputs = [out for _, _, out in tagged]
         if self.mode == "transactional":
             self._commit_transaction(outputs, offsets)
         else:
             self._commit_at_least_once(outputs, offsets)
+        if held:
+            why = next(iter(held.values()))[1]
+            RECORDS.labels(self.name, "held").inc(sum(1 for m in msgs if (m.topic(), m.partition()) in held
+                                                      and m.offset() >= held[(m.topic(), m.partition())][0]))
+            log.warning("records held", extra={"stage": self.stage_id, "partitions": len(held), "why": str(why)})
+            self._rewind()
+            time.sleep(max(e.backoff_s for _, e in held.values()))
 
-    def _transform_while_polling(self, msgs: list) -> list[tuple[str, str | bytes | None, Contract]]:
+    def _transform_while_polling(self, msgs: list):
         """Run the transform in a worker thread; if it takes longer than `pause_after_s`,
         pause the assignment and keep polling until it is done (max.poll.interval.ms never
         trips). Fast transforms are not paused: pausing drops prefetched records."""
@@ -278,17 +296,21 @@ class Stage:
             if paused:
                 self.consumer.resume(self.consumer.assignment())
 
-    def _transform(self, msgs: list) -> list[tuple[str, str | bytes | None, Contract]]:
-        out: list[tuple[str, str | bytes | None, Contract]] = []
+    def _transform(self, msgs: list):
+        """Returns (outputs tagged with their input record, held): outputs are
+        ((topic, partition), offset, (out_topic, key, value)); held maps (topic, partition)
+        to (first held offset, its RetryLater)."""
+        out: list = []
+        held: dict[tuple[str, int], tuple[int, RetryLater]] = {}
         accepted: list[tuple[Contract, Meta, object]] = []
         for m in msgs:
             meta = Meta(m.topic(), m.partition(), m.offset(), m.key(), m.timestamp()[1])
             try:
                 accepted.append((codec.decode(m.value(), m.headers(), self.input_contract, self.max_bytes), meta, m))
             except codec.Rejected as rej:
-                out.append(self._dlq(rej, meta, m.value()))
+                out.append(((meta.topic, meta.partition), meta.offset, self._dlq(rej, meta, m.value())))
         if not accepted:
-            return out
+            return out, held
         try:
             results = self._call([(v, meta) for v, meta, _ in accepted])
         except RetryLater:
@@ -305,13 +327,18 @@ class Stage:
                     rej = codec.Rejected(DLQReason.handler_error, f"{type(e).__name__}: {e}",
                                          codec.header_value(m.headers()))
                     results.append(self._dlq(rej, meta, m.value()))
-        for res in results:
+        for (_, meta, _), res in zip(accepted, results):
+            tp = (meta.topic, meta.partition)
+            if isinstance(res, RetryLater):
+                if tp not in held or meta.offset < held[tp][0]:
+                    held[tp] = (meta.offset, res)
+                continue
             if isinstance(res, tuple):  # a DLQ record
-                out.append(res)
+                out.append((tp, meta.offset, res))
                 continue
             RECORDS.labels(self.name, "ok").inc()
-            out.extend((topic_name(o.topic, self.prefix), o.key, o.value) for o in res)
-        return out
+            out.extend((tp, meta.offset, (topic_name(o.topic, self.prefix), o.key, o.value)) for o in res)
+        return out, held
 
     def _call(self, items: list[tuple[Contract, Meta]]) -> list[list[Output]]:
         if self.handle_batch is not None:

@@ -8,6 +8,7 @@ P prompt tokens (left padded), T response tokens (right padded), V vocabulary.
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -16,6 +17,16 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from steadyrl.rl import core
+
+log = logging.getLogger(__name__)
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """torch.OutOfMemoryError (CUDA), or the CPU allocator's RuntimeError."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return True
+    msg = str(e).lower()
+    return isinstance(e, RuntimeError) and ("out of memory" in msg or "can't allocate memory" in msg)
 
 
 class TrainConfig(BaseModel):
@@ -48,6 +59,9 @@ class TrainConfig(BaseModel):
     lam: float = Field(0.95, ge=0, le=1)
     vf_coef: float = Field(0.5, ge=0)
     vf_clip: float = Field(0.2, gt=0)
+    oom_fallback: Literal["stay", "step", "off"] = Field(
+        "stay", description="On out-of-memory in a step: retry it with gradient checkpointing and a 4x smaller "
+                            "micro-batch and stay so for the run (stay), for that step only (step), or raise (off).")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
@@ -70,6 +84,9 @@ class Group:
     # G x (T_i,): log-probs of an older policy that sampled the responses. Give them only
     # when that policy is not the current one (a stale group); the ratio then starts from them.
     behaviour_logprobs: list[list[float]] | None = None
+    # Scales the group's advantages, i.e. its share of the policy-gradient loss (0 excludes
+    # it). The learner uses it for cache-scored groups.
+    weight: float = 1.0
 
 
 class ValueHead(torch.nn.Module):
@@ -134,6 +151,47 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: core.lr_lambda(s, cfg.warmup_steps, cfg.total_steps, cfg.lr_schedule))
         self.global_step = 0
+        self.micro_batch_size = cfg.micro_batch_size   # 4x smaller in the safe mode
+        self.safe_mode = False
+        self.oom_fallbacks = 0                         # times a step ran out of memory and was retried
+
+    # -- out-of-memory fallback ------------------------------------------------------------
+    def _enter_safe_mode(self, error: BaseException) -> None:
+        """Gradient checkpointing on, micro-batch 4x smaller; logged as an event."""
+        self.safe_mode = True
+        self.oom_fallbacks += 1
+        before, self.micro_batch_size = self.micro_batch_size, max(1, self.micro_batch_size // 4)
+        if getattr(self.model, "supports_gradient_checkpointing", False):
+            if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5
+                self.model.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        log.warning("out of memory in a training step; retrying it with gradient checkpointing and a smaller "
+                    "micro-batch", extra={"step": self.global_step + 1, "micro_batch_size": f"{before} -> "
+                                          f"{self.micro_batch_size}", "error": str(error)[:300],
+                                          "mode": self.cfg.oom_fallback})
+
+    def _leave_safe_mode(self) -> None:
+        self.safe_mode = False
+        self.micro_batch_size = self.cfg.micro_batch_size
+        if getattr(self.model, "supports_gradient_checkpointing", False):
+            (getattr(self.model, "activation_checkpointing_disable", None) or self.model.gradient_checkpointing_disable)()
+
+    def _oom_guarded(self, fn):
+        """fn(), or -- when it runs out of memory and the fallback is on -- the safe mode and
+        fn() once more. fn must leave nothing applied when it raises (no optimizer step)."""
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
+            if not is_out_of_memory(e) or self.cfg.oom_fallback == "off" or self.safe_mode:
+                raise
+            error = e
+        # outside the except block: the traceback's frames (and their tensors) are freed
+        self.opt.zero_grad(set_to_none=True)
+        self._enter_safe_mode(error)
+        return fn()
 
     # -- forward pieces ------------------------------------------------------------------
     def _forward(self, model, b: dict, idx: slice, need_values: bool = False, need_entropy: bool = False):
@@ -151,7 +209,7 @@ class Trainer:
     @torch.no_grad()
     def _no_grad_pass(self, model, b: dict, need_values: bool = False):
         N = b["input_ids"].shape[0]
-        mb = self.cfg.micro_batch_size
+        mb = self.micro_batch_size
         logps, vals = [], []
         for i in range(0, N, mb):
             lp, _, v = self._forward(model, b, slice(i, i + mb), need_values=need_values)
@@ -171,8 +229,10 @@ class Trainer:
         mask = b["response_mask"]                                                # (N, T)
         B, G = b["rewards"].shape
         N, T = mask.shape
+        group_weight = torch.tensor([g.weight for g in groups]).repeat_interleave(G)        # (N,)
         timing = {}
         self.model.train()
+        oom_before = self.oom_fallbacks
 
         # One GRPO update on the whole batch of fresh groups is exactly on-policy: the
         # behaviour log-probs are the current ones (ratio 1), from the update's own forward.
@@ -182,7 +242,8 @@ class Trainer:
         old_logp = old_values = None
         if not on_policy:
             t0 = time.perf_counter()
-            old_logp, old_values = self._no_grad_pass(self.model, b, need_values=cfg.algorithm == "ppo")
+            old_logp, old_values = self._oom_guarded(
+                lambda: self._no_grad_pass(self.model, b, need_values=cfg.algorithm == "ppo"))
             # Stale groups: the policy that sampled them is older than the one being updated;
             # the ratio pi_theta / pi_behaviour starts from its log-probs (decoupled PPO).
             row = 0
@@ -195,13 +256,14 @@ class Trainer:
         ref_logp = None
         if self.ref is not None:
             t0 = time.perf_counter()
-            ref_logp, _ = self._no_grad_pass(self.ref, b)
+            ref_logp, _ = self._oom_guarded(lambda: self._no_grad_pass(self.ref, b))
             timing["ref"] = time.perf_counter() - t0
 
         # Advantages
         if cfg.algorithm == "grpo":
             seq_adv = core.grpo_advantages(b["rewards"], cfg.norm_adv_by_std).reshape(N)   # (N,)
             advantages = seq_adv[:, None] * mask                                           # (N, T)
+            advantages = advantages * group_weight[:, None]                                # (N, T)
             returns = None
         else:
             token_rewards = torch.zeros(N, T)
@@ -213,6 +275,7 @@ class Trainer:
             # whiten advantages over the batch (PPO practice; CleanRL norm_adv)
             mu, var = core.masked_mean(advantages, mask), core.masked_var(advantages, mask)
             advantages = (advantages - mu) * torch.rsqrt(var + 1e-8) * mask
+            advantages = advantages * group_weight[:, None]
 
         # Update
         t0 = time.perf_counter()
@@ -225,44 +288,53 @@ class Trainer:
             order = torch.randperm(N, generator=gen) if mini < N else torch.arange(N)
             for s in range(0, N, mini):
                 mb_idx = order[s:s + mini]
-                mb_tokens = mask[mb_idx].sum().clamp(min=1.0)
-                self.opt.zero_grad(set_to_none=True)
-                for m in range(0, len(mb_idx), cfg.micro_batch_size):
-                    idx = mb_idx[m:m + cfg.micro_batch_size]
-                    # share of the minibatch in this micro-batch, so the sum equals the minibatch loss
-                    weight = (mask[idx].sum() / mb_tokens if cfg.loss_agg == "token-mean"
-                              else torch.tensor(len(idx) / len(mb_idx)))
-                    sub = {k: (v[idx] if k != "P" else v) for k, v in b.items() if k != "rewards"}
-                    logp, ent, values = self._forward(self.model, sub, slice(None),
-                                                      need_values=cfg.algorithm == "ppo",
-                                                      need_entropy=True)
-                    mb_mask = mask[idx]
-                    behaviour = logp.detach() if on_policy else old_logp[idx]
-                    pg_loss, pg_m = core.policy_loss(logp, behaviour, advantages[idx], mb_mask,
-                                                     cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c, cfg.loss_agg)
-                    loss = pg_loss
-                    entropy = core.aggregate(ent, mb_mask, cfg.loss_agg)
-                    if cfg.entropy_coeff:
-                        loss = loss - cfg.entropy_coeff * entropy
-                    if ref_logp is not None:  # KL(pi || ref) as the update sees it (k3), for people
-                        kl_ref = core.masked_mean(core.kl_estimate(logp.detach(), ref_logp[idx], "k3"), mb_mask)
-                        sums["actor/kl_ref"] = sums.get("actor/kl_ref", 0.0) + float(kl_ref) * float(weight)
-                    if cfg.use_kl_loss:
-                        kl = core.aggregate(core.kl_estimate(logp, ref_logp[idx], cfg.kl_estimator), mb_mask, cfg.loss_agg)
-                        loss = loss + cfg.kl_coef * kl
-                        sums["actor/kl_loss"] = sums.get("actor/kl_loss", 0.0) + float(kl.detach()) * float(weight)
-                    if cfg.algorithm == "ppo":
-                        vf_loss, vf_clip = core.value_loss(values, old_values[idx], returns[idx], mb_mask,
-                                                           cfg.vf_clip, cfg.loss_agg)
-                        loss = loss + cfg.vf_coef * vf_loss
-                        sums["critic/vf_loss"] = sums.get("critic/vf_loss", 0.0) + float(vf_loss.detach()) * float(weight)
-                        sums["critic/vf_clipfrac"] = sums.get("critic/vf_clipfrac", 0.0) + float(vf_clip) * float(weight)
-                    (loss * weight).backward()
-                    for k, v in (("actor/pg_loss", pg_loss), ("actor/entropy", entropy),
-                                 ("actor/pg_clipfrac", pg_m["clip_frac"]), ("actor/ppo_kl", pg_m["approx_kl"]),
-                                 ("actor/pg_clipfrac_lower", pg_m["dual_clip_frac"])):
-                        sums[k] = sums.get(k, 0.0) + float(v.detach()) * float(weight)
-                grad_norms.append(core.clip_grad_norm(self.params, cfg.max_grad_norm))
+
+                def minibatch(mb_idx=mb_idx):
+                    """Gradients of one minibatch (nothing applied): its metric sums and grad norm."""
+                    mb_sums: dict[str, float] = {}
+                    self.opt.zero_grad(set_to_none=True)
+                    mb_tokens = mask[mb_idx].sum().clamp(min=1.0)
+                    for m in range(0, len(mb_idx), self.micro_batch_size):
+                        idx = mb_idx[m:m + self.micro_batch_size]
+                        # share of the minibatch in this micro-batch, so the sum equals the minibatch loss
+                        weight = (mask[idx].sum() / mb_tokens if cfg.loss_agg == "token-mean"
+                                  else torch.tensor(len(idx) / len(mb_idx)))
+                        sub = {k: (v[idx] if k != "P" else v) for k, v in b.items() if k != "rewards"}
+                        logp, ent, values = self._forward(self.model, sub, slice(None),
+                                                          need_values=cfg.algorithm == "ppo",
+                                                          need_entropy=True)
+                        mb_mask = mask[idx]
+                        behaviour = logp.detach() if on_policy else old_logp[idx]
+                        pg_loss, pg_m = core.policy_loss(logp, behaviour, advantages[idx], mb_mask,
+                                                         cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c, cfg.loss_agg)
+                        loss = pg_loss
+                        entropy = core.aggregate(ent, mb_mask, cfg.loss_agg)
+                        if cfg.entropy_coeff:
+                            loss = loss - cfg.entropy_coeff * entropy
+                        if ref_logp is not None:  # KL(pi || ref) as the update sees it (k3), for people
+                            kl_ref = core.masked_mean(core.kl_estimate(logp.detach(), ref_logp[idx], "k3"), mb_mask)
+                            mb_sums["actor/kl_ref"] = mb_sums.get("actor/kl_ref", 0.0) + float(kl_ref) * float(weight)
+                        if cfg.use_kl_loss:
+                            kl = core.aggregate(core.kl_estimate(logp, ref_logp[idx], cfg.kl_estimator), mb_mask, cfg.loss_agg)
+                            loss = loss + cfg.kl_coef * kl
+                            mb_sums["actor/kl_loss"] = mb_sums.get("actor/kl_loss", 0.0) + float(kl.detach()) * float(weight)
+                        if cfg.algorithm == "ppo":
+                            vf_loss, vf_clip = core.value_loss(values, old_values[idx], returns[idx], mb_mask,
+                                                               cfg.vf_clip, cfg.loss_agg)
+                            loss = loss + cfg.vf_coef * vf_loss
+                            mb_sums["critic/vf_loss"] = mb_sums.get("critic/vf_loss", 0.0) + float(vf_loss.detach()) * float(weight)
+                            mb_sums["critic/vf_clipfrac"] = mb_sums.get("critic/vf_clipfrac", 0.0) + float(vf_clip) * float(weight)
+                        (loss * weight).backward()
+                        for k, v in (("actor/pg_loss", pg_loss), ("actor/entropy", entropy),
+                                     ("actor/pg_clipfrac", pg_m["clip_frac"]), ("actor/ppo_kl", pg_m["approx_kl"]),
+                                     ("actor/pg_clipfrac_lower", pg_m["dual_clip_frac"])):
+                            mb_sums[k] = mb_sums.get(k, 0.0) + float(v.detach()) * float(weight)
+                    return mb_sums, core.clip_grad_norm(self.params, cfg.max_grad_norm)
+
+                mb_sums, grad_norm = self._oom_guarded(minibatch)
+                for k, v in mb_sums.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                grad_norms.append(grad_norm)
                 self.opt.step()
                 n_updates += 1
         lr = self.sched.get_last_lr()[0]
@@ -285,4 +357,8 @@ class Trainer:
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         metrics["timing_s/train_step"] = total
         metrics["perf/train_tokens_per_s"] = float(b["attention_mask"].sum()) / total
+        metrics["perf/oom_fallback"] = float(self.oom_fallbacks - oom_before)   # 1: this step ran out of memory
+        metrics["perf/safe_mode"] = float(self.safe_mode)
+        if self.safe_mode and self.cfg.oom_fallback == "step":
+            self._leave_safe_mode()
         return metrics

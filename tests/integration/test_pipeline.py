@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from steadyrl import codec
-from steadyrl.contracts import Prompt
+from steadyrl.contracts import Prompt, ScoredGroup
 from tests.helpers import ROOT, read_all, unique_prefix
 
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -309,3 +309,54 @@ def test_learner_killed_three_times_ends_bitwise_equal_to_the_uninterrupted_loop
     diff = max((learned[k] - own[k]).abs().max().item() for k in learned)
     print(f"max |killed pipeline - in-process| over all parameters: {diff}")
     assert diff == 0.0
+
+
+@pytest.mark.slow
+def test_reward_server_hanging_mid_run_training_goes_on_with_cached_scores(bootstrap, tmp_path):
+    """SIGSTOP the reward server in the second epoch (a real hang: connections are accepted,
+    nothing answers). The reward worker's breaker opens after 3 timeouts; groups whose prompt
+    was scored in epoch 1 are scored from the cache (reward_source=cache, similarity 1.0) and
+    training goes on; after SIGCONT the probe half-opens it and rule scores resume. Every
+    prompt is trained exactly once."""
+    steps = 60
+    config = _config(tmp_path, steps=steps, eval_data=None)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["reward"] = {"timeout_s": 1.0, "retry_backoff_s": 0.2, "probe_interval_s": 0.5, "reset_timeout_s": 60}
+    config.write_text(yaml.safe_dump(cfg))
+    up = Up(bootstrap, tmp_path, config)
+    server = None
+    try:
+        up.wait_step(36)  # epoch 2 (32 steps of 8 of the 256 prompts) has begun: its prompts are cached
+        server = up.child_pid("reward-server-0")
+        os.kill(server, signal.SIGSTOP)
+        stopped_at = up.progress()["step"]
+        up.wait_step(stopped_at + 8, timeout_s=120)  # training goes on while the server hangs
+        metrics = httpx.get(f"{up.url(8400)}/metrics", timeout=5).text
+        reward_metrics = httpx.get(f"{up.url(8300)}/metrics", timeout=5).text
+        os.kill(server, signal.SIGCONT)
+        server = None
+        rc = up.proc.wait(300)
+    finally:
+        if server is not None:
+            os.kill(server, signal.SIGCONT)
+        up.close()
+    out = up.log()
+    assert rc == 0, out[-4000:]
+    assert 'steadyrl_reward_breaker_state{state="open"} 1.0' in reward_metrics
+    assert 'steadyrl_reward_fallback_groups_total{outcome="cache"}' in reward_metrics
+    cached = [line for line in metrics.splitlines()
+              if line.startswith('steadyrl_learner_trained_groups_total{reward_source="cache"}')]
+    assert cached and float(cached[0].split()[-1]) >= 8, metrics
+    _audit_exactly_once(up, bootstrap, steps)
+    scored = [codec.decode(m.value(), m.headers(), ScoredGroup)
+              for m in read_all(bootstrap, f"{up.prefix}rl.scored", expect=steps * 8)]
+    by_source = {}
+    for s in scored:
+        by_source.setdefault(s.reward_source.value, []).append(s)
+    assert len(by_source.get("cache", [])) >= 8
+    assert all(s.cache_similarity == 1.0 and s.group.prompt.epoch >= 1 for s in by_source["cache"])
+    assert all(e["cache_of"] for s in by_source["cache"] for e in s.reward_extra)
+    last = max(scored, key=lambda s: s.scored_ms)
+    assert last.reward_source.value == "rule", "the breaker did not close after the server came back"
+    state = json.loads((up.run_dir() / "state.json").read_text())
+    assert state["counts"]["cache_scored"] >= float(cached[0].split()[-1])  # saved; it grew after the sample
