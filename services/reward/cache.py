@@ -64,7 +64,7 @@ class ScoreCache:
     Raises ValueError for capacity < 1 or a floor outside (0, 1].
     """
 
-    def __init__(self, capacity: int = 1000, floor: float = 0.8):
+    def __init__(self, capacity: int = 1000, floor: float = 0.95):
         if capacity < 1 or not 0 < floor <= 1:
             raise ValueError(f"capacity must be >= 1 and floor in (0, 1], got {capacity}, {floor}")
         self.capacity, self.floor = capacity, floor

@@ -31,8 +31,11 @@ class RewardSection(BaseModel):
     probe_interval_s: float = Field(5.0, gt=0, description="Seconds between /readyz probes while open.")
     cache_size: int = Field(1000, ge=0, description="Scored prompts kept for the cached-score fallback (0: none; "
                                                     "groups wait while the breaker is open).")
-    cache_similarity_floor: float = Field(0.8, gt=0, le=1,
-                                          description="Least prompt similarity (MinHash Jaccard) a cached score needs.")
+    cache_similarity_floor: float = Field(0.95, gt=0, le=1,
+                                          description="Least prompt similarity (MinHash Jaccard of character 3-grams) "
+                                                      "a cached score needs. Templated prompts that differ in a few "
+                                                      "digits score 0.8-0.9: below 0.95 they borrow each other's "
+                                                      "rewards (bench/reward_outage.py measures it).")
     group_id: str = Field("steadyrl-reward", description="Consumer group shared by all reward workers.")
     batch_size: int = Field(16, ge=1, le=10_000, description="Groups per transaction.")
     batch_timeout_s: float = Field(0.5, gt=0, le=60, description="Longest wait for the next record, seconds.")

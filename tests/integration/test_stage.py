@@ -59,3 +59,63 @@ def test_round_trip_and_every_bad_record_lands_in_dlq(bootstrap, reward_server, 
         assert svc.metric("steadyrl_stage_records_total", {"outcome": "ok"}) == 6
     finally:
         assert svc.stop() == 0
+
+
+def test_breaker_open_cache_scores_seen_prompts_and_holds_novel_ones_in_order(bootstrap, prefix, tmp_path):
+    """Server healthy, then hanging: with the breaker open, groups whose prompt was scored
+    before come out from the cache; a novel prompt is held, and so is everything after it in
+    its partition (offsets are committed only up to it). When the server is back, the held
+    groups are scored by the server. Every group comes out exactly once."""
+    from confluent_kafka import Producer
+
+    from tests.helpers import FakeRewardServer
+
+    def produce(groups_by_partition):
+        p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+        for part, groups in groups_by_partition.items():
+            for g in groups:
+                value, headers = codec.encode(g)
+                p.produce(f"{prefix}rl.rollouts", value, key=g.prompt_id, headers=headers, partition=part)
+        assert p.flush(30) == 0
+
+    def g(pid, i, answer="4"):
+        out = rollout_group(i, answer=answer, truth="4")
+        out.prompt.prompt_id = pid
+        return out
+
+    server = FakeRewardServer("numeric_match")
+    svc = ServiceProc("reward", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "hold0",
+                                 "--reward.server-url", server.url, "--reward.scorer", "numeric_match",
+                                 "--reward.timeout-s", "0.3", "--reward.retry-backoff-s", "0.2",
+                                 "--reward.probe-interval-s", "0.2", "--reward.reset-timeout-s", "600",
+                                 "--reward.failure-threshold", "1", "--reward.batch-size", "16"],
+                      tmp_path / "reward.log")
+    try:
+        svc.wait_ready()
+        produce({0: [g("seen-1", 1), g("seen-2", 2, answer="5")]})
+        assert len(read_all(bootstrap, f"{prefix}rl.scored", expect=2)) == 2
+
+        server.set("hang")
+        novel = rollout_group(0)
+        novel.prompt.prompt_id = "novel"
+        novel.prompt.messages[0].content = "Quelle heure est-il a Montreal, en ce moment precis ?"
+        produce({1: [g("again-1", 1)], 2: [novel, g("again-2-behind-novel", 2, answer="5")]})
+        while_down = decode_all(read_all(bootstrap, f"{prefix}rl.scored", expect=3, settle_s=3), ScoredGroup)
+        got = {s.prompt_id: s for s in while_down}
+        assert set(got) == {"seen-1", "seen-2", "again-1"}, sorted(got)
+        assert got["again-1"].reward_source.value == "cache" and got["again-1"].rewards == [1.0]
+        assert got["again-1"].cache_similarity == 1.0
+        assert svc.metric("steadyrl_stage_records_total", {"outcome": "held"}) >= 2
+
+        server.set("ok")  # the probe half-opens the breaker; the trial call closes it
+        final = decode_all(read_all(bootstrap, f"{prefix}rl.scored", expect=5, settle_s=3), ScoredGroup)
+        ids = [s.prompt_id for s in final]
+        assert sorted(ids) == sorted(["seen-1", "seen-2", "again-1", "novel", "again-2-behind-novel"])
+        last = {s.prompt_id: s for s in final}
+        assert last["novel"].reward_source.value == "rule" and last["novel"].rewards == [1.0]
+        assert last["again-2-behind-novel"].reward_source.value == "rule"
+        assert last["again-2-behind-novel"].rewards == [0.0]
+        assert svc.metric("steadyrl_reward_breaker_state", {"state": "closed"}) == 1
+    finally:
+        assert svc.stop() == 0
+        server.stop()
