@@ -4,8 +4,9 @@ Layout (one folder per step, `LATEST` names the newest complete one):
 
     <dir>/step_000500/
       model/model.safetensors        weights
-      optimizer/optimizer.pt         optimizer + LR-scheduler state (torch.save; loaded weights_only)
-      meta.json                      global_step, scheduler step, RNG states, learner state
+      optimizer/optimizer.safetensors  optimizer state tensors (AdamW moments, steps)
+      meta.json                      global_step, RNG states, learner state, and the optimizer's
+                                     param groups and LR-scheduler state (JSON)
       manifest.json                  format version, step, config, every file's size and sha256
     <dir>/LATEST                     written last, atomically
 
@@ -16,13 +17,17 @@ promises and raises `CheckpointError` naming the mismatch (expected vs got).
 
 `AsyncCheckpointer` takes a CPU snapshot on the caller's thread (the only part the step
 loop waits for) and writes it in a background thread at a lower CPU priority (nice +10);
-at most one save is in flight. Each file is hashed as it is written, never read back.
+at most one save is in flight. Tensors are streamed into safetensors files by
+`write_safetensors` in 16 MiB chunks, each hashed and written by calls that release the
+GIL, so the step loop's Python thread is not held up (the library's `save_file`/`save`
+serialise under the GIL, which cost the step loop most of a save's duration: measured in
+docs/benchmarks.md). Files are hashed as they are written, never read back. Nothing is
+pickled: the optimizer's tensors are safetensors and the rest is JSON.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -40,7 +45,7 @@ from steadyrl.files import sha256_file, write_atomic
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = "1.0"
+FORMAT_VERSION = "2.0"  # 2.0: optimizer state as safetensors + JSON (1.0: torch.save)
 
 
 class CheckpointError(Exception):
@@ -81,18 +86,75 @@ def _fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _write_hashed(path: Path, data: bytes | memoryview, chunk: int = 16 << 20) -> dict[str, Any]:
-    """Write `data` to a new file, hashing it on the way (no second read), and fsync it.
+_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+           torch.bool: "BOOL"}
+
+
+def _write_chunks(path: Path, parts, chunk: int = 16 << 20) -> dict[str, Any]:
+    """Write the buffers in `parts` to a new file in `chunk`-byte pieces, hashing each on the
+    way (hashlib and unbuffered file writes release the GIL), and fsync it.
     Returns the manifest entry {"size": bytes, "sha256": hex}."""
-    view, h = memoryview(data), hashlib.sha256()
-    with open(path, "wb") as f:
-        for off in range(0, len(view), chunk):
-            part = view[off:off + chunk]
-            h.update(part)  # hashlib and file writes release the GIL: the step loop runs on
-            f.write(part)
-        f.flush()
+    h, size = hashlib.sha256(), 0
+    with open(path, "wb", buffering=0) as f:
+        for data in parts:
+            view = memoryview(data).cast("B")
+            for off in range(0, len(view), chunk):
+                piece = view[off:off + chunk]
+                h.update(piece)
+                while piece:
+                    n = f.write(piece)
+                    piece = piece[n:]
+            size += len(view)
         os.fsync(f.fileno())
-    return {"size": len(view), "sha256": h.hexdigest()}
+    return {"size": size, "sha256": h.hexdigest()}
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+                      ) -> dict[str, Any]:
+    """Stream `tensors` (CPU) into a safetensors file, hashing as it writes; fsynced.
+
+    The format (https://github.com/huggingface/safetensors, "Format"): 8-byte little-endian
+    header length, a JSON header {name: {dtype, shape, data_offsets}} padded with spaces to
+    8 bytes, then the tensors' bytes. `safetensors.torch.load_file` reads it back.
+    Returns {"size", "sha256"}. Raises KeyError for a dtype safetensors has no name for.
+    """
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    datas, offset = [], 0
+    for name, t in tensors.items():
+        t = t.detach().contiguous()
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        datas.append(t.reshape(-1).view(torch.uint8).numpy() if n else b"")
+        offset += n
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    return _write_chunks(path, [len(head).to_bytes(8, "little") + head, *datas])
+
+
+def _optimizer_parts(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split an optimizer state_dict into tensors ("state.<param>.<name>") and JSON (the rest)."""
+    tensors, plain = {}, {}
+    for idx, per_param in state["state"].items():
+        for name, v in per_param.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"state.{idx}.{name}"] = v
+            else:
+                plain[f"{idx}.{name}"] = v
+    return tensors, {"param_groups": state["param_groups"], "plain_state": plain}
+
+
+def _optimizer_state(tensors: dict[str, torch.Tensor], js: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of _optimizer_parts."""
+    state: dict[int, dict[str, Any]] = {}
+    for key, t in tensors.items():
+        _, idx, name = key.split(".", 2)
+        state.setdefault(int(idx), {})[name] = t
+    for key, v in js["plain_state"].items():
+        idx, name = key.split(".", 1)
+        state.setdefault(int(idx), {})[name] = v
+    groups = [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in js["param_groups"]]  # JSON lists
+    return {"state": state, "param_groups": groups}
 
 
 def snapshot(model, optimizer, scheduler) -> dict[str, Any]:
@@ -123,8 +185,6 @@ def write(root: Path, step: int, snap: dict[str, Any], meta: dict[str, Any], con
     `config` (model, tokenizer, algorithm, ...) is recorded in the manifest and checked on
     resume. Keeps the newest `keep` complete checkpoints.
     """
-    from safetensors.torch import save
-
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = root / f"{final.name}.tmp-{os.getpid()}"
@@ -137,15 +197,14 @@ def write(root: Path, step: int, snap: dict[str, Any], meta: dict[str, Any], con
         if v.data_ptr() in seen:
             continue
         seen.add(v.data_ptr())
-        weights[k] = v.contiguous()
-    files = {"model/model.safetensors": _write_hashed(tmp / "model" / "model.safetensors", save(weights))}
-    del weights
+        weights[k] = v
+    files = {"model/model.safetensors": write_safetensors(tmp / "model" / "model.safetensors", weights)}
     failpoints.hit("checkpoint.mid_write")
-    buf = io.BytesIO()
-    torch.save({"optimizer": snap["optimizer"], "scheduler": snap["scheduler"]}, buf)
-    files["optimizer/optimizer.pt"] = _write_hashed(tmp / "optimizer" / "optimizer.pt", buf.getbuffer())
-    del buf
-    files["meta.json"] = _write_hashed(tmp / "meta.json", json.dumps(meta).encode())
+    opt_tensors, opt_json = _optimizer_parts(snap["optimizer"])
+    files["optimizer/optimizer.safetensors"] = write_safetensors(tmp / "optimizer" / "optimizer.safetensors",
+                                                                 opt_tensors)
+    meta = {**meta, "optimizer": opt_json, "scheduler": snap["scheduler"]}
+    files["meta.json"] = _write_chunks(tmp / "meta.json", [json.dumps(meta).encode()])
     manifest = {"format_version": FORMAT_VERSION, "step": step, "config": config, "files": files,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
@@ -199,7 +258,7 @@ def verify(path: Path, expect_config: dict[str, Any] | None = None) -> dict[str,
         digest = sha256_file(p)
         if digest != want["sha256"]:
             raise CheckpointError(f"{path}: {rel} sha256 mismatch: expected {want['sha256']}, got {digest}")
-    for required in ("model/model.safetensors", "optimizer/optimizer.pt", "meta.json"):
+    for required in ("model/model.safetensors", "optimizer/optimizer.safetensors", "meta.json"):
         if required not in manifest["files"]:
             raise CheckpointError(f"{path}: {required} not in the manifest")
     for key, want in (expect_config or {}).items():
@@ -247,11 +306,12 @@ def load(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
     if why:
         raise CheckpointError(f"{path}: weights do not fit the model: {why}")
     model.load_state_dict(weights, strict=False)
-    state = torch.load(path / "optimizer" / "optimizer.pt", weights_only=True)
-    optimizer.load_state_dict(state["optimizer"])
-    if scheduler is not None and state["scheduler"] is not None:
-        scheduler.load_state_dict(state["scheduler"])
-    return json.loads((path / "meta.json").read_text())
+    meta = json.loads((path / "meta.json").read_text())
+    opt_tensors = load_file(str(path / "optimizer" / "optimizer.safetensors"))
+    optimizer.load_state_dict(_optimizer_state(opt_tensors, meta["optimizer"]))
+    if scheduler is not None and meta.get("scheduler") is not None:
+        scheduler.load_state_dict(meta["scheduler"])
+    return meta
 
 
 class AsyncCheckpointer:

@@ -51,10 +51,10 @@ def test_round_trip_restores_weights_optimizer_scheduler_and_rng(tmp_path):
      "model/model.safetensors size mismatch: expected"),
     (lambda p: (p / "meta.json").write_text(json.dumps({"global_step": 999}).ljust(len((p / "meta.json").read_text()))),
      "meta.json sha256 mismatch: expected"),
-    (lambda p: shutil.rmtree(p / "optimizer"), "optimizer/optimizer.pt missing"),
+    (lambda p: shutil.rmtree(p / "optimizer"), "optimizer/optimizer.safetensors missing"),
     (lambda p: (p / "manifest.json").write_text(
-        (p / "manifest.json").read_text().replace('"format_version": "1.0"', '"format_version": "2.0"')),
-     "checkpoint format mismatch: expected v1.0, got v2.0"),
+        (p / "manifest.json").read_text().replace('"format_version": "2.0"', '"format_version": "3.0"')),
+     "checkpoint format mismatch: expected v2.0, got v3.0"),
     (lambda p: (p / "manifest.json").unlink(), "no manifest.json"),
 ])
 def test_each_broken_checkpoint_says_what_is_wrong(tmp_path, break_it, message):
@@ -127,7 +127,7 @@ def test_kill_9_in_the_middle_of_a_save_leaves_the_previous_checkpoint_latest(tm
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
     assert marker.read_text().startswith("checkpoint.mid_write")
     (half,) = root.glob("step_000002.tmp-*")
-    assert (half / "model" / "model.safetensors").is_file() and not (half / "optimizer" / "optimizer.pt").exists()
+    assert (half / "model" / "model.safetensors").is_file() and not (half / "optimizer" / "optimizer.safetensors").exists()
     assert (root / "LATEST").read_text().strip() == "step_000001"
     assert ck.latest_valid(root, CONFIG).name == "step_000001"
     model, tr = _trained(1)
@@ -162,3 +162,18 @@ def test_ckpt_cli_lists_and_verifies(tmp_path, capsys):
     (tmp_path / "step_000002" / "meta.json").write_text('{"global_step": 7}')
     assert main(["ckpt", "verify", str(tmp_path / "step_000002")]) == 1
     assert "meta.json size mismatch" in capsys.readouterr().err
+
+
+def test_streamed_safetensors_read_back_with_the_library_and_hash_matches(tmp_path):
+    from safetensors.torch import load_file
+
+    from steadyrl.files import sha256_file
+
+    tensors = {"bf16": torch.randn(3, 5).to(torch.bfloat16), "scalar": torch.tensor(7.0),
+               "empty": torch.zeros(0, 4), "i64": torch.arange(10), "t": torch.randn(4, 6).t()}  # non-contiguous
+    entry = ck.write_safetensors(tmp_path / "x.safetensors", tensors, {"step": "3"})
+    back = load_file(str(tmp_path / "x.safetensors"))
+    assert set(back) == set(tensors) and all(torch.equal(back[k], tensors[k]) for k in tensors)
+    assert back["bf16"].dtype == torch.bfloat16 and back["scalar"].shape == ()
+    assert entry == {"size": (tmp_path / "x.safetensors").stat().st_size,
+                     "sha256": sha256_file(tmp_path / "x.safetensors")}
