@@ -1,6 +1,6 @@
 """Reward stage throughput with the reward server down (breaker open, cached scores) vs healthy.
 
-    .venv/bin/python bench/reward_outage.py [--groups 256] [--rounds 2] [--out bench/results/reward_outage.json]
+    .venv/bin/python bench/reward_outage.py [--groups 960] [--rounds 3] [--out bench/results/reward_outage.json]
 
 One reward worker (real process, transactional stage) between a real broker and the real
 reward server (numeric_match). Prompts: the first `--groups` rows of the arithmetic train
@@ -141,8 +141,8 @@ def unseen_prompt_matches(n: int, floors=(0.8, 0.9, 0.95)) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--groups", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--groups", type=int, default=960, help="prompts per pass (<= the worker cache, 1000)")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=2.0, help="reward.timeout_s of the worker")
     ap.add_argument("--out", default=str(ROOT / "bench/results/reward_outage.json"))
     args = ap.parse_args()

@@ -6,7 +6,9 @@ similar prompt among the last `capacity` (default 1000) prompts the server score
     prompt similarity   MinHash estimate of the Jaccard similarity of the prompts'
                         character 3-gram sets (datasketch MinHash + LSH, 128 permutations)
     sample reward       for each new response, the reward of the most similar response
-                        of that cached prompt (difflib ratio, 1.0 = identical text)
+                        of that cached prompt (exact Jaccard similarity of character
+                        3-gram sets, 1.0 = identical text; an identical response is found
+                        by a dictionary lookup first)
 
 Matching each response, not only the prompt, keeps a learning signal: giving every sample
 of a group the prompt's mean reward would make every GRPO advantage zero. A group whose
@@ -17,7 +19,6 @@ similarity is reported too.
 
 from __future__ import annotations
 
-import difflib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -69,7 +70,8 @@ class ScoreCache:
             raise ValueError(f"capacity must be >= 1 and floor in (0, 1], got {capacity}, {floor}")
         self.capacity, self.floor = capacity, floor
         self._lsh = MinHashLSH(threshold=floor, num_perm=NUM_PERM)
-        self._entries: OrderedDict[str, tuple[MinHash, str, list[tuple[str, float]], str]] = OrderedDict()
+        # prompt_id -> (MinHash, prompt, [(response, its 3-grams, reward)], {response: reward}, scorer)
+        self._entries: OrderedDict[str, tuple] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -82,7 +84,8 @@ class ScoreCache:
             if prompt_id in self._entries:
                 self._lsh.remove(prompt_id)
                 del self._entries[prompt_id]
-            self._entries[prompt_id] = (mh, prompt, list(zip(responses, rewards)), scorer)
+            scored = [(r, _shingles(r), float(w)) for r, w in zip(responses, rewards)]
+            self._entries[prompt_id] = (mh, prompt, scored, {r: w for r, _, w in reversed(scored)}, scorer)
             self._lsh.insert(prompt_id, mh)
             while len(self._entries) > self.capacity:
                 old, _ = self._entries.popitem(last=False)
@@ -100,11 +103,16 @@ class ScoreCache:
                     best, best_sim = key, sim
             if best is None or best_sim < self.floor:
                 return None
-            _, _, scored, scorer = self._entries[best]
+            _, _, scored, exact, scorer = self._entries[best]
         rewards, sims = [], []
         for response in responses:
-            ratio, reward = max(((difflib.SequenceMatcher(None, response, r).ratio(), w) for r, w in scored),
+            if response in exact:
+                rewards.append(exact[response])
+                sims.append(1.0)
+                continue
+            grams = _shingles(response)
+            r_sim, reward = max(((len(grams & g) / (len(grams | g) or 1), w) for _, g, w in scored),
                                 key=lambda t: t[0])  # ties: the first scored
-            rewards.append(float(reward))
-            sims.append(round(ratio, 4))
+            rewards.append(reward)
+            sims.append(round(r_sim, 4))
         return CachedScores(rewards, sims, round(best_sim, 4), best, scorer)
