@@ -1,6 +1,6 @@
 """Reward stage throughput with the reward server down (breaker open, cached scores) vs healthy.
 
-    .venv/bin/python bench/reward_outage.py [--groups 960] [--rounds 3] [--out bench/results/reward_outage.json]
+    .venv/bin/python bench/reward_outage.py [--groups 960] [--rounds 5] [--out bench/results/reward_outage.json]
 
 One reward worker (real process, transactional stage) between a real broker and the real
 reward server (numeric_match). Prompts: the first `--groups` rows of the arithmetic train
@@ -16,8 +16,7 @@ pass with the server healthy (which fills the worker's score cache), `--rounds` 
 
 Each pass uses the same prompt texts with new prompt ids and new responses. For the outage
 passes it also reports how often the cached reward equals the reward the scorer would have
-given (the arithmetic prompts are templates that differ in a few digits, the hard case for
-similarity matching). Starts and stops its own broker, server and worker.
+given: the share of repeated responses (exact) and the mean absolute error. Starts and stops its own broker, server and worker.
 """
 
 from __future__ import annotations
@@ -92,15 +91,19 @@ def run_pass(bootstrap: str, prefix: str, groups: list[RolloutGroup], timeout_s:
     sources = {}
     for s in scored:
         sources[s.reward_source.value] = sources.get(s.reward_source.value, 0) + 1
-    agree = total = 0
+    errors, repeats = [], 0
     for s in scored:
         if s.reward_source.value != "cache":
             continue
         truth = [numeric_match("", x.text, s.group.prompt.ground_truth)["score"] for x in s.group.samples]
-        agree += sum(a == b for a, b in zip(truth, s.rewards))
-        total += len(truth)
+        errors += [abs(a - b) for a, b in zip(truth, s.rewards)]
+        repeats += sum(e.get("response_similarity") == 1.0 for e in s.reward_extra)
     return {"groups": len(scored), "seconds": round(elapsed, 3), "groups_per_s": round(len(scored) / elapsed, 1),
-            "sources": sources, "cached_reward_agreement": round(agree / total, 4) if total else None,
+            "sources": sources,
+            # cache-scored samples: share that repeat a scored response (their reward is exact),
+            # and the mean |cached reward - the scorer's reward| over all of them
+            "cached_repeat_share": round(repeats / len(errors), 4) if errors else None,
+            "cached_reward_mae": round(sum(errors) / len(errors), 4) if errors else None,
             "cache_similarity_median": (statistics.median(s.cache_similarity for s in scored
                                                           if s.cache_similarity is not None)
                                         if sources.get("cache") else None)}
@@ -111,9 +114,9 @@ def metric(svc: ServiceProc, name: str, labels: dict) -> float | None:
 
 
 def unseen_prompt_matches(n: int, floors=(0.8, 0.9, 0.95)) -> dict:
-    """Offline: cache the first n prompts' scored groups, look up the next n (never scored):
-    how many would get a cached reward from a *different* prompt at each floor, and how
-    often that reward is right."""
+    """Offline: cache the first n prompts' scored groups, look up the next n (never scored).
+    At each floor: how many match another prompt on text alone (what the answer-key check
+    refuses), and how many match one with the same data_source and ground truth (served)."""
     from services.reward.cache import ScoreCache
 
     prompts = load_prompts(2 * n)
@@ -121,28 +124,27 @@ def unseen_prompt_matches(n: int, floors=(0.8, 0.9, 0.95)) -> dict:
     seen, unseen = make_groups(prompts[:n], "s", rng), make_groups(prompts[n:], "u", rng)
     out = {}
     for floor in floors:
-        cache = ScoreCache(1000, floor)
+        text_only, keyed = ScoreCache(1000, floor), ScoreCache(1000, floor)
         for g in seen:
             rewards = [numeric_match("", x.text, g.prompt.ground_truth)["score"] for x in g.samples]
-            cache.add(g.prompt_id, g.prompt.messages[-1].content, [x.text for x in g.samples], rewards, "rule")
-        hits = agree = total = 0
-        for g in unseen:
-            hit = cache.lookup(g.prompt.messages[-1].content, [x.text for x in g.samples])
-            if hit is None:
-                continue
-            hits += 1
-            truth = [numeric_match("", x.text, g.prompt.ground_truth)["score"] for x in g.samples]
-            agree += sum(a == b for a, b in zip(truth, hit.rewards))
-            total += len(truth)
-        out[str(floor)] = {"unseen_prompts": len(unseen), "matched_another_prompt": hits,
-                           "reward_agreement_when_matched": round(agree / total, 4) if total else None}
+            args = (g.prompt_id, g.prompt.messages[-1].content, [x.text for x in g.samples], rewards, "rule")
+            text_only.add(*args)
+            keyed.add(*args, (g.prompt.data_source, g.prompt.ground_truth))
+        responses = lambda g: [x.text for x in g.samples]  # noqa: E731
+        out[str(floor)] = {
+            "unseen_prompts": len(unseen),
+            "match_on_text_alone": sum(text_only.lookup(g.prompt.messages[-1].content, responses(g)) is not None
+                                       for g in unseen),
+            "match_with_same_answer": sum(keyed.lookup(g.prompt.messages[-1].content, responses(g),
+                                                       (g.prompt.data_source, g.prompt.ground_truth)) is not None
+                                          for g in unseen)}
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--groups", type=int, default=960, help="prompts per pass (<= the worker cache, 1000)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=2.0, help="reward.timeout_s of the worker")
     ap.add_argument("--out", default=str(ROOT / "bench/results/reward_outage.json"))
     args = ap.parse_args()

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import threading
 import time
@@ -157,14 +158,21 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], js: dict[str, Any]) -> di
     return {"state": state, "param_groups": groups}
 
 
+def _alias_key(t: torch.Tensor) -> tuple:
+    """Equal for the same view of the same memory (tied weights), different otherwise."""
+    return (t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+
+
 def snapshot(model, optimizer, scheduler) -> dict[str, Any]:
     """CPU copies of everything a save writes (the step loop may go on changing the originals).
     Tensors that share storage (tied embeddings) stay shared in the copy."""
-    copies: dict[int, torch.Tensor] = {}
+    copies: dict[tuple, torch.Tensor] = {}
 
     def cpu(obj):
         if isinstance(obj, torch.Tensor):
-            key = obj.data_ptr()
+            if obj.numel() == 0:  # every empty tensor has data_ptr 0
+                return obj.detach().to("cpu", copy=True)
+            key = _alias_key(obj)
             if key not in copies:
                 copies[key] = obj.detach().to("cpu", copy=True)
             return copies[key]
@@ -194,9 +202,9 @@ def write(root: Path, step: int, snap: dict[str, Any], meta: dict[str, Any], con
     # safetensors refuses tensors that share storage (tied embeddings): keep one name per storage
     seen, weights = set(), {}
     for k, v in snap["model"].items():
-        if v.data_ptr() in seen:
+        if v.numel() and _alias_key(v) in seen:
             continue
-        seen.add(v.data_ptr())
+        seen.add(_alias_key(v))
         weights[k] = v
     files = {"model/model.safetensors": write_safetensors(tmp / "model" / "model.safetensors", weights)}
     failpoints.hit("checkpoint.mid_write")
@@ -211,16 +219,21 @@ def write(root: Path, step: int, snap: dict[str, Any], meta: dict[str, Any], con
     _fsync_file(tmp / "manifest.json")
     for d in (tmp / "model", tmp / "optimizer", tmp):
         _fsync_dir(d)
-    if final.exists():
-        shutil.rmtree(final)
+    replaced = None
+    if final.exists():  # the same step saved again: the old folder stays whole until the new one is in
+        replaced = root / f"{final.name}.old-{os.getpid()}"
+        shutil.rmtree(replaced, ignore_errors=True)
+        final.rename(replaced)
     tmp.rename(final)
     _fsync_dir(root)
     write_atomic(root / "LATEST", final.name + "\n")
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
     for old in list_checkpoints(root)[:-keep]:
-        shutil.rmtree(root / old, ignore_errors=True)
-    for stray in root.glob("step_*.tmp-*"):
-        if stray != tmp:
-            shutil.rmtree(stray, ignore_errors=True)
+        if old != final.name:  # never the one just written (a newer-named folder may be broken)
+            shutil.rmtree(root / old, ignore_errors=True)
+    for stray in [*root.glob("step_*.tmp-*"), *root.glob("step_*.old-*")]:
+        shutil.rmtree(stray, ignore_errors=True)
     return final
 
 
@@ -228,7 +241,7 @@ def list_checkpoints(root: Path) -> list[str]:
     """Complete checkpoint folder names under root, oldest first."""
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.glob("step_*") if p.is_dir() and ".tmp-" not in p.name)
+    return sorted(p.name for p in root.glob("step_*") if p.is_dir() and re.fullmatch(r"step_\d{6,}", p.name))
 
 
 def verify(path: Path, expect_config: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -245,10 +258,14 @@ def verify(path: Path, expect_config: dict[str, Any] | None = None) -> dict[str,
         manifest = json.loads(mpath.read_text())
     except ValueError as e:
         raise CheckpointError(f"{mpath}: not JSON: {e}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{mpath}: not a manifest (no files table)")
     got = manifest.get("format_version")
     if str(got).split(".")[0] != FORMAT_VERSION.split(".")[0]:
         raise CheckpointError(f"{path}: checkpoint format mismatch: expected v{FORMAT_VERSION}, got v{got}")
     for rel, want in manifest["files"].items():
+        if not isinstance(want, dict) or not {"size", "sha256"} <= set(want):
+            raise CheckpointError(f"{path}: manifest entry for {rel} lacks size/sha256")
         p = path / rel
         if not p.is_file():
             raise CheckpointError(f"{path}: {rel} missing (expected {want['size']} bytes)")

@@ -165,6 +165,7 @@ class FakeRewardServer:
         from steadyrl.rewards import resolve_scorer, score_value
 
         self.mode, self.delay_s, self.calls = "ok", 0.0, 0
+        self.readyz_ok = False  # True: /readyz answers 200 whatever the mode (a hung model behind a live server)
         self._changed = threading.Condition()
         fn, outer = resolve_scorer(scorer), self
 
@@ -194,6 +195,8 @@ class FakeRewardServer:
                 return mode
 
             def do_GET(self):
+                if outer.readyz_ok:
+                    return self._send(200, {"mode": outer.mode})
                 mode = self._behave()
                 self._send(200 if mode in ("ok", "slow") else 503, {"mode": mode})
 

@@ -177,3 +177,49 @@ def test_streamed_safetensors_read_back_with_the_library_and_hash_matches(tmp_pa
     assert back["bf16"].dtype == torch.bfloat16 and back["scalar"].shape == ()
     assert entry == {"size": (tmp_path / "x.safetensors").stat().st_size,
                      "sha256": sha256_file(tmp_path / "x.safetensors")}
+
+
+def test_saving_the_same_step_again_never_leaves_latest_dangling(tmp_path):
+    """Regression: a second save of the same step deleted the folder LATEST names before the
+    new one was in place; a crash then left no checkpoint. Now the old one is renamed aside
+    (`.old-<pid>`, never listed, removed by the next save) until the new one is in."""
+    model, tr = _trained(1)
+    for _ in range(2):
+        ck.write(tmp_path, 1, ck.snapshot(model, tr.opt, tr.sched), {"global_step": 1}, CONFIG, keep=1)
+    assert ck.list_checkpoints(tmp_path) == ["step_000001"] and ck.latest_valid(tmp_path, CONFIG)
+    (tmp_path / "step_000001").rename(tmp_path / "step_000001.old-7")  # a crash between the two renames
+    (tmp_path / "step_000002.tmp-7").mkdir()
+    assert ck.list_checkpoints(tmp_path) == []
+    ck.write(tmp_path, 2, ck.snapshot(model, tr.opt, tr.sched), {"global_step": 2}, CONFIG, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["LATEST", "step_000002"]
+
+
+def test_keep_never_deletes_the_checkpoint_just_written(tmp_path):
+    model, tr = _trained(1)
+    (tmp_path / "step_000009").mkdir()  # a newer-named, broken folder
+    ck.write(tmp_path, 3, ck.snapshot(model, tr.opt, tr.sched), {"global_step": 3}, CONFIG, keep=1)
+    assert (tmp_path / "step_000003").is_dir() and ck.latest_valid(tmp_path, CONFIG).name == "step_000003"
+
+
+def test_snapshot_keeps_distinct_empty_tensors_apart():
+    """Regression: tensors were de-duplicated by data_ptr alone, and every empty tensor has 0."""
+    class Opt:
+        def state_dict(self):
+            return {"state": {0: {"a": torch.zeros(0, 4), "b": torch.zeros(3, 0), "c": torch.zeros(0, dtype=torch.int64)}},
+                    "param_groups": []}
+
+    model, _ = _trained(0)
+    snap = ck.snapshot(model, Opt(), None)["optimizer"]["state"][0]
+    assert [(tuple(t.shape), t.dtype) for t in snap.values()] == [((0, 4), torch.float32), ((3, 0), torch.float32),
+                                                                   ((0,), torch.int64)]
+
+
+@pytest.mark.parametrize("manifest", ["[]", '{"format_version": "2.0"}', '{"format_version": "2.0", "files": {"meta.json": 3}}'])
+def test_a_malformed_manifest_is_a_checkpoint_error_and_falls_back(tmp_path, manifest):
+    model, tr = _trained(1)
+    for step in (1, 2):
+        ck.write(tmp_path, step, ck.snapshot(model, tr.opt, tr.sched), {"global_step": step}, CONFIG)
+    (tmp_path / "step_000002" / "manifest.json").write_text(manifest)
+    with pytest.raises(ck.CheckpointError):
+        ck.verify(tmp_path / "step_000002", CONFIG)
+    assert ck.latest_valid(tmp_path, CONFIG).name == "step_000001"

@@ -5,16 +5,18 @@ similar prompt among the last `capacity` (default 1000) prompts the server score
 
     prompt similarity   MinHash estimate of the Jaccard similarity of the prompts'
                         character 3-gram sets (datasketch MinHash + LSH, 128 permutations)
-    sample reward       for each new response, the reward of the most similar response
-                        of that cached prompt (exact Jaccard similarity of character
-                        3-gram sets, 1.0 = identical text; an identical response is found
-                        by a dictionary lookup first)
+    same answer key     a cached prompt only counts if its `ground_truth` and `data_source`
+                        equal the new one's (templated prompts that differ in one number
+                        are textually near-identical but have other answers)
+    sample reward       a response identical to one the server scored gets that reward
+                        (response_similarity 1.0); any other gets the cached prompt's mean
+                        scored reward, its expected reward (response_similarity 0.0)
 
-Matching each response, not only the prompt, keeps a learning signal: giving every sample
-of a group the prompt's mean reward would make every GRPO advantage zero. A group whose
-best prompt similarity is below `floor` gets no cached reward (the caller holds it until
-the server recovers). The group's similarity is the prompt's; each sample's response
-similarity is reported too.
+Text similarity says nothing about whether "41" or "42" is the right answer, so a
+response that is not a repeat gets the expected value rather than a neighbour's reward:
+repeats keep a learning signal (their GRPO advantage is right), the rest carry none.
+A group whose best prompt similarity is below `floor` gets no cached reward (the caller
+holds it until the server recovers).
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def minhash(text: str) -> MinHash:
 
 @dataclass
 class CachedScores:
-    """Rewards for one group from the cache: (n,) rewards, each sample's response similarity,
-    the prompt similarity (0..1), and which scored prompt and scorer they came from."""
+    """Rewards for one group from the cache: (n,) rewards, each sample's response similarity
+    (1.0: a repeat, its own reward; 0.0: the prompt's mean reward), the prompt similarity
+    (0..1), and which scored prompt and scorer they came from."""
 
     rewards: list[float]
     response_similarity: list[float]
@@ -70,49 +73,46 @@ class ScoreCache:
             raise ValueError(f"capacity must be >= 1 and floor in (0, 1], got {capacity}, {floor}")
         self.capacity, self.floor = capacity, floor
         self._lsh = MinHashLSH(threshold=floor, num_perm=NUM_PERM)
-        # prompt_id -> (MinHash, prompt, [(response, its 3-grams, reward)], {response: reward}, scorer)
+        # prompt_id -> (MinHash, answer_key, {response: reward}, mean reward, scorer)
         self._entries: OrderedDict[str, tuple] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def add(self, prompt_id: str, prompt: str, responses: list[str], rewards: list[float], scorer: str) -> None:
-        """Remember a group the server scored (a prompt seen again replaces its entry)."""
+    def add(self, prompt_id: str, prompt: str, responses: list[str], rewards: list[float], scorer: str,
+            answer_key: tuple = ()) -> None:
+        """Remember a group the server scored (a prompt seen again replaces its entry).
+        `answer_key` (e.g. (data_source, ground_truth)) must match on lookup."""
         mh = minhash(prompt)
         with self._lock:
             if prompt_id in self._entries:
                 self._lsh.remove(prompt_id)
                 del self._entries[prompt_id]
-            scored = [(r, _shingles(r), float(w)) for r, w in zip(responses, rewards)]
-            self._entries[prompt_id] = (mh, prompt, scored, {r: w for r, _, w in reversed(scored)}, scorer)
+            mean = sum(rewards) / len(rewards) if rewards else 0.0
+            exact = {r: float(w) for r, w in reversed(list(zip(responses, rewards)))}  # first scored wins
+            self._entries[prompt_id] = (mh, tuple(answer_key), exact, mean, scorer)
             self._lsh.insert(prompt_id, mh)
             while len(self._entries) > self.capacity:
                 old, _ = self._entries.popitem(last=False)
                 self._lsh.remove(old)
 
-    def lookup(self, prompt: str, responses: list[str]) -> CachedScores | None:
-        """Rewards for `responses` from the most similar cached prompt, or None when no cached
-        prompt reaches the floor."""
-        mh = minhash(prompt)
+    def lookup(self, prompt: str, responses: list[str], answer_key: tuple = ()) -> CachedScores | None:
+        """Rewards for `responses` from the most similar cached prompt with the same
+        `answer_key`, or None when none reaches the floor."""
+        mh, key = minhash(prompt), tuple(answer_key)
         with self._lock:
             best, best_sim = None, -1.0
-            for key in self._lsh.query(mh):
-                sim = mh.jaccard(self._entries[key][0])
+            for pid in self._lsh.query(mh):
+                entry = self._entries[pid]
+                if entry[1] != key:
+                    continue
+                sim = mh.jaccard(entry[0])
                 if sim > best_sim:
-                    best, best_sim = key, sim
+                    best, best_sim = pid, sim
             if best is None or best_sim < self.floor:
                 return None
-            _, _, scored, exact, scorer = self._entries[best]
-        rewards, sims = [], []
-        for response in responses:
-            if response in exact:
-                rewards.append(exact[response])
-                sims.append(1.0)
-                continue
-            grams = _shingles(response)
-            r_sim, reward = max(((len(grams & g) / (len(grams | g) or 1), w) for _, g, w in scored),
-                                key=lambda t: t[0])  # ties: the first scored
-            rewards.append(reward)
-            sims.append(round(r_sim, 4))
+            _, _, exact, mean, scorer = self._entries[best]
+        rewards = [exact.get(r, mean) for r in responses]
+        sims = [1.0 if r in exact else 0.0 for r in responses]
         return CachedScores(rewards, sims, round(best_sim, 4), best, scorer)

@@ -10,13 +10,15 @@ Around each call to `POST /score`:
     timeout      `timeout_s` (default 30 s) for connect, each read and each write
     breaker      steadyrl.breaker.CircuitBreaker: 3 consecutive failures (unreachable,
                  timeout, 408/429/5xx, malformed answer) open it; while open no call goes
-                 out, a background probe GETs /readyz every `probe_interval_s` and a
-                 healthy answer half-opens it (as does `reset_timeout_s` passing); the
-                 trial call's success closes it
+                 out, and a background probe re-scores the last scored item every
+                 `probe_interval_s` (POST /score, one item, short timeout: a server whose
+                 /readyz answers while its model hangs does not pass); a probe that is
+                 answered half-opens it (as does `reset_timeout_s` passing); the trial
+                 call's success closes it
     fallback     while open, each group is scored from the most similar of the last 1000
                  prompts the server scored (services.reward.cache), marked
                  `reward_source=cache` with the similarity; a group below the similarity
-                 floor is held until the server is back
+                 floor, or whose ground truth differs, is held until the server is back
 
 A failure that does not (yet) open the breaker holds the whole batch for `retry_backoff_s`.
 """
@@ -48,6 +50,11 @@ FALLBACK = Counter("steadyrl_reward_fallback_groups", "Groups met while the brea
 CACHE_SIMILARITY = Histogram("steadyrl_reward_cache_similarity", "Prompt similarity of cache-scored groups",
                              buckets=(0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0))
 CACHE_SIZE = Gauge("steadyrl_reward_cache_prompts", "Scored prompts held for the cached-score fallback")
+
+
+def _answer_key(g: RolloutGroup) -> tuple:
+    """What a cached prompt must share with a new one to lend it rewards."""
+    return (g.prompt.data_source, g.prompt.ground_truth)
 
 
 def prompt_text(g: RolloutGroup) -> str:
@@ -95,6 +102,7 @@ class RewardClient:
             BREAKER_STATE.labels(s.value).set(1 if s is self.breaker.state else 0)
         self.cache = cache
         self.probe_interval_s = probe_interval_s
+        self._probe_item: dict | None = None  # the last item the server scored
         self._stop = threading.Event()
         if probe_interval_s > 0:
             threading.Thread(target=self._probe_loop, name="reward-probe", daemon=True).start()
@@ -107,10 +115,18 @@ class RewardClient:
 
     # ---- health probe ---------------------------------------------------------------------
     def probe_once(self) -> bool:
-        """GET /readyz; a 200 while open half-opens the breaker. Returns whether it was healthy."""
+        """Score the last scored item again (or GET /readyz before any was scored), with a
+        timeout of min(timeout_s, 5 s); an answer while open half-opens the breaker.
+        Returns whether the server answered."""
+        timeout = min(self.timeout_s, 5.0)
         try:
-            ok = self.http.get(f"{self.url}/readyz", timeout=min(self.timeout_s, 5.0)).status_code == 200
-        except httpx.HTTPError:
+            if self._probe_item is None:
+                ok = self.http.get(f"{self.url}/readyz", timeout=timeout).status_code == 200
+            else:
+                resp = self.http.post(f"{self.url}/score", json={"scorer": self.scorer, "items": [self._probe_item]},
+                                      timeout=timeout)
+                ok = resp.status_code == 200 and len(resp.json().get("scores", [])) == 1
+        except (httpx.HTTPError, ValueError, AttributeError):
             ok = False
         if ok:
             self.breaker.probe_succeeded()
@@ -140,23 +156,27 @@ class RewardClient:
                 if self.breaker.state is not State.open:
                     raise
                 log.warning("reward server failing; scoring from the cache", extra={"why": str(e)})
+            except BaseException as e:  # never leave a trial call unrecorded (half-open forever)
+                self.breaker.record_failure(f"{type(e).__name__}: {e}")
+                raise
             else:
                 self.breaker.record_success()
                 if self.cache is not None:
                     for g, s in zip(groups, result):
-                        if isinstance(s, Scores):
-                            self.cache.add(g.prompt_id, prompt_text(g), [x.text for x in g.samples], s.rewards,
-                                           s.scorer)
+                        self.cache.add(g.prompt_id, prompt_text(g), [x.text for x in g.samples], s.rewards,
+                                       s.scorer, _answer_key(g))
                     CACHE_SIZE.set(len(self.cache))
                 return result
         return [self._from_cache(g) for g in groups]
 
     def _from_cache(self, g: RolloutGroup) -> Scores | RetryLater:
-        hit = self.cache.lookup(prompt_text(g), [s.text for s in g.samples]) if self.cache is not None else None
+        hit = (self.cache.lookup(prompt_text(g), [s.text for s in g.samples], _answer_key(g))
+               if self.cache is not None else None)
         if hit is None:
             FALLBACK.labels("held").inc()
-            return RetryLater(f"reward server breaker {self.breaker.state.value} and no cached prompt within "
-                              f"similarity {self.cache.floor if self.cache else '-'}", self.retry_backoff_s)
+            return RetryLater(f"reward server breaker {self.breaker.state.value} and no cached prompt with this "
+                              f"answer within similarity {self.cache.floor if self.cache else '-'}",
+                              self.retry_backoff_s)
         FALLBACK.labels("cache").inc()
         CACHE_SIMILARITY.observe(hit.similarity)
         extra = [{"cache_of": hit.source_prompt_id, "response_similarity": r} for r in hit.response_similarity]
@@ -197,15 +217,24 @@ class RewardClient:
         if len(scores) != len(items):
             CALLS.labels("malformed").inc()
             raise RetryLater(f"reward server returned {len(scores)} scores for {len(items)} items", self.retry_backoff_s)
-        CALLS.labels("ok").inc()
         result, k = [], 0
-        for g in groups:
-            n = len(g.samples)
-            chunk = scores[k:k + n]
-            k += n
-            errors = [c["error"] for c in chunk if c.get("reward") is None]
-            if errors:  # the scorer cannot score this group: not retryable
-                raise ValueError(f"prompt {g.prompt_id}: {errors[0]}")
-            result.append(Scores([float(c["reward"]) for c in chunk], scorer, source,
-                                 [c.get("extra", {}) for c in chunk]))
+        try:
+            for g in groups:
+                n = len(g.samples)
+                chunk = scores[k:k + n]
+                k += n
+                errors = [str(c["error"]) for c in chunk if c.get("reward") is None]  # KeyError: malformed
+                if errors:  # the scorer cannot score this group: not retryable
+                    raise ValueError(f"prompt {g.prompt_id}: {errors[0]}")
+                rewards = [c["reward"] for c in chunk]
+                if not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rewards):
+                    raise TypeError(f"rewards must be numbers, got {rewards[:3]!r}")
+                result.append(Scores([float(r) for r in rewards], scorer, source,
+                                     [dict(c.get("extra") or {}) for c in chunk]))
+        except (AttributeError, KeyError, TypeError) as e:  # an item that is not {"reward": number, ...}
+            CALLS.labels("malformed").inc()
+            raise RetryLater(f"reward server answered malformed scores: {type(e).__name__}: {e}",
+                             self.retry_backoff_s) from None
+        CALLS.labels("ok").inc()
+        self._probe_item = items[-1]
         return result

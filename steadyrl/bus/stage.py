@@ -22,8 +22,8 @@ whole batch wait: nothing is committed, the consumer rewinds, and the batch is r
 after a backoff. A batch handler may instead hold single records by returning a
 `RetryLater` as their result: each partition is then committed up to its first held
 record (outputs of records after it are not produced), the consumer rewinds to it, and the
-held records are retried after the backoff -- held, never dropped, order kept per
-partition. Nothing a record contains can crash the loop.
+held records are tried again with the next batch, after the backoff once a batch holds
+nothing else -- held, never dropped, order kept per partition. Nothing a record contains can crash the loop.
 """
 
 from __future__ import annotations
@@ -240,23 +240,31 @@ class Stage:
             self._rewind()
             return
         offsets = self._next_offsets(msgs)
+        progressed = True
         if held:  # commit each partition only up to its first held record
+            first = {}
+            for m in msgs:
+                tp = (m.topic(), m.partition())
+                first[tp] = min(first.get(tp, m.offset()), m.offset())
             tagged = [t for t in tagged if t[0] not in held or t[1] < held[t[0]][0]]
             for tp in offsets:
                 if (tp.topic, tp.partition) in held:
                     tp.offset = held[(tp.topic, tp.partition)][0]
+            progressed = bool(tagged) or any(tp.offset > first[(tp.topic, tp.partition)] for tp in offsets)
         outputs = [out for _, _, out in tagged]
-        if self.mode == "transactional":
-            self._commit_transaction(outputs, offsets)
-        else:
-            self._commit_at_least_once(outputs, offsets)
+        if progressed:  # a batch held at its very start moves nothing: no empty transaction
+            if self.mode == "transactional":
+                self._commit_transaction(outputs, offsets)
+            else:
+                self._commit_at_least_once(outputs, offsets)
         if held:
             why = next(iter(held.values()))[1]
             RECORDS.labels(self.name, "held").inc(sum(1 for m in msgs if (m.topic(), m.partition()) in held
                                                       and m.offset() >= held[(m.topic(), m.partition())][0]))
             log.warning("records held", extra={"stage": self.stage_id, "partitions": len(held), "why": str(why)})
             self._rewind()
-            time.sleep(max(e.backoff_s for _, e in held.values()))
+            if not progressed:  # only held records left: wait before trying them again
+                time.sleep(max(e.backoff_s for _, e in held.values()))
 
     def _transform_while_polling(self, msgs: list):
         """Run the transform in a worker thread; if it takes longer than `pause_after_s`,

@@ -156,7 +156,7 @@ class Trainer:
         self.oom_fallbacks = 0                         # times a step ran out of memory and was retried
 
     # -- out-of-memory fallback ------------------------------------------------------------
-    def _enter_safe_mode(self, error: BaseException) -> None:
+    def _enter_safe_mode(self, error: str) -> None:
         """Gradient checkpointing on, micro-batch 4x smaller; logged as an event."""
         self.safe_mode = True
         self.oom_fallbacks += 1
@@ -170,7 +170,7 @@ class Trainer:
             torch.cuda.empty_cache()
         log.warning("out of memory in a training step; retrying it with gradient checkpointing and a smaller "
                     "micro-batch", extra={"step": self.global_step + 1, "micro_batch_size": f"{before} -> "
-                                          f"{self.micro_batch_size}", "error": str(error)[:300],
+                                          f"{self.micro_batch_size}", "error": error[:300],
                                           "mode": self.cfg.oom_fallback})
 
     def _leave_safe_mode(self) -> None:
@@ -187,8 +187,8 @@ class Trainer:
         except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
             if not is_out_of_memory(e) or self.cfg.oom_fallback == "off" or self.safe_mode:
                 raise
-            error = e
-        # outside the except block: the traceback's frames (and their tensors) are freed
+            error = f"{type(e).__name__}: {e}"  # not `e`: its traceback holds the failed attempt's tensors
+        # outside the except block, `e` is gone: the failed attempt's frames and tensors are freed
         self.opt.zero_grad(set_to_none=True)
         self._enter_safe_mode(error)
         return fn()

@@ -85,3 +85,27 @@ def test_a_cache_scored_group_weighs_by_its_weight_and_zero_excludes_it():
     c = _trainer()
     c.step(GROUPS)
     assert any(not torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), c.model.state_dict().values()))
+
+
+def test_the_retry_does_not_keep_the_failed_attempts_tensors_alive():
+    """Regression: the retry held the exception, whose traceback kept the failed forward's
+    frames (and their tensors) alive; on a GPU that makes the retry run out of memory too."""
+    import gc
+    import weakref
+
+    tr = _trainer()
+    real, seen = tr.model.forward, {}
+
+    def forward(*a, **kw):
+        if torch.is_grad_enabled() and "ref" not in seen:
+            activations = torch.empty(1 << 20)  # stands for the failed attempt's memory
+            seen["ref"] = weakref.ref(activations)
+            raise torch.OutOfMemoryError("out of memory")
+        if "ref" in seen and "alive" not in seen:
+            gc.collect()
+            seen["alive"] = seen["ref"]() is not None
+        return real(*a, **kw)
+
+    tr.model.forward = forward
+    tr.step(GROUPS)
+    assert seen["alive"] is False

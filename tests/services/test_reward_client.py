@@ -48,7 +48,7 @@ def test_hanging_server_opens_the_breaker_after_exactly_three_timeouts_then_cach
     assert healthy[0].rewards == [1.0, 0.5, 0.0] and healthy[0].source is RewardSource.rule
 
     server.set("hang")
-    again = group(2, "copy the letter a, please, four times!", ["abab", "aaaa!"])  # near-duplicate prompt
+    again = group(2, "copy the letter a, please, four times!", ["aaaa", "zzzz"])  # near-duplicate prompt
     novel = group(3, "something else entirely: zzz qqq", ["aaaa"])
     for _ in range(2):  # failures 1 and 2: the batch is held, breaker still closed
         with pytest.raises(RetryLater, match="timed out after 0.3 s"):
@@ -59,9 +59,11 @@ def test_hanging_server_opens_the_breaker_after_exactly_three_timeouts_then_cach
     assert c.breaker.state is State.open and server.calls == calls + 1
     cached, held = out
     assert cached.source is RewardSource.cache and cached.scorer == "rule:tiny_copy@1"
-    assert cached.rewards == [0.5, 1.0] and 0.8 <= cached.similarity < 1.0  # each response: its nearest scored one
-    assert cached.extra[0] == {"cache_of": "e0-i1", "response_similarity": 1.0}
-    assert isinstance(held, RetryLater) and "no cached prompt within similarity 0.8" in str(held)
+    # a repeated response gets its own reward, any other the prompt's mean (1 + 0.5 + 0) / 3
+    assert cached.rewards == [1.0, 0.5] and 0.8 <= cached.similarity < 1.0
+    assert cached.extra == [{"cache_of": "e0-i1", "response_similarity": 1.0},
+                            {"cache_of": "e0-i1", "response_similarity": 0.0}]
+    assert isinstance(held, RetryLater) and "no cached prompt with this answer within similarity 0.8" in str(held)
 
     calls = server.calls
     c.score_many([again])  # open: no call goes out
@@ -99,14 +101,63 @@ def test_a_slow_server_within_the_timeout_is_not_a_failure(server):
     assert c.breaker.state is State.closed and c.breaker.failures == 0
 
 
-def test_cache_keeps_the_last_n_prompts_and_matches_responses():
+def test_cache_keeps_the_last_n_prompts_and_needs_the_same_answer():
     cache = ScoreCache(capacity=2, floor=0.8)
-    cache.add("p1", "prompt number one about cats", ["meow", "woof"], [1.0, 0.0], "rule:x@1")
-    cache.add("p2", "prompt number two about dogs", ["woof"], [1.0], "rule:x@1")
-    hit = cache.lookup("prompt number one about cats", ["woof", "meow!", "zzz"])
-    assert hit.similarity == 1.0 and hit.source_prompt_id == "p1" and hit.rewards[:2] == [0.0, 1.0]
-    cache.add("p3", "prompt number three about fish", ["blub"], [0.5], "rule:x@1")  # evicts p1
-    assert len(cache) == 2 and cache.lookup("prompt number one about cats", ["meow"]) is None
-    assert cache.lookup("an unrelated question", ["woof"]) is None
+    cache.add("p1", "prompt number one about cats", ["meow", "woof"], [1.0, 0.0], "rule:x@1", ("d", "meow"))
+    cache.add("p2", "prompt number two about dogs", ["woof"], [1.0], "rule:x@1", ("d", "woof"))
+    hit = cache.lookup("prompt number one about cats", ["woof", "meow!", "meow"], ("d", "meow"))
+    assert hit.similarity == 1.0 and hit.source_prompt_id == "p1"
+    assert hit.rewards == [0.0, 0.5, 1.0] and hit.response_similarity == [1.0, 0.0, 1.0]
+    # the same text with another ground truth (a templated prompt whose number changed) lends nothing
+    assert cache.lookup("prompt number one about cats", ["meow"], ("d", "purr")) is None
+    cache.add("p3", "prompt number three about fish", ["blub"], [0.5], "rule:x@1", ("d", "blub"))  # evicts p1
+    assert len(cache) == 2 and cache.lookup("prompt number one about cats", ["meow"], ("d", "meow")) is None
+    assert cache.lookup("an unrelated question", ["woof"], ("d", "woof")) is None
     with pytest.raises(ValueError, match="floor in"):
         ScoreCache(10, 0.0)
+
+
+@pytest.mark.parametrize("item", [{"reward": None}, "0.5", {"reward": "high"}, {"reward": [1]}])
+def test_a_malformed_answer_is_a_failure_not_a_dlq_and_never_sticks_half_open(server, item):
+    """Regression: a 200 whose items were not {"reward": number} raised KeyError/TypeError:
+    the group went to the DLQ, and a trial call left the breaker half-open for good."""
+    import json as _json
+
+    c = _client(server, Clock(), cache=False)
+    real = c.http.post
+
+    def post(url, **kw):
+        resp = real(url, **kw)
+        body = resp.json()
+        body["scores"] = [item] * len(body["scores"])
+        import httpx
+        return httpx.Response(200, content=_json.dumps(body).encode(), request=resp.request)
+
+    c.http.post = post
+    for _ in range(3):
+        try:
+            c.score_many([SEEN])
+        except RetryLater as e:
+            assert "malformed" in str(e)
+    assert c.breaker.state is State.open
+    c.http.post = real
+    c.breaker.reset_timeout_s = 0
+    assert c.score_many([SEEN])[0].rewards == [1.0, 0.5, 0.0] and c.breaker.state is State.closed
+
+
+def test_the_probe_needs_a_scored_answer_not_just_readyz(server):
+    """Regression: /readyz answering while the model hangs half-opened the breaker every
+    probe, and each trial call then waited the full timeout."""
+    c = _client(server, Clock())
+    c.score_many([SEEN])
+    server.set("error")
+    for _ in range(3):
+        try:
+            c.score_many([SEEN])
+        except RetryLater:
+            pass
+    assert c.breaker.state is State.open
+    server.readyz_ok = True  # the server says it is ready, but /score still fails
+    assert not c.probe_once() and c.breaker.state is State.open
+    server.set("ok")
+    assert c.probe_once() and c.breaker.state is State.half_open
