@@ -19,7 +19,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -28,10 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from steadyrl import codec  # noqa: E402
-from steadyrl.broker import LocalBroker, fetch, free_port  # noqa: E402
 from steadyrl.contracts import Prompt, RolloutGroup, Sample, ScoredGroup  # noqa: E402
-from steadyrl.topics import create_topics  # noqa: E402
-from tests.helpers import ServiceProc  # noqa: E402
+from bench._reward_stack import reward_stack  # noqa: E402
 
 
 def make_group(i: int, size: int) -> RolloutGroup:
@@ -118,30 +115,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench/results/kafka_roundtrip.json"))
     ap.add_argument("--batch-size", type=int, default=64)
     args = ap.parse_args()
-    fetch()
-    with tempfile.TemporaryDirectory() as tmp:
-        broker = LocalBroker(Path(tmp) / "broker", port=free_port(), controller_port=free_port())
-        broker.start()
-        worker = server = None
-        try:
-            prefix = "bench."
-            create_topics(broker.bootstrap, prefix)
-            server = ServiceProc("reward.server", [], Path(tmp) / "server.log")
-            server.wait_ready()
-            worker = ServiceProc("reward", ["--bootstrap", broker.bootstrap, "--topic-prefix", prefix,
-                                            "--instance-id", "bench0", "--reward.batch-size", str(args.batch_size),
-                                            "--reward.server-url", server.url],
-                                 Path(tmp) / "reward.log")
-            worker.wait_ready()
-            results = {
-                "1KB": run_size(broker.bootstrap, prefix, 1024, n_lat=300, rate=20, n_tput=5000),
-                "64KB": run_size(broker.bootstrap, prefix, 64 * 1024, n_lat=200, rate=10, n_tput=1000),
-            }
-        finally:
-            for proc in (worker, server):
-                if proc is not None:
-                    proc.stop()
-            broker.stop()
+    with reward_stack(["--reward.batch-size", str(args.batch_size)]) as (bootstrap, _, _):
+        results = {
+            "1KB": run_size(bootstrap, "bench.", 1024, n_lat=300, rate=20, n_tput=5000),
+            "64KB": run_size(bootstrap, "bench.", 64 * 1024, n_lat=200, rate=10, n_tput=1000),
+        }
     out = {
         "benchmark": "kafka_roundtrip",
         "what": "produce -> reward worker (transactional consume, one HTTP call to the reward server per batch, "

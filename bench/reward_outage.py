@@ -29,19 +29,17 @@ import random
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._reward_stack import reward_stack  # noqa: E402
 from bench.kafka_roundtrip import consumer, drain  # noqa: E402
 from steadyrl import codec  # noqa: E402
-from steadyrl.broker import LocalBroker, fetch, free_port  # noqa: E402
 from steadyrl.contracts import Prompt, RolloutGroup, Sample  # noqa: E402
 from steadyrl.rewards import numeric_match  # noqa: E402
-from steadyrl.topics import create_topics  # noqa: E402
 from tests.helpers import ServiceProc  # noqa: E402
 
 G = 8
@@ -150,47 +148,28 @@ def main() -> None:
     args = ap.parse_args()
     prompts = load_prompts(args.groups)
     rng = random.Random(0)
-    fetch()
     rounds = []
-    with tempfile.TemporaryDirectory() as tmp:
-        broker = LocalBroker(Path(tmp) / "broker", port=free_port(), controller_port=free_port())
-        broker.start()
-        worker = server = None
-        try:
-            prefix = "bench."
-            create_topics(broker.bootstrap, prefix)
-            server = ServiceProc("reward.server", [], Path(tmp) / "server.log")
-            server.wait_ready()
-            worker = ServiceProc("reward", ["--bootstrap", broker.bootstrap, "--topic-prefix", prefix,
-                                            "--instance-id", "bench0", "--reward.server-url", server.url,
-                                            "--reward.timeout-s", str(args.timeout), "--reward.retry-backoff-s", "0.2",
-                                            "--reward.probe-interval-s", "0.5"],
-                                 Path(tmp) / "reward.log")
-            worker.wait_ready()
-            run_pass(broker.bootstrap, prefix, make_groups(prompts, "warm", rng))  # fills the score cache
-            for r in range(args.rounds):
-                healthy = run_pass(broker.bootstrap, prefix, make_groups(prompts, f"h{r}", rng))
-                server.proc.send_signal(signal.SIGSTOP)
-                t0 = time.monotonic()
-                run_pass(broker.bootstrap, prefix, make_groups(prompts[:16], f"trip{r}", rng))
-                time_to_open = time.monotonic() - t0
-                assert metric(worker, "steadyrl_reward_breaker_state", {"state": "open"}) == 1
-                outage = run_pass(broker.bootstrap, prefix, make_groups(prompts, f"o{r}", rng))
-                server.proc.send_signal(signal.SIGCONT)
-                t0 = time.monotonic()
-                while metric(worker, "steadyrl_reward_breaker_state", {"state": "closed"}) != 1:
-                    run_pass(broker.bootstrap, prefix, make_groups(prompts[:1], f"back{r}-{time.time_ns()}", rng))
-                time_to_close = time.monotonic() - t0
-                rounds.append({"healthy": healthy, "outage": outage, "time_to_open_s": round(time_to_open, 2),
-                               "time_to_close_s": round(time_to_close, 2)})
-                print(json.dumps(rounds[-1]), flush=True)
-        finally:
-            if server is not None and server.proc.poll() is None:
-                server.proc.send_signal(signal.SIGCONT)
-            for proc in (worker, server):
-                if proc is not None:
-                    proc.stop()
-            broker.stop()
+    prefix = "bench."
+    worker_args = ["--reward.timeout-s", str(args.timeout), "--reward.retry-backoff-s", "0.2",
+                   "--reward.probe-interval-s", "0.5"]
+    with reward_stack(worker_args, prefix) as (bootstrap, server, worker):
+        run_pass(bootstrap, prefix, make_groups(prompts, "warm", rng))  # fills the score cache
+        for r in range(args.rounds):
+            healthy = run_pass(bootstrap, prefix, make_groups(prompts, f"h{r}", rng))
+            server.proc.send_signal(signal.SIGSTOP)
+            t0 = time.monotonic()
+            run_pass(bootstrap, prefix, make_groups(prompts[:16], f"trip{r}", rng))
+            time_to_open = time.monotonic() - t0
+            assert metric(worker, "steadyrl_reward_breaker_state", {"state": "open"}) == 1
+            outage = run_pass(bootstrap, prefix, make_groups(prompts, f"o{r}", rng))
+            server.proc.send_signal(signal.SIGCONT)
+            t0 = time.monotonic()
+            while metric(worker, "steadyrl_reward_breaker_state", {"state": "closed"}) != 1:
+                run_pass(bootstrap, prefix, make_groups(prompts[:1], f"back{r}-{time.time_ns()}", rng))
+            time_to_close = time.monotonic() - t0
+            rounds.append({"healthy": healthy, "outage": outage, "time_to_open_s": round(time_to_open, 2),
+                           "time_to_close_s": round(time_to_close, 2)})
+            print(json.dumps(rounds[-1]), flush=True)
     healthy = statistics.median(r["healthy"]["groups_per_s"] for r in rounds)
     outage = statistics.median(r["outage"]["groups_per_s"] for r in rounds)
     out = {

@@ -94,7 +94,7 @@ class RolloutGroup(Contract):
     """The n completions of one prompt on `rl.rollouts` (key: prompt_id)."""
 
     SCHEMA_NAME: ClassVar[str] = "rollout_group"
-    SCHEMA_VERSION: ClassVar[str] = "1.0"
+    SCHEMA_VERSION: ClassVar[str] = "1.1"  # 1.1: rejected
 
     prompt: Prompt
     prompt_token_ids: list[int] = Field(default_factory=list, description="Tokenized chat, (P,).")
@@ -102,6 +102,8 @@ class RolloutGroup(Contract):
     policy_version: int = Field(ge=0, description="Policy that generated every sample.")
     actor: str = Field(default="", description="Which actor instance answered.")
     generated_ms: int = Field(default_factory=now_ms)
+    rejected: dict[str, int] = Field(default_factory=dict,
+                                     description="Samples the rollout gate removed, by reason (too_long, ...).")
 
     @property
     def prompt_id(self) -> str:
@@ -120,7 +122,7 @@ class ScoredGroup(Contract):
     """A rollout group with one reward per sample, on `rl.scored` (key: prompt_id)."""
 
     SCHEMA_NAME: ClassVar[str] = "scored_group"
-    SCHEMA_VERSION: ClassVar[str] = "1.0"
+    SCHEMA_VERSION: ClassVar[str] = "1.1"  # 1.1: group.rejected (rollout_group 1.1)
 
     group: RolloutGroup
     rewards: list[float] = Field(description="One scalar reward per sample, (n,).")

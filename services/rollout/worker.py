@@ -12,11 +12,16 @@ its policy is behind the prompt's) or times out, the batch is held (`RetryLater`
 nothing is committed and the prompts are retried after a backoff, never dropped. An
 actor 4xx (the request itself is wrong, or the prompt belongs to an earlier run) sends
 the prompt to `rl.dlq` with the actor's message.
+
+The rollout gate (`services/rollout/gate.py`) removes samples that are too long, hold
+control characters or miss `response_schema`; a group it empties goes to `rl.dlq`
+(reason `rejected`) with the reasons.
 """
 
 from __future__ import annotations
 
 import httpx
+from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.config import ServiceConfig, load
@@ -35,10 +40,16 @@ class RolloutSection(BaseModel):
     request_timeout_s: float = Field(600.0, gt=0, description="Per /generate call.")
     retry_backoff_s: float = Field(2.0, gt=0, description="Wait before retrying while the actor is unreachable.")
     behind_backoff_s: float = Field(0.2, gt=0, description="Wait before retrying while the actor loads a policy.")
+    max_response_tokens: int = Field(512, ge=1, description="Rollout gate: longer samples leave their group.")
+    response_schema: dict | None = Field(None, description="Rollout gate: a JSON Schema every response must "
+                                                           "satisfy (structured outputs); None: no check.")
 
 
 class RolloutConfig(ServiceConfig):
     rollout: RolloutSection = RolloutSection()
+
+
+REJECTED = Counter("steadyrl_rollout_samples_rejected", "Samples the rollout gate removed", ["reason"])
 
 
 def _request_key(p: Prompt) -> tuple:
@@ -46,10 +57,16 @@ def _request_key(p: Prompt) -> tuple:
 
 
 def make_handler(cfg: RolloutConfig, client: httpx.Client):
-    """[(Prompt, meta)] -> one [Output(rl.rollouts)] per prompt, one actor call per sampling setting."""
+    """[(Prompt, meta)] -> one [Output(rl.rollouts)] per prompt, one actor call per sampling
+    setting; the rollout gate removes failing samples, and a group it empties becomes a
+    codec.Rejected (to rl.dlq with the reasons)."""
+    from services.rollout.gate import RolloutGate
     from steadyrl.bus.stage import Output, RetryLater
+    from steadyrl.codec import Rejected
+    from steadyrl.contracts import DLQReason
 
     r = cfg.rollout
+    gate = RolloutGate(r.max_response_tokens, r.response_schema)
 
     def call_actor(prompts: list[Prompt]) -> list[RolloutGroup]:
         p0 = prompts[0]
@@ -74,7 +91,7 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client):
                              policy_version=out["policy_version"], actor=r.actor_url)
                 for i, p in enumerate(prompts)]
 
-    def handle_batch(items) -> list[list[Output]]:
+    def handle_batch(items) -> list:
         by_key: dict[tuple, list[int]] = {}
         for i, (p, _) in enumerate(items):
             by_key.setdefault(_request_key(p), []).append(i)
@@ -82,7 +99,18 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client):
         for idx in by_key.values():
             for i, g in zip(idx, call_actor([items[i][0] for i in idx])):
                 groups[i] = g
-        return [[Output("rl.rollouts", items[i][0].prompt_id, groups[i])] for i in range(len(items))]
+        results = []
+        for i in range(len(items)):
+            g, why = gate.apply(groups[i])
+            for reason, n in why.items():
+                REJECTED.labels(reason).inc(n)
+            if not g.samples:
+                detail = ", ".join(f"{k} x{n}" for k, n in sorted(why.items()))
+                results.append(Rejected(DLQReason.rejected, f"rollout gate: all {sum(why.values())} samples "
+                                                            f"rejected ({detail})"))
+            else:
+                results.append([Output("rl.rollouts", items[i][0].prompt_id, g)])
+        return results
 
     return handle_batch
 

@@ -89,8 +89,10 @@ class Output:
 #: function of its input (it may run again for the same record after a crash).
 Handler = Callable[[Contract, Meta], list[Output]]
 #: A batch handler does the same for every accepted record of a batch at once (one
-#: result list per record, in order, or a RetryLater to hold that record); the rollout
-#: worker uses it to send one request, the reward worker to hold groups it cannot score yet.
+#: result list per record, in order, or a RetryLater to hold that record, or a
+#: codec.Rejected to send it to rl.dlq with its reason); the rollout worker uses it to send
+#: one request and to refuse groups its gate emptied, the reward worker to hold groups it
+#: cannot score yet.
 BatchHandler = Callable[[list[tuple[Contract, Meta]]], "list[list[Output] | RetryLater]"]
 
 
@@ -335,11 +337,14 @@ class Stage:
                     rej = codec.Rejected(DLQReason.handler_error, f"{type(e).__name__}: {e}",
                                          codec.header_value(m.headers()))
                     results.append(self._dlq(rej, meta, m.value()))
-        for (_, meta, _), res in zip(accepted, results):
+        for (_, meta, m), res in zip(accepted, results):
             tp = (meta.topic, meta.partition)
             if isinstance(res, RetryLater):
                 if tp not in held or meta.offset < held[tp][0]:
                     held[tp] = (meta.offset, res)
+                continue
+            if isinstance(res, codec.Rejected):  # the handler refused this record (a data gate)
+                out.append((tp, meta.offset, self._dlq(res, meta, m.value())))
                 continue
             if isinstance(res, tuple):  # a DLQ record
                 out.append((tp, meta.offset, res))

@@ -44,6 +44,21 @@ def grpo_advantages(rewards: torch.Tensor, norm_by_std: bool = True, eps: float 
     return centred / (std + eps)
 
 
+def grpo_advantages_by_group(rewards: torch.Tensor, sizes: list[int], norm_by_std: bool = True,
+                             eps: float = 1e-6) -> torch.Tensor:
+    """`grpo_advantages` for groups of different sizes (a data gate removed some samples).
+
+    Args:
+        rewards: (N,) the groups' rewards one after another; sizes: each group's size, sum N.
+    Returns:
+        (N,) advantages; equal to grpo_advantages(rewards.view(B, G)).reshape(N) when every
+        group has the same size (that path is taken then).
+    """
+    if len(set(sizes)) == 1:
+        return grpo_advantages(rewards.view(len(sizes), sizes[0]), norm_by_std, eps).reshape(-1)
+    return torch.cat([grpo_advantages(r[None], norm_by_std, eps)[0] for r in torch.split(rewards, sizes)])
+
+
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
         lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation over response tokens.

@@ -106,7 +106,9 @@ def build_batch(groups: list[Group], pad_id: int) -> dict[str, torch.Tensor]:
     """Pack groups into tensors: [left-padded prompt | right-padded response].
 
     Returns input_ids (N, P+T), attention_mask (N, P+T), position_ids (N, P+T),
-    responses (N, T), response_mask (N, T), rewards (B, G), and P.
+    responses (N, T), response_mask (N, T), rewards (N,), group_sizes (B,), and P.
+    Groups may differ in size (a data gate removed samples). Raises ValueError for an
+    empty group.
     """
     seqs = [(g.prompt_ids, r) for g in groups for r in g.responses]
     P = max(len(p) for p, _ in seqs)
@@ -119,12 +121,13 @@ def build_batch(groups: list[Group], pad_id: int) -> dict[str, torch.Tensor]:
         rmask.append([1.0] * len(r) + [0.0] * (T - len(r)))
     attention_mask = torch.tensor(attn)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    G = {len(g.responses) for g in groups}
-    if len(G) != 1:
-        raise ValueError(f"every group needs the same number of samples, got sizes {sorted(G)}")
+    sizes = [len(g.responses) for g in groups]
+    if min(sizes) < 1 or any(len(g.rewards) != len(g.responses) for g in groups):
+        raise ValueError(f"every group needs >= 1 sample and one reward per sample, got sizes {sizes}")
     return {"input_ids": torch.tensor(ids), "attention_mask": attention_mask, "position_ids": position_ids,
             "responses": torch.tensor(resp), "response_mask": torch.tensor(rmask),
-            "rewards": torch.tensor([g.rewards for g in groups], dtype=torch.float32), "P": torch.tensor(P)}
+            "rewards": torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32),
+            "group_sizes": torch.tensor(sizes), "P": torch.tensor(P)}
 
 
 class Trainer:
@@ -222,14 +225,14 @@ class Trainer:
     def step(self, groups: list[Group]) -> dict[str, float]:
         """Update the policy on `groups`; returns per-step metrics (verl names).
 
-        Raises ValueError if groups have different sizes.
+        Groups may differ in size. Raises ValueError for an empty group.
         """
         cfg, t_start = self.cfg, time.perf_counter()
         b = build_batch(groups, self.pad_id)
         mask = b["response_mask"]                                                # (N, T)
-        B, G = b["rewards"].shape
+        sizes = b["group_sizes"]                                                 # (B,)
         N, T = mask.shape
-        group_weight = torch.tensor([g.weight for g in groups]).repeat_interleave(G)        # (N,)
+        group_weight = torch.tensor([g.weight for g in groups]).repeat_interleave(sizes)    # (N,)
         timing = {}
         self.model.train()
         oom_before = self.oom_fallbacks
@@ -261,14 +264,14 @@ class Trainer:
 
         # Advantages
         if cfg.algorithm == "grpo":
-            seq_adv = core.grpo_advantages(b["rewards"], cfg.norm_adv_by_std).reshape(N)   # (N,)
+            seq_adv = core.grpo_advantages_by_group(b["rewards"], sizes.tolist(), cfg.norm_adv_by_std)  # (N,)
             advantages = seq_adv[:, None] * mask                                           # (N, T)
             advantages = advantages * group_weight[:, None]                                # (N, T)
             returns = None
         else:
             token_rewards = torch.zeros(N, T)
             last = (mask.sum(dim=1).long() - 1).clamp(min=0)                               # (N,)
-            token_rewards[torch.arange(N), last] = b["rewards"].reshape(N)
+            token_rewards[torch.arange(N), last] = b["rewards"]
             if cfg.kl_in_reward:
                 token_rewards -= cfg.kl_coef * core.kl_estimate(old_logp, ref_logp, "k1") * mask
             advantages, returns = core.gae(token_rewards, old_values, mask, cfg.gamma, cfg.lam)
@@ -299,7 +302,8 @@ class Trainer:
                         # share of the minibatch in this micro-batch, so the sum equals the minibatch loss
                         weight = (mask[idx].sum() / mb_tokens if cfg.loss_agg == "token-mean"
                                   else torch.tensor(len(idx) / len(mb_idx)))
-                        sub = {k: (v[idx] if k != "P" else v) for k, v in b.items() if k != "rewards"}
+                        sub = {k: (v[idx] if k != "P" else v) for k, v in b.items()
+                               if k not in ("rewards", "group_sizes")}
                         logp, ent, values = self._forward(self.model, sub, slice(None),
                                                           need_values=cfg.algorithm == "ppo",
                                                           need_entropy=True)

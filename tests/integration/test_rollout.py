@@ -44,3 +44,39 @@ def test_prompts_wait_for_the_actor_then_each_yields_one_group(bootstrap, prefix
         assert rollout.stop() == 0
         if actor is not None:
             assert actor.stop() == 0
+
+
+def test_rollout_gate_drops_long_samples_and_sends_emptied_groups_to_dlq(bootstrap, prefix, tmp_path):
+    """The real actor, a limit of 1 response token: prompts allowed 1 new token keep all their
+    samples; prompts allowed 4 lose every sample longer than 1 (the tiny model rarely stops
+    at once) and, emptied, go to rl.dlq with reason `rejected`. Every prompt is accounted
+    for once."""
+    port = free_port()
+    short = [_prompt(i).model_copy(update={"max_new_tokens": 1}) for i in range(4)]
+    long = [_prompt(10 + i) for i in range(6)]
+    produce_all(bootstrap, f"{prefix}rl.prompts", [(p.prompt_id, *codec.encode(p)) for p in short + long])
+    actor = ServiceProc("actor", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "a1",
+                                  "--actor.model", "tiny", "--actor.policy-root", str(tmp_path),
+                                  "--metrics-port", str(port)], tmp_path / "actor.log")
+    rollout = ServiceProc("rollout", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "r1",
+                                      "--rollout.actor-url", f"http://127.0.0.1:{port}",
+                                      "--rollout.max-response-tokens", "1"], tmp_path / "rollout.log")
+    try:
+        rollout.wait_ready()
+        groups = decode_all(read_all(bootstrap, f"{prefix}rl.rollouts", expect=4, timeout_s=120), RolloutGroup)
+        dlq_msgs = read_all(bootstrap, f"{prefix}rl.dlq", expect=1)
+        dlq = decode_all(dlq_msgs, DLQRecord)
+        seen = [g.prompt_id for g in groups] + [m.key().decode() for m in dlq_msgs]
+        assert sorted(seen) == sorted(p.prompt_id for p in short + long)
+        for g in groups:
+            assert all(len(s.token_ids) <= 1 for s in g.samples)
+            assert len(g.samples) + g.rejected.get("too_long", 0) == 3
+        assert {p.prompt_id for p in short} <= {g.prompt_id for g in groups}
+        assert all(g.rejected == {} for g in groups if g.prompt_id in {p.prompt_id for p in short})
+        for d in dlq:
+            assert d.reason.value == "rejected" and "rollout gate: all 3 samples rejected (too_long x3)" in d.error
+        rejected = rollout.metric("steadyrl_rollout_samples_rejected_total", {"reason": "too_long"})
+        assert rejected == sum(g.rejected.get("too_long", 0) for g in groups) + 3 * len(dlq)
+    finally:
+        assert rollout.stop() == 0
+        assert actor.stop() == 0

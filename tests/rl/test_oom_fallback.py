@@ -109,3 +109,19 @@ def test_the_retry_does_not_keep_the_failed_attempts_tensors_alive():
     tr.model.forward = forward
     tr.step(GROUPS)
     assert seen["alive"] is False
+
+
+def test_groups_of_different_sizes_get_their_own_advantages():
+    """A data gate removed samples: groups of 4 and 2 train; each group's advantages are
+    computed over its own samples; equal sizes take the batched path unchanged."""
+    from steadyrl.rl import core
+
+    r = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 1.0])
+    got = core.grpo_advantages_by_group(r, [4, 2])
+    want = torch.cat([core.grpo_advantages(r[:4][None])[0], core.grpo_advantages(r[4:][None])[0]])
+    assert torch.equal(got, want)
+    assert torch.equal(core.grpo_advantages_by_group(r, [3, 3]), core.grpo_advantages(r.view(2, 3)).reshape(-1))
+    tr = _trainer()
+    ragged = [GROUPS[0], Group(GROUPS[1].prompt_ids, GROUPS[1].responses[:2], GROUPS[1].rewards[:2])]
+    m = tr.step(ragged)
+    assert tr.global_step == 1 and m["critic/score/mean"] == pytest.approx(sum([1, 0, .5, 0, 0, 1]) / 6)
