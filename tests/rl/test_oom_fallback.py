@@ -16,7 +16,9 @@ def _trainer(**cfg):
 
 
 def _checkpointing(model) -> bool:
-    return getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
+    if hasattr(model, "is_activation_checkpointing"):  # transformers >= 5
+        return model.is_activation_checkpointing
+    return model.is_gradient_checkpointing
 
 
 def _oom_once(model, error):
