@@ -158,10 +158,22 @@ def test_ckpt_cli_lists_and_verifies(tmp_path, capsys):
     assert main(["ckpt", "list", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "* step_000002  ok  step 2" in out and "  step_000001  ok  step 1" in out
-    assert main(["ckpt", "verify", str(tmp_path)]) == 0 and "ok:" in capsys.readouterr().out
+    assert main(["ckpt", "verify", str(tmp_path)]) == 0 and "a resume would use step_000002" in capsys.readouterr().out
+    assert main(["ckpt", "verify", str(tmp_path / "step_000001")]) == 0 and "ok:" in capsys.readouterr().out
     (tmp_path / "step_000002" / "meta.json").write_text('{"global_step": 7}')
     assert main(["ckpt", "verify", str(tmp_path / "step_000002")]) == 1
     assert "meta.json size mismatch" in capsys.readouterr().err
+    # regression: verifying the folder said "ok" (the fallback) and exited 0 with the newest broken
+    assert main(["ckpt", "verify", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "* step_000002  BROKEN:" in out and "a resume would use step_000001 (LATEST names step_000002)" in out
+    assert main(["ckpt", "list", str(tmp_path)]) == 1
+    capsys.readouterr()
+    (tmp_path / "step_000001" / "manifest.json").unlink()
+    assert main(["ckpt", "verify", str(tmp_path / "step_000001")]) == 1
+    assert "no manifest.json" in capsys.readouterr().err
+    assert main(["ckpt", "list", str(tmp_path.parent)]) == 1 and main(["ckpt", "list", str(tmp_path / "nope")]) == 1
+    assert "no such folder" in capsys.readouterr().err
 
 
 def test_streamed_safetensors_read_back_with_the_library_and_hash_matches(tmp_path):

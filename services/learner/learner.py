@@ -100,10 +100,11 @@ class LearnerSection(BaseModel):
     rollout_cache_max_file_bytes: int = Field(2 * 1024 ** 3, ge=1024,
                                               description="Size cap of one rollout-cache part file, bytes.")
     cache_scored_weight: float = Field(1.0, ge=0, le=1,
-                                       description="Share of the policy-gradient loss a cache-scored group (scored "
-                                                   "from a similar prompt while the reward server was down) gets, "
-                                                   "by scaling its advantages; 0 excludes them (still consumed "
-                                                   "and counted).")
+                                       description="Scales the advantages of a cache-scored group (scored from a "
+                                                   "similar prompt while the reward server was down): its share "
+                                                   "of the policy-gradient signal. At 0 it adds no policy gradient; "
+                                                   "its tokens still count in token-mean, entropy/KL and PPO's "
+                                                   "value loss.")
     train: TrainConfig = TrainConfig(lr=1e-5, temperature=0.8, total_steps=20)
 
     @field_validator("data", "eval_data")

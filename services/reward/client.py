@@ -50,6 +50,12 @@ FALLBACK = Counter("steadyrl_reward_fallback_groups", "Groups met while the brea
 CACHE_SIMILARITY = Histogram("steadyrl_reward_cache_similarity", "Prompt similarity of cache-scored groups",
                              buckets=(0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0))
 CACHE_SIZE = Gauge("steadyrl_reward_cache_prompts", "Scored prompts held for the cached-score fallback")
+for _s in State:  # every series exists from the start: dashboards show 0, not "no data"
+    BREAKER_CHANGES.labels(_s.value)
+for _o in ("cache", "held"):
+    FALLBACK.labels(_o)
+for _o in ("ok", "timeout", "unreachable", "server_error", "refused", "malformed"):
+    CALLS.labels(_o)
 
 
 def _answer_key(g: RolloutGroup) -> tuple:
@@ -86,7 +92,7 @@ class RewardClient:
         breaker: the circuit breaker (default: 3 failures, 30 s reset timeout).
         cache: the cached-score fallback (services.reward.cache.ScoreCache); None: no
             fallback (groups are held while the breaker is open).
-        probe_interval_s: seconds between /readyz probes while open (0: no probe thread).
+        probe_interval_s: seconds between probes while open (0: no probe thread); see probe_once.
     """
 
     def __init__(self, url: str, scorer: str | None = None, timeout_s: float = 30.0,

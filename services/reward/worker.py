@@ -28,7 +28,8 @@ class RewardSection(BaseModel):
     retry_backoff_s: float = Field(2.0, gt=0, description="Wait before retrying a held batch or group, seconds.")
     failure_threshold: int = Field(3, ge=1, description="Consecutive failed calls that open the circuit breaker.")
     reset_timeout_s: float = Field(30.0, gt=0, description="Seconds open before a trial call half-opens it.")
-    probe_interval_s: float = Field(5.0, gt=0, description="Seconds between /readyz probes while open.")
+    probe_interval_s: float = Field(5.0, gt=0, description="Seconds between probes while open (the last scored "
+                                                           "item scored again; /readyz before any).")
     cache_size: int = Field(1000, ge=0, description="Scored prompts kept for the cached-score fallback (0: none; "
                                                     "groups wait while the breaker is open).")
     cache_similarity_floor: float = Field(0.95, gt=0, le=1,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import httpx
 from prometheus_client import Counter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from steadyrl.config import ServiceConfig, load
 from steadyrl.contracts import Prompt, RolloutGroup, Sample
@@ -43,6 +43,20 @@ class RolloutSection(BaseModel):
     max_response_tokens: int = Field(512, ge=1, description="Rollout gate: longer samples leave their group.")
     response_schema: dict | None = Field(None, description="Rollout gate: a JSON Schema every response must "
                                                            "satisfy (structured outputs); None: no check.")
+
+
+    @field_validator("response_schema")
+    @classmethod
+    def _valid_schema(cls, v: dict | None) -> dict | None:
+        if v is not None:
+            from jsonschema import Draft202012Validator
+            from jsonschema.exceptions import SchemaError
+
+            try:
+                Draft202012Validator.check_schema(v)
+            except SchemaError as e:
+                raise ValueError(f"not a valid JSON Schema: {e.message}") from None
+        return v
 
 
 class RolloutConfig(ServiceConfig):

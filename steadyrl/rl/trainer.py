@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from steadyrl.rl import core
 
@@ -62,6 +62,11 @@ class TrainConfig(BaseModel):
     oom_fallback: Literal["stay", "step", "off"] = Field(
         "stay", description="On out-of-memory in a step: retry it with gradient checkpointing and a 4x smaller "
                             "micro-batch and stay so for the run (stay), for that step only (step), or raise (off).")
+
+    @field_validator("oom_fallback", mode="before")
+    @classmethod
+    def _yaml_off(cls, v):
+        return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":

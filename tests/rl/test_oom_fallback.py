@@ -127,3 +127,10 @@ def test_groups_of_different_sizes_get_their_own_advantages():
     ragged = [GROUPS[0], Group(GROUPS[1].prompt_ids, GROUPS[1].responses[:2], GROUPS[1].rewards[:2])]
     m = tr.step(ragged)
     assert tr.global_step == 1 and m["critic/score/mean"] == pytest.approx(sum([1, 0, .5, 0, 0, 1]) / 6)
+
+
+def test_yaml_off_reads_as_off():
+    """YAML 1.1 reads a bare `off` as false; the config takes it as "off"."""
+    import yaml
+
+    assert TrainConfig(**yaml.safe_load("oom_fallback: off")).oom_fallback == "off"

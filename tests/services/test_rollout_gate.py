@@ -44,3 +44,16 @@ def test_apply_keeps_passing_samples_and_counts_the_rest():
     assert RolloutGate().apply(clean) == (clean, {})
     emptied, why = RolloutGate(max_response_tokens=1).apply(_group([("x", 2), ("y", 3)]))
     assert emptied.samples == [] and why == {"too_long": 2}
+
+
+def test_a_bad_response_schema_is_a_config_error_naming_the_field():
+    """Regression: it passed config loading and crashed the service (exit 1, restarted by up)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    proc = subprocess.run([sys.executable, "-m", "services.rollout", "--rollout.response-schema", '{"type": "bogus"}'],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "rollout.response_schema" in proc.stderr and "not a valid JSON Schema" in proc.stderr
