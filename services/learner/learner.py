@@ -61,6 +61,9 @@ PUBLISHED = Counter("steadyrl_learner_prompts_published", "Prompts published to 
 GROUPS = Counter("steadyrl_learner_groups", "Scored groups read", ["outcome"])
 TRAINED_BY_SOURCE = Counter("steadyrl_learner_trained_groups", "Groups trained on, by where their reward came from",
                             ["reward_source"])
+REWARD_WATCH = Gauge("steadyrl_learner_reward_watch", "Reward watch figures of the last batch vs the reference "
+                     "window (services/learner/watch.py)", ["figure"])  # var_ratio, extreme_share, ks_pvalue
+REWARD_ALERT = Gauge("steadyrl_learner_reward_alert", "1 while the last batch tripped a reward-watch rule", ["rule"])
 OOM_FALLBACKS = Counter("steadyrl_learner_oom_fallbacks", "Steps that ran out of memory and were retried in the safe mode")
 EVAL_ACCURACY = Gauge("steadyrl_learner_eval_accuracy", "Greedy test-split accuracy", ["when"])
 
@@ -253,6 +256,9 @@ class Learner:
                                "phase": "starting", "done": False}
         self._ready: dict[str, tuple] = {}          # prompt_id -> (ScoredGroup, partition, offset)
         self._order = self._dataset_order()
+        from services.learner.watch import RewardWatch
+
+        self.watch = RewardWatch()  # observes each batch's rewards (quarantine: not built yet)
         self._last_step_t = time.monotonic()
         self._dlq_in_a_row = 0
 
@@ -565,6 +571,19 @@ class Learner:
                         [s.logprobs for s in sg.group.samples] if sg.group.policy_version < st.step else None,
                         weight=lc.cache_scored_weight if sg.reward_source.value == "cache" else 1.0)
                   for sg, _, _ in batch]
+        rewards = [r for sg, _, _ in batch for r in sg.rewards]
+        verdict = self.watch.judge(rewards)
+        for name in ("var_ratio", "extreme_share", "ks_pvalue"):
+            if getattr(verdict, name) is not None:
+                REWARD_WATCH.labels(name).set(getattr(verdict, name))
+        for rule in ("variance", "extremes"):
+            REWARD_ALERT.labels(rule).set(1 if rule in verdict.trips else 0)
+        if verdict.trips:
+            self._count("reward_watch_alerts")
+            log.warning("reward watch: batch unlike the reference window", extra={
+                "step": st.step + 1, "rules": verdict.trips, "var_ratio": verdict.var_ratio,
+                "extreme_share": verdict.extreme_share, "ks_pvalue": verdict.ks_pvalue})
+        self.watch.add(rewards)
         self.progress["phase"] = "training"
         metrics = self.trainer.step(groups)
         st.step = self.trainer.global_step
