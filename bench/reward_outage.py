@@ -40,7 +40,7 @@ from bench.kafka_roundtrip import consumer, drain  # noqa: E402
 from steadyrl import codec  # noqa: E402
 from steadyrl.contracts import Prompt, RolloutGroup, Sample  # noqa: E402
 from steadyrl.rewards import numeric_match  # noqa: E402
-from tests.helpers import ServiceProc  # noqa: E402
+from tests.helpers import produce_all  # noqa: E402
 
 G = 8
 
@@ -65,15 +65,9 @@ def make_groups(prompts, tag: str, rng: random.Random) -> list[RolloutGroup]:
 
 
 def produce(bootstrap: str, topic: str, groups: list[RolloutGroup]) -> float:
-    from confluent_kafka import Producer
-
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    """Produce the groups and wait for every acknowledgement; returns the start time."""
     t0 = time.time()
-    for g in groups:
-        value, headers = codec.encode(g)
-        p.produce(topic, value, key=g.prompt_id, headers=headers)
-        p.poll(0)
-    p.flush(60)
+    produce_all(bootstrap, topic, [(g.prompt_id, *codec.encode(g)) for g in groups])
     return t0
 
 
@@ -105,10 +99,6 @@ def run_pass(bootstrap: str, prefix: str, groups: list[RolloutGroup], timeout_s:
             "cache_similarity_median": (statistics.median(s.cache_similarity for s in scored
                                                           if s.cache_similarity is not None)
                                         if sources.get("cache") else None)}
-
-
-def metric(svc: ServiceProc, name: str, labels: dict) -> float | None:
-    return svc.metric(name, labels)
 
 
 def unseen_prompt_matches(n: int, floors=(0.8, 0.9, 0.95)) -> dict:
@@ -160,11 +150,11 @@ def main() -> None:
             t0 = time.monotonic()
             run_pass(bootstrap, prefix, make_groups(prompts[:16], f"trip{r}", rng))
             time_to_open = time.monotonic() - t0
-            assert metric(worker, "steadyrl_reward_breaker_state", {"state": "open"}) == 1
+            assert worker.metric("steadyrl_reward_breaker_state", {"state": "open"}) == 1
             outage = run_pass(bootstrap, prefix, make_groups(prompts, f"o{r}", rng))
             server.proc.send_signal(signal.SIGCONT)
             t0 = time.monotonic()
-            while metric(worker, "steadyrl_reward_breaker_state", {"state": "closed"}) != 1:
+            while worker.metric("steadyrl_reward_breaker_state", {"state": "closed"}) != 1:
                 run_pass(bootstrap, prefix, make_groups(prompts[:1], f"back{r}-{time.time_ns()}", rng))
             time_to_close = time.monotonic() - t0
             rounds.append({"healthy": healthy, "outage": outage, "time_to_open_s": round(time_to_open, 2),

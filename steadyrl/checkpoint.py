@@ -82,11 +82,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
 _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
            torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
            torch.bool: "BOOL"}
@@ -163,6 +158,35 @@ def _alias_key(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
 
 
+def unique_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One name per storage, the first in order: safetensors refuses tensors that share memory
+    (tied embeddings keep `model.embed_tokens.weight`; `load_weights` accepts the tie)."""
+    seen, out = set(), {}
+    for k, v in state_dict.items():
+        if v.numel() and _alias_key(v) in seen:
+            continue
+        seen.add(_alias_key(v))
+        out[k] = v
+    return out
+
+
+def load_weights(path: Path, model) -> None:
+    """Load a safetensors file of `model`'s weights (tied keys may be absent).
+
+    Raises CheckpointError naming missing, unexpected or wrongly shaped keys
+    (steadyrl.models.state_dict_mismatch).
+    """
+    from safetensors.torch import load_file
+
+    from steadyrl.models import state_dict_mismatch
+
+    weights = load_file(str(path))
+    why = state_dict_mismatch(model, weights)
+    if why:
+        raise CheckpointError(f"{path}: weights do not fit the model: {why}")
+    model.load_state_dict(weights, strict=False)
+
+
 def snapshot(model, optimizer, scheduler) -> dict[str, Any]:
     """CPU copies of everything a save writes (the step loop may go on changing the originals).
     Tensors that share storage (tied embeddings) stay shared in the copy."""
@@ -199,14 +223,8 @@ def write(root: Path, step: int, snap: dict[str, Any], meta: dict[str, Any], con
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "model").mkdir(parents=True)
     (tmp / "optimizer").mkdir()
-    # safetensors refuses tensors that share storage (tied embeddings): keep one name per storage
-    seen, weights = set(), {}
-    for k, v in snap["model"].items():
-        if v.numel() and _alias_key(v) in seen:
-            continue
-        seen.add(_alias_key(v))
-        weights[k] = v
-    files = {"model/model.safetensors": write_safetensors(tmp / "model" / "model.safetensors", weights)}
+    files = {"model/model.safetensors": write_safetensors(tmp / "model" / "model.safetensors",
+                                                          unique_tensors(snap["model"]))}
     failpoints.hit("checkpoint.mid_write")
     opt_tensors, opt_json = _optimizer_parts(snap["optimizer"])
     files["optimizer/optimizer.safetensors"] = write_safetensors(tmp / "optimizer" / "optimizer.safetensors",
@@ -215,8 +233,7 @@ def write(root: Path, step: int, snap: dict[str, Any], meta: dict[str, Any], con
     files["meta.json"] = _write_chunks(tmp / "meta.json", [json.dumps(meta).encode()])
     manifest = {"format_version": FORMAT_VERSION, "step": step, "config": config, "files": files,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    _fsync_file(tmp / "manifest.json")
+    _write_chunks(tmp / "manifest.json", [json.dumps(manifest, indent=2).encode()])
     for d in (tmp / "model", tmp / "optimizer", tmp):
         _fsync_dir(d)
     replaced = None
@@ -316,13 +333,7 @@ def load(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
     """
     from safetensors.torch import load_file
 
-    from steadyrl.models import state_dict_mismatch
-
-    weights = load_file(str(path / "model" / "model.safetensors"))
-    why = state_dict_mismatch(model, weights)
-    if why:
-        raise CheckpointError(f"{path}: weights do not fit the model: {why}")
-    model.load_state_dict(weights, strict=False)
+    load_weights(path / "model" / "model.safetensors", model)
     meta = json.loads((path / "meta.json").read_text())
     opt_tensors = load_file(str(path / "optimizer" / "optimizer.safetensors"))
     optimizer.load_state_dict(_optimizer_state(opt_tensors, meta["optimizer"]))

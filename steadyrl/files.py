@@ -7,13 +7,20 @@ import os
 from pathlib import Path
 
 
-def sha256_file(path: Path | str) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks. Raises OSError if it cannot be read."""
+def sha256_files(paths: list[Path | str]) -> str:
+    """Hex sha256 of the files' bytes back to back, read in 1 MiB chunks. Raises OSError if
+    one cannot be read."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    for path in paths:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
     return h.hexdigest()
+
+
+def sha256_file(path: Path | str) -> str:
+    """Hex sha256 of one file. Raises OSError if it cannot be read."""
+    return sha256_files([path])
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -32,7 +32,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from steadyrl.config import ServiceConfig, load
-from steadyrl.files import sha256_file  # noqa: F401  (tests import it from here)
+from steadyrl.files import sha256_file
 
 log = logging.getLogger("steadyrl.actor")
 

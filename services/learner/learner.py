@@ -268,7 +268,8 @@ class Learner:
 
         current, want = self.lc.state_dir / "CURRENT", self.lc.fingerprint()
         if self.lc.resume not in ("auto", "never"):  # an explicit checkpoint: it must verify
-            st = self._restore(Path(self.lc.resume), ck.verify(Path(self.lc.resume), want))
+            ck.verify(Path(self.lc.resume), want)
+            st = self._restore(Path(self.lc.resume))
             write_atomic(current, st.run_id + "\n")
             return st
         if self.lc.resume == "auto" and current.exists():
@@ -282,7 +283,7 @@ class Learner:
                 elif not st.finished:
                     found = ck.latest_valid(path.parent / "checkpoints", want)  # raises if all are broken
                     if found is not None:
-                        return self._restore(found, ck.verify(found, want))
+                        return self._restore(found)  # latest_valid verified it
                     self._restore_weights(st)
                     log.warning("resuming run without a checkpoint yet", extra={
                         "run_id": st.run_id, "step": st.step, "note": "optimizer moments restart from zero"})
@@ -291,7 +292,7 @@ class Learner:
         write_atomic(current, st.run_id + "\n")
         return st
 
-    def _restore(self, path: Path, manifest: dict) -> RunState:
+    def _restore(self, path: Path) -> RunState:
         """Weights, optimizer, LR schedule, RNG and learner state of a verified checkpoint."""
         from steadyrl import checkpoint as ck
 
@@ -308,8 +309,8 @@ class Learner:
         from steadyrl import checkpoint as ck
 
         self.cache.close()  # closed parts hold only steps <= this checkpoint's
-        meta = {"global_step": self.trainer.global_step, "scheduler_step": self.trainer.sched.last_epoch,
-                "rng": ck.rng_state(), "learner_state": self._state_for_save()}
+        meta = {"global_step": self.trainer.global_step, "rng": ck.rng_state(),
+                "learner_state": self._state_for_save()}
         self.saver.save(self.state.step, self.model, self.trainer.opt, self.trainer.sched, meta)
         if wait:
             self.saver.wait()
@@ -328,13 +329,13 @@ class Learner:
             write_atomic(path, "".join(line + "\n" for line in keep))
 
     def _restore_weights(self, st: RunState) -> None:
-        from safetensors.torch import load_model
+        from steadyrl.checkpoint import load_weights
 
         path = self.policy_root / st.policy_uri
         got = sha256_file(path)
         if got != st.policy_sha256:
             raise RuntimeError(f"cannot resume run {st.run_id}: {path} sha256 {got}, state says {st.policy_sha256}")
-        load_model(self.model, str(path))
+        load_weights(path, self.model)
         self.trainer.global_step = st.step
         for _ in range(st.step):
             self.trainer.sched.step()
@@ -426,18 +427,16 @@ class Learner:
     # ---- policy store -------------------------------------------------------------------
     def publish_policy(self) -> None:
         """Write the current weights (safetensors) and announce them on rl.policy."""
-        from safetensors.torch import save_model
+        from steadyrl.checkpoint import unique_tensors, write_safetensors
 
         st = self.state
         rel = Path(st.run_id) / f"v{st.step:06d}.safetensors"
         path = self.policy_root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        save_model(self.model, str(tmp))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+        written = write_safetensors(tmp, unique_tensors(self.model.state_dict()))  # fsynced, hashed on the way
         tmp.replace(path)
-        st.policy_uri, st.policy_sha256 = str(rel), sha256_file(path)
+        st.policy_uri, st.policy_sha256 = str(rel), written["sha256"]
         self._announce()
         # keep the newest keep_policies up to this version; later ones are from weights a
         # crash threw away (this learner resumed from an earlier checkpoint)

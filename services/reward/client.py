@@ -104,8 +104,7 @@ class RewardClient:
         self.breaker = breaker or CircuitBreaker("reward-server", 3, 30.0)
         prev = self.breaker.on_change
         self.breaker.on_change = lambda old, new, why: (self._on_change(new), prev and prev(old, new, why))
-        for s in State:
-            BREAKER_STATE.labels(s.value).set(1 if s is self.breaker.state else 0)
+        self._show_state(self.breaker.state)
         self.cache = cache
         self.probe_interval_s = probe_interval_s
         self._probe_item: dict | None = None  # the last item the server scored
@@ -114,9 +113,12 @@ class RewardClient:
             threading.Thread(target=self._probe_loop, name="reward-probe", daemon=True).start()
 
     @staticmethod
-    def _on_change(new: State) -> None:
+    def _show_state(state: State) -> None:
         for s in State:
-            BREAKER_STATE.labels(s.value).set(1 if s is new else 0)
+            BREAKER_STATE.labels(s.value).set(1 if s is state else 0)
+
+    def _on_change(self, new: State) -> None:
+        self._show_state(new)
         BREAKER_CHANGES.labels(new.value).inc()
 
     # ---- health probe ---------------------------------------------------------------------

