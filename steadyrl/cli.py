@@ -245,6 +245,60 @@ def cmd_ckpt(args) -> int:
     return 1 if broken else 0
 
 
+def cmd_quarantine(args) -> int:
+    """list | show | release | drop batches on rl.quarantine (services/learner/quarantine.py)."""
+    from datetime import datetime, timezone
+
+    from services.learner.quarantine import QuarantineError, decide, read_quarantine
+    from steadyrl.contracts import QuarantineAction
+
+    bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
+    if args.action in ("release", "drop"):
+        if not args.batch:
+            print(f"error: quarantine {args.action} needs a batch id (see `steadyrl quarantine list`)",
+                  file=sys.stderr)
+            return 2
+        try:
+            e = decide(bootstrap, args.batch, QuarantineAction(args.action), args.note or "", args.prefix)
+        except QuarantineError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        what = (f"{len(e.batch.groups)} groups back on {args.prefix}rl.scored" if args.action == "release"
+                else "it will not be trained")
+        print(f"{args.action}d {args.batch}: {what}")
+        return 0
+    try:
+        entries = read_quarantine(bootstrap, args.prefix)
+    except RuntimeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if args.action == "list":
+        if not entries:
+            print(f"no quarantined batches on {args.prefix}rl.quarantine")
+        for bid, e in entries.items():
+            b = e.batch
+            when = datetime.fromtimestamp(b.quarantined_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+            rewards = [r for g in b.groups for r in g.rewards]
+            fig = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
+            print(f"{bid}  {e.status:8s}  step {b.step}  {when}Z  rules {','.join(b.rules)}  "
+                  f"groups {len(b.groups)}  reward mean {sum(rewards) / len(rewards):.3f}  "
+                  f"var_ratio {fig(b.var_ratio)}  extreme_share {fig(b.extreme_share)}  ks_p {fig(b.ks_pvalue)}")
+        return 0
+    if not args.batch or args.batch not in entries:
+        print(f"error: no quarantined batch {args.batch!r} (see `steadyrl quarantine list`)", file=sys.stderr)
+        return 1
+    e = entries[args.batch]
+    b = e.batch
+    print(json.dumps({k: v for k, v in b.model_dump(mode="json").items() if k != "groups"} | {
+        "status": e.status, "decision": e.decision.model_dump(mode="json") if e.decision else None}, indent=2))
+    for g in b.groups:
+        print(f"- {g.prompt_id}  {g.reward_source.value} {g.scorer}  policy v{g.group.policy_version}")
+        print(f"  prompt: {g.group.prompt.messages[-1].content[:200]!r}  ground truth: {g.group.prompt.ground_truth!r}")
+        for s, r in zip(g.group.samples, g.rewards):
+            print(f"  {r:8.3f}  {s.text[:120]!r}")
+    return 0
+
+
 def cmd_eval(args) -> int:
     import logging
     from collections import defaultdict
@@ -344,6 +398,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("action", choices=["list", "verify"])
     sp.add_argument("dir", help="checkpoint folder (verify: it, or a step_* folder in it)")
     sp.set_defaults(fn=cmd_ckpt)
+
+    sp = sub.add_parser("quarantine", help="batches the learner's reward watch held on rl.quarantine: "
+                                           "list, show one, release it to training or drop it")
+    sp.add_argument("action", choices=["list", "show", "release", "drop"])
+    sp.add_argument("batch", nargs="?", help="batch id (show, release, drop), as `list` prints it")
+    sp.add_argument("--note", help="why (stored with the decision)")
+    common(sp)
+    sp.set_defaults(fn=cmd_quarantine)
 
     sp = sub.add_parser("eval", help="greedy accuracy of a model on a prompt set")
     sp.add_argument("--model", default="smollm2-135m-instruct", help="smollm2-135m-instruct, tiny, or a local HF dir")

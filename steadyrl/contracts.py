@@ -194,4 +194,42 @@ class DLQRecord(Contract):
     rejected_ms: int = Field(default_factory=now_ms)
 
 
-ALL_CONTRACTS: tuple[type[Contract], ...] = (Prompt, RolloutGroup, ScoredGroup, PolicyUpdate, DLQRecord)
+class QuarantinedBatch(Contract):
+    """A batch the learner's reward watch held back instead of training, on `rl.quarantine`
+    (key: batch_id). `steadyrl quarantine release` puts its groups back on rl.scored."""
+
+    SCHEMA_NAME: ClassVar[str] = "quarantined_batch"
+    SCHEMA_VERSION: ClassVar[str] = "1.0"
+
+    batch_id: str = Field(min_length=1, max_length=256, description="`{run_id}/q{step:06d}-{n}`: the step it "
+                                                                     "would have made, n-th batch held there.")
+    run_id: str = Field(max_length=128)
+    step: int = Field(ge=1, description="The learner step this batch would have made.")
+    rules: list[str] = Field(min_length=1, description="Watch rules it tripped: variance, extremes.")
+    var_ratio: float | None = Field(default=None, description="var(batch) / var(reference).")
+    extreme_share: float | None = Field(default=None, description="Share of rewards above the reference q99.")
+    ks_pvalue: float | None = Field(default=None, description="Two-sample KS p-value, batch vs reference.")
+    groups: list[ScoredGroup] = Field(min_length=1)
+    quarantined_ms: int = Field(default_factory=now_ms)
+
+
+class QuarantineAction(str, Enum):
+    release = "release"   # its groups go back to rl.scored and are trained
+    drop = "drop"         # never trained (the learner already published other prompts in their place)
+
+
+class QuarantineDecision(Contract):
+    """A person's decision on a quarantined batch, on `rl.quarantine` (key: batch_id)."""
+
+    SCHEMA_NAME: ClassVar[str] = "quarantine_decision"
+    SCHEMA_VERSION: ClassVar[str] = "1.0"
+
+    batch_id: str = Field(min_length=1, max_length=256)
+    action: QuarantineAction
+    by: str = Field(default="", max_length=256, description="Who decided (user@host).")
+    note: str = Field(default="", max_length=4096)
+    decided_ms: int = Field(default_factory=now_ms)
+
+
+ALL_CONTRACTS: tuple[type[Contract], ...] = (Prompt, RolloutGroup, ScoredGroup, PolicyUpdate, DLQRecord,
+                                             QuarantinedBatch, QuarantineDecision)

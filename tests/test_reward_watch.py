@@ -51,3 +51,46 @@ def test_a_constant_reference_uses_the_variance_floor():
     w = _watch([0.0] * 64, var_floor=1e-4)
     v = w.judge([0.0] * 63 + [0.01])
     assert v.var_ratio == pytest.approx(np.var([0.0] * 63 + [0.01]) / 1e-4)
+
+
+def test_held_batches_join_the_reference_at_the_third_within_ten_judged():
+    w = _watch(REF)
+    bad = [5.0, 0.0] * 50
+    for i in range(2):
+        assert w.judge(bad).trips and not w.hold(bad)
+    assert len(w.batches) == 3                      # held batches stay out of the reference
+    assert w.judge(bad).trips and w.hold(bad)       # the third: the shift persisted
+    assert len(w.batches) == 6 and w.held == []
+    assert "extremes" not in w.judge(bad).trips     # judged against the new normal now
+
+
+def test_held_batches_older_than_the_window_do_not_count():
+    w = _watch(REF)
+    bad = [5.0, 0.0] * 50
+    w.judge(bad)
+    assert not w.hold(bad)                          # judged #1
+    for _ in range(8):                              # judged #2..#9, trained
+        w.judge(REF)
+    w.judge(bad)
+    assert not w.hold(bad)                          # #10: #1 is 9 back, inside the window of 10
+    w.judge(bad)                                    # #11: #1 is 10 back, outside; #10 and #11 remain
+    assert not w.hold(bad) and [n for n, _ in w.held] == [10, 11]
+    w.judge(bad)
+    assert w.hold(bad)                              # #12: three within ten
+
+
+def test_state_round_trip_gives_the_same_verdicts():
+    import json
+
+    w = _watch(REF)
+    w.judge([5.0] * 10)
+    w.hold([5.0] * 10)
+    w2 = RewardWatch()
+    w2.restore(json.loads(json.dumps(w.state())))
+    batch = [0.0, 0.5, 1.0, 3.0] * 10
+    assert w2.judge(batch) == w.judge(batch) and w2.judged == w.judged and len(w2.held) == 1
+
+
+def test_action_off_judges_nothing():
+    w = _watch(REF, action="off")
+    assert w.judge([9.0] * 100).trips == []

@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from steadyrl.config import ServiceConfig, load
 from steadyrl.files import sha256_file, write_atomic
 from steadyrl.rl.trainer import TrainConfig
+from services.learner.watch import WatchConfig
 
 log = logging.getLogger("steadyrl.learner")
 
@@ -64,6 +65,9 @@ TRAINED_BY_SOURCE = Counter("steadyrl_learner_trained_groups", "Groups trained o
 REWARD_WATCH = Gauge("steadyrl_learner_reward_watch", "Reward watch figures of the last batch vs the reference "
                      "window (services/learner/watch.py)", ["figure"])  # var_ratio, extreme_share, ks_pvalue
 REWARD_ALERT = Gauge("steadyrl_learner_reward_alert", "1 while the last batch tripped a reward-watch rule", ["rule"])
+QUARANTINED = Counter("steadyrl_learner_quarantined_batches", "Batches the reward watch held on rl.quarantine")
+REBASELINES = Counter("steadyrl_learner_reward_watch_rebaselines", "Times held batches joined the reward watch's "
+                      "reference (a shift that persisted)")
 OOM_FALLBACKS = Counter("steadyrl_learner_oom_fallbacks", "Steps that ran out of memory and were retried in the safe mode")
 EVAL_ACCURACY = Gauge("steadyrl_learner_eval_accuracy", "Greedy test-split accuracy", ["when"])
 
@@ -108,6 +112,7 @@ class LearnerSection(BaseModel):
                                                    "of the policy-gradient signal. At 0 it adds no policy gradient; "
                                                    "its tokens still count in token-mean, entropy/KL and PPO's "
                                                    "value loss.")
+    reward_watch: WatchConfig = WatchConfig()
     train: TrainConfig = TrainConfig(lr=1e-5, temperature=0.8, total_steps=20)
 
     @field_validator("data", "eval_data")
@@ -162,6 +167,7 @@ class InFlight:
     epoch: int
     index: int
     attempt: int = 0    # > 0: published again after its group went stale
+    released: bool = False  # its group came back from rl.quarantine: trained as-is, however stale
 
 
 @dataclass
@@ -178,6 +184,8 @@ class RunState:
     feeder_position: int = 0                                      # prompts taken from the dataset order
     in_flight: dict[str, dict] = field(default_factory=dict)      # prompt_id -> InFlight
     requeue: list[str] = field(default_factory=list)              # prompt ids to publish again
+    quarantined: dict[str, dict] = field(default_factory=dict)    # prompt_id -> InFlight + batch_id, held
+    watch: dict = field(default_factory=dict)                     # the reward watch's reference (RewardWatch.state)
     trained: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)            # per step: reward mean/std, tokens, seconds
@@ -223,7 +231,8 @@ class Learner:
 
         self.cfg, self.lc, self.health = cfg, cfg.learner, health
         lc = self.lc
-        self.topics = {t: topic_name(t, cfg.topic_prefix) for t in ("rl.prompts", "rl.scored", "rl.policy", "rl.dlq")}
+        self.topics = {t: topic_name(t, cfg.topic_prefix) for t in ("rl.prompts", "rl.scored", "rl.policy", "rl.dlq",
+                                                                      "rl.quarantine")}
         self.rows = load_dataset(lc.data)
         if len(self.rows) < lc.prompts_per_step:
             raise ValueError(f"learner.data has {len(self.rows)} rows < prompts_per_step {lc.prompts_per_step}")
@@ -258,7 +267,8 @@ class Learner:
         self._order = self._dataset_order()
         from services.learner.watch import RewardWatch
 
-        self.watch = RewardWatch()  # observes each batch's rewards (quarantine: not built yet)
+        self.watch = RewardWatch(lc.reward_watch)
+        self.watch.restore(self.state.watch)
         self._last_step_t = time.monotonic()
         self._dlq_in_a_row = 0
 
@@ -345,7 +355,7 @@ class Learner:
         saved = dict(self.state.offsets)
         for _, part, off in self._ready.values():
             saved[str(part)] = min(saved.get(str(part), off), off)
-        return json.loads(json.dumps({**asdict(self.state), "offsets": saved}))
+        return json.loads(json.dumps({**asdict(self.state), "offsets": saved, "watch": self.watch.state()}))
 
     def _save_state(self) -> None:
         write_atomic(self.run_dir / "state.json", json.dumps(self._state_for_save()))
@@ -403,7 +413,9 @@ class Learner:
         """
         st, lc = self.state, self.lc
         cap = (lc.max_staleness + 1) * lc.prompts_per_step
-        total = lc.steps * lc.prompts_per_step + st.counts.get("dlq", 0)  # replace prompts lost to rl.dlq
+        # replace prompts lost to rl.dlq or held on rl.quarantine (less those released back)
+        c = st.counts
+        total = lc.steps * lc.prompts_per_step + c.get("dlq", 0) + c.get("quarantined", 0) - c.get("released", 0)
         n = 0
         while (len(st.in_flight) < cap and st.feeder_position < total) or st.requeue:
             if st.requeue:
@@ -529,6 +541,13 @@ class Learner:
         pid = sg.prompt_id
         if sg.group.prompt.run_id != st.run_id:
             outcome = "foreign"
+        elif pid in st.quarantined:  # `steadyrl quarantine release` put it back: train it as it is
+            held = st.quarantined.pop(pid)
+            batch_id = held.pop("batch_id")
+            st.in_flight[pid] = {**held, "released": True}
+            self._ready[pid] = (sg, msg.partition(), msg.offset())
+            outcome = "released"
+            log.info("quarantined group released", extra={"prompt_id": pid, "batch_id": batch_id})
         elif pid not in st.in_flight or pid in self._ready:
             outcome = "duplicate"
         else:
@@ -542,7 +561,7 @@ class Learner:
         oldest = self.state.step - self.lc.max_staleness
         for pid, (sg, _, _) in list(self._ready.items()):
             v = sg.group.policy_version
-            if oldest <= v <= self.state.step:
+            if oldest <= v <= self.state.step or (v < oldest and self.state.in_flight[pid].get("released")):
                 continue
             # older than max_staleness allows; or newer than this learner: made by weights a
             # crash threw away (resumed from an earlier checkpoint): redo it, same seed
@@ -558,11 +577,69 @@ class Learner:
                             "why": "stale" if stale else "from discarded weights"})
 
     # ---- one update ---------------------------------------------------------------------
-    def train_step(self) -> dict:
+    def _screen(self, take: list[str]) -> bool:
+        """The reward watch on the batch `take` (prompt ids in _ready). Released groups were
+        judged already and a person let them through: only the others are judged. Returns True
+        when the batch was held on rl.quarantine (its prompts replaced by the feeder)."""
+        st = self.state
+        fresh = [pid for pid in take if not st.in_flight[pid].get("released")]
+        rewards = [r for pid in fresh for r in self._ready[pid][0].rewards]
+        verdict = self.watch.judge(rewards)
+        for name in ("var_ratio", "extreme_share", "ks_pvalue"):
+            if getattr(verdict, name) is not None:
+                REWARD_WATCH.labels(name).set(getattr(verdict, name))
+        for rule in ("variance", "extremes"):
+            REWARD_ALERT.labels(rule).set(1 if rule in verdict.trips else 0)
+        if not verdict.trips:
+            self.watch.add(rewards)
+            return False
+        self._count("reward_watch_alerts")
+        figures = {"var_ratio": verdict.var_ratio, "extreme_share": verdict.extreme_share,
+                   "ks_pvalue": verdict.ks_pvalue}
+        if self.lc.reward_watch.action != "quarantine":
+            log.warning("reward watch: batch unlike the reference window (observing: trained)",
+                        extra={"step": st.step + 1, "rules": verdict.trips, **figures})
+            self.watch.add(rewards)
+            return False
+        self.quarantine(fresh, verdict.trips, figures)
+        if self.watch.hold(rewards):
+            REBASELINES.inc()
+            self._count("reward_watch_rebaselined")
+            log.warning("reward watch: the shift persisted; the held batches join the reference",
+                        extra={"step": st.step + 1, "after": self.lc.reward_watch.rebaseline_after})
+        self._save_state()
+        return True
+
+    def quarantine(self, pids: list[str], rules: list[str], figures: dict) -> str:
+        """Write the groups of `pids` (in _ready) to rl.quarantine as one batch and take them
+        out of the run; the feeder publishes other prompts in their place. Returns the batch id."""
+        from steadyrl.contracts import QuarantinedBatch
+
+        st = self.state
+        batch_id = f"{st.run_id}/q{st.step + 1:06d}-{st.counts.get('quarantined_batches', 0)}"
+        groups = [self._ready[pid][0] for pid in pids]
+        self._produce("rl.quarantine", batch_id, QuarantinedBatch(
+            batch_id=batch_id, run_id=st.run_id, step=st.step + 1, rules=rules, groups=groups, **figures))
+        self._flush()  # on rl.quarantine before it leaves the run
+        for pid in pids:
+            del self._ready[pid]
+            st.quarantined[pid] = {**st.in_flight.pop(pid), "batch_id": batch_id}
+        self._count("quarantined_batches")
+        self._count("quarantined", len(pids))
+        QUARANTINED.inc()
+        GROUPS.labels("quarantined").inc(len(pids))
+        log.warning("reward watch: batch quarantined, not trained", extra={
+            "batch_id": batch_id, "step": st.step + 1, "rules": rules, "groups": len(pids), **figures})
+        return batch_id
+
+    def train_step(self) -> dict | None:
+        """One update on the B oldest ready groups; None when the reward watch held them."""
         from steadyrl.rl.trainer import Group
 
         st, lc = self.state, self.lc
         take = sorted(self._ready, key=lambda pid: st.in_flight[pid]["seq"])[:lc.prompts_per_step]
+        if self._screen(take):
+            return None
         batch = [self._ready.pop(pid) for pid in take]
         # A group sampled by an older version brings its behaviour log-probs (see Trainer).
         # A cache-scored group (reward server down) weighs cache_scored_weight in the loss.
@@ -570,19 +647,6 @@ class Learner:
                         [s.logprobs for s in sg.group.samples] if sg.group.policy_version < st.step else None,
                         weight=lc.cache_scored_weight if sg.reward_source.value == "cache" else 1.0)
                   for sg, _, _ in batch]
-        rewards = [r for sg, _, _ in batch for r in sg.rewards]
-        verdict = self.watch.judge(rewards)
-        for name in ("var_ratio", "extreme_share", "ks_pvalue"):
-            if getattr(verdict, name) is not None:
-                REWARD_WATCH.labels(name).set(getattr(verdict, name))
-        for rule in ("variance", "extremes"):
-            REWARD_ALERT.labels(rule).set(1 if rule in verdict.trips else 0)
-        if verdict.trips:
-            self._count("reward_watch_alerts")
-            log.warning("reward watch: batch unlike the reference window", extra={
-                "step": st.step + 1, "rules": verdict.trips, "var_ratio": verdict.var_ratio,
-                "extreme_share": verdict.extreme_share, "ks_pvalue": verdict.ks_pvalue})
-        self.watch.add(rewards)
         self.progress["phase"] = "training"
         metrics = self.trainer.step(groups)
         st.step = self.trainer.global_step

@@ -17,6 +17,7 @@ import yaml
 
 from steadyrl import codec
 from steadyrl.contracts import Prompt, ScoredGroup
+from services.learner.quarantine import read_quarantine
 from tests.helpers import ROOT, read_all, unique_prefix
 
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -360,3 +361,76 @@ def test_reward_server_hanging_mid_run_training_goes_on_with_cached_scores(boots
     assert last.reward_source.value == "rule", "the breaker did not close after the server came back"
     state = json.loads((up.run_dir() / "state.json").read_text())
     assert state["counts"]["cache_scored"] >= float(cached[0].split()[-1])  # saved; it grew after the sample
+
+
+def _quarantine_cli(bootstrap: str, prefix: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "steadyrl.cli", "quarantine", *args, "--bootstrap", bootstrap,
+                           "--prefix", prefix], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(bootstrap, tmp_path):
+    """The reward server starts adding 4.0 to every reward (64 items: one batch's worth) at
+    step 40 of 80. The batch holding them trips the watch and goes to rl.quarantine instead of
+    training; training goes on; `steadyrl quarantine release` puts it back and the learner
+    trains its groups once; `drop` marks another and it is never trained."""
+    steps = 80
+    config = _config(tmp_path, steps=steps, eval_data=None, reward_watch={"action": "quarantine"})
+    cfg = yaml.safe_load(config.read_text())
+    cfg["reward_server"].update(scorers=["tests.scorers:inflating_tiny_copy"],
+                                default_scorer="tests.scorers:inflating_tiny_copy")
+    config.write_text(yaml.safe_dump(cfg))
+    inflate = tmp_path / "inflate"
+    up = Up(bootstrap, tmp_path, config, env={"STEADYRL_TEST_INFLATE": str(inflate)})
+    try:
+        up.wait_step(40)
+        inflate.write_text("64")
+        deadline = time.monotonic() + 120
+        while True:  # until a batch with inflated rewards is on rl.quarantine
+            listed = _quarantine_cli(bootstrap, up.prefix, "list")
+            assert listed.returncode == 0, listed.stderr
+            inflated = [line.split()[0] for line in listed.stdout.splitlines()
+                        if float(line.split("reward mean ")[1].split()[0]) > 1.0]
+            if inflated:
+                break
+            assert time.monotonic() < deadline and up.proc.poll() is None, (listed.stdout, up.log()[-3000:])
+            time.sleep(0.5)
+        release = inflated[0]
+        done = _quarantine_cli(bootstrap, up.prefix, "release", release, "--note", "test")
+        assert done.returncode == 0 and "released" in done.stdout, done.stderr
+        again = _quarantine_cli(bootstrap, up.prefix, "release", release)
+        assert again.returncode == 1 and "already released" in again.stderr
+        released_at = up.progress()["step"]
+        assert released_at < steps, "the run ended before the release could be trained"
+        rc = up.proc.wait(300)
+    finally:
+        up.close()
+    assert rc == 0, up.log()[-4000:]
+    listed = _quarantine_cli(bootstrap, up.prefix, "list").stdout
+    others = [line.split()[0] for line in listed.splitlines() if line.split()[1] == "held"]
+    if others:
+        dropped = _quarantine_cli(bootstrap, up.prefix, "drop", others[0])
+        assert dropped.returncode == 0, dropped.stderr
+        assert f"{others[0]}  dropped" in _quarantine_cli(bootstrap, up.prefix, "list").stdout
+    shown = _quarantine_cli(bootstrap, up.prefix, "show", release)
+    assert '"status": "released"' in shown.stdout and '"rules"' in shown.stdout, shown.stdout
+    assert f"{release}  released" in listed
+
+    state = json.loads((up.run_dir() / "state.json").read_text())
+    consumed = [json.loads(line) for line in (up.run_dir() / "consumed.jsonl").read_text().splitlines()]
+    trained = {c["prompt_id"]: c for c in consumed}
+    assert len(trained) == len(consumed) == steps * 8, "a prompt was trained twice"
+    held = set(state["quarantined"])
+    entries = read_quarantine(bootstrap, up.prefix)
+    released = {g.prompt_id for g in entries[release].batch.groups}
+    assert state["counts"]["released"] == len(released) and not released & held
+    for pid in released:  # trained once, after the release, with the rewards it was held with
+        assert trained[pid]["step"] > entries[release].batch.step
+    assert max(trained[pid]["reward_mean"] for pid in released) > 1.0
+    # no other inflated group was trained: every group with a reward above 1 is held or released
+    scored = [codec.decode(m.value(), m.headers(), ScoredGroup)
+              for m in read_all(bootstrap, f"{up.prefix}rl.scored", expect=steps * 8)]
+    inflated_pids = {s.prompt_id for s in scored if max(s.rewards) > 1.0}
+    assert inflated_pids and inflated_pids <= held | released
+    assert all(trained[pid]["reward_mean"] <= 1.0 for pid in set(trained) - released)
+    # training went on past the held batch to the last step
+    assert sorted({c["step"] for c in consumed}) == list(range(1, steps + 1))

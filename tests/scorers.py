@@ -1,0 +1,29 @@
+"""Rule scorers for tests, loaded by the reward server as `tests.scorers:<name>`."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from steadyrl.rewards import tiny_copy
+
+_lock = threading.Lock()
+
+
+def inflating_tiny_copy(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    """tiny_copy's reward, plus 4.0 for the next N items once the file named by
+    $STEADYRL_TEST_INFLATE holds N (a reward server that starts inflating mid-run)."""
+    reward = tiny_copy(data_source, solution_str, ground_truth, extra_info)
+    path = os.environ.get("STEADYRL_TEST_INFLATE")
+    if not path:
+        return reward
+    with _lock:
+        try:
+            left = int(open(path).read().strip() or 0)
+        except (OSError, ValueError):
+            return reward
+        if left <= 0:
+            return reward
+        with open(path, "w") as f:
+            f.write(str(left - 1))
+    return reward + 4.0
