@@ -32,6 +32,9 @@ def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
                 extra_routes: Callable | None = None) -> int:
     """Run one service process until SIGTERM/SIGINT. Returns the exit status."""
     logs.setup(name, cfg.log_level, cfg.log_format)
+    from steadyrl import hardware
+
+    hardware.register()  # steadyrl_gpu_available, GPU memory/temperature/utilisation/PCIe, host cores
     health = Health(liveness_timeout_s=max(60.0, 6 * cfg.metrics_interval))
     app = make_app(name, health)
     if extra_routes is not None:

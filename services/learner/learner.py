@@ -40,12 +40,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from typing import Literal
+
 from prometheus_client import Counter, Gauge, Histogram
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from steadyrl.config import ServiceConfig, load
 from steadyrl.files import sha256_file, write_atomic
 from steadyrl.rl.trainer import TrainConfig
+from services.learner.prompt_gate import PromptGateConfig
 from services.learner.watch import WatchConfig
 
 log = logging.getLogger("steadyrl.learner")
@@ -68,6 +71,17 @@ REWARD_ALERT = Gauge("steadyrl_learner_reward_alert", "1 while the last batch tr
 QUARANTINED = Counter("steadyrl_learner_quarantined_batches", "Batches the reward watch held on rl.quarantine")
 REBASELINES = Counter("steadyrl_learner_reward_watch_rebaselines", "Times held batches joined the reward watch's "
                       "reference (a shift that persisted)")
+BUFFER_SIZE = Gauge("steadyrl_rollout_buffer_size", "Scored groups waiting in a buffer", ["stage"])
+EVICTED = Counter("steadyrl_learner_buffer_evictions", "Groups evicted from the full train buffer (their prompts "
+                  "published again)", ["policy"])
+SAMPLE_AGE = Histogram("steadyrl_rollout_sample_age_seconds", "Age of a trained group: from generation to the "
+                       "update that uses it", buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600))
+PARAM_DRIFT = Gauge("steadyrl_learner_param_drift", "||theta_l - theta0_l|| / ||theta0_l|| per layer, from the "
+                    "weights as loaded (services/learner/drift.py)", ["layer"])
+KL_SLOPE = Gauge("steadyrl_learner_kl_slope", "Theil-Sen slope of actor/kl_ref per step over the last 20 steps")
+KL_TREND_P = Gauge("steadyrl_learner_kl_trend_pvalue", "Mann-Kendall p-value of actor/kl_ref over the last 20 steps")
+PHASE_SECONDS = Gauge("steadyrl_learner_phase_seconds", "Last step's time per phase: waiting for groups (wait), "
+                      "the trainer's passes (old_log_prob, ref, update_actor, train_step), publish_policy", ["phase"])
 OOM_FALLBACKS = Counter("steadyrl_learner_oom_fallbacks", "Steps that ran out of memory and were retried in the safe mode")
 EVAL_ACCURACY = Gauge("steadyrl_learner_eval_accuracy", "Greedy test-split accuracy", ["when"])
 
@@ -112,7 +126,12 @@ class LearnerSection(BaseModel):
                                                    "of the policy-gradient signal. At 0 it adds no policy gradient; "
                                                    "its tokens still count in token-mean, entropy/KL and PPO's "
                                                    "value loss.")
+    max_buffer_size: int = Field(64, ge=1, description="Scored groups waiting for an update at most; one more "
+                                                       "evicts one (its prompt is published again).")
+    buffer_eviction: Literal["fifo", "priority"] = Field(
+        "fifo", description="fifo: the oldest goes; priority: the least mean |advantage| (no learning signal) goes.")
     reward_watch: WatchConfig = WatchConfig()
+    prompt_gate: PromptGateConfig = PromptGateConfig()
     train: TrainConfig = TrainConfig(lr=1e-5, temperature=0.8, total_steps=20)
 
     @field_validator("data", "eval_data")
@@ -131,6 +150,13 @@ class LearnerSection(BaseModel):
         if not p.is_file():
             raise ValueError(f"{v}: no such file (relative paths start at {Path.cwd()})")
         return v
+
+    @model_validator(mode="after")
+    def _buffer_holds_a_batch(self) -> "LearnerSection":
+        if self.max_buffer_size < self.prompts_per_step:
+            raise ValueError(f"max_buffer_size {self.max_buffer_size} < prompts_per_step {self.prompts_per_step}: "
+                             "the buffer could never hold a batch")
+        return self
 
     def fingerprint(self) -> dict:
         """What a run cannot change on resume: model, data and the order and shape of batches."""
@@ -181,7 +207,9 @@ class RunState:
     policy_sha256: str = ""
     offsets: dict[str, int] = field(default_factory=dict)       # partition -> next offset of rl.scored
     dlq_offset: int = -1                                          # next offset of rl.dlq (-1: not set)
-    feeder_position: int = 0                                      # prompts taken from the dataset order
+    feeder_position: int = 0                                      # prompts pulled from the dataset order
+    fed: int = 0                                                  # new prompts published (pulled less waiting)
+    gate: dict = field(default_factory=dict)                      # the prompt gate (PromptGate.state)
     in_flight: dict[str, dict] = field(default_factory=dict)      # prompt_id -> InFlight
     requeue: list[str] = field(default_factory=list)              # prompt ids to publish again
     quarantined: dict[str, dict] = field(default_factory=dict)    # prompt_id -> InFlight + batch_id, held
@@ -238,6 +266,9 @@ class Learner:
             raise ValueError(f"learner.data has {len(self.rows)} rows < prompts_per_step {lc.prompts_per_step}")
         torch.manual_seed(lc.seed)
         self.model, self.tok = load_policy(lc.model, seed=lc.seed)
+        from services.learner.drift import ParamDrift
+
+        self.drift = ParamDrift(self.model)  # the weights as loaded: the reference of the drift metric
         self.trainer = Trainer(self.model, self.tok.pad_token_id, lc.train)
         self.policy_root = lc.policy_root.resolve()
         lc.state_dir.mkdir(parents=True, exist_ok=True)
@@ -265,6 +296,12 @@ class Learner:
                                "phase": "starting", "done": False}
         self._ready: dict[str, tuple] = {}          # prompt_id -> (ScoredGroup, partition, offset)
         self._order = self._dataset_order()
+        from services.learner.prompt_gate import PromptGate
+
+        self.gate = PromptGate(lambda i: "\n".join(m["content"] for m in self.rows[i].messages),
+                               **lc.prompt_gate.model_dump())
+        if self.state.gate:
+            self.gate.restore(self.state.gate)
         from services.learner.watch import RewardWatch
 
         self.watch = RewardWatch(lc.reward_watch)
@@ -355,7 +392,8 @@ class Learner:
         saved = dict(self.state.offsets)
         for _, part, off in self._ready.values():
             saved[str(part)] = min(saved.get(str(part), off), off)
-        return json.loads(json.dumps({**asdict(self.state), "offsets": saved, "watch": self.watch.state()}))
+        return json.loads(json.dumps({**asdict(self.state), "offsets": saved, "watch": self.watch.state(),
+                                       "gate": self.gate.state()}))
 
     def _save_state(self) -> None:
         write_atomic(self.run_dir / "state.json", json.dumps(self._state_for_save()))
@@ -417,24 +455,31 @@ class Learner:
         c = st.counts
         total = lc.steps * lc.prompts_per_step + c.get("dlq", 0) + c.get("quarantined", 0) - c.get("released", 0)
         n = 0
-        while (len(st.in_flight) < cap and st.feeder_position < total) or st.requeue:
+        while (len(st.in_flight) < cap and st.fed < total) or st.requeue:
             if st.requeue:
                 pid = st.requeue.pop(0)
                 f = InFlight(**st.in_flight[pid])
                 PUBLISHED.labels("again").inc()
             else:
-                epoch, index = next(self._order)
-                st.feeder_position += 1
+                epoch, index = self.gate.take(self._pull)  # near-duplicates of recent prompts wait
+                st.fed += 1
                 pid = f"{st.run_id}/e{epoch}-i{index}"
-                f = InFlight(seq=st.feeder_position, epoch=epoch, index=index)
+                f = InFlight(seq=st.fed, epoch=epoch, index=index)
                 st.in_flight[pid] = asdict(f)
                 PUBLISHED.labels("new").inc()
             self._produce("rl.prompts", pid, self._prompt(pid, f))
             n += 1
         if n:
             self._flush()
+            self._save_state()  # the gate's wall-clock decisions are not repeatable: keep them
         IN_FLIGHT.set(len(st.in_flight))
         return n
+
+    def _pull(self) -> tuple[int, int]:
+        """The next (epoch, index) of the dataset order (the prompt gate may keep it waiting)."""
+        epoch, index = next(self._order)
+        self.state.feeder_position += 1
+        return epoch, index
 
     # ---- policy store -------------------------------------------------------------------
     def publish_policy(self) -> None:
@@ -576,6 +621,23 @@ class Learner:
                      extra={"prompt_id": pid, "policy_version": v, "step": self.state.step,
                             "why": "stale" if stale else "from discarded weights"})
 
+    def _evict(self) -> None:
+        """Keep the train buffer within max_buffer_size (services/learner/buffer.py)."""
+        from services.learner.buffer import evictions
+
+        st, lc = self.state, self.lc
+        waiting = {pid: (st.in_flight[pid]["seq"], sg.rewards, bool(st.in_flight[pid].get("released")))
+                   for pid, (sg, _, _) in self._ready.items()}
+        for pid in evictions(waiting, lc.max_buffer_size, lc.buffer_eviction):
+            del self._ready[pid]
+            st.in_flight[pid]["attempt"] += 1
+            st.requeue.append(pid)
+            EVICTED.labels(lc.buffer_eviction).inc()
+            self._count("evicted")
+            log.info("train buffer full: group evicted, prompt published again",
+                     extra={"prompt_id": pid, "policy": lc.buffer_eviction, "max": lc.max_buffer_size})
+        BUFFER_SIZE.labels("train").set(len(self._ready))
+
     # ---- one update ---------------------------------------------------------------------
     def _screen(self, take: list[str]) -> bool:
         """The reward watch on the batch `take` (prompt ids in _ready). Released groups were
@@ -641,6 +703,9 @@ class Learner:
         if self._screen(take):
             return None
         batch = [self._ready.pop(pid) for pid in take]
+        BUFFER_SIZE.labels("train").set(len(self._ready))
+        for sg, _, _ in batch:
+            SAMPLE_AGE.observe(max(time.time() - sg.group.generated_ms / 1000, 0.0))
         # A group sampled by an older version brings its behaviour log-probs (see Trainer).
         # A cache-scored group (reward server down) weighs cache_scored_weight in the loss.
         groups = [Group(sg.group.prompt_token_ids, [s.token_ids for s in sg.group.samples], sg.rewards,
@@ -648,9 +713,12 @@ class Learner:
                         weight=lc.cache_scored_weight if sg.reward_source.value == "cache" else 1.0)
                   for sg, _, _ in batch]
         self.progress["phase"] = "training"
+        t_batch = time.monotonic()
         metrics = self.trainer.step(groups)
         st.step = self.trainer.global_step
+        t_published = time.monotonic()
         self.publish_policy()
+        t_published = time.monotonic() - t_published
         with open(self.run_dir / "consumed.jsonl", "a") as f:
             for (sg, part, off) in batch:
                 f.write(json.dumps({"step": st.step, "prompt_id": sg.prompt_id, "partition": part, "offset": off,
@@ -686,6 +754,7 @@ class Learner:
         if st.step % lc.checkpoint_every == 0:
             self._checkpoint()
         STEP_SECONDS.observe(seconds)
+        self._export_algorithm_metrics(metrics, wait=t_batch - (now - seconds), publish=t_published)
         REWARD_MEAN.set(row["reward_mean"])
         REWARD_STD.set(row["reward_std"])
         TOKENS_PER_S.set(row["tokens_per_s"])
@@ -696,6 +765,22 @@ class Learner:
                               "tokens_per_s": row["tokens_per_s"], "phase": "waiting"})
         log.info("step", extra={k: v for k, v in row.items() if not k.startswith(("actor/", "critic/"))})
         return metrics
+
+    def _export_algorithm_metrics(self, metrics: dict, wait: float, publish: float) -> None:
+        """Phase timings, per-layer drift and the KL trend of this step (services/learner/drift.py)."""
+        from services.learner.drift import kl_trend
+
+        PHASE_SECONDS.labels("wait").set(wait)
+        PHASE_SECONDS.labels("publish_policy").set(publish)
+        for k, v in metrics.items():
+            if k.startswith("timing_s/"):
+                PHASE_SECONDS.labels(k.removeprefix("timing_s/")).set(v)
+        for layer, d in self.drift.measure(self.model).items():
+            PARAM_DRIFT.labels(layer).set(d)
+        trend = kl_trend([h["actor/kl_ref"] for h in self.state.history[-20:] if "actor/kl_ref" in h])
+        if trend is not None:
+            KL_SLOPE.set(trend[0])
+            KL_TREND_P.set(trend[1])
 
     # ---- evaluation and summary ---------------------------------------------------------
     def evaluate(self, when: str) -> dict | None:
@@ -793,6 +878,7 @@ class Learner:
                     else:
                         self._accept(msg)
                 self._drop_stale()
+                self._evict()
                 if len(self._ready) >= lc.prompts_per_step:
                     self.train_step()
                 self.top_up()

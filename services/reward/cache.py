@@ -25,24 +25,9 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from datasketch import MinHash, MinHashLSH
+from datasketch import MinHashLSH
 
-NUM_PERM = 128
-
-
-def _shingles(text: str, k: int = 3) -> set[bytes]:
-    """Character k-grams of the lower-cased, whitespace-collapsed text."""
-    t = " ".join(text.lower().split())
-    if len(t) <= k:
-        return {t.encode()}
-    return {t[i:i + k].encode() for i in range(len(t) - k + 1)}
-
-
-def minhash(text: str) -> MinHash:
-    """MinHash (128 permutations, seed 1) of the text's character 3-grams."""
-    m = MinHash(num_perm=NUM_PERM, seed=1)
-    m.update_batch(list(_shingles(text)))
-    return m
+from steadyrl.similarity import NUM_PERM, minhash
 
 
 @dataclass

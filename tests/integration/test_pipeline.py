@@ -434,3 +434,39 @@ def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(boo
     assert all(trained[pid]["reward_mean"] <= 1.0 for pid in set(trained) - released)
     # training went on past the held batch to the last step
     assert sorted({c["step"] for c in consumed}) == list(range(1, steps + 1))
+
+
+def test_a_full_train_buffer_evicts_and_every_prompt_is_still_trained_once(bootstrap, tmp_path):
+    """max_staleness 3 keeps 4 x B prompts in flight; the learner is SIGSTOPped so their groups
+    pile up; on SIGCONT it reads them at once into a buffer of max_buffer_size = B: the
+    oldest are evicted (fifo), their prompts published again, and every prompt is still
+    trained exactly once."""
+    steps = 12
+    config = _config(tmp_path, steps=steps, eval_data=None, max_staleness=3, max_buffer_size=8,
+                     buffer_eviction="fifo")
+    up = Up(bootstrap, tmp_path, config)
+    learner = None
+    try:
+        up.wait_step(2)
+        learner = up.child_pid("learner-0")
+        os.kill(learner, signal.SIGSTOP)
+        time.sleep(4)  # 4 x 8 groups are generated and scored meanwhile
+        os.kill(learner, signal.SIGCONT)
+        learner = None
+        up.wait_step(4)
+        metrics = httpx.get(f"{up.url(8400)}/metrics", timeout=5).text
+        rc = up.proc.wait(300)
+    finally:
+        if learner is not None:
+            os.kill(learner, signal.SIGCONT)
+        up.close()
+    assert rc == 0, up.log()[-4000:]
+    assert 'steadyrl_rollout_buffer_size{stage="train"}' in metrics
+    evicted = [line for line in metrics.splitlines() if line.startswith('steadyrl_learner_buffer_evictions_total{policy="fifo"}')]
+    assert evicted and float(evicted[0].split()[-1]) >= 8, metrics
+    aged = [line for line in metrics.splitlines() if line.startswith("steadyrl_rollout_sample_age_seconds_count")]
+    assert aged and float(aged[0].split()[-1]) >= 16, metrics
+    state = json.loads((up.run_dir() / "state.json").read_text())
+    assert state["counts"].get("evicted", 0) >= 8, state["counts"]
+    assert "train buffer full: group evicted" in up.log()
+    _audit_exactly_once(up, bootstrap, steps)

@@ -1,0 +1,51 @@
+"""The learner's train buffer: scored groups waiting for an update, bounded.
+
+Groups read from rl.scored wait in the buffer until B of them make a step. It holds at most
+`max_buffer_size` groups (default 64; the feeder keeps (max_staleness + 1) x B prompts in
+flight, so it fills past that only when released quarantine batches or duplicates arrive at
+once). When a new group would make it larger, one waiting group is evicted:
+
+    fifo       the oldest (lowest feeder order): the stalest samples go first
+    priority   the one with the least learning signal, mean |r_i - mean(r)| over its samples
+               (the group-relative advantage before scaling, Dr. GRPO eq. 4 of Liu et al.
+               2025); a group whose samples all got the same reward has none. Ties: oldest.
+
+An evicted group's prompt is published again (a new seed), so it is still trained exactly
+once: eviction costs generation time, never a prompt. Released groups are never evicted
+(they cannot be generated again as they were).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Eviction = Literal["fifo", "priority"]
+
+
+def mean_abs_advantage(rewards: list[float]) -> float:
+    """mean_i |r_i - mean(r)| of one group's rewards, (G,) -> scalar, reward units."""
+    mean = sum(rewards) / len(rewards)
+    return sum(abs(r - mean) for r in rewards) / len(rewards)
+
+
+def evictions(waiting: dict[str, tuple[int, list[float], bool]], max_size: int, policy: Eviction) -> list[str]:
+    """Prompt ids to evict so that at most `max_size` groups remain.
+
+    Args:
+        waiting: prompt_id -> (feeder order, rewards (G,), released) of every group in the buffer.
+        max_size: the bound (>= 1).
+        policy: fifo or priority (see the module doc).
+    Returns the ids to evict (empty when len(waiting) <= max_size), in eviction order.
+    Raises ValueError for an unknown policy.
+    """
+    if policy not in ("fifo", "priority"):
+        raise ValueError(f"buffer eviction must be fifo or priority, got {policy!r}")
+    over = len(waiting) - max_size
+    if over <= 0:
+        return []
+    candidates = [pid for pid, (_, _, released) in waiting.items() if not released]
+    if policy == "fifo":
+        order = sorted(candidates, key=lambda pid: waiting[pid][0])
+    else:
+        order = sorted(candidates, key=lambda pid: (mean_abs_advantage(waiting[pid][1]), waiting[pid][0]))
+    return order[:over]
