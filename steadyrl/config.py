@@ -36,7 +36,7 @@ class ConfigError(SystemExit):
 
 
 #: Top-level sections of a stack-wide YAML file; each service reads its own.
-STACK_SECTIONS = frozenset({"actor", "rollout", "reward", "reward_server", "learner"})
+STACK_SECTIONS = frozenset({"actor", "rollout", "reward", "reward_server", "learner", "alertbridge"})
 
 
 class _StackYaml(YamlConfigSettingsSource):

@@ -27,3 +27,10 @@ def inflating_tiny_copy(data_source: str, solution_str: str, ground_truth: str, 
         with open(path, "w") as f:
             f.write(str(left - 1))
     return reward + 4.0
+
+
+def strict_tiny_copy(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    """A stricter tiny_copy: 1.0 only when all of the first 4 characters equal `ground_truth`,
+    else 0.0 (tiny_copy gives partial credit, 0.25 per matching character). docs/replay.md
+    switches the reward server to it mid-run, then replays across the switch."""
+    return float(tiny_copy(data_source, solution_str, ground_truth, extra_info) == 1.0)
