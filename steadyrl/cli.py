@@ -249,6 +249,8 @@ def cmd_quarantine(args) -> int:
     """list | show | release | drop batches on rl.quarantine (services/learner/quarantine.py)."""
     from datetime import datetime, timezone
 
+    from confluent_kafka import KafkaException
+
     from services.learner.quarantine import QuarantineError, decide, read_quarantine
     from steadyrl.contracts import QuarantineAction
 
@@ -260,10 +262,10 @@ def cmd_quarantine(args) -> int:
             return 2
         try:
             e = decide(bootstrap, args.batch, QuarantineAction(args.action), args.note or "", args.prefix)
-        except QuarantineError as err:
+        except (QuarantineError, RuntimeError, KafkaException) as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
-        what = (f"{len(e.batch.groups)} groups back on {args.prefix}rl.scored" if args.action == "release"
+        what = (f"{len(e.groups)} groups back on {args.prefix}rl.scored" if args.action == "release"
                 else "it will not be trained")
         print(f"{args.action}d {args.batch}: {what}")
         return 0
@@ -272,30 +274,33 @@ def cmd_quarantine(args) -> int:
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    fig = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
     if args.action == "list":
         if not entries:
             print(f"no quarantined batches on {args.prefix}rl.quarantine")
         for bid, e in entries.items():
-            b = e.batch
+            b = e.first
             when = datetime.fromtimestamp(b.quarantined_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-            rewards = [r for g in b.groups for r in g.rewards]
-            fig = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
+            rewards = [r for q in e.groups.values() for r in q.group.rewards]
             print(f"{bid}  {e.status:8s}  step {b.step}  {when}Z  rules {','.join(b.rules)}  "
-                  f"groups {len(b.groups)}  reward mean {sum(rewards) / len(rewards):.3f}  "
+                  f"groups {len(e.groups)}/{b.count}  reward mean {sum(rewards) / len(rewards):.3f}  "
                   f"var_ratio {fig(b.var_ratio)}  extreme_share {fig(b.extreme_share)}  ks_p {fig(b.ks_pvalue)}")
         return 0
     if not args.batch or args.batch not in entries:
         print(f"error: no quarantined batch {args.batch!r} (see `steadyrl quarantine list`)", file=sys.stderr)
         return 1
     e = entries[args.batch]
-    b = e.batch
-    print(json.dumps({k: v for k, v in b.model_dump(mode="json").items() if k != "groups"} | {
-        "status": e.status, "decision": e.decision.model_dump(mode="json") if e.decision else None}, indent=2))
-    for g in b.groups:
+    b = e.first
+    print(json.dumps({"batch_id": b.batch_id, "run_id": b.run_id, "step": b.step, "rules": b.rules,
+                      "var_ratio": b.var_ratio, "extreme_share": b.extreme_share, "ks_pvalue": b.ks_pvalue,
+                      "groups": f"{len(e.groups)}/{b.count}", "status": e.status,
+                      "decision": e.decision.model_dump(mode="json") if e.decision else None}, indent=2))
+    for i in sorted(e.groups):
+        g = e.groups[i].group
         print(f"- {g.prompt_id}  {g.reward_source.value} {g.scorer}  policy v{g.group.policy_version}")
         print(f"  prompt: {g.group.prompt.messages[-1].content[:200]!r}  ground truth: {g.group.prompt.ground_truth!r}")
-        for s, r in zip(g.group.samples, g.rewards):
-            print(f"  {r:8.3f}  {s.text[:120]!r}")
+        for smp, r in zip(g.group.samples, g.rewards):
+            print(f"  {r:8.3f}  {smp.text[:120]!r}")
     return 0
 
 

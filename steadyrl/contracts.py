@@ -194,22 +194,26 @@ class DLQRecord(Contract):
     rejected_ms: int = Field(default_factory=now_ms)
 
 
-class QuarantinedBatch(Contract):
-    """A batch the learner's reward watch held back instead of training, on `rl.quarantine`
-    (key: batch_id). `steadyrl quarantine release` puts its groups back on rl.scored."""
+class QuarantinedGroup(Contract):
+    """One group of a batch the learner's reward watch held back instead of training, on
+    `rl.quarantine` (key: batch_id). A batch of n groups is n records (index 0..n-1), so a
+    record stays within one group's size. `steadyrl quarantine release` puts them back on
+    rl.scored."""
 
-    SCHEMA_NAME: ClassVar[str] = "quarantined_batch"
+    SCHEMA_NAME: ClassVar[str] = "quarantined_group"
     SCHEMA_VERSION: ClassVar[str] = "1.0"
 
-    batch_id: str = Field(min_length=1, max_length=256, description="`{run_id}/q{step:06d}-{n}`: the step it "
-                                                                     "would have made, n-th batch held there.")
+    batch_id: str = Field(min_length=1, max_length=256, description="`{run_id}/q{step:06d}-{hash of its prompt ids}`: "
+                                                                     "the same groups held again get the same id.")
     run_id: str = Field(max_length=128)
     step: int = Field(ge=1, description="The learner step this batch would have made.")
-    rules: list[str] = Field(min_length=1, description="Watch rules it tripped: variance, extremes.")
+    index: int = Field(ge=0, description="This group's place in the batch.")
+    count: int = Field(ge=1, description="Groups in the batch.")
+    rules: list[str] = Field(min_length=1, description="Watch rules the batch tripped: variance, extremes.")
     var_ratio: float | None = Field(default=None, description="var(batch) / var(reference).")
     extreme_share: float | None = Field(default=None, description="Share of rewards above the reference q99.")
     ks_pvalue: float | None = Field(default=None, description="Two-sample KS p-value, batch vs reference.")
-    groups: list[ScoredGroup] = Field(min_length=1)
+    group: ScoredGroup
     quarantined_ms: int = Field(default_factory=now_ms)
 
 
@@ -232,4 +236,4 @@ class QuarantineDecision(Contract):
 
 
 ALL_CONTRACTS: tuple[type[Contract], ...] = (Prompt, RolloutGroup, ScoredGroup, PolicyUpdate, DLQRecord,
-                                             QuarantinedBatch, QuarantineDecision)
+                                             QuarantinedGroup, QuarantineDecision)

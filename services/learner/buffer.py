@@ -5,14 +5,20 @@ Groups read from rl.scored wait in the buffer until B of them make a step. It ho
 flight, so it fills past that only when released quarantine batches or duplicates arrive at
 once). When a new group would make it larger, one waiting group is evicted:
 
-    fifo       the oldest (lowest feeder order): the stalest samples go first
+    fifo       the first to arrive: the group that waited longest goes first
     priority   the one with the least learning signal, mean |r_i - mean(r)| over its samples
                (the group-relative advantage before scaling, Dr. GRPO eq. 4 of Liu et al.
                2025); a group whose samples all got the same reward has none. Ties: oldest.
 
 An evicted group's prompt is published again (a new seed), so it is still trained exactly
 once: eviction costs generation time, never a prompt. Released groups are never evicted
-(they cannot be generated again as they were).
+(they cannot be generated again as they were), nor a prompt's group after MAX_EVICTIONS (2)
+evictions: a prompt whose groups never carry signal (always all right or all wrong) is
+trained as it is rather than generated forever. Exempt groups can hold the buffer above its
+bound, by at most the prompts in flight.
+
+`fifo` means arrival order (not the feeder's): a group generated again after an eviction
+arrives last, so it is not the next one out.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 from typing import Literal
 
 Eviction = Literal["fifo", "priority"]
+MAX_EVICTIONS = 2
 
 
 def mean_abs_advantage(rewards: list[float]) -> float:
@@ -32,7 +39,8 @@ def evictions(waiting: dict[str, tuple[int, list[float], bool]], max_size: int, 
     """Prompt ids to evict so that at most `max_size` groups remain.
 
     Args:
-        waiting: prompt_id -> (feeder order, rewards (G,), released) of every group in the buffer.
+        waiting: prompt_id -> (arrival order, rewards (G,), exempt) of every group in the buffer;
+            exempt groups (released, or evicted MAX_EVICTIONS times) are never chosen.
         max_size: the bound (>= 1).
         policy: fifo or priority (see the module doc).
     Returns the ids to evict (empty when len(waiting) <= max_size), in eviction order.
@@ -43,7 +51,7 @@ def evictions(waiting: dict[str, tuple[int, list[float], bool]], max_size: int, 
     over = len(waiting) - max_size
     if over <= 0:
         return []
-    candidates = [pid for pid, (_, _, released) in waiting.items() if not released]
+    candidates = [pid for pid, (_, _, exempt) in waiting.items() if not exempt]
     if policy == "fifo":
         order = sorted(candidates, key=lambda pid: waiting[pid][0])
     else:

@@ -194,6 +194,7 @@ class InFlight:
     index: int
     attempt: int = 0    # > 0: published again after its group went stale
     released: bool = False  # its group came back from rl.quarantine: trained as-is, however stale
+    evicted: int = 0        # times its group was evicted from the full train buffer
 
 
 @dataclass
@@ -208,7 +209,7 @@ class RunState:
     offsets: dict[str, int] = field(default_factory=dict)       # partition -> next offset of rl.scored
     dlq_offset: int = -1                                          # next offset of rl.dlq (-1: not set)
     feeder_position: int = 0                                      # prompts pulled from the dataset order
-    fed: int = 0                                                  # new prompts published (pulled less waiting)
+    fed: int = -1                                                 # new prompts published (-1: = feeder_position)
     gate: dict = field(default_factory=dict)                      # the prompt gate (PromptGate.state)
     in_flight: dict[str, dict] = field(default_factory=dict)      # prompt_id -> InFlight
     requeue: list[str] = field(default_factory=list)              # prompt ids to publish again
@@ -277,6 +278,8 @@ class Learner:
         self._delivery_errors: list[str] = []
         self.state = self._open_run()
         self.run_dir = lc.state_dir / self.state.run_id
+        if self.state.fed < 0:  # a state written before the prompt gate: every prompt pulled was published
+            self.state.fed = self.state.feeder_position
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._trim_audit()
         from steadyrl.checkpoint import AsyncCheckpointer
@@ -295,6 +298,8 @@ class Learner:
         self.progress: dict = {"run_id": self.state.run_id, "steps": lc.steps, "step": self.state.step,
                                "phase": "starting", "done": False}
         self._ready: dict[str, tuple] = {}          # prompt_id -> (ScoredGroup, partition, offset)
+        self._arrival: dict[str, int] = {}          # prompt_id -> arrival number (fifo eviction)
+        self._arrivals = 0
         self._order = self._dataset_order()
         from services.learner.prompt_gate import PromptGate
 
@@ -569,6 +574,7 @@ class Learner:
                               f"went to rl.dlq; last: {why}")
 
     def _accept(self, msg) -> None:
+        from services.learner.quarantine import RELEASE_HEADER
         from steadyrl import codec
         from steadyrl.contracts import ScoredGroup
 
@@ -584,16 +590,21 @@ class Learner:
                 offset=msg.offset(), key=msg.key(), value=msg.value()))
             return
         pid = sg.prompt_id
+        released_from = codec.header_value(msg.headers(), RELEASE_HEADER)
         if sg.group.prompt.run_id != st.run_id:
             outcome = "foreign"
-        elif pid in st.quarantined:  # `steadyrl quarantine release` put it back: train it as it is
-            held = st.quarantined.pop(pid)
-            batch_id = held.pop("batch_id")
-            st.in_flight[pid] = {**held, "released": True}
+        elif released_from is not None and (pid in st.quarantined or (pid in st.in_flight and
+                                                                      not st.in_flight[pid].get("released"))):
+            # `steadyrl quarantine release` put it back: train it as it is. In flight instead of
+            # held: this learner resumed from before the hold; the released copy replaces the
+            # original (counted apart: "released" gives back a prompt the feeder replaced).
+            held = st.quarantined.pop(pid, None)
+            outcome = "released" if held is not None else "released_in_flight"
+            st.in_flight[pid] = {k: v for k, v in (held or st.in_flight[pid]).items() if k != "batch_id"} | {
+                "released": True}
             self._ready[pid] = (sg, msg.partition(), msg.offset())
-            outcome = "released"
-            log.info("quarantined group released", extra={"prompt_id": pid, "batch_id": batch_id})
-        elif pid not in st.in_flight or pid in self._ready:
+            log.info("quarantined group released", extra={"prompt_id": pid, "batch_id": released_from})
+        elif pid not in st.in_flight or pid in self._ready:  # incl. a held group read again: stays held
             outcome = "duplicate"
         else:
             self._ready[pid] = (sg, msg.partition(), msg.offset())
@@ -614,6 +625,7 @@ class Learner:
             del self._ready[pid]
             if stale:
                 self.state.in_flight[pid]["attempt"] += 1
+            self.state.in_flight[pid]["released"] = False  # what comes back is a new sample, unseen
             self.state.requeue.append(pid)
             GROUPS.labels("stale" if stale else "future").inc()
             self._count("stale_dropped" if stale else "future_dropped")
@@ -623,14 +635,20 @@ class Learner:
 
     def _evict(self) -> None:
         """Keep the train buffer within max_buffer_size (services/learner/buffer.py)."""
-        from services.learner.buffer import evictions
+        from services.learner.buffer import MAX_EVICTIONS, evictions
 
         st, lc = self.state, self.lc
-        waiting = {pid: (st.in_flight[pid]["seq"], sg.rewards, bool(st.in_flight[pid].get("released")))
+        self._arrival = {pid: n for pid, n in self._arrival.items() if pid in self._ready}
+        for pid in [pid for pid in self._ready if pid not in self._arrival]:
+            self._arrivals += 1
+            self._arrival[pid] = self._arrivals
+        waiting = {pid: (self._arrival[pid], sg.rewards,
+                         st.in_flight[pid].get("released", False) or st.in_flight[pid].get("evicted", 0) >= MAX_EVICTIONS)
                    for pid, (sg, _, _) in self._ready.items()}
         for pid in evictions(waiting, lc.max_buffer_size, lc.buffer_eviction):
             del self._ready[pid]
             st.in_flight[pid]["attempt"] += 1
+            st.in_flight[pid]["evicted"] = st.in_flight[pid].get("evicted", 0) + 1
             st.requeue.append(pid)
             EVICTED.labels(lc.buffer_eviction).inc()
             self._count("evicted")
@@ -673,15 +691,18 @@ class Learner:
         return True
 
     def quarantine(self, pids: list[str], rules: list[str], figures: dict) -> str:
-        """Write the groups of `pids` (in _ready) to rl.quarantine as one batch and take them
-        out of the run; the feeder publishes other prompts in their place. Returns the batch id."""
-        from steadyrl.contracts import QuarantinedBatch
+        """Write the groups of `pids` (in _ready) to rl.quarantine, one record each, and take
+        them out of the run; the feeder publishes other prompts in their place. Returns the
+        batch id (services/learner/quarantine.py)."""
+        from services.learner.quarantine import batch_id as make_batch_id
+        from steadyrl.contracts import QuarantinedGroup
 
         st = self.state
-        batch_id = f"{st.run_id}/q{st.step + 1:06d}-{st.counts.get('quarantined_batches', 0)}"
-        groups = [self._ready[pid][0] for pid in pids]
-        self._produce("rl.quarantine", batch_id, QuarantinedBatch(
-            batch_id=batch_id, run_id=st.run_id, step=st.step + 1, rules=rules, groups=groups, **figures))
+        batch_id = make_batch_id(st.run_id, st.step + 1, pids)
+        for i, pid in enumerate(pids):
+            self._produce("rl.quarantine", batch_id, QuarantinedGroup(
+                batch_id=batch_id, run_id=st.run_id, step=st.step + 1, index=i, count=len(pids), rules=rules,
+                group=self._ready[pid][0], **figures))
         self._flush()  # on rl.quarantine before it leaves the run
         for pid in pids:
             del self._ready[pid]

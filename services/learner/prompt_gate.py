@@ -161,6 +161,8 @@ class PromptGate:
         taken). Errors from `pull` and `text_of` propagate; prompts pulled before the error
         wait, none is lost.
         """
+        if self.cooldown_s == 0 and not self._waiting:  # the gate is off: no clustering, no state
+            return pull()
         now = self.clock()                                                   # rule 1
         pick = next((p for p, (_, i) in enumerate(self._waiting) if not self._cooling(self.cluster_of(i), now)), None)
         while pick is None and len(self._waiting) < self.max_deferred:       # rule 2

@@ -1,7 +1,10 @@
 """`rl.quarantine`: batches the reward watch held back, and a person's decision on each.
 
-The learner writes a `QuarantinedBatch` (key: batch id) when a batch trips the reward watch
-(services/learner/watch.py) and publishes other prompts in its place. A person then looks:
+The learner writes a held batch of n groups as n `QuarantinedGroup` records (key: batch id,
+`index` 0..n-1) when it trips the reward watch (services/learner/watch.py), and publishes
+other prompts in its place. The batch id hashes its prompt ids, so a learner that holds the
+same groups again after a restart writes the same id (the copies are ignored). A person then
+looks:
 
     steadyrl quarantine list                 every batch: step, rules, figures, status
     steadyrl quarantine show BATCH           its groups: prompt, rewards, responses
@@ -9,47 +12,69 @@ The learner writes a `QuarantinedBatch` (key: batch id) when a batch trips the r
     steadyrl quarantine drop BATCH           never trained
 
 A decision is a `QuarantineDecision` record on the same topic; a batch has at most one.
-`release` writes the groups to rl.scored and the decision in one Kafka transaction, so either
-both land or neither does. The learner trains a released group as it is (its behaviour
-log-probs make the importance ratio right however old it is), once: a second copy of a
-released group is a duplicate. A run that has finished no longer trains what is released.
+`release` writes the groups to rl.scored, each with the header `steadyrl-release: <batch id>`,
+and the decision, in one Kafka transaction, so either all land or none does. Its
+transactional id is fixed per batch, so of two people deciding at once the later fences the
+earlier (whose commit fails), and it reads the topic again after fencing. The learner trains
+a group with that header as it is (its behaviour log-probs make the importance ratio right
+however old it is), once; a held group read again without the header (after a restart) stays
+held. A run that has finished no longer trains what is released.
 """
 
 from __future__ import annotations
 
 import getpass
+import hashlib
 import socket
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from steadyrl import codec
-from steadyrl.contracts import QuarantineAction, QuarantineDecision, QuarantinedBatch
+from steadyrl.contracts import QuarantineAction, QuarantineDecision, QuarantinedGroup
+
+RELEASE_HEADER = "steadyrl-release"
+
+
+def batch_id(run_id: str, step: int, prompt_ids: list[str]) -> str:
+    """`{run_id}/q{step:06d}-{first 8 hex of sha256 of the sorted prompt ids}`."""
+    digest = hashlib.sha256("\n".join(sorted(prompt_ids)).encode()).hexdigest()[:8]
+    return f"{run_id}/q{step:06d}-{digest}"
 
 
 @dataclass
 class Entry:
-    """One quarantined batch with its decision, if any (offset: on rl.quarantine)."""
+    """One quarantined batch: its groups by index, and the decision, if any."""
 
-    batch: QuarantinedBatch
-    offset: int
+    groups: dict[int, QuarantinedGroup] = field(default_factory=dict)
     decision: QuarantineDecision | None = None
-    duplicates: list[int] = field(default_factory=list)   # offsets of later copies (a learner re-sent it)
+    copies: int = 0                      # records of a group already seen (a learner held it again)
+
+    @property
+    def first(self) -> QuarantinedGroup:
+        return self.groups[min(self.groups)]
+
+    @property
+    def complete(self) -> bool:
+        return len(self.groups) == self.first.count
 
     @property
     def status(self) -> str:
-        return "held" if self.decision is None else {"release": "released", "drop": "dropped"}[self.decision.action.value]
+        if self.decision is not None:
+            return {"release": "released", "drop": "dropped"}[self.decision.action.value]
+        return "held" if self.complete else "partial"
 
 
 class QuarantineError(Exception):
-    """A decision that cannot be taken: unknown batch, or one already decided."""
+    """A decision that cannot be taken: unknown, incomplete or already decided batch."""
 
 
-def read_quarantine(bootstrap: str, prefix: str = "", timeout_s: float = 30.0) -> dict[str, Entry]:
-    """Every batch on `{prefix}rl.quarantine`, by batch id, in the order written.
+def read_quarantine(bootstrap: str, prefix: str = "", timeout_s: float = 60.0) -> dict[str, Entry]:
+    """Every batch on `{prefix}rl.quarantine`, by batch id, in the order first written.
 
     Reads from the start to the end offset seen at the call (read_committed). Records that do
-    not decode as either contract are skipped. Raises RuntimeError when the topic is missing.
+    not decode as either contract are skipped. Raises RuntimeError when the topic is missing
+    or cannot be read to its end within timeout_s.
     """
     from confluent_kafka import Consumer, TopicPartition
 
@@ -69,7 +94,8 @@ def read_quarantine(bootstrap: str, prefix: str = "", timeout_s: float = 30.0) -
         c.assign([TopicPartition(topic, p, 0) for p in md.partitions])
         deadline = time.monotonic() + timeout_s
         # the end offset may be a transaction marker, never delivered: read until the position passes it
-        while any(max(tp.offset, 0) < ends[tp.partition] for tp in c.position([TopicPartition(topic, p) for p in ends])):
+        while any(max(tp.offset, 0) < ends[tp.partition] for tp in
+                  c.position([TopicPartition(topic, p) for p in ends])):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{topic}: not read to its end offsets {ends} within {timeout_s} s")
             for m in c.consume(500, timeout=0.5):
@@ -83,12 +109,13 @@ def read_quarantine(bootstrap: str, prefix: str = "", timeout_s: float = 30.0) -
 def _add(entries: dict[str, Entry], m) -> None:
     name = codec.header_value(m.headers()) or ""
     try:
-        if name.startswith(QuarantinedBatch.SCHEMA_NAME + "/"):
-            b = codec.decode(m.value(), m.headers(), QuarantinedBatch)
-            if b.batch_id in entries:
-                entries[b.batch_id].duplicates.append(m.offset())
+        if name.startswith(QuarantinedGroup.SCHEMA_NAME + "/"):
+            g = codec.decode(m.value(), m.headers(), QuarantinedGroup)
+            e = entries.setdefault(g.batch_id, Entry())
+            if g.index in e.groups:
+                e.copies += 1
             else:
-                entries[b.batch_id] = Entry(b, m.offset())
+                e.groups[g.index] = g
         elif name.startswith(QuarantineDecision.SCHEMA_NAME + "/"):
             d = codec.decode(m.value(), m.headers(), QuarantineDecision)
             if d.batch_id in entries and entries[d.batch_id].decision is None:
@@ -97,37 +124,42 @@ def _add(entries: dict[str, Entry], m) -> None:
         pass
 
 
-def decide(bootstrap: str, batch_id: str, action: QuarantineAction, note: str = "", prefix: str = "") -> Entry:
+def decide(bootstrap: str, batch: str, action: QuarantineAction, note: str = "", prefix: str = "") -> Entry:
     """Release or drop a held batch; returns its entry with the decision.
 
-    release: the groups go to rl.scored (key: prompt_id) and the decision to rl.quarantine,
-    in one transaction (aborted, and the error raised, if any part fails).
-    Raises QuarantineError for an unknown or already decided batch, KafkaException on a
-    broker error.
+    release: the groups go to rl.scored (key: prompt_id, header steadyrl-release) and the
+    decision to rl.quarantine, in one transaction (aborted, and the error raised, if any part
+    fails). Raises QuarantineError for an unknown, incomplete or already decided batch,
+    KafkaException on a broker error (e.g. fenced by another decision on the same batch).
     """
     from confluent_kafka import Producer
 
     from steadyrl.bus.kafka import producer_config
 
+    p = Producer(producer_config(bootstrap, "quarantine-cli", f"quarantine-{batch}"))
+    p.init_transactions(30)  # fences any other decider of this batch; read after it
     entries = read_quarantine(bootstrap, prefix)
-    if batch_id not in entries:
+    if batch not in entries:
         known = ", ".join(list(entries)[-5:]) or "none"
-        raise QuarantineError(f"no quarantined batch {batch_id!r} on {prefix}rl.quarantine (latest: {known})")
-    entry = entries[batch_id]
+        raise QuarantineError(f"no quarantined batch {batch!r} on {prefix}rl.quarantine (latest: {known})")
+    entry = entries[batch]
     if entry.decision is not None:
-        raise QuarantineError(f"batch {batch_id} was already {entry.status} by {entry.decision.by or '?'}")
-    decision = QuarantineDecision(batch_id=batch_id, action=action, note=note,
+        raise QuarantineError(f"batch {batch} was already {entry.status} by {entry.decision.by or '?'}")
+    if not entry.complete:
+        raise QuarantineError(f"batch {batch} is incomplete ({len(entry.groups)} of {entry.first.count} groups): "
+                              "the learner is still writing it, or stopped mid-way and will hold it again")
+    decision = QuarantineDecision(batch_id=batch, action=action, note=note,
                                   by=f"{getpass.getuser()}@{socket.gethostname()}")
-    p = Producer(producer_config(bootstrap, "quarantine-cli", f"quarantine-cli-{uuid.uuid4().hex}"))
-    p.init_transactions(30)
     p.begin_transaction()
     try:
         if action == QuarantineAction.release:
-            for g in entry.batch.groups:
+            for i in sorted(entry.groups):
+                g = entry.groups[i].group
                 value, headers = codec.encode(g)
-                p.produce(f"{prefix}rl.scored", value, key=g.prompt_id, headers=headers)
+                p.produce(f"{prefix}rl.scored", value, key=g.prompt_id,
+                          headers=headers + [(RELEASE_HEADER, batch.encode())])
         value, headers = codec.encode(decision)
-        p.produce(f"{prefix}rl.quarantine", value, key=batch_id, headers=headers)
+        p.produce(f"{prefix}rl.quarantine", value, key=batch, headers=headers)
         p.commit_transaction(60)
     except Exception:
         p.abort_transaction(30)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class WatchConfig(BaseModel):
@@ -51,6 +51,16 @@ class WatchConfig(BaseModel):
     rebaseline_after: int = Field(3, ge=1, description="Held batches (within rebaseline_window judged ones) "
                                                        "after which they join the reference.")
     rebaseline_window: int = Field(10, ge=1, description="Judged batches over which held ones are counted.")
+
+
+    @model_validator(mode="after")
+    def _can_work(self) -> "WatchConfig":
+        if self.min_reference > self.window:
+            raise ValueError(f"min_reference {self.min_reference} > window {self.window}: nothing would be judged")
+        if self.rebaseline_after > self.rebaseline_window:
+            raise ValueError(f"rebaseline_after {self.rebaseline_after} > rebaseline_window "
+                             f"{self.rebaseline_window}: a lasting shift would be held forever")
+        return self
 
 
 @dataclass

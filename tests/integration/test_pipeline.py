@@ -371,7 +371,8 @@ def _quarantine_cli(bootstrap: str, prefix: str, *args: str) -> subprocess.Compl
 def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(bootstrap, tmp_path):
     """The reward server starts adding 4.0 to every reward (64 items: one batch's worth) at
     step 40 of 80. The batch holding them trips the watch and goes to rl.quarantine instead of
-    training; training goes on; `steadyrl quarantine release` puts it back and the learner
+    training; training goes on, also after the learner is killed while the batch is held (its
+    groups, read again, stay held); `steadyrl quarantine release` puts it back and the learner
     trains its groups once; `drop` marks another and it is never trained."""
     steps = 80
     config = _config(tmp_path, steps=steps, eval_data=None, reward_watch={"action": "quarantine"})
@@ -394,6 +395,9 @@ def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(boo
                 break
             assert time.monotonic() < deadline and up.proc.poll() is None, (listed.stdout, up.log()[-3000:])
             time.sleep(0.5)
+        before_kill = up.progress()["step"]
+        os.kill(up.child_pid("learner-0"), signal.SIGKILL)  # restarted by `up`; held groups must stay held
+        up.wait_step(before_kill + 2, timeout_s=180)
         release = inflated[0]
         done = _quarantine_cli(bootstrap, up.prefix, "release", release, "--note", "test")
         assert done.returncode == 0 and "released" in done.stdout, done.stderr
@@ -421,10 +425,10 @@ def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(boo
     assert len(trained) == len(consumed) == steps * 8, "a prompt was trained twice"
     held = set(state["quarantined"])
     entries = read_quarantine(bootstrap, up.prefix)
-    released = {g.prompt_id for g in entries[release].batch.groups}
+    released = {q.group.prompt_id for q in entries[release].groups.values()}
     assert state["counts"]["released"] == len(released) and not released & held
     for pid in released:  # trained once, after the release, with the rewards it was held with
-        assert trained[pid]["step"] > entries[release].batch.step
+        assert trained[pid]["step"] > entries[release].first.step
     assert max(trained[pid]["reward_mean"] for pid in released) > 1.0
     # no other inflated group was trained: every group with a reward above 1 is held or released
     scored = [codec.decode(m.value(), m.headers(), ScoredGroup)

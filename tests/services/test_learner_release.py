@@ -1,0 +1,74 @@
+"""The learner's reading of rl.scored around quarantine (regressions from review):
+a held group read again after a restart stays held; only a copy that
+`steadyrl quarantine release` marked is trained, once."""
+
+from services.learner.learner import Learner, RunState
+from services.learner.quarantine import RELEASE_HEADER, batch_id
+from steadyrl import codec
+from steadyrl.contracts import Prompt, RewardSource, RolloutGroup, Sample, ScoredGroup
+
+
+class Msg:
+    def __init__(self, sg: ScoredGroup, offset: int, release: str | None = None):
+        self._v, self._h = codec.encode(sg)
+        if release:
+            self._h = self._h + [(RELEASE_HEADER, release.encode())]
+        self._o, self._k = offset, sg.prompt_id.encode()
+
+    def value(self): return self._v
+    def headers(self): return self._h
+    def offset(self): return self._o
+    def partition(self): return 0
+    def key(self): return self._k
+    def topic(self): return "rl.scored"
+
+
+def group(pid: str, reward: float) -> ScoredGroup:
+    p = Prompt(prompt_id=pid, epoch=0, index=1, messages=[{"role": "user", "content": "3"}], n_samples=2,
+               run_id="r1")
+    g = RolloutGroup(prompt=p, samples=[Sample(text="3", token_ids=[5], logprobs=[-0.1])] * 2, policy_version=4)
+    return ScoredGroup(group=g, rewards=[reward] * 2, reward_source=RewardSource.rule, scorer="rule:t@1")
+
+
+def learner(state: RunState) -> Learner:
+    learner = Learner.__new__(Learner)   # only what _accept reads
+    learner.state, learner._ready = state, {}
+    return learner
+
+
+def held_state() -> RunState:
+    st = RunState(run_id="r1")
+    st.quarantined["r1/e0-i1"] = {"seq": 3, "epoch": 0, "index": 1, "attempt": 0, "released": False,
+                                  "evicted": 0, "batch_id": batch_id("r1", 5, ["r1/e0-i1"])}
+    return st
+
+
+def test_a_held_group_read_again_without_the_release_header_stays_held():
+    lrn = learner(held_state())
+    lrn._accept(Msg(group("r1/e0-i1", 5.0), offset=7))      # the original, re-read after a restart
+    assert "r1/e0-i1" in lrn.state.quarantined and lrn._ready == {}
+    assert lrn.state.counts == {"duplicate": 1}
+
+
+def test_the_released_copy_is_trained_once_as_released():
+    bid = batch_id("r1", 5, ["r1/e0-i1"])
+    lrn = learner(held_state())
+    lrn._accept(Msg(group("r1/e0-i1", 5.0), offset=9, release=bid))
+    assert lrn.state.quarantined == {} and list(lrn._ready) == ["r1/e0-i1"]
+    assert lrn.state.in_flight["r1/e0-i1"]["released"] is True and "batch_id" not in lrn.state.in_flight["r1/e0-i1"]
+    lrn._accept(Msg(group("r1/e0-i1", 5.0), offset=10, release=bid))   # released twice: a duplicate
+    assert lrn.state.counts == {"released": 1, "duplicate": 1}
+
+
+def test_a_release_reaching_a_learner_resumed_from_before_the_hold_replaces_the_original():
+    st = RunState(run_id="r1")   # restored from a checkpoint older than the hold: the prompt is in flight
+    st.in_flight["r1/e0-i1"] = {"seq": 3, "epoch": 0, "index": 1, "attempt": 0, "released": False, "evicted": 0}
+    lrn = learner(st)
+    lrn._accept(Msg(group("r1/e0-i1", 5.0), offset=7))                     # original: waits to be judged
+    lrn._accept(Msg(group("r1/e0-i1", 5.0), offset=9, release="r1/q000005-x"))
+    assert lrn._ready["r1/e0-i1"][2] == 9 and lrn.state.in_flight["r1/e0-i1"]["released"] is True
+    assert lrn.state.counts == {"released_in_flight": 1}  # not "released": the feeder replaced nothing
+
+
+def test_batch_ids_name_the_groups_not_the_order():
+    assert batch_id("r1", 5, ["b", "a"]) == batch_id("r1", 5, ["a", "b"]) != batch_id("r1", 5, ["a", "c"])
