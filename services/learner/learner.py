@@ -116,6 +116,10 @@ class LearnerSection(BaseModel):
     state_dir: Path = Field(Path(".steadyrl/learner"), description="Run state, audit log and summary.")
     resume: str = Field("auto", description="auto: continue the unfinished run in state_dir from its newest "
                                             "valid checkpoint; never: always a new run; or a checkpoint folder.")
+    on_finish: Literal["exit", "idle"] = Field(
+        "exit", description="When the run is done: exit 0 (`steadyrl up`, compose), or idle and keep serving "
+                            "/progress and the probes until stopped (a Kubernetes StatefulSet, which would "
+                            "restart an exited learner into a new run).")
     checkpoint_every: int = Field(5, ge=1, description="Steps between checkpoints (also one on stop and at the end).")
     keep_checkpoints: int = Field(3, ge=1, description="Complete checkpoints kept per run.")
     rollout_cache_max_file_bytes: int = Field(2 * 1024 ** 3, ge=1024,
@@ -912,6 +916,10 @@ class Learner:
                 self._save_state()
                 self.progress.update({"phase": "done", "done": True,
                                       "summary": str(self.run_dir / "summary.json")})
+            if st.finished and lc.on_finish == "idle":
+                log.info("run finished; idling until stopped (learner.on_finish: idle)", extra={"run_id": st.run_id})
+                while not stop.wait(self.cfg.metrics_interval):
+                    self.health.beat()
         finally:
             self.cache.close()
             self.saver.wait()

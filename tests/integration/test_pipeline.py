@@ -474,3 +474,24 @@ def test_a_full_train_buffer_evicts_and_every_prompt_is_still_trained_once(boots
     assert state["counts"].get("evicted", 0) >= 8, state["counts"]
     assert "train buffer full: group evicted" in up.log()
     _audit_exactly_once(up, bootstrap, steps)
+
+
+def test_learner_on_finish_idle_stays_up_and_does_not_start_a_new_run(bootstrap, tmp_path):
+    """learner.on_finish: idle (what the Kubernetes StatefulSet sets): the finished learner keeps
+    serving /progress (done) and its probes instead of exiting into a restart and a new run."""
+    up = Up(bootstrap, tmp_path, _config(tmp_path, steps=3, eval_data=None, on_finish="idle"))
+    try:
+        deadline = time.monotonic() + 240
+        while not up.progress().get("done"):
+            assert up.proc.poll() is None and time.monotonic() < deadline, up.log()[-4000:]
+            time.sleep(0.2)
+        pid = up.child_pid("learner-0")
+        time.sleep(3)
+        assert up.child_pid("learner-0") == pid, "the learner exited or was restarted"
+        assert httpx.get(f"{up.url(8400)}/livez", timeout=5).status_code == 200
+        assert up.progress()["step"] == 3
+        runs = [d for d in (up.state / "learner").iterdir() if d.is_dir()]
+        assert len(runs) == 1, runs
+    finally:
+        up.close()
+    assert "idling until stopped" in up.log()
