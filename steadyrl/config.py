@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 from pathlib import Path
 from typing import ClassVar, Literal, TypeVar
@@ -86,6 +87,15 @@ class ServiceConfig(BaseSettings):
 S = TypeVar("S", bound=ServiceConfig)
 
 
+def _shown_input(err: dict) -> str:
+    """` (got <value>)` for a config error, except where the value may be a secret: an unknown
+    key (a misspelt secret's name) or a field named like a secret, token, key or URL."""
+    name = str(err["loc"][-1]).lower() if err["loc"] else ""
+    if err["type"] == "extra_forbidden" or re.search(r"secret|token|passw|key|url", name):
+        return ""
+    return f" (got {err.get('input')!r})"
+
+
 def load(cls: type[S], argv: list[str] | None = None, prog: str | None = None) -> S:
     """Build `cls` from `--config FILE`, the environment and CLI flags in `argv`.
 
@@ -114,7 +124,6 @@ def load(cls: type[S], argv: list[str] | None = None, prog: str | None = None) -
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {known.config} is not valid YAML: {e}") from None
     except ValidationError as e:
-        lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
-                 for err in e.errors()]
+        lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}{_shown_input(err)}" for err in e.errors()]
         raise ConfigError(f"invalid {cls.__name__}:\n" + "\n".join(lines)) from None
     return loaded

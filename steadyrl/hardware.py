@@ -35,6 +35,7 @@ class HardwareCollector(Collector):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._nvml = None          # the pynvml module once initialised; False: not available
+        self._failed: set[str] = set()  # NVML queries that failed (logged once)
 
     def _init_nvml(self):
         if self._nvml is None:
@@ -47,6 +48,17 @@ class HardwareCollector(Collector):
                 log.debug("NVML not available", extra={"error": str(e)})
                 self._nvml = False
         return self._nvml
+
+    def _query(self, fn, *args):
+        """fn(*args), or None when NVML refuses it (a query unsupported on this device, a device
+        lost mid-run); each failing query is logged once, the others keep their series."""
+        try:
+            return fn(*args)
+        except Exception as e:
+            if fn.__name__ not in self._failed:
+                self._failed.add(fn.__name__)
+                log.warning("NVML query failed", extra={"query": fn.__name__, "error": str(e)})
+            return None
 
     def collect(self):
         cores = GaugeMetricFamily("steadyrl_host_cpu_cores", "Cores this process may run on")
@@ -66,21 +78,25 @@ class HardwareCollector(Collector):
             nv = self._init_nvml()
             n = 0
             if nv:
-                try:
-                    n = nv.nvmlDeviceGetCount()
-                    for i in range(n):
-                        h, gpu = nv.nvmlDeviceGetHandleByIndex(i), str(i)
-                        mem = nv.nvmlDeviceGetMemoryInfo(h)
+                n = self._query(nv.nvmlDeviceGetCount) or 0
+                for i in range(n):
+                    h, gpu = self._query(nv.nvmlDeviceGetHandleByIndex, i), str(i)
+                    if h is None:
+                        continue
+                    mem = self._query(nv.nvmlDeviceGetMemoryInfo, h)
+                    if mem is not None:
                         families["mem"].add_metric([gpu], mem.used)
                         families["total"].add_metric([gpu], mem.total)
-                        families["util"].add_metric([gpu], nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
-                        families["temp"].add_metric([gpu], nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
-                        for direction, counter in (("tx", nv.NVML_PCIE_UTIL_TX_BYTES),
-                                                   ("rx", nv.NVML_PCIE_UTIL_RX_BYTES)):
-                            kb_s = nv.nvmlDeviceGetPcieThroughput(h, counter)  # KB/s
+                    util = self._query(nv.nvmlDeviceGetUtilizationRates, h)  # unsupported on MIG
+                    if util is not None:
+                        families["util"].add_metric([gpu], util.gpu / 100.0)
+                    temp = self._query(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+                    if temp is not None:
+                        families["temp"].add_metric([gpu], temp)
+                    for direction, counter in (("tx", nv.NVML_PCIE_UTIL_TX_BYTES), ("rx", nv.NVML_PCIE_UTIL_RX_BYTES)):
+                        kb_s = self._query(nv.nvmlDeviceGetPcieThroughput, h, counter)  # KB/s
+                        if kb_s is not None:
                             families["pcie"].add_metric([gpu, direction], kb_s * 1024.0)
-                except Exception as e:  # a device lost mid-run: say so in the log, keep serving
-                    log.warning("NVML query failed", extra={"error": str(e)})
         available.add_metric([], 1.0 if n > 0 else 0.0)
         yield available
         yield from families.values()

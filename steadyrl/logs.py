@@ -21,7 +21,9 @@ class JsonFormatter(logging.Formatter):
         out = {"ts": round(record.created, 3), "level": record.levelname, "service": self.service,
                "logger": record.name, "msg": record.getMessage()}
         out.update({k: v for k, v in vars(record).items() if k not in _RESERVED})
-        if record.exc_info:
+        if record.exc_text:  # set, and maybe redacted, by a filter (services/alertbridge)
+            out["exc"] = record.exc_text
+        elif record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)
 

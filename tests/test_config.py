@@ -66,3 +66,14 @@ def test_malformed_yaml_is_a_config_error(tmp_path):
     bad.write_text("reward:\n  batch_size: [1\n")
     with pytest.raises(ConfigError, match="is not valid YAML"):
         load(RewardConfig, ["--config", str(bad)])
+
+
+def test_a_config_error_never_echoes_what_may_be_a_secret(tmp_path, monkeypatch):
+    """Regression: a misspelt secret's name (an unknown key) printed its value."""
+    f = tmp_path / "c.yaml"
+    f.write_text("dingtalk_secert: SECf00dcafe\nsvc:\n  batch_size: 0\n")
+    with pytest.raises(ConfigError) as exc:
+        load(Cfg, ["--config", str(f)])
+    msg = str(exc.value)
+    assert "dingtalk_secert" in msg and "SECf00dcafe" not in msg
+    assert "svc.batch_size" in msg and "(got 0)" in msg     # an ordinary value is still shown

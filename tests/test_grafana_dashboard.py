@@ -64,7 +64,8 @@ def test_every_query_metric_is_in_the_catalogue():
 
 def test_the_dashboard_has_the_views_the_issue_names():
     titles = " | ".join(p["title"].lower() for d in dashboards().values() for p in panels(d))
-    for view in ("time per phase", "per-layer parameter drift", "reward drift", "memory", "consumer lag",
+    for view in ("time per phase", "per-layer parameter drift", "reward distribution", "reward drift", "memory",
+                 "cpu per service", "consumer lag",
                  "breaker state"):
         assert view in titles, view
     kinds = {p["type"] for d in dashboards().values() for p in panels(d)}

@@ -11,7 +11,9 @@ STATS = {
         "127.0.0.1:9092/1": {"nodeid": 1, "state": "UP", "rtt": {"avg": 2500}},
     },
     "topics": {"rl.rollouts": {"partitions": {
-        "0": {"consumer_lag": 12}, "1": {"consumer_lag": -1}, "-1": {"consumer_lag": 99}}}},
+        "0": {"consumer_lag": 12}, "1": {"consumer_lag": -1}, "-1": {"consumer_lag": 99},
+        # a transactional stage: committed by its producer, stored by it: the stored lag counts
+        "2": {"consumer_lag": 40, "consumer_lag_stored": 3}, "3": {"consumer_lag": -1, "consumer_lag_stored": 0}}}},
     "cgrp": {"state": "up", "rebalance_cnt": 3},
     "eos": {"txn_state": "InTransaction"},
 }
@@ -28,6 +30,8 @@ def test_statistics_become_metrics():
     # unknown lag (-1) and the internal partition -1 are not exported
     assert v("steadyrl_kafka_consumer_lag", {"client": "c", "topic": "rl.rollouts", "partition": "1"}) is None
     assert v("steadyrl_kafka_consumer_lag", {"client": "c", "topic": "rl.rollouts", "partition": "-1"}) is None
+    assert v("steadyrl_kafka_consumer_lag", {"client": "c", "topic": "rl.rollouts", "partition": "2"}) == 3
+    assert v("steadyrl_kafka_consumer_lag", {"client": "c", "topic": "rl.rollouts", "partition": "3"}) == 0
     assert v("steadyrl_kafka_rebalances_total", {"client": "c"}) == 3
     assert v("steadyrl_kafka_txn_state", {"client": "c", "state": "InTransaction"}) == 1
     assert v("steadyrl_kafka_broker_rtt_seconds", {"client": "c", "broker": "1"}) == 0.0025

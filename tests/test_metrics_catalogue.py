@@ -1,15 +1,14 @@
 """docs/metrics.md lists exactly the metrics the services register (both ways)."""
 
 import importlib
+import pkgutil
 import re
 
 from steadyrl.broker import PROJECT_ROOT
 
 CATALOGUE = PROJECT_ROOT / "docs" / "metrics.md"
-SERVICE_MODULES = ["services.learner.learner", "services.learner.prompt_gate", "services.reward.client",
-                   "services.reward.server", "services.reward.worker", "services.rollout.worker",
-                   "services.rollout.gate", "services.actor.server", "services.alertbridge.bridge",
-                   "steadyrl.bus.stage", "steadyrl.bus.kafka"]
+PACKAGES = ("steadyrl", "services")
+OPTIONAL = ("vllm",)  # a module that needs an optional extra is skipped where it is missing
 UNLISTED = re.compile(r"^(python_gc_|python_info)")
 
 
@@ -19,11 +18,25 @@ def catalogue() -> dict[str, str]:
     return dict(rows)
 
 
+def all_modules() -> list[str]:
+    """Every module of the project's packages (so a metric in a new module is not missed)."""
+    mods = []
+    for pkg in PACKAGES:
+        for info in pkgutil.walk_packages([str(PROJECT_ROOT / pkg)], prefix=f"{pkg}."):
+            if not info.name.endswith("__main__"):
+                mods.append(info.name)
+    return mods
+
+
 def registered() -> dict[str, str]:
     from prometheus_client import REGISTRY
 
-    for m in SERVICE_MODULES:
-        importlib.import_module(m)
+    for m in all_modules():
+        try:
+            importlib.import_module(m)
+        except ImportError as e:
+            if e.name is None or not e.name.startswith(OPTIONAL):
+                raise
     from steadyrl import hardware
 
     hardware.register()

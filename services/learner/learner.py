@@ -80,6 +80,8 @@ PARAM_DRIFT = Gauge("steadyrl_learner_param_drift", "||theta_l - theta0_l|| / ||
                     "weights as loaded (services/learner/drift.py)", ["layer"])
 KL_SLOPE = Gauge("steadyrl_learner_kl_slope", "Theil-Sen slope of actor/kl_ref per step over the last 20 steps")
 KL_TREND_P = Gauge("steadyrl_learner_kl_trend_pvalue", "Mann-Kendall p-value of actor/kl_ref over the last 20 steps")
+REWARDS = Histogram("steadyrl_learner_reward", "Per-sample rewards of the trained batches (the reward distribution)",
+                    buckets=(-1, -0.5, 0, 0.1, 0.25, 0.5, 0.75, 0.9, 1, 2, 5, 10))
 PHASE_SECONDS = Gauge("steadyrl_learner_phase_seconds", "Last step's time per phase: waiting for groups (wait), "
                       "the trainer's passes (old_log_prob, ref, update_actor, train_step), publish_policy", ["phase"])
 OOM_FALLBACKS = Counter("steadyrl_learner_oom_fallbacks", "Steps that ran out of memory and were retried in the safe mode")
@@ -317,6 +319,7 @@ class Learner:
         self.watch.restore(self.state.watch)
         self._last_step_t = time.monotonic()
         self._dlq_in_a_row = 0
+        self._blank_step_gauges()  # NaN, not 0 (a p-value of 0 reads as "significant"), until a step sets them
 
     # ---- run state ----------------------------------------------------------------------
     def _open_run(self) -> RunState:
@@ -781,6 +784,9 @@ class Learner:
         STEP_SECONDS.observe(seconds)
         self._export_algorithm_metrics(metrics, wait=t_batch - (now - seconds), publish=t_published)
         REWARD_MEAN.set(row["reward_mean"])
+        for sg, _, _ in batch:
+            for r in sg.rewards:
+                REWARDS.observe(r)
         REWARD_STD.set(row["reward_std"])
         TOKENS_PER_S.set(row["tokens_per_s"])
         for k in _TRAIN_EXPORTED:
@@ -790,6 +796,13 @@ class Learner:
                               "tokens_per_s": row["tokens_per_s"], "phase": "waiting"})
         log.info("step", extra={k: v for k, v in row.items() if not k.startswith(("actor/", "critic/"))})
         return metrics
+
+    @staticmethod
+    def _blank_step_gauges() -> None:
+        """Per-step figures that mean nothing before a step or after the run: NaN, so alert
+        rules (RewardStdHigh, KLDrift) see no value rather than a stale or a zero one."""
+        for g in (REWARD_MEAN, REWARD_STD, KL_SLOPE, KL_TREND_P, TOKENS_PER_S):
+            g.set(float("nan"))
 
     def _export_algorithm_metrics(self, metrics: dict, wait: float, publish: float) -> None:
         """Phase timings, per-layer drift and the KL trend of this step (services/learner/drift.py)."""
@@ -902,6 +915,10 @@ class Learner:
                         self._dead_letter(msg)
                     else:
                         self._accept(msg)
+                    try:  # for the lag metric only (offsets live in state.json): consumer_lag_stored
+                        consumer.store_offsets(message=msg)
+                    except Exception:
+                        pass
                 self._drop_stale()
                 self._evict()
                 if len(self._ready) >= lc.prompts_per_step:
@@ -916,6 +933,8 @@ class Learner:
                 self._save_state()
                 self.progress.update({"phase": "done", "done": True,
                                       "summary": str(self.run_dir / "summary.json")})
+            if st.finished:
+                self._blank_step_gauges()
             if st.finished and lc.on_finish == "idle":
                 log.info("run finished; idling until stopped (learner.on_finish: idle)", extra={"run_id": st.run_id})
                 while not stop.wait(self.cfg.metrics_interval):

@@ -75,9 +75,14 @@ class KafkaStats(Collector):
         for client, s in items:
             for tname, t in s.get("topics", {}).items():
                 for pid, p in t.get("partitions", {}).items():
-                    if pid == "-1" or p.get("consumer_lag", -1) < 0:
+                    # consumer_lag_stored: vs the offsets the application stored (transactional
+                    # stages and the learner store what they committed or consumed); else vs
+                    # the group's committed offset
+                    value = p.get("consumer_lag_stored", -1)
+                    value = value if value >= 0 else p.get("consumer_lag", -1)
+                    if pid == "-1" or value < 0:
                         continue
-                    lag.add_metric([client, tname, pid], p["consumer_lag"])
+                    lag.add_metric([client, tname, pid], value)
             if "cgrp" in s:
                 reb.add_metric([client], s["cgrp"].get("rebalance_cnt", 0))
             if "eos" in s and s["eos"].get("txn_state"):

@@ -490,6 +490,8 @@ def test_learner_on_finish_idle_stays_up_and_does_not_start_a_new_run(bootstrap,
         assert up.child_pid("learner-0") == pid, "the learner exited or was restarted"
         assert httpx.get(f"{up.url(8400)}/livez", timeout=5).status_code == 200
         assert up.progress()["step"] == 3
+        metrics = httpx.get(f"{up.url(8400)}/metrics", timeout=5).text
+        assert "steadyrl_learner_reward_std NaN" in metrics   # no stale figure for the alert rules
         runs = [d for d in (up.state / "learner").iterdir() if d.is_dir()]
         assert len(runs) == 1, runs
     finally:
