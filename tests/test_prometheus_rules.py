@@ -5,6 +5,10 @@ in compose/prometheus/tests/), `amtool check-config` and `amtool config routes t
 Alertmanager on loopback shows that DataflowCollapse inhibits its parts. The binaries come from
 the Debian packages prometheus and prometheus-alertmanager (.ci/run installs them). Without
 them a test is skipped, except in CI (env CI set), where a missing binary fails.
+
+The Kubernetes scrape config (deploy/k8s/prometheus/scrape-config.yaml) and its PodMonitor
+alternative are checked too: promtool with the rules, and the relabelling played on the pods of
+deploy/k8s/base, which must come out with the compose job names the rules select on.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ CONFIG = PROM / "prometheus.yml"
 RULES = sorted((PROM / "rules").glob("*.yml"))
 RULE_TESTS = sorted((PROM / "tests").glob("*.yml"))
 AM_CONFIG = ROOT / "compose" / "alertmanager" / "alertmanager.yml"
+K8S_BASE = ROOT / "deploy" / "k8s" / "base"
+K8S_SCRAPE = ROOT / "deploy" / "k8s" / "prometheus" / "scrape-config.yaml"
+K8S_PODMONITOR = ROOT / "deploy" / "k8s" / "prometheus" / "podmonitor.yaml"
 SEVERITIES = {"P0", "P1", "P2", "P3"}
 #: The parts DataflowCollapse inhibits (compose/alertmanager/alertmanager.yml).
 COLLAPSE_PARTS = {"BreakerOpen", "ConsumerLagGrowing", "RolloutRestarting", "TrainBufferDropped"}
@@ -108,6 +115,191 @@ def test_every_metric_the_rules_read_is_exported_by_the_code():
     assert not missing, f"rules read metrics no service registers: {missing}"
 
 
+# ------------------------------------------------------------------------------- Kubernetes
+
+def compose_jobs() -> set[str]:
+    return {j["job_name"] for j in yaml.safe_load(CONFIG.read_text())["scrape_configs"]}
+
+
+def rule_jobs() -> set[str]:
+    """The job names the rules select on (job="rollout", ...)."""
+    return {m for f in RULES for m in re.findall(r'\bjob\s*=\s*"([^"]+)"', f.read_text())}
+
+
+def k8s_pods() -> tuple[str, list[dict]]:
+    """The namespace and the pod templates of deploy/k8s/base, as kustomize renders them: the
+    kustomization's namespace, and its common labels where it puts them on templates."""
+    kz = yaml.safe_load((K8S_BASE / "kustomization.yaml").read_text())
+    common = {k: v for entry in kz.get("labels", []) if entry.get("includeTemplates")
+              for k, v in entry["pairs"].items()}
+    pods = []
+    for res in kz["resources"]:
+        for d in yaml.safe_load_all((K8S_BASE / res).read_text()):
+            if d and d["kind"] in ("Deployment", "StatefulSet"):
+                tpl = d["spec"]["template"]
+                pods.append({"workload": d["metadata"]["name"], "kind": d["kind"],
+                             "labels": {**tpl["metadata"].get("labels", {}), **common},
+                             "annotations": tpl["metadata"].get("annotations", {}), "spec": tpl["spec"]})
+    return kz["namespace"], pods
+
+
+def scraped_pods() -> dict[str, dict]:
+    """Workload name -> pod template of the pods that ask to be scraped."""
+    return {p["workload"]: p for p in k8s_pods()[1] if p["annotations"].get("prometheus.io/scrape") == "true"}
+
+
+def sanitize(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def pod_role_targets(namespace: str, pod: dict, name: str, ip: str, phase: str = "Running") -> list[dict]:
+    """What Prometheus' Kubernetes discovery (role: pod) gives for a pod: one target per
+    container port, one per port-less container, init containers included, with the meta
+    labels of https://prometheus.io/docs/prometheus/latest/configuration/configuration/#pod."""
+    meta = {"__meta_kubernetes_namespace": namespace, "__meta_kubernetes_pod_name": name,
+            "__meta_kubernetes_pod_ip": ip, "__meta_kubernetes_pod_phase": phase,
+            "__meta_kubernetes_pod_ready": "true" if phase == "Running" else "false",
+            "__meta_kubernetes_pod_controller_kind": "StatefulSet" if pod["kind"] == "StatefulSet" else "ReplicaSet"}
+    for k, v in pod["labels"].items():
+        meta[f"__meta_kubernetes_pod_label_{sanitize(k)}"] = str(v)
+        meta[f"__meta_kubernetes_pod_labelpresent_{sanitize(k)}"] = "true"
+    for k, v in pod["annotations"].items():
+        meta[f"__meta_kubernetes_pod_annotation_{sanitize(k)}"] = str(v)
+        meta[f"__meta_kubernetes_pod_annotationpresent_{sanitize(k)}"] = "true"
+    host = f"[{ip}]" if ":" in ip else ip
+    targets = []
+    for init, containers in (("true", pod["spec"].get("initContainers", [])), ("false", pod["spec"]["containers"])):
+        for c in containers:
+            base = {**meta, "__meta_kubernetes_pod_container_name": c["name"],
+                    "__meta_kubernetes_pod_container_init": init}
+            for port in c.get("ports", []) or [None]:
+                if port is None:
+                    targets.append({**base, "__address__": ip})
+                else:
+                    targets.append({**base, "__address__": f"{host}:{port['containerPort']}",
+                                    "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
+                                    "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
+                                    "__meta_kubernetes_pod_container_port_protocol": port.get("protocol", "TCP")})
+    return targets
+
+
+def relabel(labels: dict[str, str], configs: list[dict]) -> dict[str, str] | None:
+    """Prometheus' relabelling (the replace, keep and drop actions): regexes anchored at both
+    ends, source values joined by `;`, `$1`/`${1}` in the replacement; None if dropped."""
+    labels = dict(labels)
+    for cfg in configs:
+        action = cfg.get("action", "replace")
+        assert action in ("replace", "keep", "drop"), f"this check knows no action {action!r}"
+        value = cfg.get("separator", ";").join(labels.get(n, "") for n in cfg.get("source_labels", []))
+        m = re.fullmatch(str(cfg.get("regex", "(.*)")), value)
+        if action == "keep" and not m or action == "drop" and m:
+            return None
+        if action == "replace" and m:
+            out = re.sub(r"\$(?:\{(\w+)\}|(\d+))", lambda g: m.group(int(g.group(1) or g.group(2))) or "",
+                         str(cfg.get("replacement", "$1")))
+            if out:
+                labels[cfg["target_label"]] = out
+            else:
+                labels.pop(cfg["target_label"], None)
+    return labels
+
+
+def scrape_targets(job: dict, discovered: list[dict]) -> set[tuple]:
+    """The targets a scrape job ends up with: defaults, relabelling, `instance` from the
+    address where unset, `__` labels dropped, equal targets merged."""
+    out = set()
+    for t in discovered:
+        labels = relabel({"job": job["job_name"], "__metrics_path__": job.get("metrics_path", "/metrics"),
+                          "__scheme__": job.get("scheme", "http"), **t}, job.get("relabel_configs", []))
+        if labels is None:
+            continue
+        labels.setdefault("instance", labels["__address__"])
+        url = f"{labels['__scheme__']}://{labels['__address__']}{labels['__metrics_path__']}"
+        out.add((url, tuple(sorted((k, v) for k, v in labels.items() if not k.startswith("__")))))
+    return out
+
+
+def test_k8s_scrape_config_is_valid_with_the_rules(tmp_path):
+    """A minimal prometheus.yml with the Kubernetes scrape config and the rule files passes
+    `promtool check config`. Debian's Prometheus is built without Kubernetes discovery
+    (promtool answers `field kubernetes_sd_configs not found`): there the discovery block is
+    checked here and swapped for an empty static one, so promtool still checks the rest (the
+    relabel rules' regexes and labels, the intervals, the rules)."""
+    scrape = yaml.safe_load(K8S_SCRAPE.read_text())
+    assert set(scrape) == {"scrape_configs"}, "a fragment with scrape_configs only"
+    config = {"global": {"scrape_interval": "5s", "scrape_timeout": "4s", "evaluation_interval": "5s"},
+              "rule_files": [str(f) for f in RULES], **scrape}
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    r = run(tool("promtool"), "check", "config", str(path))
+    if r.returncode != 0 and "field kubernetes_sd_configs not found" in r.stdout + r.stderr:
+        namespace = k8s_pods()[0]
+        for job in config["scrape_configs"]:
+            assert job.pop("kubernetes_sd_configs") == [{"role": "pod", "namespaces": {"names": [namespace]}}], job
+            job["static_configs"] = [{"targets": []}]
+        path.write_text(yaml.safe_dump(config))
+        r = run(tool("promtool"), "check", "config", str(path))
+    assert r.returncode == 0, shown(r)
+    assert f"{len(RULES)} rule files found" in r.stdout + r.stderr, shown(r)
+    # the rules' windows want a scrape every 5 s, as under compose
+    compose_global = yaml.safe_load(CONFIG.read_text())["global"]
+    for job in scrape["scrape_configs"]:
+        assert job["scrape_interval"] == compose_global["scrape_interval"], job["job_name"]
+        assert job["scrape_timeout"] == compose_global["scrape_timeout"], job["job_name"]
+
+
+@pytest.mark.parametrize("ip", ["10.244.1.17", "fd00:10:244::11"])
+def test_k8s_scrape_config_gives_each_pod_its_compose_job_name(ip):
+    """The relabelling, played on the pods of deploy/k8s/base as Kubernetes discovery presents
+    them: one target per steadyrl pod at the address and path of its annotations, job = its
+    compose service name (the names the rules select on), instance = the pod's name; Kafka (no
+    scrape annotation), init containers and finished pods are not scraped."""
+    namespace, pods = k8s_pods()
+    (job,) = yaml.safe_load(K8S_SCRAPE.read_text())["scrape_configs"]
+    host = f"[{ip}]" if ":" in ip else ip
+    want, got = set(), set()
+    for pod in pods:
+        name = f"{pod['workload']}-0" if pod["kind"] == "StatefulSet" else f"{pod['workload']}-7d9c5b6f4-x2x7q"
+        ann = pod["annotations"]
+        if ann.get("prometheus.io/scrape") == "true":
+            want.add((f"http://{host}:{ann['prometheus.io/port']}{ann['prometheus.io/path']}",
+                      (("instance", name), ("job", pod["labels"]["app.kubernetes.io/name"]),
+                       ("namespace", namespace))))
+        got |= scrape_targets(job, pod_role_targets(namespace, pod, name, ip))
+        assert not scrape_targets(job, pod_role_targets(namespace, pod, name, ip, phase="Succeeded")), name
+    assert got == want
+    jobs = {dict(labels)["job"] for _, labels in got}
+    assert jobs == compose_jobs(), "the Kubernetes job names are compose's"
+    assert rule_jobs() <= jobs, f"rules select jobs nothing scrapes: {rule_jobs() - jobs}"
+
+
+def test_k8s_podmonitor_matches_the_scrape_config():
+    """The PodMonitor alternative selects the same pods on the same port and gives the same
+    job and instance (the operator takes job from `jobLabel`'s pod label)."""
+    namespace, pods = k8s_pods()
+    pm = yaml.safe_load(K8S_PODMONITOR.read_text())
+    assert (pm["apiVersion"], pm["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
+    spec = pm["spec"]
+    assert pm["metadata"]["namespace"] == namespace and spec["namespaceSelector"] == {"matchNames": [namespace]}
+    assert spec["jobLabel"] == "app.kubernetes.io/name"
+    (ep,) = spec["podMetricsEndpoints"]
+    (job,) = yaml.safe_load(K8S_SCRAPE.read_text())["scrape_configs"]
+    assert (ep["interval"], ep["scrapeTimeout"]) == (job["scrape_interval"], job["scrape_timeout"])
+    assert ep["relabelings"] == [{"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "instance"}]
+    scraped = set()
+    for pod in pods:
+        if not spec["selector"]["matchLabels"].items() <= pod["labels"].items():
+            continue
+        ports = {p.get("name"): p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        if ep["port"] not in ports:
+            continue
+        ann = pod["annotations"]
+        assert ann.get("prometheus.io/scrape") == "true", pod["workload"]
+        assert (str(ports[ep["port"]]), ep["path"]) == (ann["prometheus.io/port"], ann["prometheus.io/path"])
+        scraped.add(pod["labels"][spec["jobLabel"]])
+    assert scraped == {p["labels"]["app.kubernetes.io/name"] for p in scraped_pods().values()} == compose_jobs()
+
+
 def test_alertmanager_config_is_valid():
     r = run(tool("amtool"), "check-config", str(AM_CONFIG.relative_to(ROOT)))
     assert r.returncode == 0, shown(r)
@@ -170,7 +362,7 @@ def test_dataflow_collapse_inhibits_its_parts_in_a_real_alertmanager(tmp_path):
                 alert("BreakerOpen", severity="P1", job="reward", instance="r0:8300", state="open"),
                 alert("ConsumerLagGrowing", severity="P2", job="learner", client="learner-0", topic="rl.scored"),
                 alert("RolloutRestarting", severity="P3", job="rollout", instance="ro0:8200"),
-                alert("TrainBufferDropped", severity="P2", job="learner", stage="train"),
+                alert("TrainBufferDropped", severity="P2", job="learner", instance="l0:8400"),
                 alert("CPUBound", severity="P3", job="actor", instance="a:8100"),          # not a part
                 alert("BreakerOpen", cluster="other", severity="P1", job="reward")]        # another stack
         r = httpx.post(f"{url}/alerts", json=sent, timeout=5)
