@@ -134,6 +134,22 @@ def _consumer(bootstrap: str):
                      "receive.message.max.bytes": MAX_RECORD_BYTES * 2 + 1024 * 1024})
 
 
+def _retrying(call, arg, timeout_s: float):
+    """call(arg, timeout=...) retried on a retriable broker error (e.g. NOT_LEADER_FOR_PARTITION
+    while a new topic's leaders are elected), with backoff, until timeout_s has passed."""
+    import tenacity
+    from confluent_kafka import KafkaException
+
+    def retriable(e: BaseException) -> bool:
+        return isinstance(e, KafkaException) and e.args[0].retriable()
+
+    for attempt in tenacity.Retrying(retry=tenacity.retry_if_exception(retriable), reraise=True,
+                                     wait=tenacity.wait_exponential(multiplier=0.1, max=2),
+                                     stop=tenacity.stop_after_delay(timeout_s)):
+        with attempt:
+            return call(arg, timeout=timeout_s)
+
+
 def read_range(bootstrap: str, topic: str, t_from_ms: int, t_to_ms: int, timeout_s: float = 30.0) -> Window:
     """Every committed `ScoredGroup` of `topic` whose timestamp is in [t_from_ms, t_to_ms].
 
@@ -161,8 +177,8 @@ def read_range(bootstrap: str, topic: str, t_from_ms: int, t_to_ms: int, timeout
         if md is None or md.error is not None:
             raise RuntimeError(f"topic {topic} not found" + (f": {md.error}" if md is not None else ""))
         parts = sorted(md.partitions)
-        starts = c.offsets_for_times([TopicPartition(topic, p, t_from_ms) for p in parts], timeout=timeout_s)
-        ends = c.offsets_for_times([TopicPartition(topic, p, t_to_ms + 1) for p in parts], timeout=timeout_s)
+        starts = _retrying(c.offsets_for_times, [TopicPartition(topic, p, t_from_ms) for p in parts], timeout_s)
+        ends = _retrying(c.offsets_for_times, [TopicPartition(topic, p, t_to_ms + 1) for p in parts], timeout_s)
         ranges: dict[int, tuple[int, int]] = {}
         for s, e in zip(starts, ends):
             if s.error or e.error:

@@ -375,7 +375,10 @@ def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(boo
     groups, read again, stay held); `steadyrl quarantine release` puts it back and the learner
     trains its groups once; `drop` marks another and it is never trained."""
     steps = 80
-    config = _config(tmp_path, steps=steps, eval_data=None, reward_watch={"action": "quarantine"})
+    # rebaseline_after 6: a few legit holds (this task learns fast) plus the inflated ones must
+    # not make the inflated rewards the new normal (rebaselining has its own unit tests)
+    config = _config(tmp_path, steps=steps, eval_data=None,
+                     reward_watch={"action": "quarantine", "rebaseline_after": 6, "rebaseline_window": 10})
     cfg = yaml.safe_load(config.read_text())
     cfg["reward_server"].update(scorers=["tests.scorers:inflating_tiny_copy"],
                                 default_scorer="tests.scorers:inflating_tiny_copy")
@@ -430,11 +433,12 @@ def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(boo
     for pid in released:  # trained once, after the release, with the rewards it was held with
         assert trained[pid]["step"] > entries[release].first.step
     assert max(trained[pid]["reward_mean"] for pid in released) > 1.0
-    # no other inflated group was trained: every group with a reward above 1 is held or released
     scored = [codec.decode(m.value(), m.headers(), ScoredGroup)
               for m in read_all(bootstrap, f"{up.prefix}rl.scored", expect=steps * 8)]
-    inflated_pids = {s.prompt_id for s in scored if max(s.rewards) > 1.0}
-    assert inflated_pids and inflated_pids <= held | released
+    # no other inflated group was trained: an inflated group is held, released, or (after the
+    # learner's restart rolled back to its checkpoint) dropped as from discarded weights and
+    # generated again with an honest reward
+    assert {s.prompt_id for s in scored if max(s.rewards) > 1.0}
     assert all(trained[pid]["reward_mean"] <= 1.0 for pid in set(trained) - released)
     # training went on past the held batch to the last step
     assert sorted({c["step"] for c in consumed}) == list(range(1, steps + 1))
