@@ -54,6 +54,17 @@ LAST_COMMIT = Gauge("steadyrl_stage_last_commit_timestamp_seconds", "Unix time o
 BUSY = Gauge("steadyrl_stage_busy", "1 while a batch is being transformed (partitions paused)", ["stage"])
 
 
+#: Timeout of send_offsets_to_transaction: transaction.timeout.ms (steadyrl.bus.kafka), after
+#: which the coordinator aborts the transaction anyway. Past it plus the grace the call is
+#: taken as wedged (see Stage._send_offsets).
+TXN_TIMEOUT_S = 30.0
+TXN_GRACE_S = 5.0
+
+
+class ProducerWedged(RuntimeError):
+    """A transactional producer call did not return by its deadline: the process must exit."""
+
+
 class RetryLater(Exception):
     """Raised by a handler when the batch cannot be processed now (e.g. a dependency is down).
 
@@ -397,7 +408,7 @@ class Stage:
         try:
             self.producer.begin_transaction()
             self._produce(outputs)
-            self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), 60)
+            self._send_offsets(offsets)
             self._commit_with_retry()
         except KafkaException as e:
             err = e.args[0]
@@ -409,7 +420,43 @@ class Stage:
                 return
             raise  # fatal: exit; the restarted instance fences this one and resumes
         TXNS.labels(self.name, "committed").inc()
+        # The transaction committed the offsets, not this consumer: store them so librdkafka's
+        # statistics (consumer_lag_stored -> steadyrl_kafka_consumer_lag) see the progress.
+        try:
+            self.consumer.store_offsets(offsets=offsets)
+        except Exception:  # a partition revoked meanwhile: its new owner reports its lag
+            pass
         LAST_COMMIT.labels(self.name).set(time.time())
+
+    def _send_offsets(self, offsets) -> None:
+        """send_offsets_to_transaction with a deadline librdkafka itself does not keep.
+
+        While the group coordinator is down (a broker restart) the call can block past its
+        timeout for good (confluentinc/librdkafka#5456, open): bench/chaos.py left stages stuck
+        in it, the pipeline stalled and SIGTERM could not stop them. It runs in a daemon thread;
+        past TXN_TIMEOUT_S + TXN_GRACE_S the producer is wedged and ProducerWedged is raised:
+        the process exits and `steadyrl up` restarts it (the new instance fences this one).
+        """
+        box: dict = {}
+        done = threading.Event()
+        meta = self.consumer.consumer_group_metadata()
+
+        def call():
+            try:
+                self.producer.send_offsets_to_transaction(offsets, meta, TXN_TIMEOUT_S)
+            except BaseException as e:  # handed to the stage's thread below
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name=f"{self.name}-send-offsets", daemon=True).start()
+        if not done.wait(TXN_TIMEOUT_S + TXN_GRACE_S):
+            log.error("send_offsets_to_transaction did not return; exiting so the stage is restarted",
+                      extra={"stage": self.stage_id, "waited_s": TXN_TIMEOUT_S + TXN_GRACE_S})
+            raise ProducerWedged(f"send_offsets_to_transaction did not return within "
+                                 f"{TXN_TIMEOUT_S + TXN_GRACE_S:g} s (librdkafka#5456)")
+        if "error" in box:
+            raise box["error"]
 
     def _commit_with_retry(self, attempts: int = 10) -> None:
         from confluent_kafka import KafkaException

@@ -1,6 +1,7 @@
 """The reward worker as a real transactional stage against the real broker."""
 
 import json
+import time
 
 import httpx
 
@@ -57,6 +58,16 @@ def test_round_trip_and_every_bad_record_lands_in_dlq(bootstrap, reward_server, 
         assert httpx.get(f"{svc.url}/readyz").status_code == 200
         assert svc.metric("steadyrl_stage_dlq_records_total", {"reason": "oversize"}) == 1
         assert svc.metric("steadyrl_stage_records_total", {"outcome": "ok"}) == 6
+        # consumer lag of a transactional stage: its producer commits the offsets, the stage
+        # stores them, so librdkafka's statistics see the progress (regression: no series at all)
+        deadline = time.monotonic() + 20
+        while True:
+            lag = [line for line in httpx.get(f"{svc.url}/metrics").text.splitlines()
+                   if line.startswith("steadyrl_kafka_consumer_lag{") and f'topic="{prefix}rl.rollouts"' in line]
+            if lag and sum(float(line.split()[-1]) for line in lag) == 0:
+                break
+            assert time.monotonic() < deadline, lag
+            time.sleep(0.5)
     finally:
         assert svc.stop() == 0
 

@@ -1,0 +1,100 @@
+"""Stage._send_offsets: a send_offsets_to_transaction call that never returns (librdkafka#5456,
+seen after a broker restart in bench/chaos.py) ends the stage instead of stalling it for good."""
+
+import threading
+import time
+
+import pytest
+
+from steadyrl.bus import stage as stage_mod
+from steadyrl.bus.stage import ProducerWedged, Stage
+from steadyrl.contracts import RolloutGroup
+
+
+class _Producer:
+    """Stands in for the transactional producer; send_offsets blocks until `release` is set."""
+
+    def __init__(self, block: bool):
+        self.block, self.release, self.calls = block, threading.Event(), []
+
+    def begin_transaction(self):
+        self.calls.append("begin")
+
+    def send_offsets_to_transaction(self, offsets, meta, timeout):
+        self.calls.append(("send_offsets", timeout))
+        if self.block:
+            self.release.wait(30)
+
+    def commit_transaction(self, timeout):
+        self.calls.append("commit")
+
+    def abort_transaction(self, timeout):
+        self.calls.append("abort")
+
+    def produce(self, *a, **kw):
+        pass
+
+    def poll(self, timeout=0):
+        return 0
+
+    def flush(self, timeout=0):
+        return 0
+
+
+class _Consumer:
+    def consumer_group_metadata(self):
+        return object()
+
+    def close(self):
+        pass
+
+
+def _stage(producer) -> Stage:
+    st = Stage(name="t", bootstrap="127.0.0.1:1", topic_prefix="unit.", instance_id="w0", input_topic="rl.rollouts",
+               input_contract=RolloutGroup, group_id="g", handle=lambda value, meta: [])
+    real = (st.producer, st.consumer)
+    st.producer, st.consumer = producer, _Consumer()
+    for client in real:  # never connected (nothing listens on port 1)
+        getattr(client, "close", lambda: None)()
+    return st
+
+
+def test_send_offsets_that_never_returns_raises_producer_wedged_after_the_deadline(monkeypatch):
+    from confluent_kafka import TopicPartition
+
+    monkeypatch.setattr(stage_mod, "TXN_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(stage_mod, "TXN_GRACE_S", 0.3)
+    producer = _Producer(block=True)
+    st = _stage(producer)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ProducerWedged, match="did not return within 0.5 s"):
+            st._commit_transaction([], [TopicPartition("unit.rl.rollouts", 0, 5)])
+        assert 0.45 <= time.monotonic() - t0 < 3
+        assert producer.calls == ["begin", ("send_offsets", 0.2)]  # never committed, not aborted
+    finally:
+        producer.release.set()
+
+
+def test_send_offsets_that_returns_commits_as_before():
+    from confluent_kafka import TopicPartition
+
+    producer = _Producer(block=False)
+    st = _stage(producer)
+    st._commit_transaction([], [TopicPartition("unit.rl.rollouts", 0, 5)])
+    assert producer.calls == ["begin", ("send_offsets", stage_mod.TXN_TIMEOUT_S), "commit"]
+
+
+def test_an_error_of_send_offsets_reaches_the_stage(monkeypatch):
+    """Errors raised in the call's thread are raised in the stage's (abort-and-rewind path)."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    class Abortable(_Producer):
+        def send_offsets_to_transaction(self, offsets, meta, timeout):
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "coordinator gone", txn_requires_abort=True))
+
+    producer = Abortable(block=False)
+    st = _stage(producer)
+    monkeypatch.setattr(st, "_rewind", lambda: producer.calls.append("rewind"))
+    st._commit_transaction([], [TopicPartition("unit.rl.rollouts", 0, 5)])
+    assert producer.calls == ["begin", "abort", "rewind"]
