@@ -78,12 +78,15 @@ def main(argv: list[str]) -> int:
         cache = ScoreCache(r.cache_size, r.cache_similarity_floor) if r.cache_size else None
         client = RewardClient(r.server_url, r.scorer, r.timeout_s, r.retry_backoff_s, breaker, cache,
                               r.probe_interval_s)
+        stage = Stage(name="reward", bootstrap=cfg.bootstrap, topic_prefix=cfg.topic_prefix,
+                      instance_id=cfg.instance_id, input_topic="rl.rollouts", input_contract=RolloutGroup,
+                      group_id=r.group_id, handle_batch=make_handler(client), mode="transactional",
+                      batch_size=r.batch_size, batch_timeout_s=r.batch_timeout_s,
+                      health=health, stats_interval_s=cfg.metrics_interval,
+                      max_record_bytes=r.max_record_bytes)
+        # After the stage's own checks (assignment, broker): registered first, this always-true
+        # check made /readyz answer 200 while the consumer was being built (bench/recovery.py saw it).
         health.add_check("reward_server", lambda: (True, f"breaker {breaker.state.value}"))
-        return Stage(name="reward", bootstrap=cfg.bootstrap, topic_prefix=cfg.topic_prefix,
-                     instance_id=cfg.instance_id, input_topic="rl.rollouts", input_contract=RolloutGroup,
-                     group_id=r.group_id, handle_batch=make_handler(client), mode="transactional",
-                     batch_size=r.batch_size, batch_timeout_s=r.batch_timeout_s,
-                     health=health, stats_interval_s=cfg.metrics_interval,
-                     max_record_bytes=r.max_record_bytes)
+        return stage
 
     return run_service("reward", cfg, build)
