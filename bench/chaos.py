@@ -1,0 +1,764 @@
+"""Chaos soak: the tiny pipeline under `steadyrl up` while a scheduler SIGKILLs its services
+and restarts the broker, then an audit of exactly-once.
+
+    .venv/bin/python bench/chaos.py [--seed 1] [--kills 20] [--steps 300] [--budget-s 600]
+                                    [--out bench/results/chaos.json]
+
+What runs: our own broker (`LocalBroker` under `--state-dir`/broker, `--port`) and
+`steadyrl up --bootstrap` on it with configs/tiny.yaml (`--steps` steps, `--scale`
+rollout=2 reward=2 by default), its services on `--port-offset`.
+
+The schedule is fixed by `--seed` before anything starts: `--kills` SIGKILLs over every
+kind (reward-server, actor, rollout, reward, learner; each kind at least kills // 5 times,
+shuffled, or `--order round-robin`), the instance of a scaled kind drawn at random, and
+`--broker-restarts` broker restarts (SIGKILL by default, `--broker-down-s` later started
+again on the same data dir and port) placed in the middle third. Events are spread over
+the learner's steps: event i fires once the learner reports step >= its step (and
+`--min-gap-s` after the previous one, except a "burst" event, which fires together with
+the previous one: two services down at once). A victim that is not running (in its
+restart backoff) is killed as soon as it is. The whole run is bounded by `--budget-s`.
+
+Afterwards the audit, from the broker's topics and the learner's files only:
+- the learner reached its final step and marked the run finished;
+- every prompt id published on rl.prompts was trained exactly once (consumed.jsonl), or
+  went to rl.dlq (listed with its reason); none trained twice, none lost;
+- each stage (rollout: rl.prompts -> rl.rollouts, reward: rl.rollouts -> rl.scored) turned
+  every input record below its consumer group's committed offsets into exactly one output
+  record (read_committed) or one DLQ record, and produced nothing else.
+Result as JSON (`--out`), with per kill the time until the restarted process was running,
+answered /readyz, and had recovered (see `bench/recovery.py` for the criteria, measured
+there one kill at a time). Exit status 1 when the audit fails or the schedule did not
+complete within the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from steadyrl.broker import LocalBroker, fetch  # noqa: E402
+from steadyrl.cli import SERVICE_PORTS  # noqa: E402
+
+KINDS = ("reward-server", "actor", "rollout", "reward", "learner")
+MARKER = ".steadyrl-bench-state"  # a --state-dir this bench may wipe
+
+
+def kind_of(instance: str) -> str:
+    return instance.rsplit("-", 1)[0]
+
+
+def _proc_start_epoch(pid: int) -> float | None:
+    """Wall-clock start time of a process (from /proc, 10 ms resolution)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                     if line.startswith("btime "))
+        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
+    """Prometheus text -> {(sample name, frozenset(labels)): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+class Pipeline:
+    """Our broker plus `steadyrl up --bootstrap` on it (in its own process group).
+
+    Args:
+        state_dir: broker data (`broker/`), up's state (policies/, learner/), logs.
+        port: broker port (KRaft controller on port + 1).
+        port_offset: added to every service port (as `up --port-offset`).
+        config: YAML passed to every service.
+        scale: {"rollout": n, "reward": m}.
+    """
+
+    def __init__(self, state_dir: Path, port: int, port_offset: int, config: Path, scale: dict[str, int]):
+        self.state_dir, self.port_offset, self.config, self.scale = state_dir, port_offset, config, scale
+        self.broker = LocalBroker(state_dir / "broker", port=port, controller_port=port + 1)
+        self.log_path = state_dir / "up.log"
+        self.up: subprocess.Popen | None = None
+        self.http = httpx.Client(timeout=2.0)
+        self.instances = [f"{k}-{i}" for k in KINDS for i in range(scale.get(k, 1))]
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap
+
+    def start(self) -> None:
+        fetch()
+        self.broker.start()
+        scale = [a for k, n in self.scale.items() for a in ("--scale", f"{k}={n}")]
+        with open(self.log_path, "ab") as log:
+            self.up = subprocess.Popen(
+                [sys.executable, "-m", "steadyrl.cli", "up", "--bootstrap", self.bootstrap,
+                 "--state-dir", str(self.state_dir), "--port-offset", str(self.port_offset),
+                 "--config", str(self.config), *scale],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def running(self) -> bool:
+        return self.up is not None and self.up.poll() is None
+
+    def url(self, instance: str) -> str:
+        kind, i = instance.rsplit("-", 1)
+        return f"http://127.0.0.1:{SERVICE_PORTS[kind] + self.port_offset + int(i)}"
+
+    def pid(self, instance: str) -> int | None:
+        """PID of `up`'s child running `--instance-id instance`, if any."""
+        if self.up is None:
+            return None
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(stat[1]) != self.up.pid or stat[0] == "Z":
+                    continue
+                cmd = (d / "cmdline").read_bytes().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            if b"--instance-id" in cmd and cmd[cmd.index(b"--instance-id") + 1] == instance.encode():
+                return int(d.name)
+        return None
+
+    def get(self, instance: str, path: str) -> httpx.Response | None:
+        try:
+            return self.http.get(f"{self.url(instance)}{path}")
+        except httpx.HTTPError:
+            return None
+
+    def progress(self) -> dict:
+        r = self.get("learner-0", "/progress")
+        try:
+            return r.json() if r is not None and r.status_code == 200 else {}
+        except ValueError:
+            return {}
+
+    def metrics(self, instance: str) -> dict:
+        r = self.get(instance, "/metrics")
+        return parse_metrics(r.text) if r is not None and r.status_code == 200 else {}
+
+    def ready(self, instance: str) -> bool:
+        r = self.get(instance, "/readyz")
+        return r is not None and r.status_code == 200
+
+    def restart_broker(self, sig: str, down_s: float) -> dict:
+        """Stop the broker (SIGKILL, or SIGTERM = a clean shutdown) and start it again on the
+        same state dir and port. Returns its timings."""
+        pid = self.broker.pid()
+        t0 = time.time()
+        if sig == "kill":
+            self.broker.kill()
+        else:
+            self.broker.stop()
+        t_down = time.time()
+        time.sleep(down_s)
+        t_start = time.time()
+        self.broker.start(timeout_s=120)
+        t_up = time.time()
+        return {"signal": sig, "pid": pid, "t": t0, "stop_s": round(t_down - t0, 2),
+                "down_s": round(t_up - t0, 2), "start_s": round(t_up - t_start, 2), "new_pid": self.broker.pid()}
+
+    def log_lines(self, instance: str, since: float) -> list[dict]:
+        """JSON log records of `instance` in up's output with ts >= since."""
+        out = []
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return out
+        for line in text.splitlines():
+            name, sep, rest = line.partition(" | ")
+            if not sep or name.strip() != instance or not rest.startswith("{"):
+                continue
+            try:
+                rec = json.loads(rest)
+            except ValueError:
+                continue
+            if rec.get("ts", 0) >= since:
+                out.append(rec)
+        return out
+
+    def stop(self, timeout_s: float = 30) -> int | None:
+        """Stop `up` (SIGTERM: it stops its children), then the broker. Returns up's status."""
+        rc = None
+        if self.up is not None:
+            if self.up.poll() is None:
+                self.up.send_signal(signal.SIGTERM)
+                try:
+                    self.up.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    pass
+            rc = self.up.poll()
+            try:
+                os.killpg(self.up.pid, signal.SIGKILL)  # anything of its group left behind
+            except ProcessLookupError:
+                pass
+            if rc is None:
+                rc = self.up.wait(10)
+        self.broker.stop()
+        self.http.close()
+        return rc
+
+
+# ---- recovery of one killed instance --------------------------------------------------------
+
+STAGE_COMMIT = "steadyrl_stage_last_commit_timestamp_seconds"
+REWARD_OK = ("steadyrl_reward_calls_total", frozenset({("outcome", "ok")}))
+
+
+def _reward_ok_calls(pipe: Pipeline) -> dict[str, float]:
+    out = {}
+    for inst in pipe.instances:
+        if kind_of(inst) == "reward":
+            v = pipe.metrics(inst).get(REWARD_OK)
+            if v is not None:
+                out[f"{inst}:{pipe.pid(inst)}"] = v
+    return out
+
+
+def _breaker_opens(pipe: Pipeline) -> float:
+    key = ("steadyrl_reward_breaker_transitions_total", frozenset({("to", "open")}))
+    return sum(pipe.metrics(i).get(key, 0.0) for i in pipe.instances if kind_of(i) == "reward")
+
+
+def _last_commit(pipe: Pipeline, instance: str) -> float | None:
+    return pipe.metrics(instance).get((STAGE_COMMIT, frozenset({("stage", kind_of(instance))})))
+
+
+def kill_and_measure(pipe: Pipeline, instance: str, pid: int, timeout_s: float = 180.0,
+                     stop: threading.Event | None = None) -> dict:
+    """SIGKILL `pid` (the running `instance`) and poll until the service has recovered:
+
+    - rollout, reward: the restarted instance committed a transaction (its
+      steadyrl_stage_last_commit_timestamp_seconds exists: input partitions consumed again);
+    - actor: its /readyz answers 200 and then a rollout worker commits (a rollout completed);
+    - reward-server: its /readyz answers 200 and a reward worker's ok calls to it grow (a
+      score call succeeded through the worker);
+    - learner: the restarted learner completes a step (`/progress`); also the time until it
+      is past the step it was killed at (a resume from a checkpoint redoes up to
+      checkpoint_every - 1 steps).
+
+    Returns seconds since the kill: spawn_s (new process started), ready_s, recovered_s
+    (None if not within timeout_s), and the log phases of the restarted instance.
+    """
+    kind = kind_of(instance)
+    step_at_kill = pipe.progress().get("step") if kind == "learner" else None
+    t_kill = time.time()
+    os.kill(pid, signal.SIGKILL)
+    while _alive(pid) and time.time() - t_kill < 10:
+        time.sleep(0.01)
+    rec: dict = {"instance": instance, "kind": kind, "pid": pid, "t_kill": round(t_kill, 3)}
+    if step_at_kill is not None:
+        rec["step_at_kill"] = step_at_kill
+    ok_calls = _reward_ok_calls(pipe) if kind == "reward-server" else {}  # after the kill: only the new server adds
+    opens = _breaker_opens(pipe) if kind == "reward-server" else 0.0
+    new_pid, t_ready, s0 = None, None, None
+    deadline = t_kill + timeout_s
+    while time.time() < deadline and not (stop is not None and stop.is_set()):
+        now = time.time()
+        if new_pid is None:
+            p = pipe.pid(instance)
+            if p is not None and p != pid:
+                new_pid = p
+                rec["new_pid"] = p
+                started = _proc_start_epoch(p)
+                rec["spawn_s"] = round((started or now) - t_kill, 3)
+        if new_pid is not None:
+            if t_ready is None and pipe.ready(instance):
+                t_ready = time.time()
+                rec["ready_s"] = round(t_ready - t_kill, 3)
+            if kind in ("rollout", "reward"):
+                v = _last_commit(pipe, instance)
+                if v is not None and v > t_kill:
+                    rec["recovered_s"] = round(v - t_kill, 3)
+                    break
+            elif kind == "actor" and t_ready is not None:
+                commits = [_last_commit(pipe, i) for i in pipe.instances if kind_of(i) == "rollout"]
+                if any(c is not None and c > t_ready for c in commits):
+                    rec["recovered_s"] = round(max(c for c in commits if c is not None) - t_kill, 3)
+                    break
+            elif kind == "reward-server" and t_ready is not None:
+                calls = _reward_ok_calls(pipe)
+                if any(v > ok_calls.get(k, 0) for k, v in calls.items()):
+                    rec["recovered_s"] = round(time.time() - t_kill, 3)
+                    rec["breaker_opened"] = _breaker_opens(pipe) > opens  # the workers fell back to cached scores
+                    break
+            elif kind == "learner":
+                p = pipe.progress()
+                if "step" in p and p.get("phase") not in (None, "loading"):
+                    if s0 is None:
+                        s0 = p["step"]
+                        rec["restored_step"] = s0
+                    elif p["step"] > s0 and "recovered_s" not in rec:
+                        rec["recovered_s"] = round(time.time() - t_kill, 3)
+                    if "recovered_s" in rec and p["step"] > (step_at_kill or 0):
+                        rec["caught_up_s"] = round(time.time() - t_kill, 3)
+                        break
+                    if p.get("done"):
+                        break
+        time.sleep(0.1)
+    rec.setdefault("recovered_s", None)
+    rec["phases"] = phases(pipe, instance, t_kill)
+    if kind == "learner" and rec["recovered_s"] is not None:
+        # the step's own log line is more precise than polling /progress
+        steps = [r for r in pipe.log_lines(instance, t_kill) if r.get("msg") == "step"]
+        if steps:
+            rec["recovered_s"] = round(steps[0]["ts"] - t_kill, 3)
+            past = [r for r in steps if r.get("step", 0) > (step_at_kill or 0)]
+            if past and "caught_up_s" in rec:
+                rec["caught_up_s"] = round(past[0]["ts"] - t_kill, 3)
+    return rec
+
+
+#: Log messages that mark the phases of a restart, per kind (first occurrence after the kill).
+PHASE_MSGS = {
+    "http": "http server listening",          # imports, config, the HTTP server: the process is up
+    "txn_init": "stage running",              # init_transactions: the predecessor fenced, its txn aborted
+    "assigned": "partitions assigned",        # group join: the dead member's session timed out
+    "resumed": ("resuming run from checkpoint", "resuming run without a checkpoint yet"),
+    "policy": "policy caught up",             # the actor read rl.policy and loaded the newest version
+    "first_step": "step",
+}
+
+
+def phases(pipe: Pipeline, instance: str, t_kill: float) -> dict:
+    out = {}
+    for rec in pipe.log_lines(instance, t_kill):
+        for name, msg in PHASE_MSGS.items():
+            if name not in out and rec.get("msg") in ((msg,) if isinstance(msg, str) else msg):
+                out[name] = round(rec["ts"] - t_kill, 3)
+    return out
+
+
+# ---- the schedule -----------------------------------------------------------------------------
+
+@dataclass
+class Event:
+    at_step: int
+    target: str            # an instance name, or "broker"
+    burst: bool = False    # fires together with the previous event
+    fired: dict = field(default_factory=dict)
+
+
+def make_schedule(seed: int, kills: int, steps: int, scale: dict[str, int], order: str = "random",
+                  broker_restarts: int = 1, burst: float = 0.15, warmup: int = 6, tail: int = 10) -> list[Event]:
+    """The deterministic list of events for `seed` (see the module doc)."""
+    rng = random.Random(seed)
+    if order == "round-robin":
+        kinds = [KINDS[i % len(KINDS)] for i in range(kills)]
+    else:
+        kinds = [k for k in KINDS for _ in range(kills // len(KINDS))]
+        kinds += rng.sample(KINDS, kills - len(kinds))
+        rng.shuffle(kinds)
+    targets = [f"{k}-{rng.randrange(scale.get(k, 1))}" for k in kinds]
+    n = len(targets) + broker_restarts
+    for _ in range(broker_restarts):
+        targets.insert(rng.randrange(n // 3, 2 * n // 3 + 1), "broker")
+    span = max(steps - warmup - tail, n)
+    gap = span / n
+    events: list[Event] = []
+    for i, target in enumerate(targets):
+        ev = Event(at_step=warmup + int(i * gap + rng.uniform(0, gap / 2)), target=target)
+        prev = events[-1] if events else None
+        if (prev is not None and target != "broker" and prev.target != "broker" and kind_of(prev.target) !=
+                kind_of(target) and not prev.burst and rng.random() < burst):
+            ev.at_step, ev.burst = prev.at_step, True
+        events.append(ev)
+    return events
+
+
+# ---- the audit --------------------------------------------------------------------------------
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 120.0) -> list:
+    """Every committed record of `topic` (read_committed, from the start, to the end)."""
+    import uuid
+
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-audit-{uuid.uuid4().hex}",
+                  "isolation.level": "read_committed", "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "enable.partition.eof": True,
+                  "fetch.max.bytes": 33554432, "max.partition.fetch.bytes": 16777216,
+                  "receive.message.max.bytes": 34603008})
+    try:
+        parts = c.list_topics(topic, timeout=30).topics[topic].partitions
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        left, out = set(parts), []
+        deadline = time.monotonic() + timeout_s
+        while left and time.monotonic() < deadline:
+            for m in c.consume(500, timeout=0.5):
+                if m.error() is None:
+                    out.append(m)
+                elif m.error().code() == KafkaError._PARTITION_EOF:
+                    left.discard(m.partition())
+        if left:
+            raise RuntimeError(f"{topic}: partitions {sorted(left)} not read to their end in {timeout_s:.0f} s")
+        return out
+    finally:
+        c.close()
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dict[int, int]:
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
+    req = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
+    res = admin.list_consumer_group_offsets(req)[group].result(60)
+    return {tp.partition: tp.offset for tp in res.topic_partitions}
+
+
+def _stage_audit(name: str, inputs: list, in_key, outputs: list, out_key, committed: dict[int, int],
+                 dlq_refs: set) -> dict:
+    """Inputs below the group's committed offsets -> exactly one output each (or one DLQ record)."""
+    done = [m for m in inputs if m.offset() < committed.get(m.partition(), -1)]
+    expected = Counter(in_key(m) for m in done if (m.topic(), m.partition(), m.offset()) not in dlq_refs)
+    got = Counter(out_key(m) for m in outputs)
+    dup = {k: n - expected[k] for k, n in got.items() if n > expected.get(k, 0)}
+    missing = {k: n - got.get(k, 0) for k, n in expected.items() if got.get(k, 0) < n}
+    return {"stage": name, "inputs": len(inputs), "inputs_committed": len(done),
+            "inputs_to_dlq": sum(1 for m in done if (m.topic(), m.partition(), m.offset()) in dlq_refs),
+            "outputs": len(outputs), "duplicated_outputs": sum(dup.values()), "missing_outputs": sum(missing.values()),
+            "examples": {"duplicated": [list(k) for k in list(dup)[:3]], "missing": [list(k) for k in list(missing)[:3]]},
+            "ok": not dup and not missing}
+
+
+def audit(bootstrap: str, prefix: str, state_dir: Path, steps: int, batch: int) -> dict:
+    """The exactly-once audit of one finished run (see the module doc). `ok` says whether it passed."""
+    from steadyrl import codec
+    from steadyrl.contracts import DLQRecord, Prompt, RolloutGroup, ScoredGroup
+
+    learner = state_dir / "learner"
+    run_dir = learner / (learner / "CURRENT").read_text().strip()
+    state = json.loads((run_dir / "state.json").read_text())
+    consumed = [json.loads(line) for line in (run_dir / "consumed.jsonl").read_text().splitlines()]
+    topic = {t: f"{prefix}{t}" for t in ("rl.prompts", "rl.rollouts", "rl.scored", "rl.dlq")}
+    raw = {t: read_topic(bootstrap, name) for t, name in topic.items()}
+    prompts = [(m, codec.decode(m.value(), m.headers(), Prompt)) for m in raw["rl.prompts"]]
+    rollouts = [(m, codec.decode(m.value(), m.headers(), RolloutGroup)) for m in raw["rl.rollouts"]]
+    scored = [(m, codec.decode(m.value(), m.headers(), ScoredGroup)) for m in raw["rl.scored"]]
+    dlq = [codec.decode(m.value(), m.headers(), DLQRecord) for m in raw["rl.dlq"]]
+
+    run_prefix = state["run_id"] + "/"
+    published = Counter(p.prompt_id for _, p in prompts if p.prompt_id.startswith(run_prefix))
+    trained = Counter(c["prompt_id"] for c in consumed)
+    import base64
+
+    dlq_ids = {base64.b64decode(d.key_b64).decode(errors="replace") for d in dlq if d.key_b64}
+    quarantined = set(state.get("quarantined", {}))
+    twice = sorted(p for p, n in trained.items() if n > 1)
+    not_published = sorted(set(trained) - set(published))
+    lost = sorted(set(published) - set(trained) - dlq_ids - quarantined)
+    steps_seen = sorted({c["step"] for c in consumed})
+
+    reasons = Counter((d.stage.split("/")[0], d.reason.value, d.topic.removeprefix(prefix)) for d in dlq)
+    dlq_list = [{"stage": s, "reason": r, "topic": t, "count": n,
+                 "example": next(d.error for d in dlq if (d.stage.split("/")[0], d.reason.value,
+                                                          d.topic.removeprefix(prefix)) == (s, r, t))[:300]}
+                for (s, r, t), n in sorted(reasons.items())]
+
+    dlq_refs = {(d.topic, d.partition, d.offset) for d in dlq}
+    p_key = lambda p: (p.prompt_id, p.created_ms, p.seed)  # noqa: E731  one publish of a prompt
+    g_key = lambda g: (*p_key(g.prompt), g.generated_ms)  # noqa: E731  one rollout group
+    by_off = {(m.topic(), m.partition(), m.offset()): v for m, v in prompts + rollouts}
+    stages = []
+    for name, group, src, dst, ik, ok_ in (
+            ("rollout", "steadyrl-rollout", "rl.prompts", "rl.rollouts", p_key, lambda g: p_key(g.prompt)),
+            ("reward", "steadyrl-reward", "rl.rollouts", "rl.scored", g_key, lambda s: g_key(s.group))):
+        parts = sorted({m.partition() for m in raw[src]}) or list(range(8))
+        committed = committed_offsets(bootstrap, group, topic[src], parts)
+        outs = [v for _, v in (rollouts if dst == "rl.rollouts" else scored)]
+        stages.append(_stage_audit(name, raw[src], lambda m, ik=ik: ik(by_off[(m.topic(), m.partition(), m.offset())]),
+                                   outs, ok_, committed, dlq_refs))
+
+    checks = {
+        "final_step_reached": bool(state.get("finished")) and state.get("step") == steps
+                              and steps_seen == list(range(1, steps + 1)),
+        "trained_count_is_steps_x_batch": sum(trained.values()) == steps * batch,
+        "no_prompt_trained_twice": not twice,
+        "every_trained_prompt_was_published": not not_published,
+        "no_published_prompt_lost": not lost,
+        "audit_log_in_step_order": [c["step"] for c in consumed] == sorted(c["step"] for c in consumed),
+        "rollout_stage_exactly_once": stages[0]["ok"],
+        "reward_stage_exactly_once": stages[1]["ok"],
+    }
+    return {
+        "ok": all(checks.values()), "checks": checks, "run_id": state["run_id"], "step": state.get("step"),
+        "finished": state.get("finished"), "counts": state.get("counts", {}),
+        "published_ids": len(published), "publish_records": sum(published.values()),
+        "republished_ids": sum(1 for n in published.values() if n > 1),
+        "trained": sum(trained.values()), "trained_twice": twice[:10], "not_published": not_published[:10],
+        "lost": lost[:10], "lost_count": len(lost), "dlq_records": len(dlq),
+        "published_ids_in_dlq": len(set(published) & dlq_ids), "dlq_reasons": dlq_list,
+        "quarantined": len(quarantined), "stages": stages,
+        "reward_sources_trained": dict(Counter(v.reward_source.value for _, v in scored
+                                               if v.prompt_id in trained)),
+    }
+
+
+# ---- the run ----------------------------------------------------------------------------------
+
+def prepare_state(state_dir: Path) -> None:
+    """An empty --state-dir: created, or wiped if this bench made it (it holds MARKER)."""
+    if state_dir.exists() and any(state_dir.iterdir()):
+        if not (state_dir / MARKER).exists():
+            raise SystemExit(f"{state_dir} is not empty and was not made by this bench ({MARKER} missing): "
+                             "give another --state-dir")
+        shutil.rmtree(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / MARKER).write_text("made by bench/chaos.py or bench/recovery.py; wiped on their next run\n")
+
+
+def write_config(state_dir: Path, steps: int, **learner) -> Path:
+    cfg = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    cfg["learner"].update(steps=steps, **learner)
+    path = state_dir / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _parse_scale(items: list[str]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        k, _, n = item.partition("=")
+        out[k] = int(n)
+    return out
+
+
+def summarize(values: list[float]) -> dict:
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "median": round(statistics.median(values), 2), "max": round(max(values), 2),
+            "min": round(min(values), 2)}
+
+
+def run(args) -> dict:
+    state_dir = Path(args.state_dir).resolve()
+    prepare_state(state_dir)
+    scale = {"rollout": 2, "reward": 2} | _parse_scale(args.scale)
+    events = make_schedule(args.seed, args.kills, args.steps, scale, args.order, args.broker_restarts, args.burst)
+    config = write_config(state_dir, args.steps)
+    lc = yaml.safe_load(config.read_text())["learner"]
+    pipe = Pipeline(state_dir, args.port, args.port_offset, config, scale)
+    t0 = time.time()
+    deadline = t0 + args.budget_s - args.audit_reserve_s
+    stop = threading.Event()
+    measurers: list[threading.Thread] = []
+    failures: list[str] = []
+    rc = None
+    result: dict = {}
+    print(f"chaos: seed {args.seed}, {len(events)} events over {args.steps} steps, budget {args.budget_s:.0f} s, "
+          f"state {state_dir}", flush=True)
+    try:
+        pipe.start()
+        i, last_fire = 0, 0.0
+        while pipe.running() and time.time() < deadline:
+            if i < len(events):
+                ev = events[i]
+                step = pipe.progress().get("step")
+                due = step is not None and step >= ev.at_step and (ev.burst or time.time() - last_fire >= args.min_gap_s)
+                if due:
+                    fire(pipe, ev, step, measurers, stop, deadline, args)
+                    last_fire = time.time()
+                    print(f"chaos: event {i + 1}/{len(events)} at step {step}: {ev.target} {ev.fired.get('what')}",
+                          flush=True)
+                    i += 1
+                    continue
+            time.sleep(0.2)
+        if i < len(events):
+            failures.append(f"only {i} of {len(events)} events fired before "
+                            + ("the run ended" if not pipe.running() else "the budget ran out"))
+        while pipe.running() and time.time() < deadline:
+            time.sleep(0.5)
+        if pipe.running():
+            failures.append(f"the run did not finish within the budget ({args.budget_s:.0f} s)")
+        rc = pipe.up.poll()
+        stop.set()
+        for t in measurers:
+            t.join(timeout=5)
+    finally:
+        stop.set()
+        up_rc = pipe.stop() if pipe.up is not None else None
+        rc = rc if rc is not None else up_rc
+    # the broker is stopped: the audit needs it again (same data)
+    wall_run = time.time() - t0
+    if rc != 0:
+        failures.append(f"steadyrl up exited with {rc}")
+    pipe.broker.start(timeout_s=120)
+    try:
+        aud = audit(pipe.bootstrap, "", state_dir, args.steps, lc["prompts_per_step"])
+    except Exception as e:  # a run that never got going has no state to audit
+        aud = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    finally:
+        pipe.broker.stop()
+    if not aud["ok"]:
+        failures.append("audit failed: " + (aud.get("error") or ", ".join(k for k, v in aud["checks"].items() if not v)))
+    fired = [e for e in events if e.fired]
+    kills = [e.fired for e in fired if e.target != "broker"]
+    per_kind = Counter(k["kind"] for k in kills if k.get("pid"))
+    if sum(per_kind.values()) < args.kills:
+        failures.append(f"{sum(per_kind.values())} kills < {args.kills}")
+    missing_kinds = [k for k in KINDS if not per_kind.get(k)]
+    if missing_kinds:
+        failures.append(f"no kill of {missing_kinds}")
+    log = pipe.log_path.read_text(errors="replace")
+    steps = [(r["ts"], r["step"]) for r in pipe.log_lines("learner-0", t0) if r.get("msg") == "step"]
+    for e in fired:  # what each event cost the training: when the learner got 1, 2, 5, 10 steps further
+        t_event = e.fired.get("t", e.fired.get("t_kill"))
+        if t_event is not None and e.fired.get("step") is not None:
+            e.fired["learner_step_at"] = learner_progress_after(steps, t_event, e.fired["step"])
+    result = {
+        "benchmark": "chaos",
+        "what": "tiny pipeline under steadyrl up; SIGKILL of every kind of service on a seeded schedule, broker "
+                "restarted; then an exactly-once audit from the topics and the learner's audit log",
+        "passed": not failures, "failures": failures,
+        "seed": args.seed, "order": args.order, "budget_s": args.budget_s, "steps": args.steps,
+        "scale": scale, "batch": lc["prompts_per_step"], "group_size": lc["group_size"],
+        "max_staleness": lc["max_staleness"], "checkpoint_every": lc.get("checkpoint_every", 5),
+        "wall_s": round(wall_run, 1),
+        "kills": sum(per_kind.values()), "kills_per_kind": {k: per_kind.get(k, 0) for k in KINDS},
+        "broker_restarts": [e.fired for e in fired if e.target == "broker"],
+        "restarts_seen_by_up": {inst: log.count(f"{inst.ljust(max(map(len, pipe.instances)))} | exited with")
+                                for inst in pipe.instances},
+        "recovery_under_chaos_s": {k: summarize([x.get("recovered_s") for x in kills if x.get("kind") == k])
+                                   for k in KINDS},
+        # from the event until the learner had completed 2 more steps (the first may come from
+        # groups scored before the event)
+        "training_stall_s": {k: summarize([x.get("learner_step_at", {}).get("+2") for x in kills
+                                           if x.get("kind") == k]) for k in KINDS}
+        | {"broker": summarize([e.fired.get("learner_step_at", {}).get("+2") for e in fired if e.target == "broker"])},
+        "audit": aud,
+        "schedule": [{"at_step": e.at_step, "target": e.target, "burst": e.burst} for e in events],
+        "events": [e.fired for e in fired],
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    return result
+
+
+def learner_progress_after(steps: list[tuple[float, int]], t: float, step: int) -> dict:
+    """Seconds after `t` at which the learner completed step + k (k = 1, 2, 5, 10): how long
+    an event stalled training (the first step may come from groups scored before it)."""
+    out = {}
+    for k in (1, 2, 5, 10):
+        done = [ts for ts, s in steps if ts >= t and s >= step + k]
+        out[f"+{k}"] = round(done[0] - t, 1) if done else None
+    return out
+
+
+def fire(pipe: Pipeline, ev: Event, step: int, measurers: list, stop: threading.Event, deadline: float,
+         args: argparse.Namespace) -> None:
+    """Carry out one event: restart the broker (blocking), or SIGKILL the target and measure its
+    recovery in a thread."""
+    if ev.target == "broker":
+        ev.fired = {"target": "broker", "step": step,
+                    "what": f"broker {'SIGKILL' if args.broker_signal == 'kill' else 'SIGTERM'}, restarted"}
+        ev.fired.update(pipe.restart_broker(args.broker_signal, args.broker_down_s))
+        # until the learner completes a step again
+        t_up = time.time()
+        s0 = pipe.progress().get("step")
+        while time.time() < deadline and pipe.running():
+            s = pipe.progress().get("step")
+            if s is not None and s0 is not None and s > s0:
+                ev.fired["next_step_after_start_s"] = round(time.time() - t_up, 2)
+                break
+            s0 = s if s0 is None else s0
+            time.sleep(0.2)
+        return
+    pid, waited = pipe.pid(ev.target), time.time()
+    while pid is None and time.time() < deadline and pipe.running():  # in its restart backoff: wait
+        time.sleep(0.1)
+        pid = pipe.pid(ev.target)
+    ev.fired = {"target": ev.target, "kind": kind_of(ev.target), "step": step, "burst": ev.burst,
+                "what": "SIGKILL", "waited_for_process_s": round(time.time() - waited, 2)}
+    if pid is None:
+        ev.fired["what"] = "not running; no kill"
+        return
+    ev.fired["pid"] = pid
+    box = ev.fired
+
+    def measure():
+        box.update(kill_and_measure(pipe, ev.target, pid, timeout_s=120, stop=stop))
+
+    t = threading.Thread(target=measure, daemon=True)
+    t.start()
+    measurers.append(t)
+    deadline_kill = time.time() + 5
+    while _alive(pid) and time.time() < deadline_kill:  # the kill has happened before we go on
+        time.sleep(0.02)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=1, help="fixes the schedule (targets, order, steps)")
+    ap.add_argument("--kills", type=int, default=20, help="SIGKILLs in all (each kind at least kills // 5)")
+    ap.add_argument("--order", choices=["random", "round-robin"], default="random",
+                    help="random: kinds shuffled; round-robin: reward-server, actor, rollout, reward, learner, ...")
+    ap.add_argument("--steps", type=int, default=300, help="learner steps of the run (events spread over them)")
+    ap.add_argument("--budget-s", type=float, default=600.0, help="wall-clock bound of the whole run and audit")
+    ap.add_argument("--audit-reserve-s", type=float, default=60.0, help="part of the budget kept for the audit")
+    ap.add_argument("--broker-restarts", type=int, default=1)
+    ap.add_argument("--broker-signal", choices=["kill", "term"], default="kill")
+    ap.add_argument("--broker-down-s", type=float, default=3.0, help="seconds between the broker's stop and start")
+    ap.add_argument("--min-gap-s", type=float, default=3.0, help="least seconds between two events (not bursts)")
+    ap.add_argument("--burst", type=float, default=0.15, help="chance an event fires with the previous one")
+    ap.add_argument("--scale", action="append", default=[], metavar="SERVICE=N",
+                    help="rollout/reward instances (default rollout=2, reward=2)")
+    ap.add_argument("--state-dir", default="/tmp/steadyrl-chaos")
+    ap.add_argument("--port", type=int, default=19592, help="broker port (controller: port + 1)")
+    ap.add_argument("--port-offset", type=int, default=6000, help="added to every service port")
+    ap.add_argument("--out", default=str(ROOT / "bench/results/chaos.json"))
+    return ap
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # finally blocks stop what we started
+    result = run(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    brief = {k: result[k] for k in ("passed", "failures", "wall_s", "kills", "kills_per_kind",
+                                    "recovery_under_chaos_s", "training_stall_s")}
+    brief["broker_restarts"] = len(result["broker_restarts"])
+    brief["audit"] = {k: result["audit"].get(k) for k in ("ok", "checks", "trained", "published_ids",
+                                                           "dlq_reasons", "error") if k in result["audit"]}
+    print(json.dumps(brief, indent=2))
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
