@@ -34,6 +34,7 @@ complete within the budget.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import platform
@@ -46,7 +47,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -475,8 +476,6 @@ def audit(bootstrap: str, prefix: str, state_dir: Path, steps: int, batch: int) 
     run_prefix = state["run_id"] + "/"
     published = Counter(p.prompt_id for _, p in prompts if p.prompt_id.startswith(run_prefix))
     trained = Counter(c["prompt_id"] for c in consumed)
-    import base64
-
     dlq_ids = {base64.b64decode(d.key_b64).decode(errors="replace") for d in dlq if d.key_b64}
     quarantined = set(state.get("quarantined", {}))
     twice = sorted(p for p, n in trained.items() if n > 1)
@@ -524,8 +523,7 @@ def audit(bootstrap: str, prefix: str, state_dir: Path, steps: int, batch: int) 
         "lost": lost[:10], "lost_count": len(lost), "dlq_records": len(dlq),
         "published_ids_in_dlq": len(set(published) & dlq_ids), "dlq_reasons": dlq_list,
         "quarantined": len(quarantined), "stages": stages,
-        "reward_sources_trained": dict(Counter(v.reward_source.value for _, v in scored
-                                               if v.prompt_id in trained)),
+        "scored_groups_by_reward_source": dict(Counter(v.reward_source.value for _, v in scored)),
     }
 
 
@@ -656,11 +654,11 @@ def run(args) -> dict:
                                 for inst in pipe.instances},
         "recovery_under_chaos_s": {k: summarize([x.get("recovered_s") for x in kills if x.get("kind") == k])
                                    for k in KINDS},
-        # from the event until the learner had completed 2 more steps (the first may come from
-        # groups scored before the event)
-        "training_stall_s": {k: summarize([x.get("learner_step_at", {}).get("+2") for x in kills
+        # from the event until the learner had completed 5 more steps (the first one or two may
+        # come from groups scored before the event: max_staleness 1 keeps 2 batches in flight)
+        "training_stall_s": {k: summarize([x.get("learner_step_at", {}).get("+5") for x in kills
                                            if x.get("kind") == k]) for k in KINDS}
-        | {"broker": summarize([e.fired.get("learner_step_at", {}).get("+2") for e in fired if e.target == "broker"])},
+        | {"broker": summarize([e.fired.get("learner_step_at", {}).get("+5") for e in fired if e.target == "broker"])},
         "audit": aud,
         "schedule": [{"at_step": e.at_step, "target": e.target, "burst": e.burst} for e in events],
         "events": [e.fired for e in fired],
