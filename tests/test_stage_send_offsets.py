@@ -98,3 +98,51 @@ def test_an_error_of_send_offsets_reaches_the_stage(monkeypatch):
     monkeypatch.setattr(st, "_rewind", lambda: producer.calls.append("rewind"))
     st._commit_transaction([], [TopicPartition("unit.rl.rollouts", 0, 5)])
     assert producer.calls == ["begin", "abort", "rewind"]
+
+
+def test_send_offsets_caught_by_a_broker_loss_is_wedged_a_grace_after_the_broker_answers(monkeypatch):
+    """After a broker restart the call never returns (librdkafka#5511): once a broker answers
+    again the stage waits TXN_GRACE_S, not the whole TXN_TIMEOUT_S + TXN_GRACE_S."""
+    from confluent_kafka import TopicPartition
+
+    monkeypatch.setattr(stage_mod, "TXN_TIMEOUT_S", 30.0)
+    monkeypatch.setattr(stage_mod, "TXN_GRACE_S", 1.0)
+
+    class Restarted(_Producer):
+        answers = False
+
+        def list_topics(self, topic=None, timeout=-1):
+            from confluent_kafka import KafkaError, KafkaException
+
+            if not self.answers:
+                raise KafkaException(KafkaError(KafkaError._TRANSPORT, "down"))
+
+    producer = Restarted(block=True)
+    st = _stage(producer)
+    st._broker_lost.set()
+
+    def broker_back():
+        time.sleep(1.0)
+        producer.answers = True
+
+    threading.Thread(target=broker_back, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ProducerWedged):
+            st._commit_transaction([], [TopicPartition("unit.rl.rollouts", 0, 5)])
+        took = time.monotonic() - t0
+        assert 1.9 <= took < 4, took  # 1 s down + 1 s grace (+ the 0.5 s polling step), not 31 s
+    finally:
+        producer.release.set()
+
+
+def test_the_producer_error_callback_flags_a_loss_of_every_broker_only():
+    from confluent_kafka import KafkaError
+
+    st = _stage(_Producer(block=False))
+    st._broker_lost.clear()  # the real producer _stage discarded may have reported port 1 down
+    cb = st._producer_config["error_cb"]
+    cb(KafkaError(KafkaError._TRANSPORT, "one connection refused"))
+    assert not st._broker_lost.is_set()
+    cb(KafkaError(KafkaError._ALL_BROKERS_DOWN, "2/2 brokers are down"))
+    assert st._broker_lost.is_set()

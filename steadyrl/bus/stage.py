@@ -24,6 +24,13 @@ after a backoff. A batch handler may instead hold single records by returning a
 record (outputs of records after it are not produced), the consumer rewinds to it, and the
 held records are tried again with the next batch, after the backoff once a batch holds
 nothing else -- held, never dropped, order kept per partition. Nothing a record contains can crash the loop.
+
+A transactional producer that lived through the loss of every broker (a broker restart) is
+replaced once a broker answers again, before the next transaction: librdkafka keeps a stale
+group coordinator and its next send_offsets_to_transaction would hang for good
+(confluentinc/librdkafka#5456, #5511). The new producer's init_transactions fences the old one;
+the consumer keeps its partitions. A transaction caught in flight by the loss ends the
+process once the broker is back (ProducerWedged), leaving the group so a restart takes over at once.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ BATCH_SECONDS = Histogram("steadyrl_stage_batch_seconds", "Transform time of one
                           buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300))
 LAST_COMMIT = Gauge("steadyrl_stage_last_commit_timestamp_seconds", "Unix time of the last commit", ["stage"])
 BUSY = Gauge("steadyrl_stage_busy", "1 while a batch is being transformed (partitions paused)", ["stage"])
+RENEWALS = Counter("steadyrl_stage_producer_renewals", "Transactional producers replaced after the broker was lost",
+                   ["stage"])
 
 
 #: Timeout of send_offsets_to_transaction: transaction.timeout.ms (steadyrl.bus.kafka), after
@@ -153,10 +162,15 @@ class Stage:
         self.pause_after_s = pause_after_s
         self.health = health or Health()
         client = f"{name}-{instance_id}"
-        self.consumer = Consumer(consumer_config(bootstrap, f"{client}-consumer", group_id,
-                                                 stats_interval_s, max_poll_interval_s))
+        consumer_cfg = consumer_config(bootstrap, f"{client}-consumer", group_id, stats_interval_s,
+                                       max_poll_interval_s)
         txn_id = f"steadyrl-{name}-{instance_id}" if mode == "transactional" else None
-        self.producer = Producer(producer_config(bootstrap, f"{client}-producer", txn_id, stats_interval_s))
+        self._producer_config = producer_config(bootstrap, f"{client}-producer", txn_id, stats_interval_s)
+        # Set by the producer's error_cb when all its broker connections are down (see _renew_producer).
+        self._broker_lost = threading.Event()
+        self._producer_config["error_cb"] = self._watching_broker(self._producer_config["error_cb"])
+        self.consumer = Consumer(consumer_cfg)
+        self.producer = Producer(self._producer_config)
         self._stats_client = f"{client}-consumer"
         self._assigned: set[tuple[str, int]] = set()
         self._revoked_during_batch: set[tuple[str, int]] = set()
@@ -165,6 +179,16 @@ class Stage:
         self._delivery_errors: list[str] = []
         self.health.add_check("assignment", self._check_assignment)
         self.health.add_check("broker", self._check_broker)
+
+    def _watching_broker(self, log_error):
+        from confluent_kafka import KafkaError
+
+        def error_cb(err) -> None:
+            log_error(err)
+            if err.code() == KafkaError._ALL_BROKERS_DOWN:
+                self._broker_lost.set()
+
+        return error_cb
 
     # ---- readiness -------------------------------------------------------------------
     def _check_assignment(self) -> tuple[bool, str]:
@@ -209,12 +233,50 @@ class Stage:
         try:
             while not stop.is_set():
                 self.health.beat()
+                if self._broker_lost.is_set() and self.mode == "transactional":
+                    self._renew_producer(stop)
+                    continue
                 self.producer.poll(0)
                 msgs = [m for m in self._next_batch() if self._usable(m)]
                 if msgs:
                     self._process(msgs)
         finally:
             self.close()
+
+    def _broker_answers(self, timeout_s: float = 1.0) -> bool:
+        from confluent_kafka import KafkaException
+
+        try:
+            self.producer.list_topics(self.input_topic, timeout=timeout_s)
+            return True
+        except KafkaException:
+            return False
+
+    def _renew_producer(self, stop: threading.Event) -> None:
+        """Replace the transactional producer after every broker was lost; no transaction is open.
+
+        Waits (still beating) until a broker answers a metadata request, then builds a producer
+        with the same transactional.id: its init_transactions bumps the epoch, fencing the old
+        one, whose coordinator state librdkafka would never refresh (#5511), so its next
+        send_offsets_to_transaction would hang (#5456). The consumer and its partitions stay.
+        """
+        from confluent_kafka import Producer
+
+        log.warning("every broker was lost; replacing the transactional producer once one answers",
+                    extra={"stage": self.stage_id})
+        t0 = time.monotonic()
+        while not self._broker_answers():
+            if stop.is_set():
+                return
+            self.health.beat()  # the consumer is not polled: a record it returned now would be skipped
+            stop.wait(0.2)
+        old, self.producer = self.producer, Producer(self._producer_config)
+        self.producer.init_transactions(60)
+        del old  # destroyed here: no event of it can flag the new one after the clear below
+        self._broker_lost.clear()
+        RENEWALS.labels(self.name).inc()
+        log.info("transactional producer replaced", extra={"stage": self.stage_id,
+                                                           "waited_s": round(time.monotonic() - t0, 2)})
 
     def _next_batch(self) -> list:
         """Up to batch_size records: whatever is already fetched, else wait for the first.
@@ -436,6 +498,8 @@ class Stage:
         in it, the pipeline stalled and SIGTERM could not stop them. It runs in a daemon thread;
         past TXN_TIMEOUT_S + TXN_GRACE_S the producer is wedged and ProducerWedged is raised:
         the process exits and `steadyrl up` restarts it (the new instance fences this one).
+        When every broker was lost during the call, it is taken as wedged TXN_GRACE_S after a
+        broker answers again: after a broker restart it never returns (#5511).
         """
         box: dict = {}
         done = threading.Event()
@@ -450,11 +514,20 @@ class Stage:
                 done.set()
 
         threading.Thread(target=call, name=f"{self.name}-send-offsets", daemon=True).start()
-        if not done.wait(TXN_TIMEOUT_S + TXN_GRACE_S):
-            log.error("send_offsets_to_transaction did not return; exiting so the stage is restarted",
-                      extra={"stage": self.stage_id, "waited_s": TXN_TIMEOUT_S + TXN_GRACE_S})
-            raise ProducerWedged(f"send_offsets_to_transaction did not return within "
-                                 f"{TXN_TIMEOUT_S + TXN_GRACE_S:g} s (librdkafka#5456)")
+        t0 = time.monotonic()
+        deadline = t0 + TXN_TIMEOUT_S + TXN_GRACE_S
+        while not done.wait(max(0.0, min(0.5, deadline - time.monotonic()))):
+            self.producer.poll(0)  # serves error_cb: a loss of every broker sets _broker_lost
+            now = time.monotonic()
+            if now < deadline and self._broker_lost.is_set() and self._broker_answers():
+                deadline = min(deadline, now + TXN_GRACE_S)  # back after a loss: give it the grace only
+            if now >= deadline:
+                waited = round(now - t0, 1)
+                log.error("send_offsets_to_transaction did not return; exiting so the stage is restarted",
+                          extra={"stage": self.stage_id, "waited_s": waited,
+                                 "broker_lost": self._broker_lost.is_set()})
+                raise ProducerWedged(f"send_offsets_to_transaction did not return within {waited:g} s "
+                                     f"(librdkafka#5456)")
         if "error" in box:
             raise box["error"]
 
