@@ -65,6 +65,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_pair() -> int:
+    """A port p on 127.0.0.1 with p + 1 also free a moment ago: `steadyrl up --port p` (and the
+    benches) put the KRaft controller on p + 1."""
+    while True:
+        p = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+                return p
+            except OSError:
+                continue
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

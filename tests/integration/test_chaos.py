@@ -10,25 +10,10 @@ import sys
 
 import pytest
 
+from steadyrl.broker import free_port_pair
 from tests.helpers import ROOT
 
 KINDS = ("reward-server", "actor", "rollout", "reward", "learner")
-
-
-def _two_free_ports() -> int:
-    """A port p with p + 1 also free (the KRaft controller listens on p + 1)."""
-    import socket
-
-    from steadyrl.broker import free_port
-
-    while True:
-        p = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p + 1))
-                return p
-            except OSError:
-                continue
 
 
 @pytest.mark.slow
@@ -36,7 +21,7 @@ def test_chaos_every_kind_killed_and_the_broker_restarted_every_prompt_trained_o
     out = tmp_path / "chaos.json"
     cmd = [sys.executable, "bench/chaos.py", "--seed", "3", "--kills", "6", "--order", "round-robin",
            "--steps", "100", "--budget-s", "220", "--state-dir", str(tmp_path / "state"),
-           "--port", str(_two_free_ports()), "--port-offset", str(5000 + os.getpid() % 1000), "--out", str(out)]
+           "--port", str(free_port_pair()), "--port-offset", str(5000 + os.getpid() % 1000), "--out", str(out)]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.exists(), run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -9,26 +9,12 @@ import time
 import httpx
 import yaml
 
-from steadyrl.broker import LocalBroker, free_port
+from steadyrl.broker import LocalBroker, free_port_pair
 from tests.helpers import ROOT
 
 
-def _two_free_ports() -> int:
-    """A port p with p + 1 also free: `up --port p` puts the KRaft controller on p + 1."""
-    import socket
-
-    while True:
-        p = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p + 1))
-                return p
-            except OSError:
-                continue
-
-
 def test_up_then_ctrl_c_stops_everything(tmp_path):
-    port, offset = _two_free_ports(), 1000 + os.getpid() % 500
+    port, offset = free_port_pair(), 1000 + os.getpid() % 500
     state = tmp_path / "state"
     cfg = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     cfg["learner"].update(steps=100_000, eval_data=None)  # still training when Ctrl-C comes
