@@ -88,6 +88,8 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \
 CMD ["steadyrl", "--help"]
 
 # ---------------------------------------------------------------- cpu: the default target
+# Its last lines repeat gpu's on purpose: a shared stage would put schemas/data/configs before
+# the multi-GB venv layer, so an edit of a config would copy the venv (and, for gpu, rerun apt).
 FROM base AS cpu
 COPY --from=build-cpu /opt/venv /opt/venv
 COPY --from=build-cpu /app /app

@@ -122,34 +122,6 @@ class Window:
         return sum(self.undecodable.values())
 
 
-def _consumer(bootstrap: str):
-    from confluent_kafka import Consumer
-
-    from steadyrl.bus.kafka import MAX_RECORD_BYTES
-
-    return Consumer({"bootstrap.servers": bootstrap, "group.id": f"replay-cli-{uuid.uuid4().hex}",
-                     "isolation.level": "read_committed", "enable.auto.commit": False,
-                     "enable.auto.offset.store": False,
-                     "fetch.max.bytes": MAX_RECORD_BYTES * 2, "max.partition.fetch.bytes": MAX_RECORD_BYTES,
-                     "receive.message.max.bytes": MAX_RECORD_BYTES * 2 + 1024 * 1024})
-
-
-def _retrying(call, arg, timeout_s: float):
-    """call(arg, timeout=...) retried on a retriable broker error (e.g. NOT_LEADER_FOR_PARTITION
-    while a new topic's leaders are elected), with backoff, until timeout_s has passed."""
-    import tenacity
-    from confluent_kafka import KafkaException
-
-    def retriable(e: BaseException) -> bool:
-        return isinstance(e, KafkaException) and e.args[0].retriable()
-
-    for attempt in tenacity.Retrying(retry=tenacity.retry_if_exception(retriable), reraise=True,
-                                     wait=tenacity.wait_exponential(multiplier=0.1, max=2),
-                                     stop=tenacity.stop_after_delay(timeout_s)):
-        with attempt:
-            return call(arg, timeout=timeout_s)
-
-
 def read_range(bootstrap: str, topic: str, t_from_ms: int, t_to_ms: int, timeout_s: float = 30.0) -> Window:
     """Every committed `ScoredGroup` of `topic` whose timestamp is in [t_from_ms, t_to_ms].
 
@@ -164,11 +136,13 @@ def read_range(bootstrap: str, topic: str, t_from_ms: int, t_to_ms: int, timeout
         RuntimeError: the topic does not exist, or the range was not read within timeout_s.
         ValueError: t_from_ms > t_to_ms.
     """
-    from confluent_kafka import TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
+
+    from steadyrl.bus.kafka import read_ranges, reader_config, retrying
 
     if t_from_ms > t_to_ms:
         raise ValueError(f"window starts ({format_ms(t_from_ms)}) after it ends ({format_ms(t_to_ms)})")
-    c = _consumer(bootstrap)
+    c = Consumer(reader_config(bootstrap, "replay-cli"))
     records: list[Record] = []
     undecodable: dict[str, int] = {}
     outside = 0
@@ -177,46 +151,28 @@ def read_range(bootstrap: str, topic: str, t_from_ms: int, t_to_ms: int, timeout
         if md is None or md.error is not None:
             raise RuntimeError(f"topic {topic} not found" + (f": {md.error}" if md is not None else ""))
         parts = sorted(md.partitions)
-        starts = _retrying(c.offsets_for_times, [TopicPartition(topic, p, t_from_ms) for p in parts], timeout_s)
-        ends = _retrying(c.offsets_for_times, [TopicPartition(topic, p, t_to_ms + 1) for p in parts], timeout_s)
+        starts = retrying(c.offsets_for_times, [TopicPartition(topic, p, t_from_ms) for p in parts], timeout_s)
+        ends = retrying(c.offsets_for_times, [TopicPartition(topic, p, t_to_ms + 1) for p in parts], timeout_s)
         ranges: dict[int, tuple[int, int]] = {}
         for s, e in zip(starts, ends):
             if s.error or e.error:
                 raise RuntimeError(f"{topic} [{s.partition}]: offsets_for_times failed: {s.error or e.error}")
-            high = c.get_watermark_offsets(TopicPartition(topic, s.partition), timeout=timeout_s)[1]
+            high = retrying(c.get_watermark_offsets, TopicPartition(topic, s.partition), timeout_s)[1]
             start = s.offset if s.offset >= 0 else high   # -1: no record at or after T1
             end = e.offset if e.offset >= 0 else high     # -1: no record after T2
             if start < end:
                 ranges[s.partition] = (start, end)
-        if ranges:
-            c.assign([TopicPartition(topic, p, start) for p, (start, _) in ranges.items()])
-        pending = set(ranges)
-        deadline = time.monotonic() + timeout_s
-        while pending:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{topic}: partitions {sorted(pending)} not read to their end offsets "
-                                   f"{ {p: ranges[p][1] for p in sorted(pending)} } within {timeout_s} s")
-            for m in c.consume(500, timeout=0.5):
-                if m.error() is not None:
-                    continue  # transient (broker reconnects); the deadline bounds a lasting one
-                p, off = m.partition(), m.offset()
-                if p not in pending or off >= ranges[p][1]:
-                    continue
-                ts = m.timestamp()[1]
-                if not t_from_ms <= ts <= t_to_ms:
-                    outside += 1
-                    continue
-                try:
-                    g = codec.decode(m.value(), m.headers(), ScoredGroup)
-                except codec.Rejected as rej:
-                    undecodable[rej.reason.value] = undecodable.get(rej.reason.value, 0) + 1
-                    continue
-                records.append(Record(p, off, ts, g))
-            done = [tp for tp in c.position([TopicPartition(topic, p) for p in pending])
-                    if tp.offset >= ranges[tp.partition][1]]
-            if done:
-                c.pause(done)
-                pending -= {tp.partition for tp in done}
+        for m in read_ranges(c, topic, ranges, timeout_s):
+            ts = m.timestamp()[1]
+            if not t_from_ms <= ts <= t_to_ms:
+                outside += 1
+                continue
+            try:
+                g = codec.decode(m.value(), m.headers(), ScoredGroup)
+            except codec.Rejected as rej:
+                undecodable[rej.reason.value] = undecodable.get(rej.reason.value, 0) + 1
+                continue
+            records.append(Record(m.partition(), m.offset(), ts, g))
     finally:
         c.close()
     records.sort(key=lambda r: (r.timestamp_ms, r.partition, r.offset))

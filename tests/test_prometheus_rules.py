@@ -14,7 +14,6 @@ deploy/k8s/base, which must come out with the compose job names the rules select
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -25,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, need_tool
 
 PROM = ROOT / "compose" / "prometheus"
 CONFIG = PROM / "prometheus.yml"
@@ -38,17 +37,8 @@ K8S_PODMONITOR = ROOT / "deploy" / "k8s" / "prometheus" / "podmonitor.yaml"
 SEVERITIES = {"P0", "P1", "P2", "P3"}
 #: The parts DataflowCollapse inhibits (compose/alertmanager/alertmanager.yml).
 COLLAPSE_PARTS = {"BreakerOpen", "ConsumerLagGrowing", "RolloutRestarting", "TrainBufferDropped"}
-
-
-def tool(name: str) -> str:
-    """Path of a Prometheus tool; skips the test where it is missing (fails in CI)."""
-    path = shutil.which(name)
-    if path is None:
-        why = f"{name} is not installed (apt-get install --no-install-recommends prometheus prometheus-alertmanager)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{why}; CI must have it (.ci/run installs it)")
-        pytest.skip(why)
-    return path
+#: How to get promtool and amtool, for the tests that skip (locally) or fail (CI) without them.
+PROMETHEUS_HINT = "apt-get install --no-install-recommends prometheus prometheus-alertmanager; .ci/run installs it"
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -65,7 +55,7 @@ def alerts() -> list[dict]:
 
 
 def test_prometheus_config_is_valid_and_loads_every_rule_file():
-    r = run(tool("promtool"), "check", "config", str(CONFIG.relative_to(ROOT)))
+    r = run(need_tool("promtool", PROMETHEUS_HINT), "check", "config", str(CONFIG.relative_to(ROOT)))
     assert r.returncode == 0, shown(r)
     out = r.stdout + r.stderr
     # rule_files are resolved relative to the config file: each one must have been found
@@ -76,7 +66,7 @@ def test_prometheus_config_is_valid_and_loads_every_rule_file():
 
 def test_alert_rules_pass_their_promtool_tests():
     assert RULE_TESTS, "no promtool tests in compose/prometheus/tests"
-    r = run(tool("promtool"), "test", "rules", *(str(t.relative_to(ROOT)) for t in RULE_TESTS))
+    r = run(need_tool("promtool", PROMETHEUS_HINT), "test", "rules", *(str(t.relative_to(ROOT)) for t in RULE_TESTS))
     assert r.returncode == 0, shown(r)
 
 
@@ -231,14 +221,14 @@ def test_k8s_scrape_config_is_valid_with_the_rules(tmp_path):
               "rule_files": [str(f) for f in RULES], **scrape}
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
-    r = run(tool("promtool"), "check", "config", str(path))
+    r = run(need_tool("promtool", PROMETHEUS_HINT), "check", "config", str(path))
     if r.returncode != 0 and "field kubernetes_sd_configs not found" in r.stdout + r.stderr:
         namespace = k8s_pods()[0]
         for job in config["scrape_configs"]:
             assert job.pop("kubernetes_sd_configs") == [{"role": "pod", "namespaces": {"names": [namespace]}}], job
             job["static_configs"] = [{"targets": []}]
         path.write_text(yaml.safe_dump(config))
-        r = run(tool("promtool"), "check", "config", str(path))
+        r = run(need_tool("promtool", PROMETHEUS_HINT), "check", "config", str(path))
     assert r.returncode == 0, shown(r)
     assert f"{len(RULES)} rule files found" in r.stdout + r.stderr, shown(r)
     # the rules' windows want a scrape every 5 s, as under compose
@@ -301,7 +291,7 @@ def test_k8s_podmonitor_matches_the_scrape_config():
 
 
 def test_alertmanager_config_is_valid():
-    r = run(tool("amtool"), "check-config", str(AM_CONFIG.relative_to(ROOT)))
+    r = run(need_tool("amtool", PROMETHEUS_HINT), "check-config", str(AM_CONFIG.relative_to(ROOT)))
     assert r.returncode == 0, shown(r)
     assert "SUCCESS" in r.stdout, shown(r)
 
@@ -325,8 +315,8 @@ def test_alertmanager_config_holds_no_secret():
                                                 (None, "webhook")])
 def test_alertmanager_routes_by_severity(severity, receiver):
     labels = ["alertname=Any", *([f"severity={severity}"] if severity else [])]
-    r = run(tool("amtool"), "config", "routes", "test", "--config.file", str(AM_CONFIG), "--verify.receivers", receiver,
-            *labels)
+    r = run(need_tool("amtool", PROMETHEUS_HINT), "config", "routes", "test", "--config.file", str(AM_CONFIG),
+            "--verify.receivers", receiver, *labels)
     assert r.returncode == 0, shown(r)
 
 
@@ -335,7 +325,7 @@ def test_dataflow_collapse_inhibits_its_parts_in_a_real_alertmanager(tmp_path):
     in the same cluster are suppressed; another cluster's and other alerts are not."""
     from steadyrl.broker import free_port
 
-    binary = shutil.which("alertmanager") or tool("prometheus-alertmanager")  # Debian names it so
+    binary = shutil.which("alertmanager") or need_tool("prometheus-alertmanager", PROMETHEUS_HINT)  # Debian names it so
     port = free_port()
     log = open(tmp_path / "alertmanager.log", "wb")
     proc = subprocess.Popen([binary, f"--config.file={AM_CONFIG}", f"--storage.path={tmp_path / 'data'}",

@@ -369,7 +369,7 @@ class Learner:
 
         self.cache.close()  # closed parts hold only steps <= this checkpoint's
         meta = {"global_step": self.trainer.global_step, "rng": ck.rng_state(),
-                "learner_state": self._state_for_save()}
+                "learner_state": json.loads(self._state_json())}  # written in the background: a copy
         self.saver.save(self.state.step, self.model, self.trainer.opt, self.trainer.sched, meta)
         if wait:
             self.saver.wait()
@@ -399,16 +399,18 @@ class Learner:
         for _ in range(st.step):
             self.trainer.sched.step()
 
-    def _state_for_save(self) -> dict:
-        """The run state, with offsets that re-read every group read but not yet trained."""
+    def _state_json(self) -> str:
+        """The run state as JSON text (`RunState` fields; the watch's and the gate's state), with
+        offsets that re-read every group read but not yet trained. Text: a snapshot that
+        shares nothing with the live, still-changing state."""
         saved = dict(self.state.offsets)
         for _, part, off in self._ready.values():
             saved[str(part)] = min(saved.get(str(part), off), off)
-        return json.loads(json.dumps({**asdict(self.state), "offsets": saved, "watch": self.watch.state(),
-                                       "gate": self.gate.state()}))
+        return json.dumps({**asdict(self.state), "offsets": saved, "watch": self.watch.state(),
+                           "gate": self.gate.state()})
 
     def _save_state(self) -> None:
-        write_atomic(self.run_dir / "state.json", json.dumps(self._state_for_save()))
+        write_atomic(self.run_dir / "state.json", self._state_json())
 
     def _count(self, what: str, n: int = 1) -> None:
         self.state.counts[what] = self.state.counts.get(what, 0) + n

@@ -71,8 +71,8 @@ from steadyrl.similarity import NUM_PERM, minhash
 
 CLUSTERS = Gauge("steadyrl_feeder_prompt_clusters", "Prompt clusters (near-duplicate groups) seen by the prompt gate")
 WAITING = Gauge("steadyrl_feeder_prompts_waiting", "Prompts deferred by the prompt gate and not yet taken")
-DEFERRED = Counter("steadyrl_feeder_prompts_deferred_total", "Prompts deferred because their cluster was cooling")
-FORCED = Counter("steadyrl_feeder_prompts_forced_total", "Prompts taken while their cluster was cooling "
+DEFERRED = Counter("steadyrl_feeder_prompts_deferred", "Prompts deferred because their cluster was cooling")
+FORCED = Counter("steadyrl_feeder_prompts_forced", "Prompts taken while their cluster was cooling "
                  "(max_deferred waiting, none cool)")
 DIVERSITY = Gauge("steadyrl_feeder_prompt_diversity", "Distinct clusters / prompts among the recent prompts taken "
                   "(1.0 = all different)")

@@ -26,8 +26,6 @@ from __future__ import annotations
 import getpass
 import hashlib
 import socket
-import time
-import uuid
 from dataclasses import dataclass, field
 
 from steadyrl import codec
@@ -72,35 +70,25 @@ class QuarantineError(Exception):
 def read_quarantine(bootstrap: str, prefix: str = "", timeout_s: float = 60.0) -> dict[str, Entry]:
     """Every batch on `{prefix}rl.quarantine`, by batch id, in the order first written.
 
-    Reads from the start to the end offset seen at the call (read_committed). Records that do
-    not decode as either contract are skipped. Raises RuntimeError when the topic is missing
-    or cannot be read to its end within timeout_s.
+    Reads each partition from its first offset still kept (the low watermark) to the end
+    offset seen at the call (read_committed). Records that do not decode as either contract
+    are skipped. Raises RuntimeError when the topic is missing or cannot be read to its end
+    within timeout_s.
     """
     from confluent_kafka import Consumer, TopicPartition
 
-    from steadyrl.bus.kafka import MAX_RECORD_BYTES
+    from steadyrl.bus.kafka import read_ranges, reader_config, retrying
 
     topic = f"{prefix}rl.quarantine"
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"quarantine-cli-{uuid.uuid4().hex}",
-                  "isolation.level": "read_committed", "enable.auto.commit": False,
-                  "fetch.max.bytes": MAX_RECORD_BYTES * 2, "max.partition.fetch.bytes": MAX_RECORD_BYTES,
-                  "receive.message.max.bytes": MAX_RECORD_BYTES * 2 + 1024 * 1024})
+    c = Consumer(reader_config(bootstrap, "quarantine-cli"))
     entries: dict[str, Entry] = {}
     try:
         md = c.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if md is None or md.error is not None:
             raise RuntimeError(f"topic {topic} not found (run `steadyrl topics create`)")
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1] for p in md.partitions}
-        c.assign([TopicPartition(topic, p, 0) for p in md.partitions])
-        deadline = time.monotonic() + timeout_s
-        # the end offset may be a transaction marker, never delivered: read until the position passes it
-        while any(max(tp.offset, 0) < ends[tp.partition] for tp in
-                  c.position([TopicPartition(topic, p) for p in ends])):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{topic}: not read to its end offsets {ends} within {timeout_s} s")
-            for m in c.consume(500, timeout=0.5):
-                if m.error() is None:
-                    _add(entries, m)
+        ranges = {p: retrying(c.get_watermark_offsets, TopicPartition(topic, p), timeout_s) for p in md.partitions}
+        for m in read_ranges(c, topic, ranges, timeout_s):
+            _add(entries, m)
     finally:
         c.close()
     return entries

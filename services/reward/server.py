@@ -37,8 +37,8 @@ log = logging.getLogger("steadyrl.reward_server")
 
 SCORE_SECONDS = Histogram("steadyrl_reward_server_score_seconds", "Time of one /score call", ["scorer"],
                           buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
-SCORED = Counter("steadyrl_reward_server_items_total", "Items scored", ["scorer"])
-ERRORS = Counter("steadyrl_reward_server_errors_total", "Failed /score calls and failed items", ["kind"])
+SCORED = Counter("steadyrl_reward_server_items", "Items scored", ["scorer"])
+ERRORS = Counter("steadyrl_reward_server_errors", "Failed /score calls and failed items", ["kind"])
 
 
 class RewardServerSection(BaseModel):

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Any
+import time
+import uuid
+from typing import Any, Callable, Iterator, TypeVar
 
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -168,3 +170,85 @@ def consumer_config(bootstrap: str, client: str, group_id: str, stats_interval_s
         "error_cb": _error_cb(client),
         "logger": logging.getLogger(f"rdkafka.{client}"),
     }
+
+
+def reader_config(bootstrap: str, client: str) -> dict[str, Any]:
+    """Config of a throwaway read_committed reader (a CLI reading a topic once, by `assign`).
+
+    Its group id is `{client}-{random hex}`, so no two readers share offsets, and it commits
+    and stores none. Fetch sizes cover the largest record (MAX_RECORD_BYTES).
+    """
+    return {
+        "bootstrap.servers": bootstrap,
+        "client.id": client,
+        "group.id": f"{client}-{uuid.uuid4().hex}",
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "fetch.max.bytes": MAX_RECORD_BYTES * 2,
+        "max.partition.fetch.bytes": MAX_RECORD_BYTES,
+        "receive.message.max.bytes": MAX_RECORD_BYTES * 2 + 1024 * 1024,
+    }
+
+
+_T = TypeVar("_T")
+
+
+def retrying(call: Callable[..., _T], arg: Any, timeout_s: float) -> _T:
+    """`call(arg, timeout=timeout_s)`, retried with backoff (0.1 s doubling, at most 2 s) on a
+    retriable broker error (e.g. NOT_LEADER_FOR_PARTITION while a new topic's leaders are
+    elected) until timeout_s has passed. For a client's offsets_for_times or
+    get_watermark_offsets.
+
+    Raises:
+        KafkaException: a non-retriable error, or the last retriable one past timeout_s.
+    """
+    import tenacity
+    from confluent_kafka import KafkaException
+
+    def retriable(e: BaseException) -> bool:
+        return isinstance(e, KafkaException) and e.args[0].retriable()
+
+    for attempt in tenacity.Retrying(retry=tenacity.retry_if_exception(retriable), reraise=True,
+                                     wait=tenacity.wait_exponential(multiplier=0.1, max=2),
+                                     stop=tenacity.stop_after_delay(timeout_s)):
+        with attempt:
+            return call(arg, timeout=timeout_s)
+
+
+def read_ranges(consumer, topic: str, ranges: dict[int, tuple[int, int]], timeout_s: float) -> Iterator[Any]:
+    """Every message `consumer` delivers of `topic` with start <= offset < end in its partition,
+    for `ranges`: partition -> (start, end) offsets; a partition with start >= end is not read.
+
+    Assigns `consumer` (a `reader_config` one) to the starts and reads until each partition's
+    position has passed its end, then pauses it: an end offset may be a transaction marker,
+    never delivered, and read_committed skips aborted records, so counting records would never
+    finish. Messages come in the order consumed (offset order within a partition); error
+    messages (transient: broker reconnects) are skipped, the deadline bounds a lasting one.
+
+    Raises:
+        RuntimeError: not every partition was read to its end within timeout_s (the message
+            names the partitions left and their end offsets).
+    """
+    from confluent_kafka import TopicPartition
+
+    ranges = {p: r for p, r in ranges.items() if r[0] < r[1]}
+    if ranges:
+        consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in ranges.items()])
+    pending = set(ranges)
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{topic}: partitions {sorted(pending)} not read to their end offsets "
+                               f"{ {p: ranges[p][1] for p in sorted(pending)} } within {timeout_s} s")
+        for m in consumer.consume(500, timeout=0.5):
+            if m.error() is not None:
+                continue
+            p, off = m.partition(), m.offset()
+            if p in pending and ranges[p][0] <= off < ranges[p][1]:
+                yield m
+        done = [tp for tp in consumer.position([TopicPartition(topic, p) for p in pending])
+                if tp.offset >= ranges[tp.partition][1]]
+        if done:
+            consumer.pause(done)
+            pending -= {tp.partition for tp in done}
