@@ -208,7 +208,7 @@ class RunState:
     """What `state.json` holds: enough to continue the run after a restart."""
 
     run_id: str
-    config: dict = field(default_factory=dict)                    # LearnerSection.fingerprint()
+    config: dict = field(default_factory=dict)                    # Learner.fingerprint
     step: int = 0
     policy_uri: str = ""
     policy_sha256: str = ""
@@ -282,6 +282,10 @@ class Learner:
         self.producer = Producer(producer_config(cfg.bootstrap, f"learner-{cfg.instance_id}", None,
                                                  cfg.metrics_interval))
         self._delivery_errors: list[str] = []
+        # What a run cannot change on resume: the learner section's fingerprint, and where its
+        # offsets point (another topic prefix or cluster has other offsets).
+        self.fingerprint = {**lc.fingerprint(), "topic_prefix": cfg.topic_prefix,
+                            "kafka_cluster_id": self.producer.list_topics(timeout=60).cluster_id}
         self.state = self._open_run()
         self.run_dir = lc.state_dir / self.state.run_id
         if self.state.fed < 0:  # a state written before the prompt gate: every prompt pulled was published
@@ -290,7 +294,7 @@ class Learner:
         self._trim_audit()
         from steadyrl.checkpoint import AsyncCheckpointer
 
-        self.saver = AsyncCheckpointer(self.run_dir / "checkpoints", {**lc.fingerprint(), "tokenizer": lc.model},
+        self.saver = AsyncCheckpointer(self.run_dir / "checkpoints", {**self.fingerprint, "tokenizer": lc.model},
                                        keep=lc.keep_checkpoints)
         from steadyrl.config import ConfigError
         from steadyrl.rollout_cache import CacheSchemaError, RolloutCache
@@ -325,7 +329,7 @@ class Learner:
     def _open_run(self) -> RunState:
         from steadyrl import checkpoint as ck
 
-        current, want = self.lc.state_dir / "CURRENT", self.lc.fingerprint()
+        current, want = self.lc.state_dir / "CURRENT", self.fingerprint
         if self.lc.resume not in ("auto", "never"):  # an explicit checkpoint: it must verify
             ck.verify(Path(self.lc.resume), want)
             st = self._restore(Path(self.lc.resume))
