@@ -17,9 +17,9 @@ import yaml
 
 from steadyrl.broker import free_port
 from steadyrl.cli import SERVICE_PORTS
-from tests.helpers import ROOT
+from tests.helpers import ROOT, need_tool
 from tests.integration.test_pipeline import Up, _config
-from tests.test_prometheus_rules import RULES, tool
+from tests.test_prometheus_rules import PROMETHEUS_HINT, RULES
 
 GROUPS = {"steadyrl-hardware", "steadyrl-algorithm", "steadyrl-dataflow"}
 
@@ -34,7 +34,7 @@ class Prometheus:
         self.log_path = tmp_path / "prometheus.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [tool("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+            [need_tool("prometheus", PROMETHEUS_HINT), f"--config.file={tmp_path / 'prometheus.yml'}",
              f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.port}",
              "--log.level=warn"], stdout=self._log, stderr=subprocess.STDOUT)
 
@@ -80,7 +80,7 @@ class Prometheus:
 
 
 def test_prometheus_scrapes_the_tiny_pipeline_and_evaluates_the_rules(bootstrap, tmp_path):
-    tool("prometheus")
+    need_tool("prometheus", PROMETHEUS_HINT)
     # more steps than the test needs: the stack must outlive the scrapes; it is stopped below
     up = Up(bootstrap, tmp_path, _config(tmp_path, steps=400, eval_data=None))
     prom = None
