@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 $(LIBS): broker/pom.xml
-	mvn -q -B -f broker/pom.xml dependency:copy-dependencies
+	mvn -q -B -Dstyle.color=never -f broker/pom.xml dependency:copy-dependencies
 	touch $@
 
 run: setup

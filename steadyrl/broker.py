@@ -47,7 +47,8 @@ def fetch(quiet: bool = True) -> Path:
     libs = libs_dir()
     if any(libs.glob("kafka_2.13-*.jar")) and any(libs.glob("log4j-slf4j-impl-*.jar")):
         return libs
-    cmd = ["mvn", "-B", "-f", str(BROKER_DIR / "pom.xml"), "dependency:copy-dependencies",
+    # -B: no prompts, no download progress; -Dstyle.color=never: no ANSI colour codes in any case
+    cmd = ["mvn", "-B", "-Dstyle.color=never", "-f", str(BROKER_DIR / "pom.xml"), "dependency:copy-dependencies",
            f"-DoutputDirectory={libs}"]
     if quiet:
         cmd.insert(1, "-q")

@@ -1,6 +1,8 @@
-"""`steadyrl`: the command line for people (broker, topics, schemas, up, eval, score).
+"""`steadyrl`: the command line for people (`steadyrl --help` lists the commands).
 
-Heavy imports happen inside each command so `--help` is instant.
+Heavy imports happen inside each command so `--help` is instant. A command that cannot go on
+raises CliError; main() prints it as one `error: ...` line on stderr and exits 2 (a bad
+argument) or 1 (anything else), with no traceback.
 """
 
 from __future__ import annotations
@@ -20,12 +22,44 @@ SERVICE_PORTS = {"reward-server": 8390, "actor": 8100, "rollout": 8200, "reward"
 #: What `steadyrl up` runs, in start order: service -> module. `--scale` applies to rollout and reward.
 SERVICES = {"reward-server": "services.reward.server", "actor": "services.actor", "rollout": "services.rollout",
             "reward": "services.reward", "learner": "services.learner"}
-SCALABLE = ("rollout", "reward")
+#: The services `--scale` applies to, and the topic each consumes: its partitions bound N (an
+#: instance beyond them would get no partition).
+SCALE_INPUT = {"rollout": "rl.prompts", "reward": "rl.rollouts"}
+SCALABLE = tuple(SCALE_INPUT)
+#: How long the Kafka-facing commands wait for the broker to answer before giving up.
+BROKER_CHECK_S = 5.0
+
+
+class CliError(Exception):
+    """A command cannot go on: main() prints `error: <message>` on stderr and returns `code`
+    (2: a bad argument, 1: anything else)."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
 
 
 def _bootstrap(args) -> str | None:
     """`--bootstrap`, else STEADYRL_BOOTSTRAP, else None (use the local broker)."""
     return args.bootstrap or os.environ.get("STEADYRL_BOOTSTRAP") or None
+
+
+def _require_broker(bootstrap: str, timeout_s: float = BROKER_CHECK_S) -> None:
+    """Raise CliError (1) unless a Kafka broker answers a metadata request at `bootstrap`
+    within timeout_s.
+
+    Without this check a command's own clients retry for their whole timeout (up to a minute),
+    librdkafka printing a FAIL line to stderr for every connection attempt, and end in a
+    traceback. This client's librdkafka log is off (`log_level` 0): the one error line says it.
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        AdminClient({"bootstrap.servers": bootstrap, "log_level": 0}).list_topics(timeout=timeout_s)
+    except KafkaException:
+        raise CliError(f"cannot reach the Kafka broker at {bootstrap} (start one with `steadyrl broker start`, "
+                       f"or pass --bootstrap)") from None
 
 
 def _local_broker(args):
@@ -56,16 +90,22 @@ def cmd_broker(args) -> int:
 
 
 def cmd_topics(args) -> int:
+    from confluent_kafka import KafkaException
+
     from steadyrl.topics import create_topics, list_topics
 
     bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
-    if args.action == "create":
-        for name, what in create_topics(bootstrap, args.prefix).items():
-            print(f"{name}\t{what}")
-    else:
-        for row in list_topics(bootstrap, args.prefix):
-            print(f"{row['topic']}\t{'present' if row['present'] else 'MISSING'}\t"
-                  f"{row['partitions']}/{row['wanted']} partitions")
+    _require_broker(bootstrap)
+    try:
+        if args.action == "create":
+            for name, what in create_topics(bootstrap, args.prefix).items():
+                print(f"{name}\t{what}")
+        else:
+            for row in list_topics(bootstrap, args.prefix):
+                print(f"{row['topic']}\t{'present' if row['present'] else 'MISSING'}\t"
+                      f"{row['partitions']}/{row['wanted']} partitions")
+    except KafkaException as e:
+        raise CliError(f"topics {args.action} on {bootstrap}: {e}") from None
     return 0
 
 
@@ -87,13 +127,45 @@ def cmd_schemas(args) -> int:
 
 
 def _parse_scale(items: list[str]) -> dict[str, int]:
+    """`--scale SERVICE=N` items -> {service: N}. N is 1 up to the partitions of the topic the
+    service consumes (SCALE_INPUT, from schemas/topics.yaml). Raises CliError (2)."""
+    from steadyrl.topics import load_catalogue
+
     scale = {}
     for item in items:
-        name, _, n = item.partition("=")
-        if name not in SCALABLE or not n.isdigit() or int(n) < 1:
-            raise SystemExit(f"--scale wants SERVICE=N with SERVICE in {list(SCALABLE)}, got {item!r}")
+        name, eq, n = item.partition("=")
+        if name not in SCALABLE or not eq or not n.isdigit():
+            raise CliError(f"--scale {item}: want SERVICE=N with SERVICE one of {', '.join(SCALABLE)}", 2)
+        most = load_catalogue()[SCALE_INPUT[name]].partitions
+        if not 1 <= int(n) <= most:
+            raise CliError(f"--scale {item}: N must be 1..{most} ({SCALE_INPUT[name]} has {most} partitions; "
+                           f"an instance beyond them would get none)", 2)
         scale[name] = int(n)
     return scale
+
+
+def _check_up_args(args) -> dict[str, int]:
+    """`up`'s arguments, checked before anything starts; returns the scale. Raises CliError (2)."""
+    scale = _parse_scale(args.scale)
+    if args.config:
+        config = Path(args.config)
+        if not config.is_file():
+            raise CliError(f"--config {args.config}: {'not a file' if config.exists() else 'no such file'}", 2)
+    ports = [SERVICE_PORTS[svc] + i for svc in SERVICES for i in range(scale.get(svc, 1))]
+    low, high = min(ports) + args.port_offset, max(ports) + args.port_offset
+    if low < 1 or high > 65535:
+        raise CliError(f"--port-offset {args.port_offset}: the service ports would be {low}..{high}; "
+                       f"give {1 - min(ports)}..{65535 - max(ports)}", 2)
+    return scale
+
+
+def _readiness(ready: dict[str, bool]) -> str:
+    """The line `up` prints once the services had their time to get ready."""
+    late = [name for name, ok in ready.items() if not ok]
+    if not late:
+        return "stack up; Ctrl-C stops everything"
+    return (f"not ready yet: {', '.join(late)} (see their output above; they keep running and are restarted "
+            f"if they exit); Ctrl-C stops everything")
 
 
 class Progress:
@@ -134,7 +206,7 @@ def cmd_up(args) -> int:
     from steadyrl.supervisor import Child, Supervisor
     from steadyrl.topics import create_topics
 
-    scale = _parse_scale(args.scale)
+    scale = _check_up_args(args)
     bootstrap = _bootstrap(args)
     state = Path(args.state_dir)
     lb = None
@@ -146,6 +218,7 @@ def cmd_up(args) -> int:
         if not lb.start():
             print("a broker was already running there: using it, and leaving it running", flush=True)
             lb = None  # not ours to stop
+    _require_broker(bootstrap)
     print(f"broker {bootstrap}: topics {create_topics(bootstrap, args.prefix)}", flush=True)
     url = {svc: f"http://127.0.0.1:{SERVICE_PORTS[svc] + args.port_offset}" for svc in SERVICES}
     policies = str(state / "policies")
@@ -184,7 +257,7 @@ def cmd_up(args) -> int:
             print(f"{c.name}: {'ready' if ready[c.name] else 'NOT ready'} at {c.url}/readyz", flush=True)
         if args.exit_when_ready:
             return 0 if all(ready.values()) else 1
-        print("stack up; Ctrl-C stops everything", flush=True)
+        print(_readiness(ready), flush=True)
         sup.run_until_stopped(tick=progress.tick)
         if sup.failed:
             print(f"{sup.failed} cannot start (configuration error, see its output above); stopping the stack",
@@ -260,6 +333,7 @@ def cmd_quarantine(args) -> int:
             print(f"error: quarantine {args.action} needs a batch id (see `steadyrl quarantine list`)",
                   file=sys.stderr)
             return 2
+        _require_broker(bootstrap)
         try:
             e = decide(bootstrap, args.batch, QuarantineAction(args.action), args.note or "", args.prefix)
         except (QuarantineError, RuntimeError, KafkaException) as err:
@@ -267,11 +341,12 @@ def cmd_quarantine(args) -> int:
             return 1
         what = (f"{len(e.groups)} groups back on {args.prefix}rl.scored" if args.action == "release"
                 else "it will not be trained")
-        print(f"{args.action}d {args.batch}: {what}")
+        print(f"{'released' if args.action == 'release' else 'dropped'} {args.batch}: {what}")
         return 0
+    _require_broker(bootstrap)
     try:
         entries = read_quarantine(bootstrap, args.prefix)
-    except RuntimeError as err:
+    except (RuntimeError, KafkaException) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     fig = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
@@ -337,11 +412,14 @@ def cmd_replay(args) -> int:
                     else "")
             print(f"error: --rescore {args.rescore!r}: {e}{hint}", file=sys.stderr)
             return 2
+    from confluent_kafka import KafkaException
+
     bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
+    _require_broker(bootstrap)
     topic = f"{args.prefix}{args.topic}"
     try:
         window = rp.read_range(bootstrap, topic, times["--from"], times["--to"], timeout_s=args.timeout)
-    except RuntimeError as e:
+    except (RuntimeError, KafkaException) as e:
         print(f"error: --topic {topic}: {e}", file=sys.stderr)
         return 1
     rescored = None
@@ -374,8 +452,6 @@ def cmd_replay(args) -> int:
             pairs = [(r.group, r) for r in window.records]
         else:
             pairs = [(g, r) for g, r in zip(rescored.groups, window.records) if g is not None]
-        from confluent_kafka import KafkaException
-
         try:
             created = rp.ensure_topic(bootstrap, out_topic)
             n = rp.republish(bootstrap, out_topic, [g for g, _ in pairs], [r for _, r in pairs], source_topic=topic)
@@ -458,7 +534,7 @@ def cmd_score(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="steadyrl", description=__doc__)
+    p = argparse.ArgumentParser(prog="steadyrl")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp, broker_opts=False):
@@ -547,15 +623,30 @@ def build_parser() -> argparse.ArgumentParser:
                     help="added to every service's HTTP port (actor 8100, rollout 8200+i, reward 8300+i, "
                          "reward-server 8390, learner 8400)")
     sp.set_defaults(fn=cmd_up)
+    p.description = f"steadyrl: the command line for people ({', '.join(sub.choices)})."
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command. Exit status: the command's; 130 on Ctrl-C; 141 (as for SIGPIPE) when
+    stdout was closed early (`steadyrl ... | head`), quietly."""
     try:
-        return args.fn(args) or 0
+        try:
+            args = build_parser().parse_args(argv)
+            return args.fn(args) or 0
+        except CliError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return e.code
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not as a traceback at exit
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Nothing more can be said on stdout; point it at /dev/null so the interpreter's own
+        # flush at exit does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":
