@@ -54,6 +54,7 @@ def _stage(producer) -> Stage:
                input_contract=RolloutGroup, group_id="g", handle=lambda value, meta: [])
     real = (st.producer, st.consumer)
     st.producer, st.consumer = producer, _Consumer()
+    st._generation += 1  # what the discarded real producer reports (port 1 down) no longer counts
     for client in real:  # never connected (nothing listens on port 1)
         getattr(client, "close", lambda: None)()
     return st
@@ -119,10 +120,10 @@ def test_send_offsets_caught_by_a_broker_loss_is_wedged_a_grace_after_the_broker
 
     producer = Restarted(block=True)
     st = _stage(producer)
-    st._broker_lost.set()
-
     def broker_back():
-        time.sleep(1.0)
+        time.sleep(0.2)
+        st._broker_lost.set()  # every broker lost while the call is in flight
+        time.sleep(0.8)
         producer.answers = True
 
     threading.Thread(target=broker_back, daemon=True).start()
@@ -140,9 +141,42 @@ def test_the_producer_error_callback_flags_a_loss_of_every_broker_only():
     from confluent_kafka import KafkaError
 
     st = _stage(_Producer(block=False))
-    st._broker_lost.clear()  # the real producer _stage discarded may have reported port 1 down
-    cb = st._producer_config["error_cb"]
-    cb(KafkaError(KafkaError._TRANSPORT, "one connection refused"))
+    st._on_producer_error(KafkaError(KafkaError._TRANSPORT, "one connection refused"), st._generation)
     assert not st._broker_lost.is_set()
-    cb(KafkaError(KafkaError._ALL_BROKERS_DOWN, "2/2 brokers are down"))
+    st._on_producer_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "2/2 brokers are down"), st._generation - 1)
+    assert not st._broker_lost.is_set()  # a replaced producer's event
+    st._on_producer_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "2/2 brokers are down"), st._generation)
     assert st._broker_lost.is_set()
+
+
+def test_a_loss_noticed_during_the_transform_renews_the_producer_before_the_transaction(monkeypatch):
+    """Regression (review): the flag set by a poll inside the transform was checked only at the
+    next loop, so the transaction began on the stale producer and hung (then the process exited)."""
+    from confluent_kafka import TopicPartition
+
+    producer = _Producer(block=False)
+    st = _stage(producer)
+    st._broker_lost.set()
+    monkeypatch.setattr(st, "_renew_producer", lambda stop: producer.calls.append("renew") or True)
+    st._commit_transaction([], [TopicPartition("unit.rl.rollouts", 0, 5)])
+    assert producer.calls == ["renew", "begin", ("send_offsets", stage_mod.TXN_TIMEOUT_S), "commit"]
+
+
+def test_stopping_while_waiting_for_the_broker_commits_nothing(monkeypatch):
+    from confluent_kafka import TopicPartition
+
+    producer = _Producer(block=False)
+    st = _stage(producer)
+    st._broker_lost.set()
+    monkeypatch.setattr(st, "_renew_producer", lambda stop: False)
+    st._commit_transaction([], [TopicPartition("unit.rl.rollouts", 0, 5)])
+    assert producer.calls == []
+
+
+def test_not_ready_while_every_broker_is_lost():
+    st = _stage(_Producer(block=False))
+    st._broker_lost.set()
+    ok, why = st._check_broker()
+    assert not ok and "every broker was lost" in why
+    st._broker_lost.clear()
+    assert "every broker" not in st._check_broker()[1]

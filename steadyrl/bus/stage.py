@@ -147,7 +147,7 @@ class Stage:
                  batch_size: int = 16, batch_timeout_s: float = 0.5, health: Health | None = None,
                  stats_interval_s: float = 5.0, max_poll_interval_s: float = 300.0,
                  max_record_bytes: int | None = None, pause_after_s: float = 0.5):
-        from confluent_kafka import Consumer, Producer
+        from confluent_kafka import Consumer
 
         if (handle is None) == (handle_batch is None):
             raise ValueError("give exactly one of handle or handle_batch")
@@ -166,11 +166,13 @@ class Stage:
                                        max_poll_interval_s)
         txn_id = f"steadyrl-{name}-{instance_id}" if mode == "transactional" else None
         self._producer_config = producer_config(bootstrap, f"{client}-producer", txn_id, stats_interval_s)
-        # Set by the producer's error_cb when all its broker connections are down (see _renew_producer).
+        # Set by the current producer's error_cb when all its broker connections are down
+        # (see _renew_producer); _generation tells the current producer from replaced ones.
         self._broker_lost = threading.Event()
-        self._producer_config["error_cb"] = self._watching_broker(self._producer_config["error_cb"])
+        self._generation = 0
+        self._stop = threading.Event()  # run()'s, once running
         self.consumer = Consumer(consumer_cfg)
-        self.producer = Producer(self._producer_config)
+        self.producer = self._new_producer()
         self._stats_client = f"{client}-consumer"
         self._assigned: set[tuple[str, int]] = set()
         self._revoked_during_batch: set[tuple[str, int]] = set()
@@ -180,15 +182,25 @@ class Stage:
         self.health.add_check("assignment", self._check_assignment)
         self.health.add_check("broker", self._check_broker)
 
-    def _watching_broker(self, log_error):
-        from confluent_kafka import KafkaError
+    def _new_producer(self):
+        """A producer of `_producer_config` whose error_cb flags a loss of every broker, as long
+        as it is the current one (events of a replaced producer can still be served)."""
+        from confluent_kafka import Producer
+
+        self._generation += 1
+        generation, log_error = self._generation, self._producer_config["error_cb"]
 
         def error_cb(err) -> None:
             log_error(err)
-            if err.code() == KafkaError._ALL_BROKERS_DOWN:
-                self._broker_lost.set()
+            self._on_producer_error(err, generation)
 
-        return error_cb
+        return Producer({**self._producer_config, "error_cb": error_cb})
+
+    def _on_producer_error(self, err, generation: int) -> None:
+        from confluent_kafka import KafkaError
+
+        if err.code() == KafkaError._ALL_BROKERS_DOWN and generation == self._generation:
+            self._broker_lost.set()
 
     # ---- readiness -------------------------------------------------------------------
     def _check_assignment(self) -> tuple[bool, str]:
@@ -197,6 +209,9 @@ class Stage:
 
     def _check_broker(self) -> tuple[bool, str]:
         from steadyrl.bus.kafka import STATS
+
+        if self._broker_lost.is_set() and self.mode == "transactional":  # statistics freeze meanwhile
+            return False, "every broker was lost; the transactional producer is replaced once one answers"
 
         up = STATS.brokers_up(self._stats_client)
         if up is None:
@@ -224,6 +239,7 @@ class Stage:
         Raises confluent_kafka.KafkaException on a fatal producer error (the process should
         exit and be restarted; the next instance resumes from committed offsets).
         """
+        self._stop = stop
         if self.mode == "transactional":
             self.producer.init_transactions(60)
         self.consumer.subscribe([self.input_topic], on_assign=self._on_assign,
@@ -233,10 +249,10 @@ class Stage:
         try:
             while not stop.is_set():
                 self.health.beat()
+                self.producer.poll(0)  # serves error_cb first: a loss of every broker sets _broker_lost
                 if self._broker_lost.is_set() and self.mode == "transactional":
                     self._renew_producer(stop)
                     continue
-                self.producer.poll(0)
                 msgs = [m for m in self._next_batch() if self._usable(m)]
                 if msgs:
                     self._process(msgs)
@@ -252,31 +268,32 @@ class Stage:
         except KafkaException:
             return False
 
-    def _renew_producer(self, stop: threading.Event) -> None:
+    def _renew_producer(self, stop: threading.Event) -> bool:
         """Replace the transactional producer after every broker was lost; no transaction is open.
 
         Waits (still beating) until a broker answers a metadata request, then builds a producer
         with the same transactional.id: its init_transactions bumps the epoch, fencing the old
         one, whose coordinator state librdkafka would never refresh (#5511), so its next
-        send_offsets_to_transaction would hang (#5456). The consumer and its partitions stay.
+        send_offsets_to_transaction would hang (#5456). The consumer and its partitions stay
+        (unless the wait outlasts max.poll.interval.ms: the member then rejoins at the committed
+        offsets). Returns False when `stop` was set while waiting (nothing replaced).
         """
-        from confluent_kafka import Producer
-
         log.warning("every broker was lost; replacing the transactional producer once one answers",
                     extra={"stage": self.stage_id})
         t0 = time.monotonic()
         while not self._broker_answers():
             if stop.is_set():
-                return
+                return False
             self.health.beat()  # the consumer is not polled: a record it returned now would be skipped
             stop.wait(0.2)
-        old, self.producer = self.producer, Producer(self._producer_config)
-        self.producer.init_transactions(60)
-        del old  # destroyed here: no event of it can flag the new one after the clear below
+        old, self.producer = self.producer, self._new_producer()  # old events no longer count
         self._broker_lost.clear()
+        self.producer.init_transactions(60)  # fences the old one
+        del old
         RENEWALS.labels(self.name).inc()
         log.info("transactional producer replaced", extra={"stage": self.stage_id,
                                                            "waited_s": round(time.monotonic() - t0, 2)})
+        return True
 
     def _next_batch(self) -> list:
         """Up to batch_size records: whatever is already fetched, else wait for the first.
@@ -467,6 +484,10 @@ class Stage:
     def _commit_transaction(self, outputs, offsets) -> None:
         from confluent_kafka import KafkaException
 
+        # A loss noticed while the batch was transformed (the polls in _transform_while_polling
+        # serve error_cb too): replace the producer before this transaction, not after it hangs.
+        if self._broker_lost.is_set() and not self._renew_producer(self._stop):
+            return  # stopping: nothing committed, the batch is redone by whoever reads it next
         try:
             self.producer.begin_transaction()
             self._produce(outputs)
@@ -518,6 +539,7 @@ class Stage:
         deadline = t0 + TXN_TIMEOUT_S + TXN_GRACE_S
         while not done.wait(max(0.0, min(0.5, deadline - time.monotonic()))):
             self.producer.poll(0)  # serves error_cb: a loss of every broker sets _broker_lost
+            self.health.beat()
             now = time.monotonic()
             if now < deadline and self._broker_lost.is_set() and self._broker_answers():
                 deadline = min(deadline, now + TXN_GRACE_S)  # back after a loss: give it the grace only
