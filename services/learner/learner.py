@@ -183,6 +183,30 @@ def load_dataset(spec: str):
     return load_rows(spec)
 
 
+def topic_id(bootstrap: str, topic: str, health=None, timeout_s: float = 300.0) -> str:
+    """The topic id (KIP-516: a UUID the broker gives a topic when it is created) of `topic`.
+
+    Waits while the broker cannot be reached or the topic is not there yet (compose and
+    Kubernetes may start the learner first), beating `health` and logging each try. Raises
+    RuntimeError past timeout_s.
+    """
+    from confluent_kafka import KafkaException, TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return str(admin.describe_topics(TopicCollection([topic]), request_timeout=10)[topic].result().topic_id)
+        except KafkaException as e:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cannot describe topic {topic} at {bootstrap} within {timeout_s:g} s: {e}") from None
+            log.warning("waiting for the broker to describe the input topic", extra={"topic": topic, "error": str(e)})
+            if health is not None:
+                health.beat()
+            time.sleep(2)
+
+
 def spread(rows: list, limit: int) -> list:
     """`limit` rows evenly spread over `rows` (all when limit is 0 or larger)."""
     if not limit or limit >= len(rows):
@@ -268,6 +292,11 @@ class Learner:
         lc = self.lc
         self.topics = {t: topic_name(t, cfg.topic_prefix) for t in ("rl.prompts", "rl.scored", "rl.policy", "rl.dlq",
                                                                       "rl.quarantine")}
+        # What a run cannot change on resume: the learner section's fingerprint, and the topics
+        # its offsets point into (the id of rl.scored differs between prefixes, clusters and
+        # every re-creation of the topic). Asked first: a broker not up yet costs no model load.
+        self.fingerprint = {**lc.fingerprint(), "topic_prefix": cfg.topic_prefix,
+                            "scored_topic_id": topic_id(cfg.bootstrap, self.topics["rl.scored"], health)}
         self.rows = load_dataset(lc.data)
         if len(self.rows) < lc.prompts_per_step:
             raise ValueError(f"learner.data has {len(self.rows)} rows < prompts_per_step {lc.prompts_per_step}")
@@ -282,10 +311,6 @@ class Learner:
         self.producer = Producer(producer_config(cfg.bootstrap, f"learner-{cfg.instance_id}", None,
                                                  cfg.metrics_interval))
         self._delivery_errors: list[str] = []
-        # What a run cannot change on resume: the learner section's fingerprint, and where its
-        # offsets point (another topic prefix or cluster has other offsets).
-        self.fingerprint = {**lc.fingerprint(), "topic_prefix": cfg.topic_prefix,
-                            "kafka_cluster_id": self.producer.list_topics(timeout=60).cluster_id}
         self.state = self._open_run()
         self.run_dir = lc.state_dir / self.state.run_id
         if self.state.fed < 0:  # a state written before the prompt gate: every prompt pulled was published
@@ -328,32 +353,54 @@ class Learner:
     # ---- run state ----------------------------------------------------------------------
     def _open_run(self) -> RunState:
         from steadyrl import checkpoint as ck
+        from steadyrl.config import ConfigError
 
         current, want = self.lc.state_dir / "CURRENT", self.fingerprint
-        if self.lc.resume not in ("auto", "never"):  # an explicit checkpoint: it must verify
-            ck.verify(Path(self.lc.resume), want)
-            st = self._restore(Path(self.lc.resume))
+        if self.lc.resume not in ("auto", "never"):  # an explicit checkpoint: it must verify (else exit 2)
+            path = Path(self.lc.resume)
+            try:
+                recorded = ck.verify(path).get("config", {})
+            except ck.CheckpointError as e:
+                raise ConfigError(f"learner.resume: {e}") from None
+            for k, v in self._recorded(want, recorded, str(path)).items():
+                if recorded[k] != v:
+                    raise ConfigError(f"learner.resume: {path}: {k} mismatch: expected {v!r}, got {recorded[k]!r}")
+            st = self._restore(path)
+            st.config = want
             write_atomic(current, st.run_id + "\n")
             return st
         if self.lc.resume == "auto" and current.exists():
             path = self.lc.state_dir / current.read_text().strip() / "state.json"
-            if path.exists():
-                st = RunState(**json.loads(path.read_text()))
-                changed = {k: f"{st.config.get(k)!r} -> {v!r}" for k, v in want.items() if st.config.get(k) != v}
-                if not st.finished and changed:
+            st = RunState(**json.loads(path.read_text())) if path.exists() else None
+            if st is not None and not st.finished:
+                check = self._recorded(want, st.config, st.run_id)
+                changed = {k: f"{st.config.get(k)!r} -> {v!r}" for k, v in check.items() if st.config.get(k) != v}
+                if changed:
                     log.warning("not resuming the unfinished run: its configuration differs; starting a new run",
                                 extra={"run_id": st.run_id, "step": st.step, "changed": changed})
-                elif not st.finished:
-                    found = ck.latest_valid(path.parent / "checkpoints", want)  # raises if all are broken
+                else:
+                    found = ck.latest_valid(path.parent / "checkpoints", check)  # raises if all are broken
                     if found is not None:
-                        return self._restore(found)  # latest_valid verified it
-                    self._restore_weights(st)
-                    log.warning("resuming run without a checkpoint yet", extra={
-                        "run_id": st.run_id, "step": st.step, "note": "optimizer moments restart from zero"})
+                        st = self._restore(found)  # latest_valid verified it
+                    else:
+                        self._restore_weights(st)
+                        log.warning("resuming run without a checkpoint yet", extra={
+                            "run_id": st.run_id, "step": st.step, "note": "optimizer moments restart from zero"})
+                    st.config = want  # records now what an older version did not
                     return st
         st = RunState(run_id=new_run_id(), config=want)
         write_atomic(current, st.run_id + "\n")
         return st
+
+    @staticmethod
+    def _recorded(want: dict, recorded: dict, what: str) -> dict:
+        """`want` without the keys `recorded` lacks: a run or checkpoint written before a key
+        joined the fingerprint resumes (with a warning) instead of being abandoned."""
+        missing = sorted(k for k in want if k not in recorded)
+        if missing:
+            log.warning("saved by an older version: these were not recorded, so not checked",
+                        extra={"run": what, "not_recorded": missing})
+        return {k: v for k, v in want.items() if k in recorded}
 
     def _restore(self, path: Path) -> RunState:
         """Weights, optimizer, LR schedule, RNG and learner state of a verified checkpoint."""
