@@ -88,12 +88,15 @@ S = TypeVar("S", bound=ServiceConfig)
 
 
 def _shown_input(err: dict) -> str:
-    """` (got <value>)` for a config error, except where the value may be a secret: an unknown
-    key (a misspelt secret's name) or a field named like a secret, token, key or URL."""
+    """` (got <value>)` for a config error, except where the value may be a secret (an unknown
+    key, i.e. a misspelt secret's name, or a field named like a secret, token, key or URL) and
+    for a whole section (a check across fields: its message names them). At most 200 characters."""
     name = str(err["loc"][-1]).lower() if err["loc"] else ""
-    if err["type"] == "extra_forbidden" or re.search(r"secret|token|passw|key|url", name):
+    value = err.get("input")
+    if err["type"] == "extra_forbidden" or re.search(r"secret|token|passw|key|url", name) or isinstance(value, dict):
         return ""
-    return f" (got {err.get('input')!r})"
+    shown = repr(value)
+    return f" (got {shown if len(shown) <= 200 else shown[:197] + '...'})"
 
 
 def load(cls: type[S], argv: list[str] | None = None, prog: str | None = None) -> S:

@@ -2,7 +2,7 @@ import subprocess
 import sys
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from steadyrl.config import ConfigError, ServiceConfig, load
 from tests.helpers import ROOT
@@ -35,6 +35,34 @@ def test_bad_value_names_the_field():
     with pytest.raises(ConfigError) as exc:
         load(Cfg, ["--svc.batch-size", "0"])
     assert "svc.batch_size" in str(exc.value) and "greater than or equal to 1" in str(exc.value)
+
+
+class Checked(BaseModel):
+    low: int = 1
+    high: int = 2
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.high < self.low:
+            raise ValueError(f"high {self.high} < low {self.low}")
+        return self
+
+
+class CheckedCfg(ServiceConfig):
+    svc: Checked = Checked()
+
+
+def test_a_check_across_fields_names_them_without_dumping_the_section():
+    with pytest.raises(ConfigError) as exc:
+        load(CheckedCfg, ["--svc.low", "5"])
+    assert "svc: Value error, high 2 < low 5" in str(exc.value) and "got" not in str(exc.value)
+
+
+def test_a_long_value_is_cut_to_200_characters():
+    with pytest.raises(ConfigError) as exc:
+        load(Cfg, ["--svc.batch-size", "x" * 1000])
+    line = str(exc.value).splitlines()[-1]
+    assert "(got 'xxx" in line and line.endswith("...)") and len(line) < 320
 
 
 def test_unknown_yaml_key_names_it(tmp_path):
