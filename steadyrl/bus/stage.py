@@ -69,6 +69,9 @@ RENEWALS = Counter("steadyrl_stage_producer_renewals", "Transactional producers 
 TXN_TIMEOUT_S = 30.0
 TXN_GRACE_S = 5.0
 
+#: After the first record of a batch, how long to wait for more before starting (seconds).
+FILL_WAIT_S = 0.005
+
 
 class ProducerWedged(RuntimeError):
     """A transactional producer call did not return by its deadline: the process must exit."""
@@ -296,16 +299,20 @@ class Stage:
         return True
 
     def _next_batch(self) -> list:
-        """Up to batch_size records: whatever is already fetched, else wait for the first.
+        """Up to batch_size records: whatever is already fetched, else wait for the first; then,
+        when the batch is not full, at most FILL_WAIT_S more for the rest.
 
-        Never waits for a batch to fill, so latency at low rates is one transaction, and
-        batches grow by themselves under load.
+        Never waits longer for a batch to fill, so latency at low rates is about one
+        transaction, and batches grow by themselves under load.
         """
         msgs = self.consumer.consume(self.batch_size, timeout=0)
         if not msgs:
             msgs = self.consumer.consume(1, timeout=self.batch_timeout_s)
-            if msgs and self.batch_size > 1:
-                msgs += self.consumer.consume(self.batch_size - 1, timeout=0)
+        if msgs and len(msgs) < self.batch_size:
+            # Records one producer flushed together (a learner step's prompts, a transaction's
+            # rollouts) often come in two fetches: a moment for the second makes one batch, one
+            # actor call and one transaction of them instead of two.
+            msgs += self.consumer.consume(self.batch_size - len(msgs), timeout=FILL_WAIT_S)
         return msgs
 
     def _usable(self, m) -> bool:
