@@ -57,6 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from steadyrl.broker import LocalBroker, fetch  # noqa: E402
+from steadyrl.bus.kafka import read_topic  # noqa: E402
 from steadyrl.cli import SERVICE_PORTS  # noqa: E402
 
 KINDS = ("reward-server", "actor", "rollout", "reward", "learner")
@@ -403,35 +404,6 @@ def make_schedule(seed: int, kills: int, steps: int, scale: dict[str, int], orde
 
 # ---- the audit --------------------------------------------------------------------------------
 
-def read_topic(bootstrap: str, topic: str, timeout_s: float = 120.0) -> list:
-    """Every committed record of `topic` (read_committed, from the start, to the end)."""
-    import uuid
-
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-audit-{uuid.uuid4().hex}",
-                  "isolation.level": "read_committed", "enable.auto.commit": False,
-                  "auto.offset.reset": "earliest", "enable.partition.eof": True,
-                  "fetch.max.bytes": 33554432, "max.partition.fetch.bytes": 16777216,
-                  "receive.message.max.bytes": 34603008})
-    try:
-        parts = c.list_topics(topic, timeout=30).topics[topic].partitions
-        c.assign([TopicPartition(topic, p, 0) for p in parts])
-        left, out = set(parts), []
-        deadline = time.monotonic() + timeout_s
-        while left and time.monotonic() < deadline:
-            for m in c.consume(500, timeout=0.5):
-                if m.error() is None:
-                    out.append(m)
-                elif m.error().code() == KafkaError._PARTITION_EOF:
-                    left.discard(m.partition())
-        if left:
-            raise RuntimeError(f"{topic}: partitions {sorted(left)} not read to their end in {timeout_s:.0f} s")
-        return out
-    finally:
-        c.close()
-
-
 def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dict[int, int]:
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
     from confluent_kafka.admin import AdminClient
@@ -467,7 +439,7 @@ def audit(bootstrap: str, prefix: str, state_dir: Path, steps: int, batch: int) 
     state = json.loads((run_dir / "state.json").read_text())
     consumed = [json.loads(line) for line in (run_dir / "consumed.jsonl").read_text().splitlines()]
     topic = {t: f"{prefix}{t}" for t in ("rl.prompts", "rl.rollouts", "rl.scored", "rl.dlq")}
-    raw = {t: read_topic(bootstrap, name) for t, name in topic.items()}
+    raw = {t: read_topic(bootstrap, name, "chaos-audit", 120.0) for t, name in topic.items()}
     prompts = [(m, codec.decode(m.value(), m.headers(), Prompt)) for m in raw["rl.prompts"]]
     rollouts = [(m, codec.decode(m.value(), m.headers(), RolloutGroup)) for m in raw["rl.rollouts"]]
     scored = [(m, codec.decode(m.value(), m.headers(), ScoredGroup)) for m in raw["rl.scored"]]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, Field
 
 from steadyrl.broker import PROJECT_ROOT
+
+log = logging.getLogger(__name__)
 
 CATALOGUE_PATH = PROJECT_ROOT / "schemas" / "topics.yaml"
 
@@ -94,3 +98,27 @@ def list_topics(bootstrap: str, prefix: str = "", timeout_s: float = 10.0) -> li
         rows.append({"topic": name, "present": t is not None,
                      "partitions": len(t.partitions) if t else 0, "wanted": spec.partitions})
     return rows
+
+
+def topic_id(bootstrap: str, topic: str, health=None, timeout_s: float = 300.0) -> str:
+    """The topic id (KIP-516: a UUID the broker gives a topic when it is created) of `topic`.
+
+    Waits while the broker cannot be reached or the topic is not there yet (compose and
+    Kubernetes may start the learner first), beating `health` and logging each try. Raises
+    RuntimeError past timeout_s.
+    """
+    from confluent_kafka import KafkaException, TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return str(admin.describe_topics(TopicCollection([topic]), request_timeout=10)[topic].result().topic_id)
+        except KafkaException as e:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cannot describe topic {topic} at {bootstrap} within {timeout_s:g} s: {e}") from None
+            log.warning("waiting for the broker to describe the input topic", extra={"topic": topic, "error": str(e)})
+            if health is not None:
+                health.beat()
+            time.sleep(2)

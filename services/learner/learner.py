@@ -183,30 +183,6 @@ def load_dataset(spec: str):
     return load_rows(spec)
 
 
-def topic_id(bootstrap: str, topic: str, health=None, timeout_s: float = 300.0) -> str:
-    """The topic id (KIP-516: a UUID the broker gives a topic when it is created) of `topic`.
-
-    Waits while the broker cannot be reached or the topic is not there yet (compose and
-    Kubernetes may start the learner first), beating `health` and logging each try. Raises
-    RuntimeError past timeout_s.
-    """
-    from confluent_kafka import KafkaException, TopicCollection
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return str(admin.describe_topics(TopicCollection([topic]), request_timeout=10)[topic].result().topic_id)
-        except KafkaException as e:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"cannot describe topic {topic} at {bootstrap} within {timeout_s:g} s: {e}") from None
-            log.warning("waiting for the broker to describe the input topic", extra={"topic": topic, "error": str(e)})
-            if health is not None:
-                health.beat()
-            time.sleep(2)
-
-
 def spread(rows: list, limit: int) -> list:
     """`limit` rows evenly spread over `rows` (all when limit is 0 or larger)."""
     if not limit or limit >= len(rows):
@@ -286,7 +262,7 @@ class Learner:
         from steadyrl.bus.kafka import producer_config
         from steadyrl.models import load_policy
         from steadyrl.rl.trainer import Trainer
-        from steadyrl.topics import topic_name
+        from steadyrl.topics import topic_id, topic_name
 
         self.cfg, self.lc, self.health = cfg, cfg.learner, health
         lc = self.lc

@@ -75,22 +75,11 @@ def read_quarantine(bootstrap: str, prefix: str = "", timeout_s: float = 60.0) -
     are skipped. Raises RuntimeError when the topic is missing or cannot be read to its end
     within timeout_s.
     """
-    from confluent_kafka import Consumer, TopicPartition
+    from steadyrl.bus.kafka import read_topic
 
-    from steadyrl.bus.kafka import read_ranges, reader_config, retrying
-
-    topic = f"{prefix}rl.quarantine"
-    c = Consumer(reader_config(bootstrap, "quarantine-cli"))
     entries: dict[str, Entry] = {}
-    try:
-        md = c.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if md is None or md.error is not None:
-            raise RuntimeError(f"topic {topic} not found (run `steadyrl topics create`)")
-        ranges = {p: retrying(c.get_watermark_offsets, TopicPartition(topic, p), timeout_s) for p in md.partitions}
-        for m in read_ranges(c, topic, ranges, timeout_s):
-            _add(entries, m)
-    finally:
-        c.close()
+    for m in read_topic(bootstrap, f"{prefix}rl.quarantine", "quarantine-cli", timeout_s):
+        _add(entries, m)
     return entries
 
 

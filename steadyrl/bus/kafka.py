@@ -252,3 +252,24 @@ def read_ranges(consumer, topic: str, ranges: dict[int, tuple[int, int]], timeou
         if done:
             consumer.pause(done)
             pending -= {tp.partition for tp in done}
+
+
+def read_topic(bootstrap: str, topic: str, client: str, timeout_s: float = 60.0) -> list:
+    """Every committed message of `topic` still kept: each partition from its low watermark to
+    the end offset seen at the call (read_committed, see read_ranges), in offset order per
+    partition. `client` names the reader (its group id is `client-<random hex>`).
+
+    Raises:
+        RuntimeError: the topic does not exist, or it was not read to its end within timeout_s.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(reader_config(bootstrap, client))
+    try:
+        md = c.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if md is None or md.error is not None:
+            raise RuntimeError(f"topic {topic} not found (run `steadyrl topics create`)")
+        ranges = {p: retrying(c.get_watermark_offsets, TopicPartition(topic, p), timeout_s) for p in md.partitions}
+        return list(read_ranges(c, topic, ranges, timeout_s))
+    finally:
+        c.close()

@@ -1,12 +1,11 @@
-"""services.learner.learner.topic_id against the real broker: the identity a run's offsets are
+"""steadyrl.topics.topic_id against the real broker: the identity a run's offsets are
 checked against on resume."""
 
 import time
 
 import pytest
 
-from services.learner.learner import topic_id
-from steadyrl.topics import create_topics
+from steadyrl.topics import create_topics, topic_id
 from tests.helpers import unique_prefix
 
 
