@@ -319,12 +319,12 @@ def cmd_ckpt(args) -> int:
 
 
 def cmd_quarantine(args) -> int:
-    """list | show | release | drop batches on rl.quarantine (services/learner/quarantine.py)."""
+    """list | show | release | drop batches on rl.quarantine (steadyrl/quarantine.py)."""
     from datetime import datetime, timezone
 
     from confluent_kafka import KafkaException
 
-    from services.learner.quarantine import QuarantineError, decide, read_quarantine
+    from steadyrl.quarantine import QuarantineError, decide, read_quarantine
     from steadyrl.contracts import QuarantineAction
 
     bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
@@ -401,7 +401,7 @@ def cmd_replay(args) -> int:
         return 2
     scorer = None
     if args.rescore:
-        from services.reward.scorers import build_scorer
+        from steadyrl.scorers import build_scorer
 
         try:
             scorer = build_scorer(args.rescore)
@@ -424,7 +424,7 @@ def cmd_replay(args) -> int:
         return 1
     rescored = None
     if scorer is not None:
-        from services.reward.scorers import ScorerError
+        from steadyrl.scorers import ScorerError
 
         try:
             rescored = rp.rescore([r.group for r in window.records], scorer)

@@ -109,6 +109,11 @@ class RolloutGroup(Contract):
     def prompt_id(self) -> str:
         return self.prompt.prompt_id
 
+    def prompt_text(self) -> str:
+        """The text the group's prompt is matched and scored on: its last user message."""
+        users = [m.content for m in self.prompt.messages if m.role == "user"]
+        return users[-1] if users else self.prompt.messages[-1].content
+
 
 class RewardSource(str, Enum):
     """Where a reward came from."""

@@ -16,7 +16,7 @@ statistic and p-value (scipy `ks_2samp`, two-sided), mean, std (population) and 
 changes:
 
 - `--rescore SPEC`: the recorded rewards against the same samples scored again in-process by
-  `services.reward.scorers.build_scorer(SPEC)` (a rule, `module:function`, `rm:<dir>`,
+  `steadyrl.scorers.build_scorer(SPEC)` (a rule, `module:function`, `rm:<dir>`,
   `embedding:all-minilm-l6-v2`), with the N largest per-sample changes and the mean change
   per recorded scorer. Answers "would another scorer have given these samples other rewards?".
 - no `--rescore`: the window's first half against its second half, in time order (split at
@@ -209,15 +209,14 @@ def rescore(groups: Sequence[ScoredGroup], scorer, rule_version: str = "1", batc
 
     Raises:
         ValueError / OSError: the spec cannot be built or its model loaded.
-        services.reward.scorers.ScorerError: a model scorer failed on a batch.
+        steadyrl.scorers.ScorerError: a model scorer failed on a batch.
     """
-    from services.reward.client import prompt_text
-    from services.reward.scorers import build_scorer
+    from steadyrl.scorers import build_scorer
 
     if isinstance(scorer, str):
         scorer = build_scorer(scorer, rule_version, batch_size)
     scorer.load()
-    items = [_Item(g.group.prompt.data_source, prompt_text(g.group), s.text, g.group.prompt.ground_truth,
+    items = [_Item(g.group.prompt.data_source, g.group.prompt_text(), s.text, g.group.prompt.ground_truth,
                    g.group.prompt.extra_info) for g in groups for s in g.group.samples]
     results = scorer.score(items) if items else []
     out: list[ScoredGroup | None] = []

@@ -610,7 +610,7 @@ class Learner:
                               f"went to rl.dlq; last: {why}")
 
     def _accept(self, msg) -> None:
-        from services.learner.quarantine import RELEASE_HEADER
+        from steadyrl.quarantine import RELEASE_HEADER
         from steadyrl import codec
         from steadyrl.contracts import ScoredGroup
 
@@ -729,8 +729,8 @@ class Learner:
     def quarantine(self, pids: list[str], rules: list[str], figures: dict) -> str:
         """Write the groups of `pids` (in _ready) to rl.quarantine, one record each, and take
         them out of the run; the feeder publishes other prompts in their place. Returns the
-        batch id (services/learner/quarantine.py)."""
-        from services.learner.quarantine import batch_id as make_batch_id
+        batch id (steadyrl/quarantine.py)."""
+        from steadyrl.quarantine import batch_id as make_batch_id
         from steadyrl.contracts import QuarantinedGroup
 
         st = self.state

@@ -63,12 +63,6 @@ def _answer_key(g: RolloutGroup) -> tuple:
     return (g.prompt.data_source, g.prompt.ground_truth)
 
 
-def prompt_text(g: RolloutGroup) -> str:
-    """The text a group's prompt is matched and scored on: its last user message."""
-    users = [m.content for m in g.prompt.messages if m.role == "user"]
-    return users[-1] if users else g.prompt.messages[-1].content
-
-
 @dataclass
 class Scores:
     """Rewards of one group: (n,) floats, the scorer id, where they came from, per-sample extras,
@@ -171,14 +165,14 @@ class RewardClient:
                 self.breaker.record_success()
                 if self.cache is not None:
                     for g, s in zip(groups, result):
-                        self.cache.add(g.prompt_id, prompt_text(g), [x.text for x in g.samples], s.rewards,
+                        self.cache.add(g.prompt_id, g.prompt_text(), [x.text for x in g.samples], s.rewards,
                                        s.scorer, _answer_key(g))
                     CACHE_SIZE.set(len(self.cache))
                 return result
         return [self._from_cache(g) for g in groups]
 
     def _from_cache(self, g: RolloutGroup) -> Scores | RetryLater:
-        hit = (self.cache.lookup(prompt_text(g), [s.text for s in g.samples], _answer_key(g))
+        hit = (self.cache.lookup(g.prompt_text(), [s.text for s in g.samples], _answer_key(g))
                if self.cache is not None else None)
         if hit is None:
             FALLBACK.labels("held").inc()
@@ -192,7 +186,7 @@ class RewardClient:
 
     def _call(self, groups: list[RolloutGroup]) -> list[Scores]:
         """One POST /score. Raises RetryLater (server's fault) or ValueError (the request's)."""
-        items = [{"data_source": g.prompt.data_source, "prompt": prompt_text(g), "response": s.text,
+        items = [{"data_source": g.prompt.data_source, "prompt": g.prompt_text(), "response": s.text,
                   "ground_truth": g.prompt.ground_truth, "extra_info": g.prompt.extra_info}
                  for g in groups for s in g.samples]
         body = {"scorer": self.scorer, "items": items}

@@ -6,7 +6,7 @@
       -> {"scorer": "rule:numeric_match@1", "reward_source": "rule",
           "scores": [{"reward": 1.0, "extra": {}}, ...]}
 
-Scorers are named by their spec (`reward_server.scorers`; `services.reward.scorers` lists
+Scorers are named by their spec (`reward_server.scorers`; `steadyrl.scorers` lists
 them: rules, `rm:<dir>` reward models, `embedding:all-minilm-l6-v2`); model scorers answer
 `reward_source: "model"` and score a request in batches of `batch_size` items.
 
@@ -90,7 +90,7 @@ class RewardServer:
     """
 
     def __init__(self, section: RewardServerSection):
-        from services.reward.scorers import build_scorer
+        from steadyrl.scorers import build_scorer
 
         self.section = section
         self.scorers = {spec: build_scorer(spec, section.scorer_version, section.batch_size)
@@ -117,7 +117,7 @@ class RewardServer:
 
     def score(self, req: ScoreRequest) -> dict:
         """Score every item. Raises HTTPException 404/422/503/500 (see module doc)."""
-        from services.reward.scorers import ScorerError
+        from steadyrl.scorers import ScorerError
 
         name = req.scorer or self.section.default_scorer
         scorer = self.scorers.get(name)

@@ -17,7 +17,7 @@ import yaml
 
 from steadyrl import codec
 from steadyrl.contracts import Prompt, ScoredGroup
-from services.learner.quarantine import read_quarantine
+from steadyrl.quarantine import read_quarantine
 from tests.helpers import ROOT, read_all, unique_prefix
 
 TINY = ROOT / "configs" / "tiny.yaml"

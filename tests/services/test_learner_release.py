@@ -3,7 +3,7 @@ a held group read again after a restart stays held; only a copy that
 `steadyrl quarantine release` marked is trained, once."""
 
 from services.learner.learner import Learner, RunState
-from services.learner.quarantine import RELEASE_HEADER, batch_id
+from steadyrl.quarantine import RELEASE_HEADER, batch_id
 from steadyrl import codec
 from steadyrl.contracts import Prompt, RewardSource, RolloutGroup, Sample, ScoredGroup
 
