@@ -97,7 +97,7 @@ def test_stack_up_only_when_every_service_is_ready():
 @pytest.mark.parametrize("action, says", [("release", "released b1: 2 groups back on p.rl.scored"),
                                           ("drop", "dropped b1: it will not be trained")])
 def test_quarantine_decision_says_released_or_dropped(monkeypatch, capsys, action, says):
-    from services.learner import quarantine
+    from steadyrl import quarantine
 
     seen = {}
 
