@@ -499,37 +499,37 @@ def cmd_eval(args) -> int:
 
 
 def cmd_score(args) -> int:
-    """One item through a reward server scorer, in-process: prints `reward  scorer-id  [extra]`.
+    """One item through a reward server scorer (steadyrl.scorers), in-process: prints
+    `reward  scorer-id  [extra]`.
 
     Exit status 2 for a scorer that cannot be built or loaded, 1 when it cannot score the item."""
-    import logging
+    from types import SimpleNamespace
 
-    from fastapi import HTTPException
-    from transformers.utils import logging as hf_logging
+    from steadyrl.contracts import RewardSource
+    from steadyrl.scorers import ScorerError, build_scorer
 
-    from services.reward.server import RewardServer, RewardServerSection, ScoreItem, ScoreRequest
-
-    hf_logging.disable_progress_bar()
-    logging.getLogger("steadyrl.reward_server").setLevel(logging.ERROR)  # an item's error is printed below
     try:
-        server = RewardServer(RewardServerSection(scorers=[args.scorer], default_scorer=args.scorer))
-        server.load()
+        scorer = build_scorer(args.scorer)
+        if scorer.source is RewardSource.model:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        scorer.load()
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    item = ScoreItem(prompt=args.prompt, response=args.response, ground_truth=args.ground_truth,
-                     data_source=args.data_source)
+    item = SimpleNamespace(data_source=args.data_source, prompt=args.prompt, response=args.response,
+                           ground_truth=args.ground_truth, extra_info={})
     try:
-        out = server.score(ScoreRequest(items=[item]))
-    except HTTPException as e:
-        print(f"error: {e.detail}", file=sys.stderr)
+        result = scorer.score([item])[0]
+    except ScorerError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 1
-    result = out["scores"][0]
     if result["reward"] is None:
         print(f"error: {result['error']}", file=sys.stderr)
         return 1
     extra = f"  {json.dumps(result['extra'])}" if result["extra"] else ""
-    print(f"{round(result['reward'], 6)}  {out['scorer']}{extra}")
+    print(f"{round(result['reward'], 6)}  {scorer.id}{extra}")
     return 0
 
 
