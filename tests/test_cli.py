@@ -98,6 +98,7 @@ def test_stack_up_only_when_every_service_is_ready():
                                           ("drop", "dropped b1: it will not be trained")])
 def test_quarantine_decision_says_released_or_dropped(monkeypatch, capsys, action, says):
     from steadyrl import quarantine
+    from steadyrl.cli import quarantine as quarantine_cmd
 
     seen = {}
 
@@ -106,7 +107,7 @@ def test_quarantine_decision_says_released_or_dropped(monkeypatch, capsys, actio
         return SimpleNamespace(groups={0: None, 1: None})
 
     monkeypatch.setattr(quarantine, "decide", decide)
-    monkeypatch.setattr(cli, "_require_broker", lambda bootstrap: None)
+    monkeypatch.setattr(quarantine_cmd, "_require_broker", lambda bootstrap: None)  # where the command looks it up
     assert cli.main(["quarantine", action, "b1", "--note", "why", "--prefix", "p.", "--bootstrap", "h:9"]) == 0
     assert capsys.readouterr().out == says + "\n"
     assert seen == {"bootstrap": "h:9", "batch": "b1", "action": action, "note": "why", "prefix": "p."}

@@ -1,0 +1,81 @@
+"""`steadyrl broker`, `topics` and `schemas`: the local broker, the topic catalogue, the JSON Schemas."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from steadyrl.cli.common import LOCAL_BOOTSTRAP, CliError, _bootstrap, _local_broker, _require_broker, add_common_options
+
+
+def cmd_broker(args) -> int:
+    from steadyrl import broker as b
+
+    if args.action == "fetch":
+        print(b.fetch())
+        return 0
+    lb = _local_broker(args)
+    if args.action == "start":
+        b.fetch()
+        lb.start()
+        print(json.dumps(lb.status()))
+    elif args.action == "stop":
+        print("stopped" if lb.stop() else "not running")
+    else:
+        st = lb.status()
+        print(json.dumps(st))
+        return 0 if st["running"] else 3
+    return 0
+
+
+def cmd_topics(args) -> int:
+    from confluent_kafka import KafkaException
+
+    from steadyrl.topics import create_topics, list_topics
+
+    bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
+    _require_broker(bootstrap)
+    try:
+        if args.action == "create":
+            for name, what in create_topics(bootstrap, args.prefix).items():
+                print(f"{name}\t{what}")
+        else:
+            for row in list_topics(bootstrap, args.prefix):
+                print(f"{row['topic']}\t{'present' if row['present'] else 'MISSING'}\t"
+                      f"{row['partitions']}/{row['wanted']} partitions")
+    except KafkaException as e:
+        raise CliError(f"topics {args.action} on {bootstrap}: {e}") from None
+    return 0
+
+
+def cmd_schemas(args) -> int:
+    from steadyrl.schemas import check_schemas, export_schemas
+
+    if args.action == "export":
+        for p in export_schemas():
+            print(p)
+        return 0
+    from steadyrl.contracts import ALL_CONTRACTS
+
+    problems = check_schemas()
+    for p in problems:
+        print(p, file=sys.stderr)
+    if not problems:
+        print(f"{len(ALL_CONTRACTS)} schemas in schemas/ agree with the models")
+    return 1 if problems else 0
+
+
+def add_parsers(sub) -> None:
+    sp = sub.add_parser("broker", help="the local single-node Kafka broker")
+    sp.add_argument("action", choices=["fetch", "start", "stop", "status"])
+    add_common_options(sp, broker_opts=True)
+    sp.set_defaults(fn=cmd_broker)
+
+    sp = sub.add_parser("topics", help="create or list the catalogue's topics")
+    sp.add_argument("action", choices=["create", "list"])
+    add_common_options(sp)
+    sp.set_defaults(fn=cmd_topics)
+
+    sp = sub.add_parser("schemas", help="export or check the JSON Schemas in schemas/")
+    sp.add_argument("action", choices=["export", "check"])
+    sp.set_defaults(fn=cmd_schemas)

@@ -1,0 +1,58 @@
+"""`steadyrl ckpt list|verify`: learner checkpoints (steadyrl.checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def cmd_ckpt(args) -> int:
+    """list: every checkpoint of a checkpoints folder with its state. verify: a step folder,
+    or every checkpoint of a checkpoints folder, and which one a resume would use. Both exit
+    1 when any checkpoint is broken (or there is none)."""
+    from steadyrl import checkpoint as ck
+
+    root = Path(args.dir)
+    if not root.is_dir():
+        print(f"error: {root}: no such folder", file=sys.stderr)
+        return 1
+    if (root / "manifest.json").exists() or re.fullmatch(r"step_\d+", root.name):  # one checkpoint
+        try:
+            m = ck.verify(root)
+        except ck.CheckpointError as e:
+            print(f"invalid: {e}", file=sys.stderr)
+            return 1
+        print(f"ok: {root} step {m['step']}, format v{m['format_version']}, {len(m['files'])} files verified, "
+              f"config {json.dumps(m.get('config', {}))}")
+        return 0
+    names = ck.list_checkpoints(root)
+    if not names:
+        hint = f" (did you mean {root / 'checkpoints'}?)" if (root / "checkpoints").is_dir() else ""
+        print(f"no checkpoints in {root}{hint}", file=sys.stderr)
+        return 1
+    latest = (root / "LATEST").read_text().strip() if (root / "LATEST").exists() else None
+    broken = 0
+    for name in names:
+        try:
+            m = ck.verify(root / name)
+            size = sum(f["size"] for f in m["files"].values())
+            status = f"ok  step {m['step']}  {size / 1e6:.1f} MB  {m.get('created', '')}"
+        except ck.CheckpointError as e:
+            status, broken = f"BROKEN: {e}", broken + 1
+        print(f"{'*' if name == latest else ' '} {name}  {status}")
+    if args.action == "verify":
+        try:
+            use = ck.latest_valid(root)
+            print(f"a resume would use {use.name}" + ("" if use.name == latest else f" (LATEST names {latest})"))
+        except ck.CheckpointError:
+            print("a resume would fail: no checkpoint verifies", file=sys.stderr)
+    return 1 if broken else 0
+
+
+def add_parsers(sub) -> None:
+    sp = sub.add_parser("ckpt", help="list or verify learner checkpoints")
+    sp.add_argument("action", choices=["list", "verify"])
+    sp.add_argument("dir", help="checkpoint folder (verify: it, or a step_* folder in it)")
+    sp.set_defaults(fn=cmd_ckpt)

@@ -1,0 +1,53 @@
+"""`steadyrl score`: one response through a reward server scorer (steadyrl.scorers), in-process."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def cmd_score(args) -> int:
+    """One item through a reward server scorer (steadyrl.scorers), in-process: prints
+    `reward  scorer-id  [extra]`.
+
+    Exit status 2 for a scorer that cannot be built or loaded, 1 when it cannot score the item."""
+    from types import SimpleNamespace
+
+    from steadyrl.contracts import RewardSource
+    from steadyrl.scorers import ScorerError, build_scorer
+
+    try:
+        scorer = build_scorer(args.scorer)
+        if scorer.source is RewardSource.model:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        scorer.load()
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    item = SimpleNamespace(data_source=args.data_source, prompt=args.prompt, response=args.response,
+                           ground_truth=args.ground_truth, extra_info={})
+    try:
+        result = scorer.score([item])[0]
+    except ScorerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if result["reward"] is None:
+        print(f"error: {result['error']}", file=sys.stderr)
+        return 1
+    extra = f"  {json.dumps(result['extra'])}" if result["extra"] else ""
+    print(f"{round(result['reward'], 6)}  {scorer.id}{extra}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    sp = sub.add_parser("score", help="score one response with a reward server scorer, in-process (hand check)")
+    sp.add_argument("--scorer", required=True,
+                    help="rule name (numeric_match, tiny_copy, ...), module:function, rm:<dir> or "
+                         "embedding:all-minilm-l6-v2")
+    sp.add_argument("--prompt", default="", help="the prompt's text (model scorers read it)")
+    sp.add_argument("--response", required=True)
+    sp.add_argument("--ground-truth", default=None)
+    sp.add_argument("--data-source", default="")
+    sp.set_defaults(fn=cmd_score)

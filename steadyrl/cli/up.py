@@ -1,0 +1,186 @@
+"""`steadyrl up`: broker, topics and every service as processes (steadyrl.supervisor), with
+`--scale`, a progress line from the learner's /progress, and a stop when its run is done.
+
+Services are started by module name (`python -m services.<name>`): nothing here imports them.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from steadyrl.cli.common import CliError, _bootstrap, _local_broker, _require_broker, add_common_options
+
+SERVICE_PORTS = {"reward-server": 8390, "actor": 8100, "rollout": 8200, "reward": 8300, "learner": 8400}
+#: What `steadyrl up` runs, in start order: service -> module. `--scale` applies to rollout and reward.
+SERVICES = {"reward-server": "services.reward.server", "actor": "services.actor", "rollout": "services.rollout",
+            "reward": "services.reward", "learner": "services.learner"}
+#: The services `--scale` applies to, and the topic each consumes: its partitions bound N (an
+#: instance beyond them would get no partition).
+SCALE_INPUT = {"rollout": "rl.prompts", "reward": "rl.rollouts"}
+SCALABLE = tuple(SCALE_INPUT)
+
+
+def _parse_scale(items: list[str]) -> dict[str, int]:
+    """`--scale SERVICE=N` items -> {service: N}. N is 1 up to the partitions of the topic the
+    service consumes (SCALE_INPUT, from schemas/topics.yaml). Raises CliError (2)."""
+    from steadyrl.topics import load_catalogue
+
+    scale = {}
+    for item in items:
+        name, eq, n = item.partition("=")
+        if name not in SCALABLE or not eq or not n.isdigit():
+            raise CliError(f"--scale {item}: want SERVICE=N with SERVICE one of {', '.join(SCALABLE)}", 2)
+        most = load_catalogue()[SCALE_INPUT[name]].partitions
+        if not 1 <= int(n) <= most:
+            raise CliError(f"--scale {item}: N must be 1..{most} ({SCALE_INPUT[name]} has {most} partitions; "
+                           f"an instance beyond them would get none)", 2)
+        scale[name] = int(n)
+    return scale
+
+
+def _check_up_args(args) -> dict[str, int]:
+    """`up`'s arguments, checked before anything starts; returns the scale. Raises CliError (2)."""
+    scale = _parse_scale(args.scale)
+    if args.config:
+        config = Path(args.config)
+        if not config.is_file():
+            raise CliError(f"--config {args.config}: {'not a file' if config.exists() else 'no such file'}", 2)
+    ports = [SERVICE_PORTS[svc] + i for svc in SERVICES for i in range(scale.get(svc, 1))]
+    low, high = min(ports) + args.port_offset, max(ports) + args.port_offset
+    if low < 1 or high > 65535:
+        raise CliError(f"--port-offset {args.port_offset}: the service ports would be {low}..{high}; "
+                       f"give {1 - min(ports)}..{65535 - max(ports)}", 2)
+    return scale
+
+
+def _readiness(ready: dict[str, bool]) -> str:
+    """The line `up` prints once the services had their time to get ready."""
+    late = [name for name, ok in ready.items() if not ok]
+    if not late:
+        return "stack up; Ctrl-C stops everything"
+    return (f"not ready yet: {', '.join(late)} (see their output above; they keep running and are restarted "
+            f"if they exit); Ctrl-C stops everything")
+
+
+class Progress:
+    """The learner's progress as one line per change: bar, step, reward mean, tokens/s."""
+
+    def __init__(self, url: str, out=sys.stdout, width: int = 24):
+        self.url, self.out, self.width = url, out, width
+        self.t0 = time.monotonic()
+        self.last: tuple | None = None
+        self.next_poll = 0.0
+
+    def tick(self) -> None:
+        import httpx
+
+        if time.monotonic() < self.next_poll:
+            return
+        self.next_poll = time.monotonic() + 2.0
+        try:
+            p = httpx.get(f"{self.url}/progress", timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            return
+        key = (p.get("step"), p.get("phase"))
+        if key == self.last or "steps" not in p:
+            return
+        self.last = key
+        step, steps = p.get("step") or 0, p["steps"]
+        fill = int(self.width * step / max(steps, 1))
+        reward = f"{p['reward_mean']:.3f}" if p.get("reward_mean") is not None else "-"
+        tps = f"{p['tokens_per_s']:.0f}" if p.get("tokens_per_s") is not None else "-"
+        mins, secs = divmod(int(time.monotonic() - self.t0), 60)
+        self.out.write(f"progress [{'#' * fill}{'.' * (self.width - fill)}] step {step}/{steps} "
+                       f"reward {reward} tokens/s {tps} ({p.get('phase')}, {mins}m{secs:02d}s)\n")
+        self.out.flush()
+
+
+def cmd_up(args) -> int:
+    from steadyrl import broker as b
+    from steadyrl.supervisor import Child, Supervisor
+    from steadyrl.topics import create_topics
+
+    scale = _check_up_args(args)
+    bootstrap = _bootstrap(args)
+    state = Path(args.state_dir)
+    lb = None
+    if bootstrap is None:
+        b.fetch()
+        lb = _local_broker(args)
+        print(f"starting Kafka broker ({lb.state_dir}) ...", flush=True)
+        bootstrap = lb.bootstrap
+        if not lb.start():
+            print("a broker was already running there: using it, and leaving it running", flush=True)
+            lb = None  # not ours to stop
+    _require_broker(bootstrap)
+    print(f"broker {bootstrap}: topics {create_topics(bootstrap, args.prefix)}", flush=True)
+    url = {svc: f"http://127.0.0.1:{SERVICE_PORTS[svc] + args.port_offset}" for svc in SERVICES}
+    policies = str(state / "policies")
+    extra = {"actor": ["--actor.policy-root", policies],
+             "rollout": ["--rollout.actor-url", url["actor"]],
+             "reward": ["--reward.server-url", url["reward-server"]],
+             "learner": ["--learner.policy-root", policies, "--learner.state-dir", str(state / "learner")]}
+    children = []
+    for svc, module in SERVICES.items():
+        for i in range(scale.get(svc, 1)):
+            port = SERVICE_PORTS[svc] + args.port_offset + i
+            children.append(Child(f"{svc}-{i}", [
+                sys.executable, "-m", module, "--bootstrap", bootstrap,
+                "--topic-prefix", args.prefix, "--instance-id", f"{svc}-{i}", "--metrics-port", str(port),
+                *extra.get(svc, []), *(["--config", args.config] if args.config else [])], port,
+                final=svc == "learner"))
+    def run_finished() -> bool:  # the learner exited 0: done, or only stopped from outside?
+        try:
+            run = (state / "learner" / "CURRENT").read_text().strip()
+            return json.loads((state / "learner" / run / "state.json").read_text())["finished"]
+        except (OSError, ValueError, KeyError):
+            return False
+
+    sup = Supervisor(children, is_done=run_finished)
+    progress = Progress(url["learner"])
+
+    def _stop(signum, frame):
+        sup.stop.set()
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        sup.start_all()
+        ready = sup.wait_ready()
+        for c in children:
+            print(f"{c.name}: {'ready' if ready[c.name] else 'NOT ready'} at {c.url}/readyz", flush=True)
+        if args.exit_when_ready:
+            return 0 if all(ready.values()) else 1
+        print(_readiness(ready), flush=True)
+        sup.run_until_stopped(tick=progress.tick)
+        if sup.failed:
+            print(f"{sup.failed} cannot start (configuration error, see its output above); stopping the stack",
+                  flush=True)
+            return 2
+        if sup.finished:
+            print(f"{sup.finished} finished its run; stopping the stack", flush=True)
+        return 0
+    finally:
+        print("stopping services ...", flush=True)
+        sup.stop_all()
+        if lb is not None:
+            print("stopping broker ...", flush=True)
+            lb.stop()
+        print("stopped", flush=True)
+
+
+def add_parsers(sub) -> None:
+    sp = sub.add_parser("up", help="broker, topics and every service; trains until the learner's run is done "
+                                   "(Ctrl-C stops all)")
+    add_common_options(sp, broker_opts=True)
+    sp.add_argument("--scale", action="append", default=[], metavar="SERVICE=N")
+    sp.add_argument("--config", help="YAML config passed to every service")
+    sp.add_argument("--exit-when-ready", action="store_true", help="stop everything once all are ready")
+    sp.add_argument("--port-offset", type=int, default=0,
+                    help="added to every service's HTTP port (actor 8100, rollout 8200+i, reward 8300+i, "
+                         "reward-server 8390, learner 8400)")
+    sp.set_defaults(fn=cmd_up)
