@@ -1,0 +1,180 @@
+"""The one exactly-once audit of a learner run, from the broker's topics and the run's files.
+
+What it checks (each a named entry of the report's `checks`, all must hold for `ok`):
+
+- `final_step_reached`: the run is marked finished, at the step asked for, and the audit log
+  holds every step 1..steps;
+- `trained_count_is_steps_x_batch`: steps x batch groups were trained;
+- `no_prompt_trained_twice`: no prompt id appears twice in consumed.jsonl;
+- `every_trained_prompt_was_published`: each trained prompt id is on rl.prompts;
+- `no_published_prompt_lost`: each prompt id of the run on rl.prompts was trained, or is
+  excused (its key is on rl.dlq, or the reward watch holds it) where the caller allows that;
+- `audit_log_in_step_order`: consumed.jsonl never goes back a step;
+- `rollout_stage_exactly_once`, `reward_stage_exactly_once` (`audit_pipeline` only): every
+  input record below the stage's committed group offsets became exactly one output record
+  (read_committed) or one DLQ record, and the stage produced nothing else.
+
+`audit_run` does the learner-side checks from data the caller read (no broker needed);
+`audit_pipeline` reads the topics and does them all.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from steadyrl.testing.run import RunDir
+
+#: The consumer groups of the two stages (the services' default `group_id`).
+STAGE_GROUPS = {"rollout": "steadyrl-rollout", "reward": "steadyrl-reward"}
+
+
+def audit_run(run: RunDir, steps: int, batch: int, published: Iterable[str] | None = None,
+              excused: Iterable[str] = ()) -> dict:
+    """The learner-side exactly-once checks of one finished run.
+
+    Args:
+        run: the run's folder.
+        steps, batch: the steps the run was asked for and the prompts per step.
+        published: the prompt id of every record on rl.prompts (one per publish; other runs'
+            ids are left out here). None: the two checks against rl.prompts are not made.
+        excused: prompt ids that may stay untrained (on rl.dlq, held by the reward watch).
+
+    Returns a JSON-able report: `ok`, `checks` (name -> bool) and the evidence: counts of
+    published, republished and trained ids, and up to 10 examples of each failure
+    (`trained_twice`, `not_published`, `lost`; `lost_count` in full).
+    """
+    state, consumed = run.state, run.consumed()
+    trained = Counter(c["prompt_id"] for c in consumed)
+    steps_seen = sorted({c["step"] for c in consumed})
+    twice = sorted(p for p, n in trained.items() if n > 1)
+    checks = {
+        "final_step_reached": bool(state.get("finished")) and state.get("step") == steps
+                              and steps_seen == list(range(1, steps + 1)),
+        "trained_count_is_steps_x_batch": sum(trained.values()) == steps * batch,
+        "no_prompt_trained_twice": not twice,
+    }
+    report: dict = {"run_id": run.run_id, "step": state.get("step"), "finished": state.get("finished"),
+                    "counts": state.get("counts", {})}
+    if published is not None:
+        run_prefix = run.run_id + "/"
+        pub = Counter(p for p in published if p.startswith(run_prefix))
+        not_published = sorted(set(trained) - set(pub))
+        lost = sorted(set(pub) - set(trained) - set(excused))
+        checks["every_trained_prompt_was_published"] = not not_published
+        checks["no_published_prompt_lost"] = not lost
+        report.update(published_ids=len(pub), publish_records=sum(pub.values()),
+                      republished_ids=sum(1 for n in pub.values() if n > 1),
+                      not_published=not_published[:10], lost=lost[:10], lost_count=len(lost))
+    steps_in_order = [c["step"] for c in consumed]
+    checks["audit_log_in_step_order"] = steps_in_order == sorted(steps_in_order)
+    report.update(trained=sum(trained.values()), trained_twice=twice[:10])
+    return {"ok": all(checks.values()), "checks": checks, **report}
+
+
+def stage_audit(name: str, inputs: list, in_key: Callable, outputs: list, out_key: Callable,
+                committed: dict[int, int], dlq_refs: set) -> dict:
+    """One stage's exactly-once check: inputs below the group's committed offsets -> exactly one
+    output each (or one DLQ record), and no other output.
+
+    Args:
+        name: the stage, for the report.
+        inputs: the input topic's messages (`.topic()`, `.partition()`, `.offset()`).
+        in_key: input message -> the identity its output carries (e.g. one publish of a prompt).
+        outputs: the decoded output records; out_key: output -> that identity.
+        committed: partition -> the stage group's committed offset (next to read).
+        dlq_refs: (topic, partition, offset) of every input that went to rl.dlq.
+    """
+    ref = lambda m: (m.topic(), m.partition(), m.offset())  # noqa: E731
+    done = [m for m in inputs if m.offset() < committed.get(m.partition(), -1)]
+    expected = Counter(in_key(m) for m in done if ref(m) not in dlq_refs)
+    got = Counter(out_key(m) for m in outputs)
+    dup = {k: n - expected[k] for k, n in got.items() if n > expected.get(k, 0)}
+    missing = {k: n - got.get(k, 0) for k, n in expected.items() if got.get(k, 0) < n}
+    return {"stage": name, "inputs": len(inputs), "inputs_committed": len(done),
+            "inputs_to_dlq": sum(1 for m in done if ref(m) in dlq_refs),
+            "outputs": len(outputs), "duplicated_outputs": sum(dup.values()), "missing_outputs": sum(missing.values()),
+            "examples": {"duplicated": [list(k) for k in list(dup)[:3]], "missing": [list(k) for k in list(missing)[:3]]},
+            "ok": not dup and not missing}
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dict[int, int]:
+    """partition -> the consumer group's committed offset on `topic` (negative: none)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
+    req = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
+    res = admin.list_consumer_group_offsets(req)[group].result(60)
+    return {tp.partition: tp.offset for tp in res.topic_partitions}
+
+
+def audit_pipeline(bootstrap: str, prefix: str, run: RunDir, steps: int, batch: int, *,
+                   excuse_dlq: bool = True, client: str = "steadyrl-audit", timeout_s: float = 120.0,
+                   groups: dict[str, str] | None = None) -> dict:
+    """The whole exactly-once audit of one finished run under topic `prefix` (see the module doc).
+
+    Reads rl.prompts, rl.rollouts, rl.scored and rl.dlq (every committed record) and the stage
+    groups' committed offsets. `excuse_dlq`: a published prompt keyed on rl.dlq, or held by
+    the reward watch, does not count as lost (False: every published prompt must be trained).
+    Returns `audit_run`'s report plus `dlq_records`, `published_ids_in_dlq`, `dlq_reasons`
+    (stage, reason, topic, count, an example error), `quarantined`, `stages` (`stage_audit`
+    of each) and `scored_groups_by_reward_source`.
+    """
+    from steadyrl import codec
+    from steadyrl.bus.kafka import read_topic
+    from steadyrl.contracts import DLQRecord, Prompt, RolloutGroup, ScoredGroup
+
+    groups = STAGE_GROUPS | (groups or {})
+    topic = {t: f"{prefix}{t}" for t in ("rl.prompts", "rl.rollouts", "rl.scored", "rl.dlq")}
+    raw = {t: read_topic(bootstrap, name, client, timeout_s) for t, name in topic.items()}
+    prompts = [(m, codec.decode(m.value(), m.headers(), Prompt)) for m in raw["rl.prompts"]]
+    rollouts = [(m, codec.decode(m.value(), m.headers(), RolloutGroup)) for m in raw["rl.rollouts"]]
+    scored = [(m, codec.decode(m.value(), m.headers(), ScoredGroup)) for m in raw["rl.scored"]]
+    dlq = [codec.decode(m.value(), m.headers(), DLQRecord) for m in raw["rl.dlq"]]
+
+    dlq_ids = {base64.b64decode(d.key_b64).decode(errors="replace") for d in dlq if d.key_b64}
+    quarantined = set(run.quarantined)
+    report = audit_run(run, steps, batch, published=[p.prompt_id for _, p in prompts],
+                       excused=(dlq_ids | quarantined) if excuse_dlq else ())
+
+    where = lambda d: (d.stage.split("/")[0], d.reason.value, d.topic.removeprefix(prefix))  # noqa: E731
+    reasons = Counter(where(d) for d in dlq)
+    dlq_list = [{"stage": s, "reason": r, "topic": t, "count": n,
+                 "example": next(d.error for d in dlq if where(d) == (s, r, t))[:300]}
+                for (s, r, t), n in sorted(reasons.items())]
+
+    dlq_refs = {(d.topic, d.partition, d.offset) for d in dlq}
+    p_key = lambda p: (p.prompt_id, p.created_ms, p.seed)  # noqa: E731  one publish of a prompt
+    g_key = lambda g: (*p_key(g.prompt), g.generated_ms)  # noqa: E731  one rollout group
+    by_off = {(m.topic(), m.partition(), m.offset()): v for m, v in prompts + rollouts}
+    stages = []
+    for name, src, outs, ik, ok_ in (
+            ("rollout", "rl.prompts", rollouts, p_key, lambda g: p_key(g.prompt)),
+            ("reward", "rl.rollouts", scored, g_key, lambda s: g_key(s.group))):
+        parts = sorted({m.partition() for m in raw[src]}) or list(range(8))
+        committed = committed_offsets(bootstrap, groups[name], topic[src], parts)
+        stages.append(stage_audit(name, raw[src], lambda m, ik=ik: ik(by_off[(m.topic(), m.partition(), m.offset())]),
+                                  [v for _, v in outs], ok_, committed, dlq_refs))
+    report["checks"]["rollout_stage_exactly_once"] = stages[0]["ok"]
+    report["checks"]["reward_stage_exactly_once"] = stages[1]["ok"]
+    report["ok"] = all(report["checks"].values())
+    published = {p.prompt_id for _, p in prompts if p.prompt_id.startswith(run.run_id + "/")}
+    report.update(dlq_records=len(dlq), published_ids_in_dlq=len(published & dlq_ids), dlq_reasons=dlq_list,
+                  quarantined=len(quarantined), stages=stages,
+                  scored_groups_by_reward_source=dict(Counter(v.reward_source.value for _, v in scored)))
+    return report
+
+
+def explain(report: dict) -> str:
+    """The failed checks of a report with their evidence, for an assertion message."""
+    failed = [k for k, v in report["checks"].items() if not v]
+    if not failed:
+        return "all checks passed"
+    keys = ("run_id", "step", "finished", "trained", "trained_twice", "not_published", "lost", "lost_count",
+            "published_ids", "dlq_reasons")
+    stages = [{k: s[k] for k in ("stage", "duplicated_outputs", "missing_outputs", "examples")}
+              for s in report.get("stages", []) if not s["ok"]]
+    evidence = {k: report[k] for k in keys if k in report}
+    return f"failed: {', '.join(failed)}; {evidence}" + (f"; stages {stages}" if stages else "")
