@@ -9,7 +9,7 @@ from pathlib import Path
 
 from steadyrl.broker import LocalBroker, fetch, free_port
 from steadyrl.topics import create_topics
-from tests.helpers import ServiceProc
+from steadyrl.testing.procs import ServiceProc
 
 
 @contextlib.contextmanager

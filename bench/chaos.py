@@ -4,9 +4,9 @@ and restarts the broker, then an audit of exactly-once.
     .venv/bin/python bench/chaos.py [--seed 1] [--kills 20] [--steps 300] [--budget-s 600]
                                     [--out bench/results/chaos.json]
 
-What runs: our own broker (`LocalBroker` under `--state-dir`/broker, `--port`) and
-`steadyrl up --bootstrap` on it with configs/tiny.yaml (`--steps` steps, `--scale`
-rollout=2 reward=2 by default), its services on `--port-offset`.
+What runs (`steadyrl.testing.stack.Pipeline`): our own broker (`LocalBroker` under
+`--state-dir`/broker, `--port`) and `steadyrl up --bootstrap` on it with configs/tiny.yaml
+(`--steps` steps, `--scale` rollout=2 reward=2 by default), its services on `--port-offset`.
 
 The schedule is fixed by `--seed` before anything starts: `--kills` SIGKILLs over every
 kind (reward-server, actor, rollout, reward, learner; each kind at least kills // 5 times,
@@ -18,7 +18,8 @@ the learner's steps: event i fires once the learner reports step >= its step (an
 the previous one: two services down at once). A victim that is not running (in its
 restart backoff) is killed as soon as it is. The whole run is bounded by `--budget-s`.
 
-Afterwards the audit, from the broker's topics and the learner's files only:
+Afterwards the audit (`steadyrl.testing.audit.audit_pipeline`), from the broker's topics and
+the learner's files only:
 - the learner reached its final step and marked the run finished;
 - every prompt id published on rl.prompts was trained exactly once (consumed.jsonl), or
   went to rl.dlq (listed with its reason); none trained twice, none lost;
@@ -34,7 +35,6 @@ complete within the budget.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import platform
@@ -42,7 +42,6 @@ import random
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -50,189 +49,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from steadyrl.broker import LocalBroker, fetch  # noqa: E402
-from steadyrl.bus.kafka import read_topic  # noqa: E402
-from steadyrl.cli import SERVICE_PORTS  # noqa: E402
+from steadyrl.testing.audit import audit_pipeline  # noqa: E402
+from steadyrl.testing.run import RunDir  # noqa: E402
+from steadyrl.testing.stack import KINDS, Pipeline, alive, kind_of, proc_start_epoch  # noqa: E402
 
-KINDS = ("reward-server", "actor", "rollout", "reward", "learner")
 MARKER = ".steadyrl-bench-state"  # a --state-dir this bench may wipe
-
-
-def kind_of(instance: str) -> str:
-    return instance.rsplit("-", 1)[0]
-
-
-def _proc_start_epoch(pid: int) -> float | None:
-    """Wall-clock start time of a process (from /proc, 10 ms resolution)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                     if line.startswith("btime "))
-        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError, StopIteration):
-        return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
-    """Prometheus text -> {(sample name, frozenset(labels)): value}."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-class Pipeline:
-    """Our broker plus `steadyrl up --bootstrap` on it (in its own process group).
-
-    Args:
-        state_dir: broker data (`broker/`), up's state (policies/, learner/), logs.
-        port: broker port (KRaft controller on port + 1).
-        port_offset: added to every service port (as `up --port-offset`).
-        config: YAML passed to every service.
-        scale: {"rollout": n, "reward": m}.
-    """
-
-    def __init__(self, state_dir: Path, port: int, port_offset: int, config: Path, scale: dict[str, int]):
-        self.state_dir, self.port_offset, self.config, self.scale = state_dir, port_offset, config, scale
-        self.broker = LocalBroker(state_dir / "broker", port=port, controller_port=port + 1)
-        self.log_path = state_dir / "up.log"
-        self.up: subprocess.Popen | None = None
-        self.http = httpx.Client(timeout=2.0)
-        self.instances = [f"{k}-{i}" for k in KINDS for i in range(scale.get(k, 1))]
-
-    @property
-    def bootstrap(self) -> str:
-        return self.broker.bootstrap
-
-    def start(self) -> None:
-        fetch()
-        self.broker.start()
-        scale = [a for k, n in self.scale.items() for a in ("--scale", f"{k}={n}")]
-        with open(self.log_path, "ab") as log:
-            self.up = subprocess.Popen(
-                [sys.executable, "-m", "steadyrl.cli", "up", "--bootstrap", self.bootstrap,
-                 "--state-dir", str(self.state_dir), "--port-offset", str(self.port_offset),
-                 "--config", str(self.config), *scale],
-                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def running(self) -> bool:
-        return self.up is not None and self.up.poll() is None
-
-    def url(self, instance: str) -> str:
-        kind, i = instance.rsplit("-", 1)
-        return f"http://127.0.0.1:{SERVICE_PORTS[kind] + self.port_offset + int(i)}"
-
-    def pid(self, instance: str) -> int | None:
-        """PID of `up`'s child running `--instance-id instance`, if any."""
-        if self.up is None:
-            return None
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(stat[1]) != self.up.pid or stat[0] == "Z":
-                    continue
-                cmd = (d / "cmdline").read_bytes().split(b"\0")
-            except (OSError, IndexError, ValueError):
-                continue
-            if b"--instance-id" in cmd and cmd[cmd.index(b"--instance-id") + 1] == instance.encode():
-                return int(d.name)
-        return None
-
-    def get(self, instance: str, path: str) -> httpx.Response | None:
-        try:
-            return self.http.get(f"{self.url(instance)}{path}")
-        except httpx.HTTPError:
-            return None
-
-    def progress(self) -> dict:
-        r = self.get("learner-0", "/progress")
-        try:
-            return r.json() if r is not None and r.status_code == 200 else {}
-        except ValueError:
-            return {}
-
-    def metrics(self, instance: str) -> dict:
-        r = self.get(instance, "/metrics")
-        return parse_metrics(r.text) if r is not None and r.status_code == 200 else {}
-
-    def ready(self, instance: str) -> bool:
-        r = self.get(instance, "/readyz")
-        return r is not None and r.status_code == 200
-
-    def restart_broker(self, sig: str, down_s: float) -> dict:
-        """Stop the broker (SIGKILL, or SIGTERM = a clean shutdown) and start it again on the
-        same state dir and port. Returns its timings."""
-        pid = self.broker.pid()
-        t0 = time.time()
-        if sig == "kill":
-            self.broker.kill()
-        else:
-            self.broker.stop()
-        t_down = time.time()
-        time.sleep(down_s)
-        t_start = time.time()
-        self.broker.start(timeout_s=120)
-        t_up = time.time()
-        return {"signal": sig, "pid": pid, "t": t0, "stop_s": round(t_down - t0, 2),
-                "down_s": round(t_up - t0, 2), "start_s": round(t_up - t_start, 2), "new_pid": self.broker.pid()}
-
-    def log_lines(self, instance: str, since: float) -> list[dict]:
-        """JSON log records of `instance` in up's output with ts >= since."""
-        out = []
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return out
-        for line in text.splitlines():
-            name, sep, rest = line.partition(" | ")
-            if not sep or name.strip() != instance or not rest.startswith("{"):
-                continue
-            try:
-                rec = json.loads(rest)
-            except ValueError:
-                continue
-            if rec.get("ts", 0) >= since:
-                out.append(rec)
-        return out
-
-    def stop(self, timeout_s: float = 30) -> int | None:
-        """Stop `up` (SIGTERM: it stops its children), then the broker. Returns up's status."""
-        rc = None
-        if self.up is not None:
-            if self.up.poll() is None:
-                self.up.send_signal(signal.SIGTERM)
-                try:
-                    self.up.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    pass
-            rc = self.up.poll()
-            try:
-                os.killpg(self.up.pid, signal.SIGKILL)  # anything of its group left behind
-            except ProcessLookupError:
-                pass
-            if rc is None:
-                rc = self.up.wait(10)
-        self.broker.stop()
-        self.http.close()
-        return rc
 
 
 # ---- recovery of one killed instance --------------------------------------------------------
@@ -280,7 +106,7 @@ def kill_and_measure(pipe: Pipeline, instance: str, pid: int, timeout_s: float =
     step_at_kill = pipe.progress().get("step") if kind == "learner" else None
     t_kill = time.time()
     os.kill(pid, signal.SIGKILL)
-    while _alive(pid) and time.time() - t_kill < 10:
+    while alive(pid) and time.time() - t_kill < 10:
         time.sleep(0.01)
     rec: dict = {"instance": instance, "kind": kind, "pid": pid, "t_kill": round(t_kill, 3)}
     if step_at_kill is not None:
@@ -296,7 +122,7 @@ def kill_and_measure(pipe: Pipeline, instance: str, pid: int, timeout_s: float =
             if p is not None and p != pid:
                 new_pid = p
                 rec["new_pid"] = p
-                started = _proc_start_epoch(p)
+                started = proc_start_epoch(p)
                 rec["spawn_s"] = round((started or now) - t_kill, 3)
         if new_pid is not None:
             if t_ready is None and pipe.ready(instance):
@@ -402,103 +228,6 @@ def make_schedule(seed: int, kills: int, steps: int, scale: dict[str, int], orde
     return events
 
 
-# ---- the audit --------------------------------------------------------------------------------
-
-def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dict[int, int]:
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
-    req = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
-    res = admin.list_consumer_group_offsets(req)[group].result(60)
-    return {tp.partition: tp.offset for tp in res.topic_partitions}
-
-
-def _stage_audit(name: str, inputs: list, in_key, outputs: list, out_key, committed: dict[int, int],
-                 dlq_refs: set) -> dict:
-    """Inputs below the group's committed offsets -> exactly one output each (or one DLQ record)."""
-    done = [m for m in inputs if m.offset() < committed.get(m.partition(), -1)]
-    expected = Counter(in_key(m) for m in done if (m.topic(), m.partition(), m.offset()) not in dlq_refs)
-    got = Counter(out_key(m) for m in outputs)
-    dup = {k: n - expected[k] for k, n in got.items() if n > expected.get(k, 0)}
-    missing = {k: n - got.get(k, 0) for k, n in expected.items() if got.get(k, 0) < n}
-    return {"stage": name, "inputs": len(inputs), "inputs_committed": len(done),
-            "inputs_to_dlq": sum(1 for m in done if (m.topic(), m.partition(), m.offset()) in dlq_refs),
-            "outputs": len(outputs), "duplicated_outputs": sum(dup.values()), "missing_outputs": sum(missing.values()),
-            "examples": {"duplicated": [list(k) for k in list(dup)[:3]], "missing": [list(k) for k in list(missing)[:3]]},
-            "ok": not dup and not missing}
-
-
-def audit(bootstrap: str, prefix: str, state_dir: Path, steps: int, batch: int) -> dict:
-    """The exactly-once audit of one finished run (see the module doc). `ok` says whether it passed."""
-    from steadyrl import codec
-    from steadyrl.contracts import DLQRecord, Prompt, RolloutGroup, ScoredGroup
-
-    learner = state_dir / "learner"
-    run_dir = learner / (learner / "CURRENT").read_text().strip()
-    state = json.loads((run_dir / "state.json").read_text())
-    consumed = [json.loads(line) for line in (run_dir / "consumed.jsonl").read_text().splitlines()]
-    topic = {t: f"{prefix}{t}" for t in ("rl.prompts", "rl.rollouts", "rl.scored", "rl.dlq")}
-    raw = {t: read_topic(bootstrap, name, "chaos-audit", 120.0) for t, name in topic.items()}
-    prompts = [(m, codec.decode(m.value(), m.headers(), Prompt)) for m in raw["rl.prompts"]]
-    rollouts = [(m, codec.decode(m.value(), m.headers(), RolloutGroup)) for m in raw["rl.rollouts"]]
-    scored = [(m, codec.decode(m.value(), m.headers(), ScoredGroup)) for m in raw["rl.scored"]]
-    dlq = [codec.decode(m.value(), m.headers(), DLQRecord) for m in raw["rl.dlq"]]
-
-    run_prefix = state["run_id"] + "/"
-    published = Counter(p.prompt_id for _, p in prompts if p.prompt_id.startswith(run_prefix))
-    trained = Counter(c["prompt_id"] for c in consumed)
-    dlq_ids = {base64.b64decode(d.key_b64).decode(errors="replace") for d in dlq if d.key_b64}
-    quarantined = set(state.get("quarantined", {}))
-    twice = sorted(p for p, n in trained.items() if n > 1)
-    not_published = sorted(set(trained) - set(published))
-    lost = sorted(set(published) - set(trained) - dlq_ids - quarantined)
-    steps_seen = sorted({c["step"] for c in consumed})
-
-    reasons = Counter((d.stage.split("/")[0], d.reason.value, d.topic.removeprefix(prefix)) for d in dlq)
-    dlq_list = [{"stage": s, "reason": r, "topic": t, "count": n,
-                 "example": next(d.error for d in dlq if (d.stage.split("/")[0], d.reason.value,
-                                                          d.topic.removeprefix(prefix)) == (s, r, t))[:300]}
-                for (s, r, t), n in sorted(reasons.items())]
-
-    dlq_refs = {(d.topic, d.partition, d.offset) for d in dlq}
-    p_key = lambda p: (p.prompt_id, p.created_ms, p.seed)  # noqa: E731  one publish of a prompt
-    g_key = lambda g: (*p_key(g.prompt), g.generated_ms)  # noqa: E731  one rollout group
-    by_off = {(m.topic(), m.partition(), m.offset()): v for m, v in prompts + rollouts}
-    stages = []
-    for name, group, src, dst, ik, ok_ in (
-            ("rollout", "steadyrl-rollout", "rl.prompts", "rl.rollouts", p_key, lambda g: p_key(g.prompt)),
-            ("reward", "steadyrl-reward", "rl.rollouts", "rl.scored", g_key, lambda s: g_key(s.group))):
-        parts = sorted({m.partition() for m in raw[src]}) or list(range(8))
-        committed = committed_offsets(bootstrap, group, topic[src], parts)
-        outs = [v for _, v in (rollouts if dst == "rl.rollouts" else scored)]
-        stages.append(_stage_audit(name, raw[src], lambda m, ik=ik: ik(by_off[(m.topic(), m.partition(), m.offset())]),
-                                   outs, ok_, committed, dlq_refs))
-
-    checks = {
-        "final_step_reached": bool(state.get("finished")) and state.get("step") == steps
-                              and steps_seen == list(range(1, steps + 1)),
-        "trained_count_is_steps_x_batch": sum(trained.values()) == steps * batch,
-        "no_prompt_trained_twice": not twice,
-        "every_trained_prompt_was_published": not not_published,
-        "no_published_prompt_lost": not lost,
-        "audit_log_in_step_order": [c["step"] for c in consumed] == sorted(c["step"] for c in consumed),
-        "rollout_stage_exactly_once": stages[0]["ok"],
-        "reward_stage_exactly_once": stages[1]["ok"],
-    }
-    return {
-        "ok": all(checks.values()), "checks": checks, "run_id": state["run_id"], "step": state.get("step"),
-        "finished": state.get("finished"), "counts": state.get("counts", {}),
-        "published_ids": len(published), "publish_records": sum(published.values()),
-        "republished_ids": sum(1 for n in published.values() if n > 1),
-        "trained": sum(trained.values()), "trained_twice": twice[:10], "not_published": not_published[:10],
-        "lost": lost[:10], "lost_count": len(lost), "dlq_records": len(dlq),
-        "published_ids_in_dlq": len(set(published) & dlq_ids), "dlq_reasons": dlq_list,
-        "quarantined": len(quarantined), "stages": stages,
-        "scored_groups_by_reward_source": dict(Counter(v.reward_source.value for _, v in scored)),
-    }
-
-
 # ---- the run ----------------------------------------------------------------------------------
 
 def prepare_state(state_dir: Path) -> None:
@@ -590,7 +319,8 @@ def run(args) -> dict:
         failures.append(f"steadyrl up exited with {rc}")
     pipe.broker.start(timeout_s=120)
     try:
-        aud = audit(pipe.bootstrap, "", state_dir, args.steps, lc["prompts_per_step"])
+        aud = audit_pipeline(pipe.bootstrap, "", RunDir.of_up(state_dir), args.steps, lc["prompts_per_step"],
+                             client="chaos-audit")
     except Exception as e:  # a run that never got going has no state to audit
         aud = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     finally:
@@ -688,7 +418,7 @@ def fire(pipe: Pipeline, ev: Event, step: int, measurers: list, stop: threading.
     t.start()
     measurers.append(t)
     deadline_kill = time.time() + 5
-    while _alive(pid) and time.time() < deadline_kill:  # the kill has happened before we go on
+    while alive(pid) and time.time() < deadline_kill:  # the kill has happened before we go on
         time.sleep(0.02)
 
 

@@ -38,8 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.chaos import (KINDS, Pipeline, _proc_start_epoch, kill_and_measure, prepare_state,  # noqa: E402
-                         summarize, write_config)
+from bench.chaos import kill_and_measure, prepare_state, summarize, write_config  # noqa: E402
+from steadyrl.testing.stack import KINDS, Pipeline, proc_start_epoch  # noqa: E402
 
 #: Phases of a restart, in order, per kind: (name, from, to) over kill_and_measure's record
 #: (spawn_s, ready_s, recovered_s, caught_up_s) and its log phases (http, txn_init, ...).
@@ -92,7 +92,7 @@ def wait_healthy(pipe: Pipeline, victim: str, last_step: int, min_age_s: float, 
     while time.time() < deadline:
         step = pipe.progress().get("step")
         pid = pipe.pid(victim)
-        started = _proc_start_epoch(pid) if pid else None
+        started = proc_start_epoch(pid) if pid else None
         if (step is not None and step >= last_step + 3 and started is not None and time.time() - started >= min_age_s
                 and all(pipe.ready(i) for i in pipe.instances)):
             return step

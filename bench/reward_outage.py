@@ -40,7 +40,7 @@ from bench.kafka_roundtrip import consumer, drain  # noqa: E402
 from steadyrl import codec  # noqa: E402
 from steadyrl.contracts import Prompt, RolloutGroup, Sample  # noqa: E402
 from steadyrl.rewards import numeric_match  # noqa: E402
-from tests.helpers import produce_all  # noqa: E402
+from steadyrl.testing.procs import produce_all  # noqa: E402
 
 G = 8
 
