@@ -52,7 +52,7 @@ def arm_loop(lc: dict, min_seconds: float) -> dict:
     import torch
 
     t_imported = time.time()
-    from services.learner.learner import load_dataset
+    from services.learner.config import load_dataset
     from steadyrl.models import load_policy
     from steadyrl.rl.loop import LoopConfig, run_loop
     from steadyrl.rl.trainer import TrainConfig
@@ -108,7 +108,7 @@ def arm_trl(lc: dict, min_seconds: float) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from services.learner.learner import load_dataset
+    from services.learner.config import load_dataset
     from steadyrl.models import load_policy
     from steadyrl.rewards import tiny_copy
     from steadyrl.rl.loop import encode_prompt

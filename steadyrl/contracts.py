@@ -154,12 +154,15 @@ class PolicyUpdate(Contract):
     """A new policy version on `rl.policy` (compacted, constant key)."""
 
     SCHEMA_NAME: ClassVar[str] = "policy_update"
-    SCHEMA_VERSION: ClassVar[str] = "1.1"  # 1.1: run_id
+    SCHEMA_VERSION: ClassVar[str] = "1.2"  # 1.1: run_id; 1.2: uri names a version folder
 
     version: int = Field(ge=0)
     step: int = Field(ge=0, description="Learner global step that produced it.")
-    uri: str = Field(min_length=1, description="Path of the weights under the policy root.")
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    uri: str = Field(min_length=1, description="The version's folder under the policy root (Hugging Face "
+                                               "layout: model.safetensors.index.json and its shards, "
+                                               "steadyrl/policy_files.py); before 1.2 one .safetensors file.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Of the folder's index (which holds each "
+                                                              "shard's); before 1.2 of the file.")
     created_ms: int = Field(default_factory=now_ms)
     run_id: str = Field(default="", max_length=128,
                         description="Learner run; a later run's version 0 replaces any version of an earlier run.")

@@ -57,7 +57,7 @@ CONFIG_CLASSES = {
     "services.actor": ("services.actor.server", "ActorConfig"),
     "services.rollout": ("services.rollout.worker", "RolloutConfig"),
     "services.reward": ("services.reward.worker", "RewardConfig"),
-    "services.learner": ("services.learner.learner", "LearnerConfig"),
+    "services.learner": ("services.learner.config", "LearnerConfig"),
     "services.alertbridge": ("services.alertbridge.bridge", "AlertBridgeConfig"),
 }
 MODULE_OF = {**cli.SERVICES, "alertbridge": "services.alertbridge"}  # service name -> module

@@ -8,7 +8,8 @@ key survives) and loads the newest version it can verify (older ones if the newe
 arrives. A later learner run (run ids sort by start time) replaces whatever an earlier run
 left; within a run the newest record wins, even a lower version (a learner that resumed
 from a checkpoint redoes the steps since). A version is loaded only if its `uri`
-resolves to a file under `policy_root` and the file's sha256 equals the record's;
+resolves to a version folder under `policy_root` whose index has the record's sha256 and
+whose shards have the index's (steadyrl/policy_files.py; a legacy single file: its sha256);
 otherwise the actor keeps serving the version it has, logs the refusal and counts it
 (`steadyrl_actor_policy_rejected_total{reason}`). Weights are safetensors only.
 
@@ -32,7 +33,8 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from steadyrl.config import ServiceConfig, load
-from steadyrl.files import sha256_file
+from steadyrl import policy_files
+from steadyrl.policy_files import PolicyRefused
 
 log = logging.getLogger("steadyrl.actor")
 
@@ -85,12 +87,6 @@ class GenerateRequest(BaseModel):
     min_policy_version: int = Field(0, ge=0, description="Oldest version of run_id acceptable.")
 
 
-class PolicyRefused(Exception):
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail = reason, detail
-
-
 class Actor:
     """The model, its tokenizer, the version served, and the lock that serializes them."""
 
@@ -116,34 +112,21 @@ class Actor:
         POLICY_VERSION.set(0)
 
     def resolve(self, uri: str) -> Path:
-        """The weights file of `uri` (relative to policy_root, or absolute), checked to lie under it."""
-        p = Path(uri)
-        p = (p if p.is_absolute() else self.root / p).resolve()
-        if not p.is_relative_to(self.root):
-            raise PolicyRefused("outside_root", f"{uri} resolves to {p}, outside policy_root {self.root}")
-        if p.suffix != ".safetensors":
-            raise PolicyRefused("not_safetensors", f"{p} is not a .safetensors file")
-        if not p.is_file():
-            raise PolicyRefused("missing", f"{p} does not exist")
-        return p
+        """The version folder (or legacy file) of `uri`, checked to lie under policy_root
+        (steadyrl/policy_files.py). Raises PolicyRefused."""
+        return policy_files.resolve(self.root, uri)
 
     def load_version(self, version: int, uri: str, sha256: str, run_id: str = "") -> None:
         """Verify and load one policy version. Raises PolicyRefused (and keeps the old one)."""
-        from safetensors.torch import load_file
-
         # Within one run the learner is the only writer and its newest record is the truth,
         # even a lower version or the same version with other bytes: after a crash it goes
         # on from a checkpoint and redoes the steps since. Across runs, a later run wins.
         if run_id < self.run_id or (run_id, version, sha256) == (self.run_id, self.version, self.sha256):
             raise PolicyRefused("stale", f"run {run_id!r} version {version} is not newer than serving "
                                          f"run {self.run_id!r} version {self.version}")
-        path = self.resolve(uri)
-        got = sha256_file(path)
-        if got != sha256:
-            raise PolicyRefused("sha256_mismatch", f"{path}: expected {sha256}, got {got}")
         from steadyrl.models import state_dict_mismatch
 
-        state = load_file(path)
+        state = policy_files.read_version(self.root, uri, sha256)  # every byte checked
         why = state_dict_mismatch(self.model, state)
         if why:  # refused before the model is touched
             raise PolicyRefused("wrong_model", why)

@@ -3,7 +3,6 @@ on the tiny model and task, against the real broker."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,9 +15,10 @@ import pytest
 import yaml
 
 from steadyrl import codec
-from steadyrl.contracts import Prompt, ScoredGroup
+from steadyrl.contracts import ScoredGroup
 from steadyrl.quarantine import read_quarantine
-from tests.helpers import ROOT, read_all, unique_prefix
+from steadyrl.testing import RunDir, audit_pipeline, explain, read_all, run_ids, unique_prefix, up_child_pid
+from tests.helpers import ROOT
 
 TINY = ROOT / "configs" / "tiny.yaml"
 
@@ -64,17 +64,9 @@ class Up:
 
     def child_pid(self, instance: str) -> int:
         """PID of the child `python -m services.* --instance-id <instance>` that this `up` started."""
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                cmd = (d / "cmdline").read_bytes().split(b"\0")
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == self.proc.pid and b"--instance-id" in cmd and cmd[cmd.index(b"--instance-id") + 1] == instance.encode():
-                return int(d.name)
-        raise AssertionError(f"no child {instance} of up (pid {self.proc.pid})")
+        pid = up_child_pid(self.proc.pid, instance)
+        assert pid is not None, f"no child {instance} of up (pid {self.proc.pid})"
+        return pid
 
     def wait(self, timeout_s: float) -> int:
         try:
@@ -91,23 +83,17 @@ class Up:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def run_dir(self) -> Path:
-        learner = self.state / "learner"
-        return learner / (learner / "CURRENT").read_text().strip()
+    def run(self) -> RunDir:
+        """The learner's run (the one CURRENT names), read fresh."""
+        return RunDir.of_up(self.state)
 
 
 def _audit_exactly_once(up: Up, bootstrap: str, steps: int, batch: int = 8) -> None:
-    """Every prompt id the feeder published (rl.prompts) was trained exactly once (consumed.jsonl)."""
-    run_prefix = up.run_dir().name + "/"
-    published = {codec.decode(m.value(), m.headers(), Prompt).prompt_id
-                 for m in read_all(bootstrap, f"{up.prefix}rl.prompts", expect=steps * batch)}
-    consumed = [json.loads(line) for line in (up.run_dir() / "consumed.jsonl").read_text().splitlines()]
-    trained = [c["prompt_id"] for c in consumed]
-    assert len(trained) == steps * batch
-    assert len(set(trained)) == len(trained), "a prompt was trained twice"
-    assert set(trained) == {p for p in published if p.startswith(run_prefix)}
-    assert [c["step"] for c in consumed] == sorted(c["step"] for c in consumed)
-    assert sorted({c["step"] for c in consumed}) == list(range(1, steps + 1))
+    """Every prompt id the feeder published (rl.prompts) was trained exactly once (consumed.jsonl),
+    none lost (to rl.dlq either), and each stage turned its inputs into one output each
+    (steadyrl.testing.audit)."""
+    report = audit_pipeline(bootstrap, up.prefix, up.run(), steps, batch, excuse_dlq=False)
+    assert report["ok"], explain(report)
 
 
 def test_reward_rises_through_the_full_pipeline(bootstrap, tmp_path):
@@ -115,14 +101,14 @@ def test_reward_rises_through_the_full_pipeline(bootstrap, tmp_path):
     rc = up.wait(300)
     out = up.log()
     assert rc == 0, out[-4000:]
-    summary = json.loads((up.run_dir() / "summary.json").read_text())
+    summary = up.run().summary()
     rewards = summary["reward_per_step"]
     assert len(rewards) == 100
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert first < 0.2 and last > first + 0.5, (first, last)
     assert summary["eval"]["after"] > summary["eval"]["before"] and summary["eval"]["learned"]
     assert "SUMMARY test accuracy" in out and "progress [" in out and "learner-0 finished its run" in out
-    assert (up.run_dir() / "curve.png").stat().st_size > 1000
+    assert up.run().curve.stat().st_size > 1000
 
 
 def test_staleness_0_pipeline_equals_the_in_process_loop(bootstrap, tmp_path):
@@ -137,7 +123,7 @@ def test_staleness_0_pipeline_equals_the_in_process_loop(bootstrap, tmp_path):
     from steadyrl.models import load_policy
     from steadyrl.rl.loop import LoopConfig, run_loop
     from steadyrl.rl.trainer import TrainConfig
-    from services.learner.learner import load_dataset
+    from services.learner.config import load_dataset
 
     steps = 8
     config = _config(tmp_path, steps=steps, max_staleness=0, eval_data=None)
@@ -145,15 +131,16 @@ def test_staleness_0_pipeline_equals_the_in_process_loop(bootstrap, tmp_path):
     up = Up(bootstrap, tmp_path, config)
     rc = up.wait(300)
     assert rc == 0, up.log()[-4000:]
-    state = json.loads((up.run_dir() / "state.json").read_text())
-    assert all(h["policy_versions"] == [h["step"] - 1] for h in state["history"]), "not on-policy"
+    run = up.run()
+    state = run.state
+    assert all(h["policy_versions"] == [h["step"] - 1] for h in run.history), "not on-policy"
 
     model, tok = load_policy("tiny", seed=0)
     cfg = LoopConfig(steps=steps, prompts_per_step=lc["prompts_per_step"], group_size=lc["group_size"],
                      max_new_tokens=lc["max_new_tokens"], scorer="tiny_copy", seed=0,
                      train=TrainConfig(**lc["train"]))
     hist = run_loop(model, tok, load_dataset(lc["data"]), cfg)
-    assert [h["critic/score/mean"] for h in hist] == [h["reward_mean"] for h in state["history"]]
+    assert [h["critic/score/mean"] for h in hist] == [h["reward_mean"] for h in run.history]
 
     learned = load_file(up.state / "policies" / state["policy_uri"])
     own = model.state_dict()
@@ -225,7 +212,7 @@ def test_learner_killed_mid_run_resumes_and_trains_every_prompt_once(bootstrap, 
     assert rc == 0, out[-4000:]
     assert "learner-0       | exited with -9" in out and "resuming run" in out
     _audit_exactly_once(up, bootstrap, steps)
-    summary = json.loads((up.run_dir() / "summary.json").read_text())
+    summary = up.run().summary()
     assert len(summary["reward_per_step"]) == steps
 
 
@@ -239,8 +226,8 @@ def test_prompts_that_cannot_be_generated_stop_the_stack_with_the_reason(bootstr
     assert rc == 2, out[-4000:]
     assert "prompts in a row went to rl.dlq" in out and "less than or equal to 256" in out
     assert "learner-0 cannot start (configuration error" in out
-    state = json.loads((up.run_dir() / "state.json").read_text())
-    assert state["counts"]["dlq"] == 8 and state["step"] == 0
+    run = up.run()
+    assert run.counts["dlq"] == 8 and run.step == 0
 
 
 @pytest.mark.slow
@@ -252,7 +239,7 @@ def test_learner_killed_three_times_ends_bitwise_equal_to_the_uninterrupted_loop
     run_loop's exactly, and the audit log holds every prompt once."""
     from safetensors.torch import load_file
 
-    from services.learner.learner import load_dataset
+    from services.learner.config import load_dataset
     from steadyrl.models import load_policy
     from steadyrl.rl.loop import LoopConfig, run_loop
     from steadyrl.rl.trainer import TrainConfig
@@ -269,7 +256,7 @@ def test_learner_killed_three_times_ends_bitwise_equal_to_the_uninterrupted_loop
         os.kill(up.child_pid("learner-0"), signal.SIGKILL)
         time.sleep(1.0)  # the supervisor notices; /progress answers again once restarted
         up.wait_step(0)
-        ckpts = up.run_dir() / "checkpoints"
+        ckpts = up.run().checkpoints
         marker.unlink()  # the restarted learner's next save kills it half-way
         deadline = time.monotonic() + 120
         while not marker.exists():
@@ -294,7 +281,7 @@ def test_learner_killed_three_times_ends_bitwise_equal_to_the_uninterrupted_loop
     _audit_exactly_once(up, bootstrap, steps)
     import pyarrow.dataset as ds
 
-    cache = ds.dataset(up.run_dir() / "rollout-cache", format="ipc").to_table()
+    cache = ds.dataset(up.run().rollout_cache, format="ipc").to_table()
     keys = list(zip(cache.column("prompt_id").to_pylist(), cache.column("sample").to_pylist()))
     assert len(keys) == len(set(keys)) == steps * lc["prompts_per_step"] * lc["group_size"]
     assert sorted(set(cache.column("step").to_pylist())) == list(range(1, steps + 1))
@@ -304,8 +291,7 @@ def test_learner_killed_three_times_ends_bitwise_equal_to_the_uninterrupted_loop
                      max_new_tokens=lc["max_new_tokens"], scorer="tiny_copy", seed=0,
                      train=TrainConfig(**lc["train"]))
     run_loop(model, tok, load_dataset(lc["data"]), cfg)
-    state = json.loads((up.run_dir() / "state.json").read_text())
-    learned = load_file(up.state / "policies" / state["policy_uri"])
+    learned = load_file(up.state / "policies" / up.run().policy_uri)
     own = model.state_dict()
     diff = max((learned[k] - own[k]).abs().max().item() for k in learned)
     print(f"max |killed pipeline - in-process| over all parameters: {diff}")
@@ -359,8 +345,7 @@ def test_reward_server_hanging_mid_run_training_goes_on_with_cached_scores(boots
     assert all(e["cache_of"] for s in by_source["cache"] for e in s.reward_extra)
     last = max(scored, key=lambda s: s.scored_ms)
     assert last.reward_source.value == "rule", "the breaker did not close after the server came back"
-    state = json.loads((up.run_dir() / "state.json").read_text())
-    assert state["counts"]["cache_scored"] >= float(cached[0].split()[-1])  # saved; it grew after the sample
+    assert up.run().counts["cache_scored"] >= float(cached[0].split()[-1])  # saved; it grew after the sample
 
 
 def _quarantine_cli(bootstrap: str, prefix: str, *args: str) -> subprocess.CompletedProcess:
@@ -422,14 +407,14 @@ def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(boo
     assert '"status": "released"' in shown.stdout and '"rules"' in shown.stdout, shown.stdout
     assert f"{release}  released" in listed
 
-    state = json.loads((up.run_dir() / "state.json").read_text())
-    consumed = [json.loads(line) for line in (up.run_dir() / "consumed.jsonl").read_text().splitlines()]
+    run = up.run()
+    consumed = run.consumed()
     trained = {c["prompt_id"]: c for c in consumed}
     assert len(trained) == len(consumed) == steps * 8, "a prompt was trained twice"
-    held = set(state["quarantined"])
+    held = set(run.quarantined)
     entries = read_quarantine(bootstrap, up.prefix)
     released = {q.group.prompt_id for q in entries[release].groups.values()}
-    assert state["counts"]["released"] == len(released) and not released & held
+    assert run.counts["released"] == len(released) and not released & held
     for pid in released:  # trained once, after the release, with the rewards it was held with
         assert trained[pid]["step"] > entries[release].first.step
     assert max(trained[pid]["reward_mean"] for pid in released) > 1.0
@@ -474,8 +459,8 @@ def test_a_full_train_buffer_evicts_and_every_prompt_is_still_trained_once(boots
     assert evicted and float(evicted[0].split()[-1]) >= 8, metrics
     aged = [line for line in metrics.splitlines() if line.startswith("steadyrl_rollout_sample_age_seconds_count")]
     assert aged and float(aged[0].split()[-1]) >= 16, metrics
-    state = json.loads((up.run_dir() / "state.json").read_text())
-    assert state["counts"].get("evicted", 0) >= 8, state["counts"]
+    counts = up.run().counts
+    assert counts["evicted"] >= 8, counts
     assert "train buffer full: group evicted" in up.log()
     _audit_exactly_once(up, bootstrap, steps)
 
@@ -496,7 +481,7 @@ def test_learner_on_finish_idle_stays_up_and_does_not_start_a_new_run(bootstrap,
         assert up.progress()["step"] == 3
         metrics = httpx.get(f"{up.url(8400)}/metrics", timeout=5).text
         assert "steadyrl_learner_reward_std NaN" in metrics   # no stale figure for the alert rules
-        runs = [d for d in (up.state / "learner").iterdir() if d.is_dir()]
+        runs = run_ids(up.state / "learner")
         assert len(runs) == 1, runs
     finally:
         up.close()

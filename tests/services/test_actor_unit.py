@@ -97,3 +97,45 @@ def test_within_a_run_the_newest_record_wins_even_a_lower_version(tmp_path):
     actor.load_version(13, "v3.safetensors", sha256_file(tmp_path / "v3.safetensors"), run_id=run)
     actor.load_version(10, "v4.safetensors", sha256_file(tmp_path / "v4.safetensors"), run_id=run)
     assert actor.version == 10
+
+
+def _version(root, seed: int, vocab: int, run: str = "r20261129T100000-aaaa", version: int = 1):
+    """A policy version folder (steadyrl/policy_files.py) of the tiny model with `seed`; (uri, sha256)."""
+    from steadyrl import policy_files
+    from steadyrl.checkpoint import unique_tensors
+
+    rel = policy_files.version_dir(run, version)
+    sha = policy_files.write_version(root, rel, unique_tensors(tiny_model(vocab, seed=seed).state_dict()))
+    return str(rel), sha
+
+
+def test_a_version_folder_is_loaded_and_every_shard_checked(tmp_path):
+    actor = _actor(tmp_path)
+    uri, sha = _version(tmp_path, seed=5, vocab=len(actor.tok))
+    actor.load_version(1, uri, sha, run_id="r20261129T100000-aaaa")
+    want = tiny_model(len(actor.tok), seed=5).state_dict()
+    assert actor.version == 1 and all(torch.equal(want[k], v) for k, v in actor.model.state_dict().items())
+    uri2, sha2 = _version(tmp_path, seed=6, vocab=len(actor.tok), version=2)
+    shard = tmp_path / uri2 / "model-00001-of-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(PolicyRefused) as e:  # the index is right, a shard is not
+        actor.load_version(2, uri2, sha2, run_id="r20261129T100000-aaaa")
+    assert e.value.reason == "sha256_mismatch" and "model-00001-of-00001" in e.value.detail and actor.version == 1
+
+
+def test_an_index_naming_a_file_outside_its_folder_is_refused(tmp_path):
+    import json
+
+    from steadyrl.policy_files import INDEX
+
+    actor = _actor(tmp_path)
+    uri, _ = _version(tmp_path, seed=5, vocab=len(actor.tok))
+    index = json.loads((tmp_path / uri / INDEX).read_text())
+    index["metadata"]["sha256"] = {"../../x.safetensors": "0" * 64}
+    index["weight_map"] = {k: "../../x.safetensors" for k in index["weight_map"]}
+    (tmp_path / uri / INDEX).write_text(json.dumps(index))
+    with pytest.raises(PolicyRefused) as e:
+        actor.load_version(1, uri, sha256_file(tmp_path / uri / INDEX), run_id="r20261129T100000-aaaa")
+    assert e.value.reason == "bad_index"

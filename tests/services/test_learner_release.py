@@ -2,7 +2,8 @@
 a held group read again after a restart stays held; only a copy that
 `steadyrl quarantine release` marked is trained, once."""
 
-from services.learner.learner import Learner, RunState
+from services.learner.intake import Intake
+from services.learner.state import Held, InFlight, RunState
 from steadyrl.quarantine import RELEASE_HEADER, batch_id
 from steadyrl import codec
 from steadyrl.contracts import Prompt, RewardSource, RolloutGroup, Sample, ScoredGroup
@@ -30,44 +31,44 @@ def group(pid: str, reward: float) -> ScoredGroup:
     return ScoredGroup(group=g, rewards=[reward] * 2, reward_source=RewardSource.rule, scorer="rule:t@1")
 
 
-def learner(state: RunState) -> Learner:
-    learner = Learner.__new__(Learner)   # only what _accept reads
-    learner.state, learner._ready = state, {}
-    return learner
+def learner(state: RunState) -> Intake:
+    """The learner's intake of rl.scored, on `state` (no broker: accept reads no config)."""
+    return Intake(None, state, outbox=None, stage="learner/0")
 
 
 def held_state() -> RunState:
     st = RunState(run_id="r1")
-    st.quarantined["r1/e0-i1"] = {"seq": 3, "epoch": 0, "index": 1, "attempt": 0, "released": False,
-                                  "evicted": 0, "batch_id": batch_id("r1", 5, ["r1/e0-i1"])}
+    st.quarantined["r1/e0-i1"] = Held(seq=3, epoch=0, index=1, attempt=0, released=False,
+                                      evicted=0, batch_id=batch_id("r1", 5, ["r1/e0-i1"]))
     return st
 
 
 def test_a_held_group_read_again_without_the_release_header_stays_held():
     lrn = learner(held_state())
-    lrn._accept(Msg(group("r1/e0-i1", 5.0), offset=7))      # the original, re-read after a restart
-    assert "r1/e0-i1" in lrn.state.quarantined and lrn._ready == {}
-    assert lrn.state.counts == {"duplicate": 1}
+    lrn.accept(Msg(group("r1/e0-i1", 5.0), offset=7))      # the original, re-read after a restart
+    assert "r1/e0-i1" in lrn.st.quarantined and lrn.ready == {}
+    assert lrn.st.counts == {"duplicate": 1}
 
 
 def test_the_released_copy_is_trained_once_as_released():
     bid = batch_id("r1", 5, ["r1/e0-i1"])
     lrn = learner(held_state())
-    lrn._accept(Msg(group("r1/e0-i1", 5.0), offset=9, release=bid))
-    assert lrn.state.quarantined == {} and list(lrn._ready) == ["r1/e0-i1"]
-    assert lrn.state.in_flight["r1/e0-i1"]["released"] is True and "batch_id" not in lrn.state.in_flight["r1/e0-i1"]
-    lrn._accept(Msg(group("r1/e0-i1", 5.0), offset=10, release=bid))   # released twice: a duplicate
-    assert lrn.state.counts == {"released": 1, "duplicate": 1}
+    lrn.accept(Msg(group("r1/e0-i1", 5.0), offset=9, release=bid))
+    assert lrn.st.quarantined == {} and list(lrn.ready) == ["r1/e0-i1"]
+    assert lrn.st.in_flight["r1/e0-i1"].released is True
+    assert type(lrn.st.in_flight["r1/e0-i1"]) is InFlight  # not Held: no batch id
+    lrn.accept(Msg(group("r1/e0-i1", 5.0), offset=10, release=bid))   # released twice: a duplicate
+    assert lrn.st.counts == {"released": 1, "duplicate": 1}
 
 
 def test_a_release_reaching_a_learner_resumed_from_before_the_hold_replaces_the_original():
     st = RunState(run_id="r1")   # restored from a checkpoint older than the hold: the prompt is in flight
-    st.in_flight["r1/e0-i1"] = {"seq": 3, "epoch": 0, "index": 1, "attempt": 0, "released": False, "evicted": 0}
+    st.in_flight["r1/e0-i1"] = InFlight(seq=3, epoch=0, index=1, attempt=0, released=False, evicted=0)
     lrn = learner(st)
-    lrn._accept(Msg(group("r1/e0-i1", 5.0), offset=7))                     # original: waits to be judged
-    lrn._accept(Msg(group("r1/e0-i1", 5.0), offset=9, release="r1/q000005-x"))
-    assert lrn._ready["r1/e0-i1"][2] == 9 and lrn.state.in_flight["r1/e0-i1"]["released"] is True
-    assert lrn.state.counts == {"released_in_flight": 1}  # not "released": the feeder replaced nothing
+    lrn.accept(Msg(group("r1/e0-i1", 5.0), offset=7))                     # original: waits to be judged
+    lrn.accept(Msg(group("r1/e0-i1", 5.0), offset=9, release="r1/q000005-x"))
+    assert lrn.ready["r1/e0-i1"].offset == 9 and lrn.st.in_flight["r1/e0-i1"].released is True
+    assert lrn.st.counts == {"released_in_flight": 1}  # not "released": the feeder replaced nothing
 
 
 def test_batch_ids_name_the_groups_not_the_order():

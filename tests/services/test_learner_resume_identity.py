@@ -12,7 +12,8 @@ import pytest
 from steadyrl import checkpoint as ck
 from steadyrl.config import ConfigError
 
-from services.learner.learner import Learner, RunState
+from services.learner.resume import open_run
+from services.learner.state import RunState
 
 
 def fingerprint(prefix: str, cluster: str) -> dict:
@@ -20,19 +21,36 @@ def fingerprint(prefix: str, cluster: str) -> dict:
             "algorithm": "grpo", "topic_prefix": prefix, "scored_topic_id": cluster}
 
 
-def learner(tmp_path, prefix: str, cluster: str) -> Learner:
-    lrn = Learner.__new__(Learner)  # only what _open_run reads
-    lrn.lc = SimpleNamespace(state_dir=tmp_path, resume="auto")
-    lrn.fingerprint = fingerprint(prefix, cluster)
-    lrn._restore_weights = lambda st: None  # no checkpoint yet: the weights of the policy store
-    return lrn
+class NoWeights:
+    """resume.Restorer for runs without a checkpoint yet: the policy store's weights (none here)."""
+
+    def from_checkpoint(self, path):
+        raise AssertionError("no checkpoint in these runs")
+
+    def from_policy(self, st):
+        pass
+
+
+class Opener:
+    """open_run as the learner calls it, with `lc.resume` settable as in the config."""
+
+    def __init__(self, tmp_path, prefix: str, cluster: str):
+        self.lc = SimpleNamespace(state_dir=tmp_path, resume="auto")
+        self.fingerprint = fingerprint(prefix, cluster)
+
+    def _open_run(self) -> RunState:
+        return open_run(self.lc.state_dir, self.lc.resume, self.fingerprint, NoWeights())
+
+
+def learner(tmp_path, prefix: str, cluster: str) -> Opener:
+    return Opener(tmp_path, prefix, cluster)
 
 
 @pytest.fixture
 def unfinished_run(tmp_path):
     st = RunState(run_id="r-a", config=fingerprint("a.", "cluster-1"), step=7)
     (tmp_path / "r-a").mkdir()
-    ck.write_atomic(tmp_path / "r-a" / "state.json", json.dumps(st.__dict__))
+    ck.write_atomic(tmp_path / "r-a" / "state.json", st.model_dump_json())
     ck.write_atomic(tmp_path / "CURRENT", "r-a\n")
     return st
 
@@ -57,7 +75,7 @@ def test_a_run_saved_before_the_topic_keys_existed_resumes_and_records_them(tmp_
     old = {k: v for k, v in fingerprint("a.", "id-1").items() if k not in ("topic_prefix", "scored_topic_id")}
     st = RunState(run_id="r-old", config=old, step=4)
     (tmp_path / "r-old").mkdir()
-    ck.write_atomic(tmp_path / "r-old" / "state.json", json.dumps(st.__dict__))
+    ck.write_atomic(tmp_path / "r-old" / "state.json", st.model_dump_json())
     ck.write_atomic(tmp_path / "CURRENT", "r-old\n")
     with caplog.at_level(logging.WARNING):
         got = learner(tmp_path, "a.", "id-1")._open_run()

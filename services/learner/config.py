@@ -1,0 +1,113 @@
+"""The learner's settings: its `learner:` section of the stack's YAML, and the datasets it names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from services.learner.prompt_gate import PromptGateConfig
+from services.learner.watch import WatchConfig
+from steadyrl.config import ServiceConfig
+from steadyrl.data import load_rows, tiny_copy_rows
+from steadyrl.rl.trainer import TrainConfig
+
+
+class LearnerSection(BaseModel):
+    """The learner's own settings (the defaults are `make run`: SmolLM2 on the arithmetic set)."""
+
+    model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
+
+    model: str = Field("smollm2-135m-instruct", description="smollm2-135m-instruct, tiny, or a local HF dir.")
+    data: str = Field("data/arithmetic/train.parquet", description="verl parquet, JSONL, or tiny_copy:N.")
+    eval_data: str | None = Field("data/arithmetic/test.parquet",
+                                  description="Greedy accuracy before and after training (None: skip).")
+    eval_limit: int = Field(0, ge=0, description="Rows of eval_data, spread evenly (0: all).")
+    eval_scorer: str = "numeric_match"
+    eval_max_new_tokens: int = Field(32, ge=1)
+    steps: int = Field(20, ge=1, description="Policy updates; the learner exits when done.")
+    prompts_per_step: int = Field(8, ge=1, description="B: groups per update.")
+    group_size: int = Field(8, ge=1, description="G: samples per prompt.")
+    max_new_tokens: int = Field(32, ge=1)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_staleness: int = Field(0, ge=0, description="Train on groups from versions >= step - max_staleness "
+                               "(0 on a CPU-only machine: generation and training share the cores).")
+    seed: int = Field(0, description="Prompt order, sampling seeds and the tiny model's init.")
+    policy_root: Path = Field(Path(".steadyrl/policies"), description="Weights are written under it (the actor's root).")
+    keep_policies: int = Field(3, ge=2, description="Policy files kept per run (the newest; >= 2 so the one "
+                                                   "state.json names survives a crash mid-step).")
+    state_dir: Path = Field(Path(".steadyrl/learner"), description="Run state, audit log and summary.")
+    resume: str = Field("auto", description="auto: continue the unfinished run in state_dir from its newest "
+                                            "valid checkpoint; never: always a new run; or a checkpoint folder.")
+    on_finish: Literal["exit", "idle"] = Field(
+        "exit", description="When the run is done: exit 0 (`steadyrl up`, compose), or idle and keep serving "
+                            "/progress and the probes until stopped (a Kubernetes StatefulSet, which would "
+                            "restart an exited learner into a new run).")
+    checkpoint_every: int = Field(5, ge=1, description="Steps between checkpoints (also one on stop and at the end).")
+    keep_checkpoints: int = Field(3, ge=1, description="Complete checkpoints kept per run.")
+    rollout_cache_max_file_bytes: int = Field(2 * 1024 ** 3, ge=1024,
+                                              description="Size cap of one rollout-cache part file, bytes.")
+    cache_scored_weight: float = Field(1.0, ge=0, le=1,
+                                       description="Scales the advantages of a cache-scored group (scored from a "
+                                                   "similar prompt while the reward server was down): its share "
+                                                   "of the policy-gradient signal. At 0 it adds no policy gradient; "
+                                                   "its tokens still count in token-mean, entropy/KL and PPO's "
+                                                   "value loss.")
+    max_buffer_size: int = Field(64, ge=1, description="Scored groups waiting for an update at most; one more "
+                                                       "evicts one (its prompt is published again).")
+    buffer_eviction: Literal["fifo", "priority"] = Field(
+        "fifo", description="fifo: the oldest goes; priority: the least mean |advantage| (no learning signal) goes.")
+    reward_watch: WatchConfig = WatchConfig()
+    prompt_gate: PromptGateConfig = PromptGateConfig()
+    train: TrainConfig = TrainConfig(lr=1e-5, temperature=0.8, total_steps=20)
+
+    @field_validator("data", "eval_data")
+    @classmethod
+    def _dataset_exists(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if v.startswith("tiny_copy:"):
+            n = v.split(":", 1)[1]
+            if not n.isdigit() or int(n) < 1:
+                raise ValueError(f"tiny_copy:N needs a row count N >= 1, got {n!r}")
+            return v
+        p = Path(v)
+        if p.suffix not in (".parquet", ".jsonl", ".json"):
+            raise ValueError(f"{v}: expected a .parquet (verl) or .jsonl file, or tiny_copy:N")
+        if not p.is_file():
+            raise ValueError(f"{v}: no such file (relative paths start at {Path.cwd()})")
+        return v
+
+    @model_validator(mode="after")
+    def _buffer_holds_a_batch(self) -> "LearnerSection":
+        if self.max_buffer_size < self.prompts_per_step:
+            raise ValueError(f"max_buffer_size {self.max_buffer_size} < prompts_per_step {self.prompts_per_step}: "
+                             "the buffer could never hold a batch")
+        return self
+
+    def fingerprint(self) -> dict:
+        """What a run cannot change on resume: model, data and the order and shape of batches."""
+        return {"model": self.model, "data": self.data, "prompts_per_step": self.prompts_per_step,
+                "group_size": self.group_size, "seed": self.seed, "algorithm": self.train.algorithm}
+
+
+class LearnerConfig(ServiceConfig):
+    """The learner process: the shared service settings and its own section."""
+
+    learner: LearnerSection = LearnerSection()
+
+
+def load_dataset(spec: str):
+    """Rows of `spec`: a file (see steadyrl.data.load_rows) or `tiny_copy:N`."""
+    if spec.startswith("tiny_copy:"):
+        return tiny_copy_rows(int(spec.split(":", 1)[1]), seed=0)
+    return load_rows(spec)
+
+
+def spread(rows: list, limit: int) -> list:
+    """`limit` rows evenly spread over `rows` (all when limit is 0 or larger)."""
+    if not limit or limit >= len(rows):
+        return rows
+    stride = len(rows) / limit
+    return [rows[int(i * stride)] for i in range(limit)]

@@ -1,0 +1,92 @@
+"""The prompt feeder: publishes the run's prompts on rl.prompts, never more than the
+staleness rule allows in flight.
+
+Prompts get deterministic ids `{run_id}/e{epoch}-i{index}` in the order of
+`steadyrl.rl.loop.prompt_batches` (the in-process loop's order), each with its sampling
+settings, seed and `min_policy_version` = the newest version at publish time. At most
+(max_staleness + 1) x B prompts are in flight (published, not yet trained), and never more
+than steps x B new prompts in all (plus one for each prompt lost to rl.dlq or held on
+rl.quarantine), so a finished run leaves none untrained. Prompts whose group was dropped
+(stale, evicted) are published again with the same id and a new seed (`requeue`). The prompt
+gate (services/learner/prompt_gate.py) keeps near-duplicates of recent prompts waiting.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+from services.learner.config import LearnerSection
+from services.learner.outbox import Outbox
+from services.learner.prompt_gate import PromptGate
+from services.learner.state import Count, InFlight, RunState
+from steadyrl.contracts import Prompt
+from steadyrl.rl.loop import prompt_batches, prompt_seed
+
+IN_FLIGHT = Gauge("steadyrl_learner_prompts_in_flight", "Prompts published and not yet trained")
+PUBLISHED = Counter("steadyrl_learner_prompts_published", "Prompts published to rl.prompts", ["kind"])
+
+
+class Feeder:
+    """Tops up rl.prompts from the dataset `rows` for the run in `st`."""
+
+    def __init__(self, lc: LearnerSection, rows: list, st: RunState, outbox: Outbox):
+        self.lc, self.rows, self.st, self.outbox = lc, rows, st, outbox
+        self.gate = PromptGate(lambda i: "\n".join(m["content"] for m in rows[i].messages),
+                               **lc.prompt_gate.model_dump())
+        if st.gate:
+            self.gate.restore(st.gate)
+        self._order = self._dataset_order()
+
+    def _dataset_order(self):
+        def flat():
+            for batch in prompt_batches(self.rows, self.lc.prompts_per_step, self.lc.seed):
+                yield from ((e, i) for e, i, _ in batch)
+
+        it = flat()
+        for _ in range(self.st.feeder_position):  # resume: skip what was already taken
+            next(it)
+        return it
+
+    def _pull(self) -> tuple[int, int]:
+        """The next (epoch, index) of the dataset order (the prompt gate may keep it waiting)."""
+        epoch, index = next(self._order)
+        self.st.feeder_position += 1
+        return epoch, index
+
+    def prompt(self, pid: str, f: InFlight) -> Prompt:
+        """The record of prompt `pid` (attempt n > 0: seed + 7919 n, a new sample)."""
+        row, lc = self.rows[f.index], self.lc
+        return Prompt(prompt_id=pid, epoch=f.epoch, index=f.index, messages=row.messages,
+                      n_samples=lc.group_size, data_source=row.data_source, ground_truth=row.ground_truth,
+                      extra_info=row.extra_info, run_id=self.st.run_id, temperature=lc.train.temperature,
+                      top_p=lc.top_p, max_new_tokens=lc.max_new_tokens,
+                      seed=prompt_seed(lc.seed, f.epoch, f.index) + 7919 * f.attempt,
+                      min_policy_version=self.st.step)
+
+    def top_up(self) -> int:
+        """Publish (and flush) prompts until (max_staleness + 1) x B are in flight and the
+        requeue is empty; returns how many. The caller saves the state when > 0: the gate's
+        wall-clock decisions are not repeatable."""
+        st, lc = self.st, self.lc
+        cap = (lc.max_staleness + 1) * lc.prompts_per_step
+        c = st.counts  # prompts lost to rl.dlq or held on rl.quarantine are replaced (less those released)
+        total = (lc.steps * lc.prompts_per_step + c.get(Count.dlq.value, 0) + c.get(Count.quarantined.value, 0)
+                 - c.get(Count.released.value, 0))
+        n = 0
+        while (len(st.in_flight) < cap and st.fed < total) or st.requeue:
+            if st.requeue:
+                pid = st.requeue.pop(0)
+                f = st.in_flight[pid]
+                PUBLISHED.labels("again").inc()
+            else:
+                epoch, index = self.gate.take(self._pull)  # near-duplicates of recent prompts wait
+                st.fed += 1
+                pid = f"{st.run_id}/e{epoch}-i{index}"
+                f = st.in_flight[pid] = InFlight(seq=st.fed, epoch=epoch, index=index)
+                PUBLISHED.labels("new").inc()
+            self.outbox.produce("rl.prompts", pid, self.prompt(pid, f))
+            n += 1
+        if n:
+            self.outbox.flush()
+        IN_FLIGHT.set(len(st.in_flight))
+        return n

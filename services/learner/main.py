@@ -1,0 +1,57 @@
+"""`python -m services.learner`: the learner process, its probes and `GET /progress`.
+
+/readyz checks real things: `model` (the weights are loaded and version `step` is in the
+policy store) and `assignment` (the consumer holds every partition of rl.scored).
+"""
+
+from __future__ import annotations
+
+from steadyrl.config import load
+
+
+def main(argv: list[str]) -> int:
+    from services.learner.config import LearnerConfig
+
+    cfg = load(LearnerConfig, argv, prog="steadyrl-learner")
+    from services.learner.loop import Learner
+    from steadyrl.service import run_service
+
+    state: dict = {}
+
+    def routes(app):
+        @app.get("/progress")
+        def progress() -> dict:
+            learner = state.get("learner")
+            return learner.progress if learner else {"phase": "loading", "done": False}
+
+    def build(health):
+        learner = Learner(cfg, health)
+        state["learner"] = learner
+        health.add_check("model", lambda: model_check(learner))
+        health.add_check("assignment", lambda: assignment_check(learner))
+        return learner
+
+    return run_service("learner", cfg, build, extra_routes=routes)
+
+
+def model_check(learner) -> tuple[bool, str]:
+    """Ready when the weights are loaded and the version the state names was published."""
+    st = learner.state
+    if learner.model is None or not st.policy_uri:
+        return False, f"{learner.lc.model}: no policy version published yet"
+    return True, f"{learner.lc.model} loaded; run {st.run_id} step {st.step} ({st.policy_uri})"
+
+
+def assignment_check(learner) -> tuple[bool, str]:
+    """Ready when the consumer holds every partition of rl.scored (and rl.dlq)."""
+    consumer = learner.consumer
+    if consumer is None:
+        return False, "not reading rl.scored yet"
+    try:
+        parts = consumer.assignment()
+    except RuntimeError as e:  # closed: the run ended or is stopping
+        return False, f"consumer closed: {e}"
+    scored = sum(1 for tp in parts if tp.topic == learner.topics["rl.scored"])
+    if scored == 0 or scored < len(learner.state.offsets):
+        return False, f"{scored} of {len(learner.state.offsets)} partitions of rl.scored assigned"
+    return True, f"{scored} partitions of rl.scored assigned"

@@ -1,0 +1,63 @@
+"""Small pieces of the learner that the loop composes: the restorer of saved weights, the
+rollout cache of the run, and the history row of one step."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from services.learner.metrics import EXPORTED
+from services.learner.state import RunState
+from steadyrl import checkpoint as ck
+from steadyrl.config import ConfigError
+from steadyrl.contracts import ScoredGroup
+from steadyrl.rollout_cache import CacheSchemaError, RolloutCache
+
+log = logging.getLogger("steadyrl.learner")
+
+
+class Weights:
+    """resume.Restorer over the learner's model, trainer (optimizer, LR schedule) and policy store."""
+
+    def __init__(self, learner):
+        self.model, self.trainer, self.store = learner.model, learner.trainer, learner.store
+
+    def from_checkpoint(self, path: Path) -> RunState:
+        meta = ck.load(path, self.model, self.trainer.opt, self.trainer.sched)
+        self.trainer.global_step = meta["global_step"]
+        ck.set_rng_state(meta["rng"])
+        st = RunState.parse(json.dumps(meta["learner_state"]), f"{path}/meta.json learner_state")
+        log.warning("resuming run from checkpoint", extra={"run_id": st.run_id, "step": st.step,
+                                                           "checkpoint": str(path)})
+        return st
+
+    def from_policy(self, st: RunState) -> None:
+        self.store.load(self.model, st)
+        self.trainer.global_step = st.step
+        for _ in range(st.step):
+            self.trainer.sched.step()
+
+
+def open_cache(run_dir: Path, st: RunState, max_file_bytes: int) -> RolloutCache:
+    """The run's Arrow rollout cache, without rows of steps after the resumed one.
+    Raises ConfigError (exit 2) when the cache was written with another schema."""
+    try:
+        cache = RolloutCache(run_dir / "rollout-cache", max_file_bytes)
+    except CacheSchemaError as e:  # cannot resume onto it: say so and stop
+        raise ConfigError(f"cannot resume run {st.run_id}: {e}") from None
+    if cache.truncate_after(st.step):
+        log.warning("rollout cache rows after the resumed step dropped", extra={"step": st.step})
+    return cache
+
+
+def history_row(step: int, metrics: dict, groups: list[ScoredGroup], seconds: float) -> dict:
+    """One step of `state.json`'s history: reward mean/std, response tokens, wall seconds since
+    the last step, tokens/s, the policy versions trained on, cache-scored groups, and the
+    trainer metrics exported under verl's names."""
+    tokens = sum(len(s.token_ids) for sg in groups for s in sg.group.samples)
+    return {"step": step, "reward_mean": metrics["critic/score/mean"], "reward_std": metrics["critic/score/std"],
+            "tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": tokens / max(seconds, 1e-9),
+            "policy_versions": sorted({sg.group.policy_version for sg in groups}),
+            "cache_scored": sum(1 for sg in groups if sg.reward_source.value == "cache"),
+            **{k: v for k, v in metrics.items() if k in EXPORTED}}

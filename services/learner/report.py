@@ -1,0 +1,111 @@
+"""What a run reports when it ends: greedy test accuracy before and after, `summary.json`,
+the SUMMARY lines and the reward curve (`curve.png`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from prometheus_client import Gauge
+from scipy.stats import binomtest
+
+from services.learner.config import LearnerSection, load_dataset, spread
+from services.learner.state import RunState
+from steadyrl.files import write_atomic
+
+log = logging.getLogger("steadyrl.learner")
+
+EVAL_ACCURACY = Gauge("steadyrl_learner_eval_accuracy", "Greedy test-split accuracy", ["when"])
+
+
+def paired_margin(before: list[bool], after: list[bool]) -> dict:
+    """Accuracy change on the same n items, its 95% margin and McNemar's exact p-value.
+
+    margin = 1.96 x s.e. of the paired difference, s.e. = sqrt(b + c - (b - c)^2 / n) / n with
+    b, c the discordant counts (McNemar 1947; the paired-proportion normal interval).
+    """
+    n = len(before)
+    b = sum(1 for x, y in zip(before, after) if not x and y)   # wrong -> right
+    c = sum(1 for x, y in zip(before, after) if x and not y)   # right -> wrong
+    delta = (b - c) / n
+    se = max(b + c - (b - c) ** 2 / n, 0.0) ** 0.5 / n
+    p = binomtest(b, b + c, 0.5).pvalue if b + c else 1.0
+    return {"n": n, "improved": b, "regressed": c, "delta": delta, "margin_95": 1.96 * se,
+            "mcnemar_p": p, "learned": delta > 1.96 * se}
+
+
+def evaluate(lc: LearnerSection, model, tok, when: str, beat) -> dict | None:
+    """Greedy accuracy of `model` on lc.eval_data (None when there is none); `beat` is called
+    after every batch (liveness)."""
+    from steadyrl.rl.loop import evaluate as greedy_eval
+
+    if lc.eval_data is None:
+        return None
+    rows = spread(load_dataset(lc.eval_data), lc.eval_limit)
+    t0 = time.perf_counter()
+    acc, items = greedy_eval(model, tok, rows, lc.eval_scorer, lc.eval_max_new_tokens, on_batch=beat)
+    EVAL_ACCURACY.labels(when).set(acc)
+    result = {"accuracy": acc, "n": len(items), "correct": sum(i["correct"] for i in items),
+              "seconds": round(time.perf_counter() - t0, 1), "correct_items": [i["correct"] for i in items]}
+    log.info("evaluation", extra={"when": when, "accuracy": acc, "n": len(items)})
+    return result
+
+
+def summary(lc: LearnerSection, st: RunState) -> dict:
+    """The run's summary.json: configuration, counts, reward and seconds per step, evaluation."""
+    out = {"run_id": st.run_id, "steps": st.step, "model": lc.model, "data": lc.data,
+           "prompts_per_step": lc.prompts_per_step, "group_size": lc.group_size,
+           "max_staleness": lc.max_staleness, "lr": lc.train.lr, "counts": st.counts,
+           "reward_per_step": [round(h["reward_mean"], 4) for h in st.history],
+           "seconds_per_step": [h["seconds"] for h in st.history]}
+    b, a = st.eval_before, st.eval_after
+    if b and a:
+        out["eval"] = {"data": lc.eval_data, "before": b["accuracy"], "after": a["accuracy"],
+                       **paired_margin(b["correct_items"], a["correct_items"])}
+    return out
+
+
+def write_summary(lc: LearnerSection, st: RunState, run_dir: Path) -> Path:
+    """Write summary.json and curve.png into `run_dir` and print the SUMMARY lines."""
+    s = summary(lc, st)
+    path = run_dir / "summary.json"
+    write_atomic(path, json.dumps(s, indent=2))
+    try:
+        plot(s, run_dir / "curve.png")
+    except Exception as e:  # a missing font must not fail the run
+        log.warning("curve not drawn", extra={"error": str(e)})
+    lines = [f"run {s['run_id']}: {s['steps']} steps of {lc.model} on {lc.data} "
+             f"(B={s['prompts_per_step']} x G={s['group_size']}, max_staleness {s['max_staleness']})",
+             "reward per step: " + " ".join(f"{r:.2f}" for r in s["reward_per_step"])]
+    if "eval" in s:
+        e = s["eval"]
+        lines.append(f"test accuracy (greedy, n={e['n']}): before {e['before']:.4f}, after {e['after']:.4f}, "
+                     f"change {e['delta']:+.4f} (95% margin +-{e['margin_95']:.4f}, McNemar p={e['mcnemar_p']:.3g})"
+                     f" -> {'LEARNED' if e['learned'] else 'not above noise'}")
+    lines.append(f"counts: {s['counts']}; summary {path}")
+    for line in lines:
+        print(f"SUMMARY {line}", flush=True)
+    return path
+
+
+def plot(s: dict, path: Path) -> None:
+    """Batch reward per step, and the test accuracy before and after, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(s["reward_per_step"]) + 1), s["reward_per_step"], marker="o", label="batch reward mean")
+    if "eval" in s:
+        ax.axhline(s["eval"]["before"], color="grey", ls="--", label=f"test acc before {s['eval']['before']:.3f}")
+        ax.axhline(s["eval"]["after"], color="green", ls="--", label=f"test acc after {s['eval']['after']:.3f}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward / accuracy")
+    ax.set_title(f"{s['model']} GRPO through Kafka ({s['run_id']})", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

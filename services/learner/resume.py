@@ -1,0 +1,116 @@
+"""Which run the learner continues, and from what.
+
+Files live in `<state_dir>/<run_id>/`; `<state_dir>/CURRENT` names the run in progress.
+
+    learner.resume = auto     CURRENT names an unfinished run with the same fingerprint:
+                              continue it from its newest valid checkpoint (or, before the
+                              first one, from the policy store's weights); else a new run
+    learner.resume = never    always a new run
+    learner.resume = <folder> that checkpoint; it must verify and match (else ConfigError)
+
+The fingerprint is what a run cannot change on resume: the learner section's
+(`LearnerSection.fingerprint`), the topic prefix and the id of rl.scored (its offsets point
+into that topic: the id differs between prefixes, clusters and re-creations).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Protocol
+
+from services.learner.state import RunState, new_run_id
+from steadyrl import checkpoint as ck
+from steadyrl.config import ConfigError
+from steadyrl.files import write_atomic
+
+log = logging.getLogger("steadyrl.learner")
+
+
+class Restorer(Protocol):
+    """Puts saved weights into the live model and trainer."""
+
+    def from_checkpoint(self, path: Path) -> RunState:
+        """Weights, optimizer, LR schedule and RNG of a verified checkpoint; its run state."""
+
+    def from_policy(self, st: RunState) -> None:
+        """The weights `st` names in the policy store (a run with no checkpoint yet)."""
+
+
+def recorded(want: dict, saved: dict, what: str) -> dict:
+    """`want` without the keys `saved` lacks: a run or checkpoint written before a key joined
+    the fingerprint resumes (with a warning) instead of being abandoned."""
+    missing = sorted(k for k in want if k not in saved)
+    if missing:
+        log.warning("saved by an older version: these were not recorded, so not checked",
+                    extra={"run": what, "not_recorded": missing})
+    return {k: v for k, v in want.items() if k in saved}
+
+
+def open_run(state_dir: Path, resume: str, fingerprint: dict, restorer: Restorer) -> RunState:
+    """The run to continue, or a new one (see the module doc); CURRENT names it afterwards.
+
+    Raises ConfigError (exit 2) when an explicit `resume` checkpoint does not verify or does
+    not match; StateError when a saved state cannot be read; CheckpointError when every
+    checkpoint of the run to continue is broken.
+    """
+    current = state_dir / "CURRENT"
+    if resume not in ("auto", "never"):
+        path = Path(resume)
+        try:
+            saved = ck.verify(path).get("config", {})
+        except ck.CheckpointError as e:
+            raise ConfigError(f"learner.resume: {e}") from None
+        for k, v in recorded(fingerprint, saved, str(path)).items():
+            if saved[k] != v:
+                raise ConfigError(f"learner.resume: {path}: {k} mismatch: expected {v!r}, got {saved[k]!r}")
+        st = restorer.from_checkpoint(path)
+        st.config = fingerprint
+        write_atomic(current, st.run_id + "\n")
+        return st
+    if resume == "auto" and current.exists():
+        st = _continue(state_dir / current.read_text().strip(), fingerprint, restorer)
+        if st is not None:
+            return st
+    st = RunState(run_id=new_run_id(), config=fingerprint)
+    write_atomic(current, st.run_id + "\n")
+    return st
+
+
+def _continue(run_dir: Path, fingerprint: dict, restorer: Restorer) -> RunState | None:
+    """The unfinished run in `run_dir` if its fingerprint matches; None: start a new run."""
+    path = run_dir / "state.json"
+    if not path.exists():
+        return None
+    st = RunState.parse(path.read_text(), str(path))
+    if st.finished:
+        return None
+    check = recorded(fingerprint, st.config, st.run_id)
+    changed = {k: f"{st.config.get(k)!r} -> {v!r}" for k, v in check.items() if st.config.get(k) != v}
+    if changed:
+        log.warning("not resuming the unfinished run: its configuration differs; starting a new run",
+                    extra={"run_id": st.run_id, "step": st.step, "changed": changed})
+        return None
+    found = ck.latest_valid(run_dir / "checkpoints", check)  # raises if all are broken
+    if found is not None:
+        st = restorer.from_checkpoint(found)  # latest_valid verified it
+    else:
+        restorer.from_policy(st)
+        log.warning("resuming run without a checkpoint yet", extra={
+            "run_id": st.run_id, "step": st.step, "note": "optimizer moments restart from zero"})
+    st.config = fingerprint  # records now what an older version did not
+    return st
+
+
+def trim_audit(run_dir: Path, step: int) -> None:
+    """Drop audit lines (consumed.jsonl) of steps after `step`, the saved state's (a crash
+    between the two writes): those groups are re-read from the saved offsets and trained again."""
+    path = run_dir / "consumed.jsonl"
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines()
+    keep = [line for line in lines if json.loads(line)["step"] <= step]
+    if len(keep) != len(lines):
+        log.warning("audit log trimmed to the saved step", extra={"step": step, "dropped": len(lines) - len(keep)})
+        write_atomic(path, "".join(line + "\n" for line in keep))

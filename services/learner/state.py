@@ -1,0 +1,118 @@
+"""The learner's run state: what `state.json` holds, typed.
+
+`state.json` (and the `learner_state` of every checkpoint's meta) is `RunState.model_dump()`:
+the same JSON the learner wrote before these models existed (dataclasses then), so a run
+written by an earlier version reads back here; a key this version does not know is refused by
+name (`StateError`) rather than dropped.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from steadyrl.contracts import ScoredGroup
+
+
+class StateError(ValueError):
+    """A saved run state this version cannot read; the message names the file and the field."""
+
+
+class Count(str, Enum):
+    """What `RunState.counts` counts (its keys, as written to state.json and summary.json)."""
+
+    stale_dropped = "stale_dropped"              # group older than max_staleness: prompt published again
+    future_dropped = "future_dropped"            # group from weights a crash threw away: published again
+    dlq = "dlq"                                  # prompt lost to rl.dlq: the feeder publishes another
+    rejected = "rejected"                        # rl.scored record the codec refused (sent to rl.dlq)
+    foreign = "foreign"                          # a group of another run
+    duplicate = "duplicate"                      # a group already trained, held, or waiting
+    released = "released"                        # a quarantined group a person let through
+    released_in_flight = "released_in_flight"    # ... reaching a learner resumed from before the hold
+    quarantined = "quarantined"                  # groups held on rl.quarantine
+    quarantined_batches = "quarantined_batches"
+    evicted = "evicted"                          # groups evicted from the full train buffer
+    cache_scored = "cache_scored"                # trained groups scored from the cache
+    oom_fallback = "oom_fallback"                # steps retried in the safe mode
+    reward_watch_alerts = "reward_watch_alerts"
+    reward_watch_rebaselined = "reward_watch_rebaselined"
+
+
+class _Saved(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a key from a newer version: refused, not dropped
+
+
+class InFlight(_Saved):
+    """A published prompt not yet trained on."""
+
+    seq: int                 # feeder order (batches are sorted by it)
+    epoch: int
+    index: int
+    attempt: int = 0         # > 0: published again (stale, evicted): a new seed
+    released: bool = False   # its group came back from rl.quarantine: trained as-is, however stale
+    evicted: int = 0         # times its group was evicted from the full train buffer
+
+
+class Held(InFlight):
+    """A prompt whose group the reward watch held on rl.quarantine."""
+
+    batch_id: str
+
+
+class RunState(_Saved):
+    """What `state.json` holds: enough to continue the run after a restart."""
+
+    run_id: str
+    config: dict = Field(default_factory=dict)                  # the run's fingerprint (resume.fingerprint)
+    step: int = 0
+    policy_uri: str = ""
+    policy_sha256: str = ""
+    offsets: dict[str, int] = Field(default_factory=dict)       # partition -> next offset of rl.scored
+    dlq_offset: int = -1                                         # next offset of rl.dlq (-1: not set)
+    feeder_position: int = 0                                     # prompts pulled from the dataset order
+    fed: int = -1                                                # new prompts published (-1: = feeder_position)
+    gate: dict = Field(default_factory=dict)                     # the prompt gate (PromptGate.state)
+    in_flight: dict[str, InFlight] = Field(default_factory=dict)
+    requeue: list[str] = Field(default_factory=list)             # prompt ids to publish again
+    quarantined: dict[str, Held] = Field(default_factory=dict)
+    watch: dict = Field(default_factory=dict)                    # the reward watch (RewardWatch.state)
+    trained: list[str] = Field(default_factory=list)
+    counts: dict[str, int] = Field(default_factory=dict)         # Count -> n
+    history: list[dict] = Field(default_factory=list)            # per step: reward mean/std, tokens, seconds
+    eval_before: dict | None = None
+    eval_after: dict | None = None
+    finished: bool = False
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> "RunState":
+        """The state saved as `text` (JSON). Raises StateError naming `where` and the field."""
+        try:
+            st = cls.model_validate_json(text)
+        except ValidationError as e:
+            fields = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()[:5])
+            raise StateError(f"{where}: not a run state this version can read ({fields})") from None
+        if st.fed < 0:  # written before the prompt gate: every prompt pulled was published
+            st.fed = st.feeder_position
+        return st
+
+    def count(self, what: Count, n: int = 1) -> None:
+        self.counts[what.value] = self.counts.get(what.value, 0) + n
+
+
+@dataclass
+class Ready:
+    """A scored group read from rl.scored, waiting in the train buffer for an update."""
+
+    group: ScoredGroup
+    partition: int
+    offset: int
+    arrival: int = 0   # arrival number (fifo eviction: services/learner/buffer.py)
+
+
+def new_run_id() -> str:
+    """Sorts by start time, so the actor can tell a later run from an earlier one."""
+    return time.strftime("r%Y%m%dT%H%M%S", time.gmtime()) + f"-{random.getrandbits(16):04x}"

@@ -1,0 +1,142 @@
+"""The policy store's layout: how one policy version lies on disk, written by the learner and
+read by the actor (torch or vLLM).
+
+    <policy_root>/<run_id>/v000007/
+        model.safetensors.index.json          Hugging Face's sharded-checkpoint index:
+                                              {"metadata": {"total_size", "sha256": {file: hex}},
+                                               "weight_map": {tensor name: file}}
+        model-00001-of-00001.safetensors      the shards (one today; a sharded learner writes N)
+
+A version is a Hugging Face weights folder, so vLLM (`reload_weights(weights_path=...)`) and
+`transformers` read it as it is, and one index serves a single-file learner and a sharded one.
+The `rl.policy` record names the folder (`uri`, relative to the root) and the sha256 of its
+index; the index holds each shard's sha256, so checking the index's hash and then each
+shard's checks every byte. A version is written into a hidden folder and renamed into place:
+readers see a whole version or none.
+
+Before this layout (main up to 4bba081) a version was one file `<run_id>/v000007.safetensors`
+and `sha256` was that file's: `read_version` still accepts such a record (a resumed run's
+first announcement, an old record on the compacted topic).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+INDEX = "model.safetensors.index.json"
+
+
+class PolicyRefused(Exception):
+    """A policy record that must not be loaded; `reason` is a short label for metrics."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+def version_dir(run_id: str, version: int) -> Path:
+    """The folder of one version, relative to the policy root."""
+    return Path(run_id) / f"v{version:06d}"
+
+
+def write_version(root: Path, rel: Path, tensors: dict) -> str:
+    """Write `tensors` (name -> CPU torch.Tensor, no shared storage) as the version folder
+    `root/rel`; returns the sha256 of its index (what `rl.policy` announces).
+
+    Rewriting a version with the same bytes keeps the folder; other bytes replace it.
+    Raises OSError when the disk refuses.
+    """
+    from steadyrl.checkpoint import write_safetensors
+
+    final = root / rel
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    shard = "model-00001-of-00001.safetensors"
+    written = write_safetensors(tmp / shard, tensors)  # fsynced, hashed on the way
+    index = {"metadata": {"total_size": written["size"], "sha256": {shard: written["sha256"]}},
+             "weight_map": {name: shard for name in tensors}}
+    text = json.dumps(index, indent=1, sort_keys=True) + "\n"
+    (tmp / INDEX).write_text(text)
+    from steadyrl.files import sha256_file
+
+    digest = sha256_file(tmp / INDEX)
+    if (final / INDEX).is_file() and sha256_file(final / INDEX) == digest:
+        shutil.rmtree(tmp)  # the same version again (a resumed run re-announces it)
+        return digest
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    return digest
+
+
+def resolve(root: Path, uri: str) -> Path:
+    """The version folder (or legacy file) `uri` names, checked to lie under `root`.
+
+    Raises PolicyRefused: outside_root, not_safetensors (neither a folder nor a .safetensors
+    file), missing.
+    """
+    p = Path(uri)
+    p = (p if p.is_absolute() else root / p).resolve()
+    if not p.is_relative_to(root):
+        raise PolicyRefused("outside_root", f"{uri} resolves to {p}, outside policy_root {root}")
+    if p.suffix not in ("", ".safetensors"):
+        raise PolicyRefused("not_safetensors", f"{p} is neither a version folder nor a .safetensors file")
+    if not (p / INDEX if p.suffix == "" else p).is_file():
+        raise PolicyRefused("missing", f"{p} does not exist" + (f" (no {INDEX})" if p.is_dir() else ""))
+    return p
+
+
+def read_version(root: Path, uri: str, sha256: str) -> dict:
+    """The tensors (name -> torch.Tensor) of the version `uri`, every byte checked against
+    `sha256` (the index's, or a legacy file's). Raises PolicyRefused (see resolve;
+    sha256_mismatch, bad_index)."""
+    from safetensors.torch import load_file
+
+    from steadyrl.files import sha256_file
+
+    path = resolve(root, uri)
+    head = path / INDEX if path.is_dir() else path
+    got = sha256_file(head)
+    if got != sha256:
+        raise PolicyRefused("sha256_mismatch", f"{head}: expected {sha256}, got {got}")
+    if not path.is_dir():
+        return load_file(str(path))
+    try:
+        index = json.loads(head.read_text())
+        shards = index["metadata"]["sha256"]
+        files = set(index["weight_map"].values())
+    except (ValueError, KeyError, TypeError) as e:
+        raise PolicyRefused("bad_index", f"{head}: {e!r}") from None
+    if files - set(shards) or any(Path(f).name != f for f in shards):
+        raise PolicyRefused("bad_index", f"{head}: every shard must be a file of the folder with a sha256")
+    tensors: dict = {}
+    for shard, want in sorted(shards.items()):
+        got = sha256_file(path / shard)
+        if got != want:
+            raise PolicyRefused("sha256_mismatch", f"{path / shard}: expected {want}, got {got}")
+        tensors.update(load_file(str(path / shard)))
+    return tensors
+
+
+def prune(run_dir: Path, current: int, keep: int) -> None:
+    """Keep the newest `keep` versions up to `current` in `run_dir`; drop later ones (weights a
+    crash threw away: the learner resumed from an earlier checkpoint). Legacy files too."""
+    found = {}
+    for p in run_dir.glob("v*"):
+        stem = p.name.removesuffix(".safetensors")
+        if stem[1:].isdigit():
+            found.setdefault(int(stem[1:]), []).append(p)
+    later = [v for v in found if v > current]
+    kept = sorted(v for v in found if v <= current)[-keep:]
+    for v, paths in found.items():
+        if v in later or v not in kept:
+            for p in paths:
+                shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)

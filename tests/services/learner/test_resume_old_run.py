@@ -1,0 +1,105 @@
+"""A run written by main at 4bba081 (tests/fixtures/run-4bba081: the tiny stack stopped at step 6
+of 200) resumes with today's learner parts: its state.json and checkpoint read back typed, the
+weights are the checkpoint's, and the legacy one-file policy version still loads."""
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from services.learner.config import LearnerSection
+from services.learner.parts import Weights
+from services.learner.policy_store import PolicyStore
+from services.learner.resume import open_run
+from services.learner.state import InFlight, RunState, StateError
+from steadyrl import policy_files
+from steadyrl.models import load_policy
+from steadyrl.rl.trainer import Trainer
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "run-4bba081"
+RUN = "r20261201T075848-5c73"
+
+
+@pytest.fixture
+def old_run(tmp_path):
+    shutil.copytree(FIXTURE, tmp_path / "state")
+    state = tmp_path / "state"
+    section = yaml.safe_load((state / "config.yaml").read_text())["learner"]
+    lc = LearnerSection(**section, state_dir=state / "learner", policy_root=state / "policies")
+    torch.manual_seed(lc.seed)
+    model, tok = load_policy(lc.model, seed=lc.seed)
+    trainer = Trainer(model, tok.pad_token_id, lc.train)
+    store = PolicyStore(lc.policy_root, outbox=None, keep=lc.keep_policies)
+    parts = SimpleNamespace(model=model, trainer=trainer, store=store)
+    saved = json.loads((lc.state_dir / RUN / "state.json").read_text())
+    return lc, parts, saved
+
+
+def test_the_old_run_resumes_from_its_checkpoint(old_run):
+    lc, parts, saved = old_run
+    st = open_run(lc.state_dir, "auto", saved["config"], Weights(parts))
+    assert (st.run_id, st.step, st.finished) == (RUN, 6, False)
+    assert len(st.in_flight) == 16 and all(isinstance(f, InFlight) for f in st.in_flight.values())
+    assert st.offsets == saved["offsets"] and st.feeder_position == saved["feeder_position"]
+    assert parts.trainer.global_step == 6
+    ckpt = load_file(str(lc.state_dir / RUN / "checkpoints" / "step_000006" / "model" / "model.safetensors"))
+    live = parts.model.state_dict()
+    assert all(torch.equal(live[k], v) for k, v in ckpt.items())
+    # what it writes back is the JSON it read (the same keys; typed on the way)
+    assert set(json.loads(st.model_dump_json())) == set(saved)
+
+
+def test_without_a_checkpoint_the_legacy_policy_file_is_loaded(old_run):
+    lc, parts, saved = old_run
+    shutil.rmtree(lc.state_dir / RUN / "checkpoints")
+    st = open_run(lc.state_dir, "auto", saved["config"], Weights(parts))
+    assert st.step == 6 and st.policy_uri == f"{RUN}/v000006.safetensors"
+    legacy = load_file(str(lc.policy_root / st.policy_uri))
+    live = parts.model.state_dict()
+    assert all(torch.equal(live[k], v) for k, v in legacy.items())
+
+
+def test_a_tampered_legacy_policy_file_is_refused_by_name(old_run):
+    lc, parts, saved = old_run
+    shutil.rmtree(lc.state_dir / RUN / "checkpoints")
+    with open(lc.policy_root / RUN / "v000006.safetensors", "r+b") as f:
+        f.seek(-1, 2)
+        f.write(b"\x00")
+    with pytest.raises(RuntimeError, match=rf"cannot resume run {RUN}: sha256_mismatch"):
+        open_run(lc.state_dir, "auto", saved["config"], Weights(parts))
+
+
+def test_a_state_with_a_key_this_version_does_not_know_is_refused_by_name(old_run):
+    lc, parts, saved = old_run
+    path = lc.state_dir / RUN / "state.json"
+    path.write_text(json.dumps({**saved, "shards": 2}))
+    with pytest.raises(StateError, match=r"state.json: .*shards: Extra inputs are not permitted"):
+        open_run(lc.state_dir, "auto", saved["config"], Weights(parts))
+
+
+def test_the_resumed_run_publishes_in_the_folder_layout_and_both_read_back(old_run, tmp_path):
+    lc, parts, saved = old_run
+    st = open_run(lc.state_dir, "auto", saved["config"], Weights(parts))
+    legacy_uri, legacy_sha = st.policy_uri, st.policy_sha256
+    sent = []
+    parts.store.outbox = SimpleNamespace(produce=lambda topic, key, value: sent.append((topic, value)),
+                                         flush=lambda: None)
+    parts.store.publish(parts.model, st)
+    assert st.policy_uri == f"{RUN}/v000006" and sent[0][1].uri == st.policy_uri
+    assert sent[0][1].sha256 == st.policy_sha256 != legacy_sha
+    root = lc.policy_root.resolve()
+    new = policy_files.read_version(root, st.policy_uri, st.policy_sha256)
+    old = policy_files.read_version(root, legacy_uri, legacy_sha)  # an old record on the compacted topic
+    assert new.keys() == old.keys() and all(torch.equal(new[k], old[k]) for k in new)
+    with pytest.raises(policy_files.PolicyRefused, match="sha256_mismatch"):
+        policy_files.read_version(root, st.policy_uri, legacy_sha)
+
+
+def test_run_state_round_trips_the_old_json():
+    text = (FIXTURE / "learner" / RUN / "state.json").read_text()
+    assert json.loads(RunState.parse(text, "fixture").model_dump_json()) == json.loads(text)
