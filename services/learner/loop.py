@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 
@@ -29,15 +28,15 @@ from services.learner.config import LearnerConfig, load_dataset
 from services.learner.drift import ParamDrift
 from services.learner.feeder import IN_FLIGHT, Feeder
 from services.learner.intake import BUFFER_SIZE, Intake, open_consumer
-from services.learner.metrics import OOM_FALLBACKS, SAMPLE_AGE, TRAINED_BY_SOURCE, blank_step_gauges, export_step
+from services.learner.metrics import SAMPLE_AGE, blank_step_gauges, count_trained, export_step
 from services.learner.outbox import Outbox
-from services.learner.parts import Weights, history_row, open_cache
+from services.learner.parts import Weights, append_audit, history_row, open_cache
 from services.learner.policy_store import PolicyStore
 from services.learner.resume import open_run, trim_audit
 from services.learner.screen import Screen
-from services.learner.state import Count
 from steadyrl.checkpoint import AsyncCheckpointer, rng_state
 from steadyrl.config import ConfigError
+from steadyrl.files import write_atomic
 from steadyrl.models import load_policy
 from steadyrl.rl.trainer import Group, Trainer
 from steadyrl.rollout_cache import rows_of
@@ -92,8 +91,6 @@ class Learner:
         return json.dumps({**st.model_dump(mode="json"), "offsets": self.intake.saved_offsets()})
 
     def save_state(self) -> None:
-        from steadyrl.files import write_atomic
-
         write_atomic(self.run_dir / "state.json", self._state_json())
 
     def checkpoint(self, wait: bool = False) -> None:
@@ -131,25 +128,12 @@ class Learner:
         t_publish = time.monotonic()
         self.store.publish(self.model, st)
         publish_s = time.monotonic() - t_publish
-        with open(self.run_dir / "consumed.jsonl", "a") as f:
-            for r in batch:
-                f.write(json.dumps({"step": st.step, "prompt_id": r.group.prompt_id, "partition": r.partition,
-                                    "offset": r.offset, "policy_version": r.group.group.policy_version,
-                                    "reward_mean": sum(r.group.rewards) / len(r.group.rewards)}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_audit(self.run_dir, st.step, batch)
         self.cache.append([row for sg in groups for row in rows_of(sg, st.step)])
         for pid in take:
             del st.in_flight[pid]
             st.trained.append(pid)
-        sources = [sg.reward_source.value for sg in groups]
-        for source in set(sources):
-            TRAINED_BY_SOURCE.labels(source).inc(sources.count(source))
-        if "cache" in sources:
-            st.count(Count.cache_scored, sources.count("cache"))
-        if metrics.get("perf/oom_fallback"):
-            OOM_FALLBACKS.inc()
-            st.count(Count.oom_fallback)
+        count_trained(st, metrics, groups)
         self.intake.dlq_in_a_row = 0
         now = time.monotonic()
         seconds, self._last_step_t = now - self._last_step_t, now

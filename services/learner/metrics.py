@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.learner.drift import ParamDrift, kl_trend
+from services.learner.state import Count, RunState
 from steadyrl.contracts import ScoredGroup
 
 REWARD_MEAN = Gauge("steadyrl_learner_reward_mean", "Mean reward of the last step's batch")
@@ -65,3 +66,16 @@ def export_step(row: dict, metrics: dict, batch: list[ScoredGroup], history: lis
     for k in EXPORTED:
         if k in metrics:
             TRAIN_METRIC.labels(k).set(metrics[k])
+
+
+def count_trained(st: RunState, metrics: dict, groups: list[ScoredGroup]) -> None:
+    """Count the trained groups by reward source (and cache-scored ones in the run), and an
+    out-of-memory fallback of the step."""
+    sources = [sg.reward_source.value for sg in groups]
+    for source in set(sources):
+        TRAINED_BY_SOURCE.labels(source).inc(sources.count(source))
+    if "cache" in sources:
+        st.count(Count.cache_scored, sources.count("cache"))
+    if metrics.get("perf/oom_fallback"):
+        OOM_FALLBACKS.inc()
+        st.count(Count.oom_fallback)

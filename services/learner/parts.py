@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 from services.learner.metrics import EXPORTED
-from services.learner.state import RunState
+from services.learner.state import Ready, RunState
 from steadyrl import checkpoint as ck
 from steadyrl.config import ConfigError
 from steadyrl.contracts import ScoredGroup
@@ -61,3 +62,15 @@ def history_row(step: int, metrics: dict, groups: list[ScoredGroup], seconds: fl
             "policy_versions": sorted({sg.group.policy_version for sg in groups}),
             "cache_scored": sum(1 for sg in groups if sg.reward_source.value == "cache"),
             **{k: v for k, v in metrics.items() if k in EXPORTED}}
+
+
+def append_audit(run_dir: Path, step: int, batch: list[Ready]) -> None:
+    """Append the groups trained by `step` to consumed.jsonl (the audit log of exactly-once:
+    step, prompt_id, partition, offset, policy_version, reward_mean), fsynced."""
+    with open(run_dir / "consumed.jsonl", "a") as f:
+        for r in batch:
+            f.write(json.dumps({"step": step, "prompt_id": r.group.prompt_id, "partition": r.partition,
+                                "offset": r.offset, "policy_version": r.group.group.policy_version,
+                                "reward_mean": sum(r.group.rewards) / len(r.group.rewards)}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
