@@ -1,0 +1,40 @@
+"""The learner's /readyz checks real things (regression: its `model` check was `lambda: (True, ...)`,
+so a learner that never published a version or lost its consumer reported ready)."""
+
+from types import SimpleNamespace
+
+from confluent_kafka import TopicPartition
+
+from services.learner.main import assignment_check, model_check
+from services.learner.state import RunState
+
+
+class FakeConsumer:
+    def __init__(self, parts, closed=False):
+        self.parts, self.closed = parts, closed
+
+    def assignment(self):
+        if self.closed:
+            raise RuntimeError("Consumer closed")
+        return self.parts
+
+
+def learner(consumer=None, policy_uri=""):
+    st = RunState(run_id="r1", step=3, policy_uri=policy_uri, offsets={"0": 5, "1": 7})
+    return SimpleNamespace(state=st, lc=SimpleNamespace(model="tiny"), model=object(), consumer=consumer,
+                           topics={"rl.scored": "p.rl.scored"})
+
+
+def test_model_is_ready_only_once_a_version_is_published():
+    assert model_check(learner())[0] is False
+    ok, detail = model_check(learner(policy_uri="r1/v000003"))
+    assert ok and "step 3" in detail
+
+
+def test_assignment_needs_every_partition_of_rl_scored():
+    assert assignment_check(learner())[0] is False                     # not reading yet
+    one = [TopicPartition("p.rl.scored", 0), TopicPartition("p.rl.dlq", 0)]
+    assert assignment_check(learner(FakeConsumer(one)))[0] is False    # 1 of 2
+    both = one + [TopicPartition("p.rl.scored", 1)]
+    assert assignment_check(learner(FakeConsumer(both))) == (True, "2 partitions of rl.scored assigned")
+    assert assignment_check(learner(FakeConsumer(both, closed=True)))[0] is False
