@@ -18,6 +18,60 @@ LossAgg = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
 
 
+# ---------------------------------------------------------------- per-token rewards (PPO)
+
+def last_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Put each sequence's scalar score on its last response token; 0 elsewhere.
+
+    r_t = score   if t = T_i - 1   (T_i = sum_t mask_t, the response's length)
+    r_t = 0       otherwise
+
+    Outcome reward: the whole response is one episode, scored once at its end, i.e. after
+    its last token (Ouyang et al. 2022, InstructGPT, §3.5: the reward model scores prompt and
+    response and ends the episode). verl does the same in its
+    reward manager (verl/workers/reward_manager/naive.py:
+    `reward_tensor[i, valid_response_length - 1] = score`). Responses are right padded, so
+    the last response token is at index T_i - 1. An empty response (T_i = 0) gets its score
+    at index 0, where its mask is 0: `gae` then gives it advantage 0.
+
+    Args:
+        scores: (B,) one score per sequence.
+        mask: (B, T) 1 on response tokens (right padded).
+    Returns:
+        (B, T) per-token rewards.
+    """
+    B, T = mask.shape
+    rewards = torch.zeros(B, T, dtype=scores.dtype, device=scores.device)   # (B, T)
+    last = (mask.sum(dim=1).long() - 1).clamp(min=0)                         # (B,)
+    rewards[torch.arange(B, device=scores.device), last] = scores
+    return rewards
+
+
+def kl_penalized_rewards(rewards: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
+                         kl_coef: float) -> torch.Tensor:
+    """KL in the reward: subtract beta * k1 from every response token's reward.
+
+    r'_t = r_t - beta * (log pi(y_t) - log pi_ref(y_t))        (k1 per token, see kl_estimate)
+
+    Source: Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences", eq. 2,
+    R(x, y) = r(x, y) - beta * log(pi(y|x) / rho(y|x)), spread over the tokens (log pi(y|x)
+    is the sum of the token log-probs); Ouyang et al. 2022, eq. 2. Per token, with k1 on the
+    behaviour log-probs, as verl's
+    `apply_kl_penalty` (verl/trainer/ppo/ray_trainer.py, kl_penalty="kl"):
+    token_level_rewards = token_level_scores - beta * k1 * response_mask.
+
+    Args:
+        rewards: (B, T) per-token rewards (`last_token_rewards`).
+        logp: (B, T) log-probs under the policy that sampled the responses.
+        ref_logp: (B, T) log-probs under the frozen reference.
+        mask: (B, T).
+        kl_coef: beta.
+    Returns:
+        (B, T) rewards with the KL penalty; padding unchanged.
+    """
+    return rewards - kl_coef * kl_estimate(logp, ref_logp, "k1") * mask       # (B, T)
+
+
 # ---------------------------------------------------------------- advantages
 
 def grpo_advantages(rewards: torch.Tensor, norm_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
@@ -59,6 +113,24 @@ def grpo_advantages_by_group(rewards: torch.Tensor, sizes: list[int], norm_by_st
     return torch.cat([grpo_advantages(r[None], norm_by_std, eps)[0] for r in torch.split(rewards, sizes)])
 
 
+def outcome_advantages(seq_advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A sequence's advantage on each of its response tokens (outcome supervision).
+
+    A_{i,t} = A_i      for every response token t of sequence i; 0 on padding
+
+    Source: Shao et al. 2024, DeepSeekMath, §4.1.2 ("sets the advantages of all tokens in the
+    output as the normalized reward"); verl `compute_grpo_outcome_advantage`
+    (`scores.unsqueeze(-1) * response_mask`).
+
+    Args:
+        seq_advantages: (B,) one advantage per sequence (`grpo_advantages_by_group`).
+        mask: (B, T).
+    Returns:
+        (B, T).
+    """
+    return seq_advantages[:, None] * mask                                     # (B, 1) * (B, T)
+
+
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
         lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation over response tokens.
@@ -93,6 +165,41 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     return adv, returns
 
 
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Advantage whitening over every valid token of the batch: zero mean, unit variance.
+
+    mu  = sum(x * m) / sum(m)
+    var = sum((x - mu)^2 * m) / sum(m)          population variance: no Bessel correction
+    out = (x - mu) * rsqrt(var + eps) * m       0 on padding
+
+    Source: verl `masked_whiten` (verl/utils/torch_functional.py), which verl's
+    `compute_gae_advantage_return` (verl/trainer/ppo/core_algos.py) applies to the whole
+    batch after GAE; before it, OpenAI's lm-human-preferences `whiten` (utils/core.py,
+    the code of Ziegler et al. 2019): the same formula, unmasked, with tf.nn.moments. The
+    practice is "Normalization of Advantages", detail 7 of Huang et al. 2022, "The 37
+    Implementation Details of Proximal Policy Optimization" (ICLR blog track).
+
+    What differs from those sources (kept as the trainer has always computed it):
+    - variance: the population one (divide by sum(m)), as tf.nn.moments. verl's `masked_var`
+      defaults to unbiased=True and multiplies by n / (n - 1), n = sum(m), so verl's output
+      is this one times sqrt((n - 1) / n) when eps is negligible (0.5 % smaller at n = 100);
+    - scope: once per step over the whole batch, before it is split into minibatches.
+      CleanRL `ppo.py` (norm_adv) normalises each minibatch instead, with the unbiased
+      `.std()` and eps added to the std: (A - mean) / (std + 1e-8);
+    - padding: multiplied by the mask, so padded positions are 0 (verl leaves them at
+      -mu / sigma and masks them in the loss). With fewer than two valid tokens the output
+      is 0 (`masked_mean` counts at least one token); verl raises there.
+
+    Args:
+        values: (B, T) advantages (`gae`).
+        mask: (B, T).
+    Returns:
+        (B, T) whitened advantages.
+    """
+    mu, var = masked_mean(values, mask), masked_var(values, mask)            # scalars
+    return (values - mu) * torch.rsqrt(var + eps) * mask                      # (B, T)
+
+
 # ---------------------------------------------------------------- aggregation
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: LossAgg = "token-mean") -> torch.Tensor:
@@ -113,13 +220,39 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: LossAgg = "token-mea
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum(x * m) / max(sum(m), 1), a scalar (0 when no entry is valid)."""
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 def masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Population variance of the masked entries."""
+    """Population variance of the masked entries: sum((x - mu)^2 * m) / sum(m).
+
+    No Bessel correction (verl's `masked_var` has it by default: times n / (n - 1)).
+    """
     mean = masked_mean(x, mask)
     return masked_mean((x - mean) ** 2, mask)
+
+
+def microbatch_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, mode: LossAgg = "token-mean") -> torch.Tensor:
+    """Share of a micro-batch in its minibatch's loss, so that the micro-batch losses, each
+    times its weight, add up to the minibatch loss (gradient accumulation).
+
+    token-mean:  w_k = sum(m_k) / sum(m)      tokens of micro-batch k / tokens of the minibatch
+    seq-mean-*:  w_k = B_k / B                sequences of micro-batch k / of the minibatch
+
+    Why: a token mean over the minibatch is sum_k (n_k / n) * (token mean over k), a mean over
+    sequences is sum_k (B_k / B) * (mean over k). nanoGPT `train.py` divides each micro-step's
+    loss by gradient_accumulation_steps: the equal-size case of the second line.
+
+    Args:
+        micro_mask: (B_k, T) the micro-batch's rows of the mask.
+        mini_mask: (B, T) the minibatch's rows.
+    Returns:
+        scalar weight.
+    """
+    if mode == "token-mean":
+        return micro_mask.sum() / mini_mask.sum().clamp(min=1.0)
+    return torch.tensor(micro_mask.shape[0] / mini_mask.shape[0])
 
 
 # ---------------------------------------------------------------- policy loss

@@ -236,7 +236,7 @@ class Trainer:
         b = build_batch(groups, self.pad_id)
         mask = b["response_mask"]                                                # (N, T)
         sizes = b["group_sizes"]                                                 # (B,)
-        N, T = mask.shape
+        N = mask.shape[0]
         group_weight = torch.tensor([g.weight for g in groups]).repeat_interleave(sizes)    # (N,)
         timing = {}
         self.model.train()
@@ -270,18 +270,14 @@ class Trainer:
         # Advantages
         if cfg.algorithm == "grpo":
             seq_adv = core.grpo_advantages_by_group(b["rewards"], sizes.tolist(), cfg.norm_adv_by_std)  # (N,)
-            advantages = seq_adv[:, None] * mask                                           # (N, T)
+            advantages = core.outcome_advantages(seq_adv, mask)                            # (N, T)
             returns = None
         else:
-            token_rewards = torch.zeros(N, T)
-            last = (mask.sum(dim=1).long() - 1).clamp(min=0)                               # (N,)
-            token_rewards[torch.arange(N), last] = b["rewards"]
+            token_rewards = core.last_token_rewards(b["rewards"], mask)                    # (N, T)
             if cfg.kl_in_reward:
-                token_rewards -= cfg.kl_coef * core.kl_estimate(old_logp, ref_logp, "k1") * mask
-            advantages, returns = core.gae(token_rewards, old_values, mask, cfg.gamma, cfg.lam)
-            # whiten advantages over the batch (PPO practice; CleanRL norm_adv)
-            mu, var = core.masked_mean(advantages, mask), core.masked_var(advantages, mask)
-            advantages = (advantages - mu) * torch.rsqrt(var + 1e-8) * mask
+                token_rewards = core.kl_penalized_rewards(token_rewards, old_logp, ref_logp, mask, cfg.kl_coef)
+            advantages, returns = core.gae(token_rewards, old_values, mask, cfg.gamma, cfg.lam)   # (N, T) each
+            advantages = core.masked_whiten(advantages, mask)   # over the whole batch, as verl (not per minibatch)
         advantages = advantages * group_weight[:, None]        # (N, T); cache-scored groups weigh less
 
         # Update
@@ -300,12 +296,10 @@ class Trainer:
                     """Gradients of one minibatch (nothing applied): its metric sums and grad norm."""
                     mb_sums: dict[str, float] = {}
                     self.opt.zero_grad(set_to_none=True)
-                    mb_tokens = mask[mb_idx].sum().clamp(min=1.0)
                     for m in range(0, len(mb_idx), self.micro_batch_size):
                         idx = mb_idx[m:m + self.micro_batch_size]
                         # share of the minibatch in this micro-batch, so the sum equals the minibatch loss
-                        weight = (mask[idx].sum() / mb_tokens if cfg.loss_agg == "token-mean"
-                                  else torch.tensor(len(idx) / len(mb_idx)))
+                        weight = core.microbatch_weight(mask[idx], mask[mb_idx], cfg.loss_agg)
                         sub = {k: (v[idx] if k != "P" else v) for k, v in b.items()
                                if k not in ("rewards", "group_sizes")}
                         logp, ent, values = self._forward(self.model, sub, slice(None),
@@ -315,6 +309,8 @@ class Trainer:
                         behaviour = logp.detach() if on_policy else old_logp[idx]
                         pg_loss, pg_m = core.policy_loss(logp, behaviour, advantages[idx], mb_mask,
                                                          cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c, cfg.loss_agg)
+                        # loss = L_pg - c_ent * H + beta * KL + c_vf * L_VF, minimised: the negated PPO
+                        # objective (Schulman et al. 2017, eq. 9) with GRPO's KL term (Shao et al. 2024, eq. 3)
                         loss = pg_loss
                         entropy = core.aggregate(ent, mb_mask, cfg.loss_agg)
                         if cfg.entropy_coeff:

@@ -57,6 +57,64 @@ def test_gae_matches_the_sum_definition_and_skips_padding():
     assert torch.allclose(ret[0, :4], torch.tensor(want) + torch.tensor(v), atol=ATOL)
 
 
+def test_last_token_rewards_puts_the_score_on_the_last_response_token():
+    scores = torch.tensor([1.0, -0.5, 2.0])
+    M = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.float32)
+    want = torch.tensor([[0.0, 0.0, 1.0, 0.0],     # length 3: index 2
+                         [-0.5, 0.0, 0.0, 0.0],    # length 1: index 0
+                         [2.0, 0.0, 0.0, 0.0]])    # empty: index 0, where the mask is 0
+    assert torch.equal(core.last_token_rewards(scores, M), want)
+
+
+def test_empty_response_gets_no_advantage():
+    R = core.last_token_rewards(torch.tensor([1.0, 2.0]), torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+    adv, _ = core.gae(R, torch.zeros(2, 2), torch.tensor([[1.0, 1.0], [0.0, 0.0]]), 1.0, 1.0)
+    assert torch.equal(adv, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+
+
+def test_kl_penalized_rewards_hand_computed():
+    R = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    logp = torch.tensor([[-1.0, -2.0, -0.5, -9.0]])
+    ref = torch.tensor([[-1.5, -1.0, -0.5, -3.0]])
+    M = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    # k1 = logp - ref = [0.5, -1.0, 0.0, (-6.0, padding)]; r' = r - 0.1 * k1 on response tokens
+    want = torch.tensor([[-0.05, 0.1, 1.0, 0.0]])
+    assert torch.allclose(core.kl_penalized_rewards(R, logp, ref, M, 0.1), want, atol=ATOL)
+    assert torch.equal(core.kl_penalized_rewards(R, logp, ref, M, 0.0), R)
+
+
+def test_outcome_advantages_broadcast_over_response_tokens():
+    got = core.outcome_advantages(torch.tensor([0.5, -1.0]), torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
+    assert torch.equal(got, torch.tensor([[0.5, 0.5, 0.0], [-1.0, 0.0, 0.0]]))
+
+
+def test_masked_var_is_the_population_variance():
+    x = torch.tensor([[1.0, 2.0, 99.0], [3.0, 6.0, -7.0]])
+    M = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    # valid 1, 2, 3, 6: mean 3, squared deviations 4 + 1 + 0 + 9 = 14, / 4 (not / 3)
+    assert core.masked_mean(x, M).item() == pytest.approx(3.0, abs=ATOL)
+    assert core.masked_var(x, M).item() == pytest.approx(14 / 4, abs=ATOL)
+
+
+def test_masked_whiten_hand_computed():
+    x = torch.tensor([[1.0, 2.0, 99.0], [3.0, 6.0, -7.0]])
+    M = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    got = core.masked_whiten(x, M)
+    s = math.sqrt(14 / 4 + 1e-8)                 # population variance 3.5 (see above)
+    want = torch.tensor([[-2 / s, -1 / s, 0.0], [0 / s, 3 / s, 0.0]])
+    assert torch.allclose(got, want, atol=ATOL)
+    # verl's masked_whiten divides by sqrt(14 / 3) (Bessel): a different tensor
+    assert not torch.allclose(got, torch.tensor([[-2.0, -1.0, 0.0], [0.0, 3.0, 0.0]]) / math.sqrt(14 / 3), atol=1e-3)
+    assert core.masked_mean(got, M).item() == pytest.approx(0.0, abs=ATOL)
+    assert core.masked_var(got, M).item() == pytest.approx(1.0, abs=ATOL)
+
+
+def test_masked_whiten_with_under_two_tokens_is_zero():
+    one = core.masked_whiten(torch.tensor([[5.0, 1.0]]), torch.tensor([[1.0, 0.0]]))
+    none = core.masked_whiten(torch.tensor([[5.0, 1.0]]), torch.zeros(1, 2))
+    assert torch.equal(one, torch.zeros(1, 2)) and torch.equal(none, torch.zeros(1, 2))
+
+
 def test_policy_loss_hand_computed_with_clip_and_dual_clip():
     old = torch.zeros(1, 4)
     ratio = torch.tensor([[1.5, 0.5, 1.1, 5.0]])
@@ -91,6 +149,22 @@ def test_aggregation_modes():
     assert core.aggregate(loss, M, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         core.aggregate(loss, M, "nope")
+
+
+def test_microbatch_weight_hand_computed():
+    M = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])   # 3 + 1 + 2 + 2 tokens
+    assert core.microbatch_weight(M[:1], M, "token-mean").item() == pytest.approx(3 / 8)
+    assert core.microbatch_weight(M[:1], M, "seq-mean-token-sum").item() == pytest.approx(1 / 4)
+    assert core.microbatch_weight(M[:1], M, "seq-mean-token-mean").item() == pytest.approx(1 / 4)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_microbatch_weights_add_up_to_the_minibatch_loss(mode):
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0], [5.0, 6.0, 9.0], [7.0, 8.0, 9.0]])
+    M = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    parts = [slice(0, 1), slice(1, 4)]            # micro-batches of 1 and 3 sequences
+    total = sum(core.microbatch_weight(M[p], M, mode) * core.aggregate(loss[p], M[p], mode) for p in parts)
+    assert total.item() == pytest.approx(core.aggregate(loss, M, mode).item(), abs=ATOL)
 
 
 def test_value_loss_hand_computed():
