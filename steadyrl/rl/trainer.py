@@ -10,8 +10,9 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from steadyrl.rl import core
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 def is_out_of_memory(e: BaseException) -> bool:
@@ -147,12 +149,12 @@ class Trainer:
     def __init__(self, model, pad_id: int, cfg: TrainConfig):
         self.model, self.pad_id, self.cfg = model, pad_id, cfg
         core.warn_if_kl_is_off(cfg.uses_ref, cfg.kl_coef)
-        self.ref = None
+        self.ref: torch.nn.Module | None = None
         if cfg.uses_ref:
             self.ref = copy.deepcopy(model).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
-        self.value_head = ValueHead(model.config.hidden_size) if cfg.algorithm == "ppo" else None
+        self.value_head: ValueHead | None = ValueHead(model.config.hidden_size) if cfg.algorithm == "ppo" else None
         params = list(model.parameters()) + (list(self.value_head.parameters()) if self.value_head else [])
         self.params = params
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -187,7 +189,7 @@ class Trainer:
         if getattr(self.model, "supports_gradient_checkpointing", False):
             (getattr(self.model, "activation_checkpointing_disable", None) or self.model.gradient_checkpointing_disable)()
 
-    def _oom_guarded(self, fn):
+    def _oom_guarded(self, fn: Callable[[], _T]) -> _T:
         """fn(), or -- when it runs out of memory and the fallback is on -- the safe mode and
         fn() once more. fn must leave nothing applied when it raises (no optimizer step)."""
         try:
@@ -202,7 +204,9 @@ class Trainer:
         return fn()
 
     # -- forward pieces ------------------------------------------------------------------
-    def _forward(self, model, b: dict, idx: slice, need_values: bool = False, need_entropy: bool = False):
+    def _forward(self, model: torch.nn.Module, b: dict[str, torch.Tensor], idx: slice, need_values: bool = False,
+                 need_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Response log-probs (n, T), and the entropy (n, T) and values (n, T) when asked (else None)."""
         P = int(b["P"])
         out = model(input_ids=b["input_ids"][idx], attention_mask=b["attention_mask"][idx],
                     position_ids=b["position_ids"][idx], output_hidden_states=need_values, use_cache=False)
@@ -211,18 +215,22 @@ class Trainer:
         ent = core.entropy_from_logits(logits.float() / self.cfg.temperature) if need_entropy else None
         values = None
         if need_values:
+            assert self.value_head is not None, "values need the PPO value head"
             values = self.value_head(out.hidden_states[-1][:, P - 1:-1].float())  # (n, T)
         return logp, ent, values
 
     @torch.no_grad()
-    def _no_grad_pass(self, model, b: dict, need_values: bool = False):
+    def _no_grad_pass(self, model: torch.nn.Module, b: dict[str, torch.Tensor],
+                      need_values: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (N, T) and, when asked, values (N, T) of the whole batch, by micro-batches."""
         N = b["input_ids"].shape[0]
         mb = self.micro_batch_size
-        logps, vals = [], []
+        logps: list[torch.Tensor] = []
+        vals: list[torch.Tensor] = []
         for i in range(0, N, mb):
             lp, _, v = self._forward(model, b, slice(i, i + mb), need_values=need_values)
             logps.append(lp)
-            if need_values:
+            if v is not None:   # need_values
                 vals.append(v)
         return torch.cat(logps), (torch.cat(vals) if need_values else None)
 
@@ -238,7 +246,7 @@ class Trainer:
         sizes = b["group_sizes"]                                                 # (B,)
         N = mask.shape[0]
         group_weight = torch.tensor([g.weight for g in groups]).repeat_interleave(sizes)    # (N,)
-        timing = {}
+        timing: dict[str, float] = {}
         self.model.train()
         oom_before = self.oom_fallbacks
 
@@ -247,7 +255,8 @@ class Trainer:
         stale = [g.behaviour_logprobs is not None for g in groups]
         on_policy = (cfg.algorithm == "grpo" and cfg.ppo_epochs == 1 and (cfg.mini_batch_size or N) >= N
                      and not any(stale))
-        old_logp = old_values = None
+        old_logp: torch.Tensor | None = None                                     # (N, T)
+        old_values: torch.Tensor | None = None                                   # (N, T), PPO
         if not on_policy:
             t0 = time.perf_counter()
             old_logp, old_values = self._oom_guarded(
@@ -256,25 +265,28 @@ class Trainer:
             # the ratio pi_theta / pi_behaviour starts from its log-probs (decoupled PPO).
             row = 0
             for g in groups:
-                for lp in (g.behaviour_logprobs or [None] * len(g.responses)):
+                behaviour_lps: Sequence[list[float] | None] = g.behaviour_logprobs or [None] * len(g.responses)
+                for lp in behaviour_lps:
                     if lp is not None:
                         old_logp[row, :len(lp)] = torch.tensor(lp, dtype=old_logp.dtype)
                     row += 1
             timing["old_log_prob"] = time.perf_counter() - t0
-        ref_logp = None
-        if self.ref is not None:
+        ref_logp: torch.Tensor | None = None                                     # (N, T)
+        if (ref := self.ref) is not None:
             t0 = time.perf_counter()
-            ref_logp, _ = self._oom_guarded(lambda: self._no_grad_pass(self.ref, b))
+            ref_logp, _ = self._oom_guarded(lambda: self._no_grad_pass(ref, b))
             timing["ref"] = time.perf_counter() - t0
 
         # Advantages
+        returns: torch.Tensor | None = None
         if cfg.algorithm == "grpo":
             seq_adv = core.grpo_advantages_by_group(b["rewards"], sizes.tolist(), cfg.norm_adv_by_std)  # (N,)
             advantages = core.outcome_advantages(seq_adv, mask)                            # (N, T)
-            returns = None
         else:
+            assert old_logp is not None and old_values is not None   # PPO is never on-policy here
             token_rewards = core.last_token_rewards(b["rewards"], mask)                    # (N, T)
             if cfg.kl_in_reward:
+                assert ref_logp is not None
                 token_rewards = core.kl_penalized_rewards(token_rewards, old_logp, ref_logp, mask, cfg.kl_coef)
             advantages, returns = core.gae(token_rewards, old_values, mask, cfg.gamma, cfg.lam)   # (N, T) each
             advantages = core.masked_whiten(advantages, mask)   # over the whole batch, as verl (not per minibatch)
@@ -305,8 +317,13 @@ class Trainer:
                         logp, ent, values = self._forward(self.model, sub, slice(None),
                                                           need_values=cfg.algorithm == "ppo",
                                                           need_entropy=True)
+                        assert ent is not None                                 # need_entropy=True
                         mb_mask = mask[idx]
-                        behaviour = logp.detach() if on_policy else old_logp[idx]
+                        if on_policy:
+                            behaviour = logp.detach()
+                        else:
+                            assert old_logp is not None
+                            behaviour = old_logp[idx]
                         pg_loss, pg_m = core.policy_loss(logp, behaviour, advantages[idx], mb_mask,
                                                          cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c, cfg.loss_agg)
                         # loss = L_pg - c_ent * H + beta * KL + c_vf * L_VF, minimised: the negated PPO
@@ -319,10 +336,12 @@ class Trainer:
                             kl_ref = core.masked_mean(core.kl_estimate(logp.detach(), ref_logp[idx], "k3"), mb_mask)
                             mb_sums["actor/kl_ref"] = mb_sums.get("actor/kl_ref", 0.0) + float(kl_ref) * float(weight)
                         if cfg.use_kl_loss:
+                            assert ref_logp is not None                        # uses_ref made self.ref
                             kl = core.aggregate(core.kl_estimate(logp, ref_logp[idx], cfg.kl_estimator), mb_mask, cfg.loss_agg)
                             loss = loss + cfg.kl_coef * kl
                             mb_sums["actor/kl_loss"] = mb_sums.get("actor/kl_loss", 0.0) + float(kl.detach()) * float(weight)
                         if cfg.algorithm == "ppo":
+                            assert values is not None and old_values is not None and returns is not None
                             vf_loss, vf_clip = core.value_loss(values, old_values[idx], returns[idx], mb_mask,
                                                                cfg.vf_clip, cfg.loss_agg)
                             loss = loss + cfg.vf_coef * vf_loss
@@ -341,7 +360,7 @@ class Trainer:
                 grad_norms.append(grad_norm)
                 self.opt.step()
                 n_updates += 1
-        lr = self.sched.get_last_lr()[0]
+        lr = float(self.sched.get_last_lr()[0])
         self.sched.step()
         self.global_step += 1
         timing["update_actor"] = time.perf_counter() - t0
