@@ -21,6 +21,13 @@ log = logging.getLogger(__name__)
 #: Largest record any steadyrl topic accepts (schemas/topics.yaml max_message_bytes).
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 
+#: transaction.timeout.ms of a transactional producer, in seconds: it must cover one whole
+#: transaction (produce + send offsets + commit), and a crashed instance that never comes back
+#: has its open transaction aborted by the broker after it. steadyrl.bus.txn waits on
+#: send_offsets_to_transaction for the same time (plus a grace) before it calls the producer
+#: wedged, so both read this one value.
+TXN_TIMEOUT_S = 30.0
+
 
 class KafkaStats(Collector):
     """Latest librdkafka statistics of every client in this process, as metrics.
@@ -113,8 +120,13 @@ def _error_cb(client: str):
 
 
 def producer_config(bootstrap: str, client: str, transactional_id: str | None = None,
-                    stats_interval_s: float = 5.0) -> dict[str, Any]:
-    """Config of an idempotent (and, with `transactional_id`, transactional) producer."""
+                    stats_interval_s: float = 5.0, transaction_timeout_s: float = TXN_TIMEOUT_S) -> dict[str, Any]:
+    """Config of an idempotent (and, with `transactional_id`, transactional) producer.
+
+    `transaction_timeout_s` (seconds) sets transaction.timeout.ms and message.timeout.ms of a
+    transactional producer; build those with steadyrl.bus.txn.TransactionalProducer, which
+    keeps its own deadlines equal to it.
+    """
     cfg: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
         "client.id": client,
@@ -135,11 +147,11 @@ def producer_config(bootstrap: str, client: str, transactional_id: str | None = 
         # open transaction at once (init_transactions).
         cfg["transactional.id"] = transactional_id
         # Must cover one whole transaction (produce + send offsets + commit); a crashed
-        # instance that never comes back has its transaction aborted after this.
-        cfg["transaction.timeout.ms"] = 30_000
+        # instance that never comes back has its transaction aborted after this (TXN_TIMEOUT_S).
+        cfg["transaction.timeout.ms"] = int(transaction_timeout_s * 1000)
         # librdkafka requires message.timeout.ms <= transaction.timeout.ms; a record not
         # delivered by then fails the transaction, which is aborted and retried.
-        cfg["message.timeout.ms"] = 30_000
+        cfg["message.timeout.ms"] = int(transaction_timeout_s * 1000)
     return cfg
 
 
@@ -214,6 +226,7 @@ def retrying(call: Callable[..., _T], arg: Any, timeout_s: float) -> _T:
                                      stop=tenacity.stop_after_delay(timeout_s)):
         with attempt:
             return call(arg, timeout=timeout_s)
+    raise AssertionError("unreachable: tenacity returns or raises")
 
 
 def read_ranges(consumer, topic: str, ranges: dict[int, tuple[int, int]], timeout_s: float) -> Iterator[Any]:
