@@ -1,12 +1,13 @@
-"""Stage._send_offsets: a send_offsets_to_transaction call that never returns (librdkafka#5456,
-seen after a broker restart in bench/chaos.py) ends the stage instead of stalling it for good."""
+"""The stage's send_offsets_to_transaction (steadyrl.bus.txn.TransactionalProducer): a call that
+never returns (librdkafka#5456, seen after a broker restart in bench/chaos.py) ends the stage
+instead of stalling it for good; a loss of every broker renews the producer first."""
 
 import threading
 import time
 
 import pytest
 
-from steadyrl.bus import stage as stage_mod
+from steadyrl.bus.kafka import TXN_TIMEOUT_S
 from steadyrl.bus.stage import ProducerWedged, Stage
 from steadyrl.contracts import RolloutGroup
 
@@ -52,21 +53,20 @@ class _Consumer:
 def _stage(producer) -> Stage:
     st = Stage(name="t", bootstrap="127.0.0.1:1", topic_prefix="unit.", instance_id="w0", input_topic="rl.rollouts",
                input_contract=RolloutGroup, group_id="g", handle=lambda value, meta: [])
-    real = (st.producer, st.consumer)
-    st.producer, st.consumer = producer, _Consumer()
-    st._generation += 1  # what the discarded real producer reports (port 1 down) no longer counts
+    real = (st.producer._producer, st.consumer)
+    st.producer._producer, st.consumer = producer, _Consumer()
+    st.producer._generation += 1  # what the discarded real producer reports (port 1 down) no longer counts
     for client in real:  # never connected (nothing listens on port 1)
         getattr(client, "close", lambda: None)()
     return st
 
 
-def test_send_offsets_that_never_returns_raises_producer_wedged_after_the_deadline(monkeypatch):
+def test_send_offsets_that_never_returns_raises_producer_wedged_after_the_deadline():
     from confluent_kafka import TopicPartition
 
-    monkeypatch.setattr(stage_mod, "TXN_TIMEOUT_S", 0.2)
-    monkeypatch.setattr(stage_mod, "TXN_GRACE_S", 0.3)
     producer = _Producer(block=True)
     st = _stage(producer)
+    st.producer.timeout_s, st.producer.grace_s = 0.2, 0.3
     t0 = time.monotonic()
     try:
         with pytest.raises(ProducerWedged, match="did not return within 0.5 s"):
@@ -83,7 +83,7 @@ def test_send_offsets_that_returns_commits_as_before():
     producer = _Producer(block=False)
     st = _stage(producer)
     st._commit_transaction([], [TopicPartition("unit.rl.rollouts", 0, 5)])
-    assert producer.calls == ["begin", ("send_offsets", stage_mod.TXN_TIMEOUT_S), "commit"]
+    assert producer.calls == ["begin", ("send_offsets", TXN_TIMEOUT_S), "commit"]
 
 
 def test_an_error_of_send_offsets_reaches_the_stage(monkeypatch):
@@ -101,13 +101,10 @@ def test_an_error_of_send_offsets_reaches_the_stage(monkeypatch):
     assert producer.calls == ["begin", "abort", "rewind"]
 
 
-def test_send_offsets_caught_by_a_broker_loss_is_wedged_a_grace_after_the_broker_answers(monkeypatch):
+def test_send_offsets_caught_by_a_broker_loss_is_wedged_a_grace_after_the_broker_answers():
     """After a broker restart the call never returns (librdkafka#5511): once a broker answers
     again the stage waits TXN_GRACE_S, not the whole TXN_TIMEOUT_S + TXN_GRACE_S."""
     from confluent_kafka import TopicPartition
-
-    monkeypatch.setattr(stage_mod, "TXN_TIMEOUT_S", 30.0)
-    monkeypatch.setattr(stage_mod, "TXN_GRACE_S", 1.0)
 
     class Restarted(_Producer):
         answers = False
@@ -120,9 +117,11 @@ def test_send_offsets_caught_by_a_broker_loss_is_wedged_a_grace_after_the_broker
 
     producer = Restarted(block=True)
     st = _stage(producer)
+    st.producer.timeout_s, st.producer.grace_s = 30.0, 1.0
+
     def broker_back():
         time.sleep(0.2)
-        st._broker_lost.set()  # every broker lost while the call is in flight
+        st.producer._broker_lost.set()  # every broker lost while the call is in flight
         time.sleep(0.8)
         producer.answers = True
 
@@ -140,13 +139,13 @@ def test_send_offsets_caught_by_a_broker_loss_is_wedged_a_grace_after_the_broker
 def test_the_producer_error_callback_flags_a_loss_of_every_broker_only():
     from confluent_kafka import KafkaError
 
-    st = _stage(_Producer(block=False))
-    st._on_producer_error(KafkaError(KafkaError._TRANSPORT, "one connection refused"), st._generation)
-    assert not st._broker_lost.is_set()
-    st._on_producer_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "2/2 brokers are down"), st._generation - 1)
-    assert not st._broker_lost.is_set()  # a replaced producer's event
-    st._on_producer_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "2/2 brokers are down"), st._generation)
-    assert st._broker_lost.is_set()
+    p = _stage(_Producer(block=False)).producer
+    p._on_error(KafkaError(KafkaError._TRANSPORT, "one connection refused"), p._generation)
+    assert not p._broker_lost.is_set()
+    p._on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "2/2 brokers are down"), p._generation - 1)
+    assert not p._broker_lost.is_set()  # a replaced producer's event
+    p._on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "2/2 brokers are down"), p._generation)
+    assert p._broker_lost.is_set()
 
 
 def test_a_loss_noticed_during_the_transform_renews_the_producer_before_the_transaction(monkeypatch):
@@ -156,10 +155,10 @@ def test_a_loss_noticed_during_the_transform_renews_the_producer_before_the_tran
 
     producer = _Producer(block=False)
     st = _stage(producer)
-    st._broker_lost.set()
-    monkeypatch.setattr(st, "_renew_producer", lambda stop: producer.calls.append("renew") or True)
+    st.producer._broker_lost.set()
+    monkeypatch.setattr(st.producer, "renew", lambda stop: producer.calls.append("renew") or True)
     st._commit_transaction([], [TopicPartition("unit.rl.rollouts", 0, 5)])
-    assert producer.calls == ["renew", "begin", ("send_offsets", stage_mod.TXN_TIMEOUT_S), "commit"]
+    assert producer.calls == ["renew", "begin", ("send_offsets", TXN_TIMEOUT_S), "commit"]
 
 
 def test_stopping_while_waiting_for_the_broker_commits_nothing(monkeypatch):
@@ -167,16 +166,16 @@ def test_stopping_while_waiting_for_the_broker_commits_nothing(monkeypatch):
 
     producer = _Producer(block=False)
     st = _stage(producer)
-    st._broker_lost.set()
-    monkeypatch.setattr(st, "_renew_producer", lambda stop: False)
+    st.producer._broker_lost.set()
+    monkeypatch.setattr(st.producer, "renew", lambda stop: False)
     st._commit_transaction([], [TopicPartition("unit.rl.rollouts", 0, 5)])
     assert producer.calls == []
 
 
 def test_not_ready_while_every_broker_is_lost():
     st = _stage(_Producer(block=False))
-    st._broker_lost.set()
+    st.producer._broker_lost.set()
     ok, why = st._check_broker()
     assert not ok and "every broker was lost" in why
-    st._broker_lost.clear()
+    st.producer._broker_lost.clear()
     assert "every broker" not in st._check_broker()[1]

@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
                               r.probe_interval_s)
         stage = Stage(name="reward", bootstrap=cfg.bootstrap, topic_prefix=cfg.topic_prefix,
                       instance_id=cfg.instance_id, input_topic="rl.rollouts", input_contract=RolloutGroup,
-                      group_id=r.group_id, handle_batch=make_handler(client), mode="transactional",
+                      group_id=r.group_id, handle_batch=make_handler(client),
                       batch_size=r.batch_size, batch_timeout_s=r.batch_timeout_s,
                       health=health, stats_interval_s=cfg.metrics_interval,
                       max_record_bytes=r.max_record_bytes)

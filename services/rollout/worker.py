@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
         client = httpx.Client()
         return Stage(name="rollout", bootstrap=cfg.bootstrap, topic_prefix=cfg.topic_prefix,
                      instance_id=cfg.instance_id, input_topic="rl.prompts", input_contract=Prompt,
-                     group_id=cfg.rollout.group_id, handle_batch=make_handler(cfg, client), mode="transactional",
+                     group_id=cfg.rollout.group_id, handle_batch=make_handler(cfg, client),
                      batch_size=cfg.rollout.batch_size, batch_timeout_s=cfg.rollout.batch_timeout_s,
                      health=health, stats_interval_s=cfg.metrics_interval)
 

@@ -130,3 +130,73 @@ def test_breaker_open_cache_scores_seen_prompts_and_holds_novel_ones_in_order(bo
     finally:
         assert svc.stop() == 0
         server.stop()
+
+
+def test_a_stage_closed_with_its_transaction_open_aborts_it(bootstrap, prefix):
+    """Regression: close() said it aborted an open transaction and did not. A stage that stops
+    mid-transaction (its handler returned an output that cannot be encoded, after one that was
+    produced) left that transaction open on the broker until transaction.timeout.ms (30 s):
+    read_committed readers saw nothing of its output partition past it meanwhile. Now close()
+    aborts it: its record is never visible, later records are at once, no offset is committed,
+    and the next producer with its transactional.id starts at once."""
+    import threading
+
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+    from steadyrl.bus.stage import Output, Stage
+    from steadyrl.contracts import RewardSource, RolloutGroup
+
+    def handle(g, meta):
+        scored = ScoredGroup(group=g, rewards=[1.0], reward_source=RewardSource.rule, scorer="test")
+        return [Output("rl.scored", g.prompt_id, scored), Output("rl.scored", "bad", object())]  # not a contract
+
+    produce_all(bootstrap, f"{prefix}rl.rollouts", [(g.prompt_id, *codec.encode(g)) for g in [rollout_group(1)]])
+    st = Stage(name="closing", bootstrap=bootstrap, topic_prefix=prefix, instance_id="c0", input_topic="rl.rollouts",
+               input_contract=RolloutGroup, group_id=f"{prefix}closing", handle=handle)
+    failure: list[BaseException] = []
+
+    def run():
+        try:
+            st.run(threading.Event())
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            failure.append(e)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive() and failure and isinstance(failure[0], AttributeError), failure
+
+    out = f"{prefix}rl.scored"
+    plain = Producer({"bootstrap.servers": bootstrap})
+    parts = list(plain.list_topics(out, timeout=10).topics[out].partitions)
+    for p in parts:
+        plain.produce(out, b"after", key=f"after-{p}", partition=p)
+    assert plain.flush(30) == 0
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}audit", "isolation.level": "read_committed",
+                       "enable.auto.commit": False})
+    reader.assign([TopicPartition(out, p, 0) for p in parts])
+    seen, t0 = [], time.monotonic()
+    try:
+        while len(seen) < len(parts) and time.monotonic() - t0 < 10:
+            seen += [m.key().decode() for m in reader.consume(100, timeout=0.2) if m.error() is None]
+    finally:
+        reader.close()
+    # an open transaction holds back every read_committed reader of its partition (LSO)
+    assert sorted(seen) == sorted(f"after-{p}" for p in parts), f"{seen} within {time.monotonic() - t0:.1f} s"
+
+    group = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}closing"})
+    try:
+        inp = f"{prefix}rl.rollouts"
+        committed = group.committed([TopicPartition(inp, p) for p in group.list_topics(inp, timeout=10).topics[inp].partitions],
+                                    timeout=10)
+    finally:
+        group.close()
+    assert all(tp.offset < 0 for tp in committed), committed  # the input's offsets were never committed
+
+    successor = Producer({"bootstrap.servers": bootstrap, "transactional.id": "steadyrl-closing-c0"})
+    t0 = time.monotonic()
+    try:
+        successor.init_transactions(10)
+    except KafkaException as e:
+        raise AssertionError(f"the successor could not start: {e}") from e
+    assert time.monotonic() - t0 < 5
