@@ -106,40 +106,37 @@ def decide(bootstrap: str, batch: str, action: QuarantineAction, note: str = "",
 
     release: the groups go to rl.scored (key: prompt_id, header steadyrl-release) and the
     decision to rl.quarantine, in one transaction (aborted, and the error raised, if any part
-    fails). Raises QuarantineError for an unknown, incomplete or already decided batch,
-    KafkaException on a broker error (e.g. fenced by another decision on the same batch).
+    fails; steadyrl.bus.txn.TransactionalProducer). Raises QuarantineError for an unknown,
+    incomplete or already decided batch, KafkaException on a broker error (e.g. fenced by
+    another decision on the same batch; TransactionAborted, a KafkaException, when the
+    transaction failed and was aborted).
     """
-    from confluent_kafka import Producer
+    from steadyrl.bus.txn import TransactionalProducer
 
-    from steadyrl.bus.kafka import producer_config
-
-    p = Producer(producer_config(bootstrap, "quarantine-cli", f"quarantine-{batch}"))
-    p.init_transactions(30)  # fences any other decider of this batch; read after it
-    entries = read_quarantine(bootstrap, prefix)
-    if batch not in entries:
-        known = ", ".join(list(entries)[-5:]) or "none"
-        raise QuarantineError(f"no quarantined batch {batch!r} on {prefix}rl.quarantine (latest: {known})")
-    entry = entries[batch]
-    if entry.decision is not None:
-        raise QuarantineError(f"batch {batch} was already {entry.status} by {entry.decision.by or '?'}")
-    if not entry.complete:
-        raise QuarantineError(f"batch {batch} is incomplete ({len(entry.groups)} of {entry.first.count} groups): "
-                              "the learner is still writing it, or stopped mid-way and will hold it again")
-    decision = QuarantineDecision(batch_id=batch, action=action, note=note,
-                                  by=f"{getpass.getuser()}@{socket.gethostname()}")
-    p.begin_transaction()
+    p = TransactionalProducer(bootstrap, "quarantine-cli", f"quarantine-{batch}")
     try:
-        if action == QuarantineAction.release:
-            for i in sorted(entry.groups):
-                g = entry.groups[i].group
-                value, headers = codec.encode(g)
-                p.produce(f"{prefix}rl.scored", value, key=g.prompt_id,
-                          headers=headers + [(RELEASE_HEADER, batch.encode())])
-        value, headers = codec.encode(decision)
-        p.produce(f"{prefix}rl.quarantine", value, key=batch, headers=headers)
-        p.commit_transaction(60)
-    except Exception:
-        p.abort_transaction(30)
-        raise
+        p.init_transactions()  # fences any other decider of this batch; read after it
+        entries = read_quarantine(bootstrap, prefix)
+        if batch not in entries:
+            known = ", ".join(list(entries)[-5:]) or "none"
+            raise QuarantineError(f"no quarantined batch {batch!r} on {prefix}rl.quarantine (latest: {known})")
+        entry = entries[batch]
+        if entry.decision is not None:
+            raise QuarantineError(f"batch {batch} was already {entry.status} by {entry.decision.by or '?'}")
+        if not entry.complete:
+            raise QuarantineError(f"batch {batch} is incomplete ({len(entry.groups)} of {entry.first.count} groups): "
+                                  "the learner is still writing it, or stopped mid-way and will hold it again")
+        decision = QuarantineDecision(batch_id=batch, action=action, note=note,
+                                      by=f"{getpass.getuser()}@{socket.gethostname()}")
+        with p.transaction():
+            if action == QuarantineAction.release:
+                for i in sorted(entry.groups):
+                    g = entry.groups[i].group
+                    value, headers = codec.encode(g)
+                    p.produce(f"{prefix}rl.scored", value, g.prompt_id, headers + [(RELEASE_HEADER, batch.encode())])
+            value, headers = codec.encode(decision)
+            p.produce(f"{prefix}rl.quarantine", value, batch, headers)
+    finally:
+        p.close()
     entry.decision = decision
     return entry
