@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import ClassVar, Literal, TypeVar
 
 from pydantic import Field, ValidationError
-from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict,
-                               YamlConfigSettingsSource)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 
 class ConfigError(SystemExit):
@@ -108,7 +107,7 @@ def load(cls: type[S], argv: list[str] | None = None, prog: str | None = None) -
     """
     argv = list(argv) if argv is not None else []
     if "-h" in argv or "--help" in argv:
-        print("--config FILE.yaml    YAML settings (precedence: defaults < YAML < STEADYRL_* env < flags)")
+        print("--config FILE.yaml    YAML settings (precedence: defaults < YAML < STEADYRL_* env < flags)")  # noqa: T201  --help
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", type=Path, default=None)
     known, rest = pre.parse_known_args(argv)

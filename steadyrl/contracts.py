@@ -69,7 +69,8 @@ class Prompt(Contract):
     temperature: float = Field(default=1.0, ge=0.0, le=10.0, description="Sampling temperature (the learner's).")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(default=64, ge=1, le=32768)
-    seed: int | None = Field(default=None, ge=0, description="Sampling seed: same seed, weights, prompt -> same samples.")
+    seed: int | None = Field(default=None, ge=0,
+                             description="Sampling seed: same seed, weights, prompt -> same samples.")
     min_policy_version: int = Field(default=0, ge=0,
                                     description="Generate with this policy version of run_id or a newer one.")
 

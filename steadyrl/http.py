@@ -21,6 +21,7 @@ from typing import Callable
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+
 # The classic text format every Prometheus 2.x scrapes (what prometheus-client itself
 # answers when the scraper does not ask for another).
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4

@@ -9,7 +9,8 @@ written as `*.arrow.tmp` and renamed when it is closed: at every learner checkpo
 the UTC hour changes, and when it passes `max_file_bytes` (default 2 GB). A crash leaves
 only a `.tmp` part, whose steps the resumed learner trains again; `RolloutCache` removes
 it on open, and the learner drops rows of steps after the checkpoint it resumes from
-(`truncate_after`), so every trained group is in the cache exactly once. Read with pyarrow (`pyarrow.dataset.dataset(root, format="ipc")`), polars
+(`truncate_after`), so every trained group is in the cache exactly once. Read with pyarrow
+(`pyarrow.dataset.dataset(root, format="ipc")`), polars
 (`pl.read_ipc`) or duckdb (over that pyarrow dataset).
 """
 

@@ -40,7 +40,7 @@ def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
     if extra_routes is not None:
         extra_routes(app)
     server = HealthServer(app, cfg.metrics_host, cfg.metrics_port).start()
-    print(f"listening {server.url}", flush=True)
+    print(f"listening {server.url}", flush=True)  # noqa: T201  the port, for whoever started it (tests, up)
     stop = threading.Event()
 
     def _on_signal(signum, frame):
@@ -68,5 +68,5 @@ def main_guard(fn: Callable[[list[str]], int]) -> None:
     try:
         sys.exit(fn(sys.argv[1:]))
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)  # noqa: T201  a config error at start: one line, exit 2
         sys.exit(2)

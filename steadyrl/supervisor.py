@@ -7,7 +7,8 @@ after 60 s of healthy running). Output lines are prefixed with the instance name
 A child marked `final` (the learner) that exits with status 0 and `is_done()` has finished
 its work: the whole stack stops (exit 0 without `is_done()` is a stop from outside: it is
 restarted). A child that exits with status 2 (configuration error) would fail the same way
-again: the stack stops and `failed` names it. SIGINT/SIGTERM stop the children (SIGTERM, then SIGKILL after a grace period) and then
+again: the stack stops and `failed` names it. SIGINT/SIGTERM stop the children (SIGTERM, then
+SIGKILL after a grace period) and then
 the broker, if this command started it.
 
 Why our own ~100 lines and not supervisord/circus/honcho: honcho stops everything when

@@ -117,7 +117,8 @@ def topic_id(bootstrap: str, topic: str, health=None, timeout_s: float = 300.0) 
             return str(admin.describe_topics(TopicCollection([topic]), request_timeout=10)[topic].result().topic_id)
         except KafkaException as e:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"cannot describe topic {topic} at {bootstrap} within {timeout_s:g} s: {e}") from None
+                raise RuntimeError(
+                    f"cannot describe topic {topic} at {bootstrap} within {timeout_s:g} s: {e}") from None
             log.warning("waiting for the broker to describe the input topic", extra={"topic": topic, "error": str(e)})
             if health is not None:
                 health.beat()

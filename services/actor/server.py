@@ -4,7 +4,8 @@
       -> {"policy_version": 3, "completions": [[{token_ids, logprobs, text, finish_reason}, ...], ...]}
 
 On start the actor reads `rl.policy` from the beginning (compacted: the newest record per
-key survives) and loads the newest version it can verify (older ones if the newest is refused); afterwards every new record is loaded as it
+key survives) and loads the newest version it can verify (older ones if the newest is refused);
+afterwards every new record is loaded as it
 arrives. A later learner run (run ids sort by start time) replaces whatever an earlier run
 left; within a run the newest record wins, even a lower version (a learner that resumed
 from a checkpoint redoes the steps since). A version is loaded only if its `uri`
@@ -32,8 +33,8 @@ from fastapi import HTTPException
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from steadyrl.config import ServiceConfig, load
 from steadyrl import policy_files
+from steadyrl.config import ServiceConfig, load
 from steadyrl.policy_files import PolicyRefused
 
 log = logging.getLogger("steadyrl.actor")
@@ -52,7 +53,8 @@ class ActorSection(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
     model: str = Field("smollm2-135m-instruct", description="smollm2-135m-instruct, tiny, or a local HF dir.")
-    backend: Literal["torch", "vllm"] = Field("torch", description="torch (CPU or GPU), or vllm (GPU, the `gpu` extra).")
+    backend: Literal["torch", "vllm"] = Field("torch",
+                                              description="torch (CPU or GPU), or vllm (GPU, the `gpu` extra).")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vllm: share of GPU memory it may take.")
     policy_root: Path = Field(Path(".steadyrl/policies"), description="Only weights under this folder are loaded.")
     max_new_tokens_limit: int = Field(1024, ge=1, description="Largest max_new_tokens a request may ask for.")
@@ -153,7 +155,8 @@ class Actor:
         from steadyrl.generation import SamplingParams
 
         if req.max_new_tokens > self.cfg.actor.max_new_tokens_limit:
-            raise HTTPException(422, f"max_new_tokens {req.max_new_tokens} > limit {self.cfg.actor.max_new_tokens_limit}")
+            limit = self.cfg.actor.max_new_tokens_limit
+            raise HTTPException(422, f"max_new_tokens {req.max_new_tokens} > limit {limit}")
         if len(req.prompts) * req.n > self.cfg.actor.max_sequences:
             raise HTTPException(422, f"{len(req.prompts)} prompts x n={req.n} > max_sequences "
                                      f"{self.cfg.actor.max_sequences}")

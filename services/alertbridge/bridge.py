@@ -93,14 +93,38 @@ from fastapi.responses import JSONResponse
 from prometheus_client import Counter, Histogram
 from starlette.concurrency import run_in_threadpool
 
-from steadyrl.config import load
 # Re-exported: tests and the docs name these as services.alertbridge.bridge.X.
-from services.alertbridge.config import (AlertBridgeConfig, AlertBridgeSection, Webhook, WebhookAlert,  # noqa: F401
-                                         WebhookRejected, parse_webhook)
-from services.alertbridge.render import (TEMPLATES, Rendered, Renderer, cut_note, cut_utf8, omitted_note,  # noqa: F401
-                                         render_context, utf8_len)
-from services.alertbridge.robots import (RATE_LIMIT_CODES, REDACTOR, ROBOTS, Robot, SendError,  # noqa: F401
-                                         _check_url, dingtalk_sign, mask_url, redact, signed_url)
+from services.alertbridge.config import (  # noqa: F401
+    AlertBridgeConfig,
+    AlertBridgeSection,
+    Webhook,
+    WebhookAlert,
+    WebhookRejected,
+    parse_webhook,
+)
+from services.alertbridge.render import (  # noqa: F401
+    TEMPLATES,
+    Rendered,
+    Renderer,
+    cut_note,
+    cut_utf8,
+    omitted_note,
+    render_context,
+    utf8_len,
+)
+from services.alertbridge.robots import (  # noqa: F401
+    RATE_LIMIT_CODES,
+    REDACTOR,
+    ROBOTS,
+    Robot,
+    SendError,
+    _check_url,
+    dingtalk_sign,
+    mask_url,
+    redact,
+    signed_url,
+)
+from steadyrl.config import load
 
 log = logging.getLogger("steadyrl.alertbridge")
 

@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from steadyrl.config import ServiceConfig
 
-
 # ---------------------------------------------------------------------------- configuration
 
 class AlertBridgeSection(BaseModel):

@@ -34,7 +34,8 @@ class LearnerSection(BaseModel):
     max_staleness: int = Field(0, ge=0, description="Train on groups from versions >= step - max_staleness "
                                "(0 on a CPU-only machine: generation and training share the cores).")
     seed: int = Field(0, description="Prompt order, sampling seeds and the tiny model's init.")
-    policy_root: Path = Field(Path(".steadyrl/policies"), description="Weights are written under it (the actor's root).")
+    policy_root: Path = Field(Path(".steadyrl/policies"),
+                              description="Weights are written under it (the actor's root).")
     keep_policies: int = Field(3, ge=2, description="Policy files kept per run (the newest; >= 2 so the one "
                                                    "state.json names survives a crash mid-step).")
     state_dir: Path = Field(Path(".steadyrl/learner"), description="Run state, audit log and summary.")

@@ -27,7 +27,8 @@ REWARDS = Histogram("steadyrl_learner_reward", "Per-sample rewards of the traine
                     buckets=(-1, -0.5, 0, 0.1, 0.25, 0.5, 0.75, 0.9, 1, 2, 5, 10))
 PHASE_SECONDS = Gauge("steadyrl_learner_phase_seconds", "Last step's time per phase: waiting for groups (wait), "
                       "the trainer's passes (old_log_prob, ref, update_actor, train_step), publish_policy", ["phase"])
-OOM_FALLBACKS = Counter("steadyrl_learner_oom_fallbacks", "Steps that ran out of memory and were retried in the safe mode")
+OOM_FALLBACKS = Counter("steadyrl_learner_oom_fallbacks",
+                        "Steps that ran out of memory and were retried in the safe mode")
 
 EXPORTED = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm",
             "actor/kl_ref", "actor/lr", "critic/advantages/var", "response_length/mean", "critic/vf_loss",

@@ -86,7 +86,7 @@ def write_summary(lc: LearnerSection, st: RunState, run_dir: Path) -> Path:
                      f" -> {'LEARNED' if e['learned'] else 'not above noise'}")
     lines.append(f"counts: {s['counts']}; summary {path}")
     for line in lines:
-        print(f"SUMMARY {line}", flush=True)
+        print(f"SUMMARY {line}", flush=True)  # noqa: T201  the run's result, for the person at `steadyrl up`
     return path
 
 

@@ -29,14 +29,17 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from prometheus_client import Counter, Gauge, Histogram
 
-from steadyrl.bus.stage import RetryLater
 from steadyrl.breaker import CircuitBreaker, State
+from steadyrl.bus.stage import RetryLater
 from steadyrl.contracts import RewardSource, RolloutGroup
+
+if TYPE_CHECKING:
+    from services.reward.cache import ScoreCache
 
 log = logging.getLogger("steadyrl.reward")
 
@@ -218,7 +221,8 @@ class RewardClient:
                              f"body {resp.text[:200]!r}", self.retry_backoff_s) from None
         if len(scores) != len(items):
             CALLS.labels("malformed").inc()
-            raise RetryLater(f"reward server returned {len(scores)} scores for {len(items)} items", self.retry_backoff_s)
+            raise RetryLater(f"reward server returned {len(scores)} scores for {len(items)} items",
+                             self.retry_backoff_s)
         result, k = [], 0
         try:
             for g in groups:

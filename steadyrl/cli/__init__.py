@@ -15,17 +15,39 @@ import os
 import sys
 
 from steadyrl.cli import broker, ckpt, eval, quarantine, replay, score, up
+
+__all__ = ["BROKER_CHECK_S", "DEFAULT_STATE", "LOCAL_BOOTSTRAP", "SCALABLE", "SCALE_INPUT", "SERVICES",
+           "SERVICE_PORTS", "CliError", "Progress", "_bootstrap", "_check_up_args", "_local_broker", "_parse_scale",
+           "_readiness", "_require_broker", "build_parser", "cmd_broker", "cmd_ckpt", "cmd_eval", "cmd_quarantine",
+           "cmd_replay", "cmd_schemas", "cmd_score", "cmd_topics", "cmd_up", "main"]
+
 # Re-exported: tests, bench/ and docs name these as steadyrl.cli.X.
 from steadyrl.cli.broker import cmd_broker, cmd_schemas, cmd_topics
 from steadyrl.cli.ckpt import cmd_ckpt
-from steadyrl.cli.common import (BROKER_CHECK_S, DEFAULT_STATE, LOCAL_BOOTSTRAP, CliError, _bootstrap,
-                                 _local_broker, _require_broker)  # noqa: F401
+from steadyrl.cli.common import (
+    BROKER_CHECK_S,
+    DEFAULT_STATE,
+    LOCAL_BOOTSTRAP,
+    CliError,
+    _bootstrap,
+    _local_broker,
+    _require_broker,
+)
 from steadyrl.cli.eval import cmd_eval
 from steadyrl.cli.quarantine import cmd_quarantine
 from steadyrl.cli.replay import cmd_replay
 from steadyrl.cli.score import cmd_score
-from steadyrl.cli.up import (SCALABLE, SCALE_INPUT, SERVICE_PORTS, SERVICES, Progress, _check_up_args, _parse_scale,
-                             _readiness, cmd_up)  # noqa: F401
+from steadyrl.cli.up import (
+    SCALABLE,
+    SCALE_INPUT,
+    SERVICE_PORTS,
+    SERVICES,
+    Progress,
+    _check_up_args,
+    _parse_scale,
+    _readiness,
+    cmd_up,
+)
 
 #: The command modules, in the order `steadyrl --help` lists their commands.
 COMMANDS = (broker, ckpt, quarantine, replay, eval, score, up)

@@ -5,8 +5,14 @@ from __future__ import annotations
 import json
 import sys
 
-from steadyrl.cli.common import (LOCAL_BOOTSTRAP, CliError, _bootstrap, _local_broker, _require_broker,
-                                 add_common_options)
+from steadyrl.cli.common import (
+    LOCAL_BOOTSTRAP,
+    CliError,
+    _bootstrap,
+    _local_broker,
+    _require_broker,
+    add_common_options,
+)
 
 
 def cmd_broker(args) -> int:

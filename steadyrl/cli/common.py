@@ -57,6 +57,8 @@ def add_common_options(sp, broker_opts: bool = False) -> None:
     sp.add_argument("--bootstrap", help="existing cluster (default: $STEADYRL_BOOTSTRAP or the local broker)")
     sp.add_argument("--prefix", default="", help="topic name prefix")
     if broker_opts:
-        sp.add_argument("--state-dir", default=str(DEFAULT_STATE), help="broker pid, logs and data; under `up` also policies/ and learner/ (runs, checkpoints, rollout cache)")
+        sp.add_argument("--state-dir", default=str(DEFAULT_STATE),
+                        help="broker pid, logs and data; under `up` also policies/ and learner/ "
+                             "(runs, checkpoints, rollout cache)")
         sp.add_argument("--port", type=int, default=9092, help="broker port (controller: port+1)")
         sp.add_argument("--heap-mb", type=int, default=512, help="broker JVM heap, MiB")

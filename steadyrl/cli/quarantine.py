@@ -14,8 +14,8 @@ def cmd_quarantine(args) -> int:
 
     from confluent_kafka import KafkaException
 
-    from steadyrl.quarantine import QuarantineError, decide, read_quarantine
     from steadyrl.contracts import QuarantineAction
+    from steadyrl.quarantine import QuarantineError, decide, read_quarantine
 
     bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
     if args.action in ("release", "drop"):
