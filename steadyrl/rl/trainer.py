@@ -187,7 +187,8 @@ class Trainer:
         self.safe_mode = False
         self.micro_batch_size = self.cfg.micro_batch_size
         if getattr(self.model, "supports_gradient_checkpointing", False):
-            (getattr(self.model, "activation_checkpointing_disable", None) or self.model.gradient_checkpointing_disable)()
+            disable = getattr(self.model, "activation_checkpointing_disable", None)   # transformers >= 5
+            (disable or self.model.gradient_checkpointing_disable)()
 
     def _oom_guarded(self, fn: Callable[[], _T]) -> _T:
         """fn(), or -- when it runs out of memory and the fallback is on -- the safe mode and
@@ -334,19 +335,24 @@ class Trainer:
                             loss = loss - cfg.entropy_coeff * entropy
                         if ref_logp is not None:  # KL(pi || ref) as the update sees it (k3), for people
                             kl_ref = core.masked_mean(core.kl_estimate(logp.detach(), ref_logp[idx], "k3"), mb_mask)
-                            mb_sums["actor/kl_ref"] = mb_sums.get("actor/kl_ref", 0.0) + float(kl_ref) * float(weight)
+                            mb_sums["actor/kl_ref"] = (mb_sums.get("actor/kl_ref", 0.0)
+                                                       + float(kl_ref) * float(weight))
                         if cfg.use_kl_loss:
                             assert ref_logp is not None                        # uses_ref made self.ref
-                            kl = core.aggregate(core.kl_estimate(logp, ref_logp[idx], cfg.kl_estimator), mb_mask, cfg.loss_agg)
+                            kl = core.aggregate(core.kl_estimate(logp, ref_logp[idx], cfg.kl_estimator), mb_mask,
+                                                cfg.loss_agg)
                             loss = loss + cfg.kl_coef * kl
-                            mb_sums["actor/kl_loss"] = mb_sums.get("actor/kl_loss", 0.0) + float(kl.detach()) * float(weight)
+                            mb_sums["actor/kl_loss"] = (mb_sums.get("actor/kl_loss", 0.0)
+                                                        + float(kl.detach()) * float(weight))
                         if cfg.algorithm == "ppo":
                             assert values is not None and old_values is not None and returns is not None
                             vf_loss, vf_clip = core.value_loss(values, old_values[idx], returns[idx], mb_mask,
                                                                cfg.vf_clip, cfg.loss_agg)
                             loss = loss + cfg.vf_coef * vf_loss
-                            mb_sums["critic/vf_loss"] = mb_sums.get("critic/vf_loss", 0.0) + float(vf_loss.detach()) * float(weight)
-                            mb_sums["critic/vf_clipfrac"] = mb_sums.get("critic/vf_clipfrac", 0.0) + float(vf_clip) * float(weight)
+                            mb_sums["critic/vf_loss"] = (mb_sums.get("critic/vf_loss", 0.0)
+                                                         + float(vf_loss.detach()) * float(weight))
+                            mb_sums["critic/vf_clipfrac"] = (mb_sums.get("critic/vf_clipfrac", 0.0)
+                                                             + float(vf_clip) * float(weight))
                         (loss * weight).backward()
                         for k, v in (("actor/pg_loss", pg_loss), ("actor/entropy", entropy),
                                      ("actor/pg_clipfrac", pg_m["clip_frac"]), ("actor/ppo_kl", pg_m["approx_kl"]),

@@ -33,10 +33,10 @@ def _gae_reference(r, v, gamma, lam):
     adv = [0.0] * T
     for t in range(T):
         total = 0.0
-        for l in range(T - t):
-            nv = v[t + l + 1] if t + l + 1 < T else 0.0
-            delta = r[t + l] + gamma * nv - v[t + l]
-            total += (gamma * lam) ** l * delta
+        for k in range(T - t):
+            nv = v[t + k + 1] if t + k + 1 < T else 0.0
+            delta = r[t + k] + gamma * nv - v[t + k]
+            total += (gamma * lam) ** k * delta
         adv[t] = total
     return adv
 
