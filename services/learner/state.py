@@ -95,9 +95,11 @@ class RunState(_Saved):
         except ValidationError as e:
             fields = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()[:5])
             raise StateError(f"{where}: not a run state this version can read ({fields})") from None
-        if st.fed < 0:  # written before the prompt gate: every prompt pulled was published
-            st.fed = st.feeder_position
         return st
+
+    def model_post_init(self, context) -> None:
+        if self.fed < 0:  # a new run, or one written before the prompt gate: = prompts pulled
+            self.fed = self.feeder_position
 
     def count(self, what: Count, n: int = 1) -> None:
         self.counts[what.value] = self.counts.get(what.value, 0) + n

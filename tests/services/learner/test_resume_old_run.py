@@ -103,3 +103,12 @@ def test_the_resumed_run_publishes_in_the_folder_layout_and_both_read_back(old_r
 def test_run_state_round_trips_the_old_json():
     text = (FIXTURE / "learner" / RUN / "state.json").read_text()
     assert json.loads(RunState.parse(text, "fixture").model_dump_json()) == json.loads(text)
+
+
+def test_a_new_run_state_counts_no_prompt_fed():
+    """Regression: `fed` defaults to -1 (= feeder_position, for states written before the prompt
+    gate); a new run's state kept -1, so the feeder published steps x B + 1 prompts and one
+    stayed untrained (found by the killed-three-times pipeline test's audit)."""
+    assert RunState(run_id="r1").fed == 0
+    assert RunState(run_id="r1", feeder_position=7).fed == 7
+    assert RunState(run_id="r1", feeder_position=7, fed=5).fed == 5
