@@ -96,6 +96,14 @@ def _audit_exactly_once(up: Up, bootstrap: str, steps: int, batch: int = 8) -> N
     assert report["ok"], explain(report)
 
 
+def _published_weights(up: Up) -> dict:
+    """The tensors of the last policy version the run announced, every byte checked."""
+    from steadyrl import policy_files
+
+    st = up.run().state
+    return policy_files.read_version((up.state / "policies").resolve(), st["policy_uri"], st["policy_sha256"])
+
+
 def test_reward_rises_through_the_full_pipeline(bootstrap, tmp_path):
     up = Up(bootstrap, tmp_path, TINY)
     rc = up.wait(300)
@@ -117,13 +125,10 @@ def test_staleness_0_pipeline_equals_the_in_process_loop(bootstrap, tmp_path):
     Tolerance: exact (max |diff| == 0) is expected on this CPU path; the assertion allows 1e-6
     for BLAS kernels that sum in a batch-size dependent order.
     """
-    import torch
-    from safetensors.torch import load_file
-
+    from services.learner.config import load_dataset
     from steadyrl.models import load_policy
     from steadyrl.rl.loop import LoopConfig, run_loop
     from steadyrl.rl.trainer import TrainConfig
-    from services.learner.config import load_dataset
 
     steps = 8
     config = _config(tmp_path, steps=steps, max_staleness=0, eval_data=None)
@@ -132,7 +137,6 @@ def test_staleness_0_pipeline_equals_the_in_process_loop(bootstrap, tmp_path):
     rc = up.wait(300)
     assert rc == 0, up.log()[-4000:]
     run = up.run()
-    state = run.state
     assert all(h["policy_versions"] == [h["step"] - 1] for h in run.history), "not on-policy"
 
     model, tok = load_policy("tiny", seed=0)
@@ -142,11 +146,10 @@ def test_staleness_0_pipeline_equals_the_in_process_loop(bootstrap, tmp_path):
     hist = run_loop(model, tok, load_dataset(lc["data"]), cfg)
     assert [h["critic/score/mean"] for h in hist] == [h["reward_mean"] for h in run.history]
 
-    learned = load_file(up.state / "policies" / state["policy_uri"])
+    learned = _published_weights(up)
     own = model.state_dict()
     diff = max((learned[k] - own[k]).abs().max().item() for k in learned)
-    print(f"max |pipeline - in-process| over all parameters: {diff}")
-    assert diff <= 1e-6, diff
+    assert diff <= 1e-6, f"max |pipeline - in-process| over all parameters: {diff}"
     assert set(learned) <= set(own) and len(learned) >= len(own) - 1  # tied embeddings: one name kept
 
 
@@ -237,8 +240,6 @@ def test_learner_killed_three_times_ends_bitwise_equal_to_the_uninterrupted_loop
     then at step 22 of 30. Each restart goes on from the newest complete checkpoint (throwing
     away up to 4 steps, whose groups are redone with the same seeds): the final weights equal
     run_loop's exactly, and the audit log holds every prompt once."""
-    from safetensors.torch import load_file
-
     from services.learner.config import load_dataset
     from steadyrl.models import load_policy
     from steadyrl.rl.loop import LoopConfig, run_loop
@@ -291,11 +292,10 @@ def test_learner_killed_three_times_ends_bitwise_equal_to_the_uninterrupted_loop
                      max_new_tokens=lc["max_new_tokens"], scorer="tiny_copy", seed=0,
                      train=TrainConfig(**lc["train"]))
     run_loop(model, tok, load_dataset(lc["data"]), cfg)
-    learned = load_file(up.state / "policies" / up.run().policy_uri)
+    learned = _published_weights(up)
     own = model.state_dict()
     diff = max((learned[k] - own[k]).abs().max().item() for k in learned)
-    print(f"max |killed pipeline - in-process| over all parameters: {diff}")
-    assert diff == 0.0
+    assert diff == 0.0, f"max |killed pipeline - in-process| over all parameters: {diff}"
 
 
 @pytest.mark.slow
@@ -455,7 +455,8 @@ def test_a_full_train_buffer_evicts_and_every_prompt_is_still_trained_once(boots
         up.close()
     assert rc == 0, up.log()[-4000:]
     assert 'steadyrl_rollout_buffer_size{stage="train"}' in metrics
-    evicted = [line for line in metrics.splitlines() if line.startswith('steadyrl_learner_buffer_evictions_total{policy="fifo"}')]
+    evicted = [line for line in metrics.splitlines()
+               if line.startswith('steadyrl_learner_buffer_evictions_total{policy="fifo"}')]
     assert evicted and float(evicted[0].split()[-1]) >= 8, metrics
     aged = [line for line in metrics.splitlines() if line.startswith("steadyrl_rollout_sample_age_seconds_count")]
     assert aged and float(aged[0].split()[-1]) >= 16, metrics
