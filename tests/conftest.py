@@ -41,9 +41,9 @@ TEST_SCORERS = ["numeric_match", "tiny_copy", "tests.helpers:failing_scorer", "t
 @pytest.fixture(scope="session")
 def reward_server(tmp_path_factory):
     """A reward server on 127.0.0.1 serving the rule scorers and the test ones; yields its URL."""
-    from tests.helpers import ServiceProc
-
     import json
+
+    from tests.helpers import ServiceProc
 
     log = tmp_path_factory.mktemp("reward-server") / "server.log"
     svc = ServiceProc("reward.server", ["--reward-server.scorers", json.dumps(TEST_SCORERS)], log)

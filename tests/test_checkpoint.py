@@ -113,7 +113,6 @@ def test_kill_9_in_the_middle_of_a_save_leaves_the_previous_checkpoint_latest(tm
     """A real SIGKILL half-way through an async save (weights written, optimizer not): the
     half-written folder is never read, LATEST still names step 1 and it verifies; the next
     save removes the leftover."""
-    import os
     import signal
     import subprocess
     import sys

@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import httpx
 import pytest

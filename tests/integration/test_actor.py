@@ -7,8 +7,8 @@ from safetensors.torch import save_model
 
 from steadyrl import codec
 from steadyrl.contracts import PolicyUpdate
-from steadyrl.models import load_policy
 from steadyrl.files import sha256_file
+from steadyrl.models import load_policy
 from tests.helpers import ServiceProc, produce_all
 
 

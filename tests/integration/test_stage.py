@@ -6,7 +6,7 @@ import time
 import httpx
 
 from steadyrl import codec
-from steadyrl.contracts import DLQRecord, DLQReason, ScoredGroup
+from steadyrl.contracts import DLQReason, DLQRecord, ScoredGroup
 from tests.helpers import ServiceProc, decode_all, produce_all, read_all, rollout_group
 
 

@@ -1,6 +1,5 @@
 """The in-process loop and the trainer on the tiny model (CPU, fixed seeds)."""
 
-import warnings
 
 import pytest
 import torch
@@ -8,7 +7,6 @@ import torch
 from steadyrl.data import tiny_copy_rows
 from steadyrl.generation import SamplingParams, TorchGenerator
 from steadyrl.models import load_policy
-from steadyrl.rl import core
 from steadyrl.rl.loop import LoopConfig, encode_prompt, evaluate, run_loop
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer, build_batch
 

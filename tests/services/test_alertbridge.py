@@ -19,8 +19,15 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.alertbridge.bridge import (AlertBridgeConfig, AlertBridgeSection, Bridge, Webhook, add_routes,
-                                         cut_utf8, mask_url)
+from services.alertbridge.bridge import (
+    AlertBridgeConfig,
+    AlertBridgeSection,
+    Bridge,
+    Webhook,
+    add_routes,
+    cut_utf8,
+    mask_url,
+)
 from steadyrl.config import ConfigError, load
 from steadyrl.http import Health, HealthServer, make_app
 from steadyrl.logs import JsonFormatter

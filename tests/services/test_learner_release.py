@@ -4,9 +4,9 @@ a held group read again after a restart stays held; only a copy that
 
 from services.learner.intake import Intake
 from services.learner.state import Held, InFlight, RunState
-from steadyrl.quarantine import RELEASE_HEADER, batch_id
 from steadyrl import codec
 from steadyrl.contracts import Prompt, RewardSource, RolloutGroup, Sample, ScoredGroup
+from steadyrl.quarantine import RELEASE_HEADER, batch_id
 
 
 class Msg:

@@ -3,17 +3,15 @@ rl.scored (other cluster, topic re-created: another topic id) starts a new run (
 fingerprint held only the learner section, so `up --prefix b.` resumed a run of `a.` with a.'s
 offsets into b.'s topics). A run saved before these keys existed still resumes."""
 
-import json
 import logging
 from types import SimpleNamespace
 
 import pytest
 
-from steadyrl import checkpoint as ck
-from steadyrl.config import ConfigError
-
 from services.learner.resume import open_run
 from services.learner.state import RunState
+from steadyrl import checkpoint as ck
+from steadyrl.config import ConfigError
 
 
 def fingerprint(prefix: str, cluster: str) -> dict:
