@@ -35,15 +35,15 @@ importable from here.
 
 from steadyrl.replay.plot import _bin_edges, plot, plot_report  # noqa: F401 (_bin_edges: tests)
 from steadyrl.replay.report import (
-                                    Rescored,
-                                    build_report,
-                                    flat_rewards,
-                                    format_report,
-                                    halves,
-                                    report_json,
-                                    rescore,
-                                    scorer_timeline,
-                                    shift_report,
+    Rescored,
+    build_report,
+    flat_rewards,
+    format_report,
+    halves,
+    report_json,
+    rescore,
+    scorer_timeline,
+    shift_report,
 )
 from steadyrl.replay.republish import ensure_topic, republish
 from steadyrl.replay.window import TIME_FORMS, Record, Window, format_ms, parse_time, read_range
