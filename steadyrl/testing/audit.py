@@ -95,7 +95,8 @@ def stage_audit(name: str, inputs: list, in_key: Callable, outputs: list, out_ke
     return {"stage": name, "inputs": len(inputs), "inputs_committed": len(done),
             "inputs_to_dlq": sum(1 for m in done if ref(m) in dlq_refs),
             "outputs": len(outputs), "duplicated_outputs": sum(dup.values()), "missing_outputs": sum(missing.values()),
-            "examples": {"duplicated": [list(k) for k in list(dup)[:3]], "missing": [list(k) for k in list(missing)[:3]]},
+            "examples": {"duplicated": [list(k) for k in list(dup)[:3]],
+                         "missing": [list(k) for k in list(missing)[:3]]},
             "ok": not dup and not missing}
 
 

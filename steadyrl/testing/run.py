@@ -171,7 +171,8 @@ class RunDir:
 
     @property
     def policy_uri(self) -> str:
-        """The newest policy file, relative to the policy root."""
+        """The newest policy version, relative to the policy root (a Hugging Face folder; a legacy
+        run: a .safetensors file)."""
         return self.state.get("policy_uri", "")
 
     # ---- the other files --------------------------------------------------------------------

@@ -52,6 +52,14 @@ def test_counts_take_an_enum_with_the_same_values():
     assert {"stale_dropped", "future_dropped", "dlq", "evicted", "cache_scored", "released"} <= set(COUNT_KEYS)
 
 
+def test_count_keys_are_the_learners_own_names():
+    """steadyrl.testing may not import services; this test holds the two lists together."""
+    from services.learner.state import Count
+
+    assert set(COUNT_KEYS) == {c.value for c in Count}
+    assert Counts({"dlq": 2})[Count.dlq] == 2 and Counts({})[Count.stale_dropped] == 0
+
+
 def test_a_named_run_an_up_state_dir_and_a_run_still_going(tmp_path):
     learner = tmp_path / "learner"
     write_run(learner, "r1", current=False)
