@@ -199,13 +199,13 @@ def _dist(xs: list[float]) -> dict:
     xs = [x for x in xs if x is not None]
     if not xs:
         return {}
-    return {"p50_ms": round(pct(xs, 0.5), 1), "p90_ms": round(pct(xs, 0.9), 1), "mean_ms": round(statistics.mean(xs), 1),
-            "n": len(xs)}
+    return {"p50_ms": round(pct(xs, 0.5), 1), "p90_ms": round(pct(xs, 0.9), 1),
+            "mean_ms": round(statistics.mean(xs), 1), "n": len(xs)}
 
 
 def trace(lc, consumed, t, logs, metrics, phase_samples, codec, Prompt, RolloutGroup, ScoredGroup, PolicyUpdate):
     """Per trained group: record timestamps through rl.prompts -> rl.rollouts -> rl.scored -> rl.policy."""
-    n, B = lc["steps"], lc["prompts_per_step"]
+    n = lc["steps"]
     dec = lambda r, c: codec.decode(r["value"], r["headers"], c)  # noqa: E731
     prompts: dict[tuple, list[int]] = {}
     for r in t["rl.prompts"]:
@@ -312,7 +312,8 @@ def kafka_summary(rounds: list[dict]) -> dict:
                     "actor_policy_load_lag_ms": {q: med(["actor_policy_load_lag_ms", q]) for q in ("p50_ms", "p90_ms")},
                     "deferred_rollout_batches": [k["deferred_batches"].get("rollout", 0) for k in ks],
                     "deferred_why": ks[0]["deferred_why"], "record_sizes": ks[0]["record_sizes"],
-                    "records_traced": [k["records_traced"] for k in ks], "records_missing": [k["records_missing"] for k in ks]}
+                    "records_traced": [k["records_traced"] for k in ks],
+                    "records_missing": [k["records_missing"] for k in ks]}
     return out
 
 
@@ -335,7 +336,8 @@ def per_record_overhead(ks: dict, steps: int) -> dict:
                       "beyond_work_ms": None if None in (hop, work) else hop - work,
                       "in_transform_beyond_work_ms": None if None in (tr, work) else tr - work,
                       "outside_transform_ms": None if None in (hop, tr) else hop - tr,
-                      "batches_per_step": per_step("rollout_transform"), "actor_calls_per_step": per_step("actor_generate")}
+                      "batches_per_step": per_step("rollout_transform"),
+                      "actor_calls_per_step": per_step("actor_generate")}
     hop = ks["hops_ms"]["rollout_to_scored"]["mean_ms"]
     tr, work = ms("reward_transform"), ms("reward_server_score")
     out["reward"] = {"hop_mean_ms": hop, "transform_mean_ms": tr, "work_mean_ms": work,
@@ -356,26 +358,30 @@ def per_record_overhead(ks: dict, steps: int) -> dict:
 def tables(res: dict, ko: dict | None) -> str:
     s = res.get("summary") or res["summary_all_rounds"]
     f = lambda x, d=1: "-" if x is None else f"{x:,.{d}f}".replace(",", " ")  # noqa: E731
-    lines = ["| arm | samples/s (steady) | tokens/s (steady) | s/step | end-to-end s | e2e samples/s | CPU-s per 1k samples |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| arm | samples/s (steady) | tokens/s (steady) | s/step | end-to-end s | e2e samples/s "
+             "| CPU-s per 1k samples |", "|---|---|---|---|---|---|---|"]
     for a, v in s["per_arm"].items():
-        lines.append(f"| {a} | {f(v['samples_per_s']['median'])} ({f(v['samples_per_s']['min'])}–{f(v['samples_per_s']['max'])}) "
-                     f"| {f(v['tokens_per_s']['median'])} | {f(v['s_per_step']['median'], 3)} | {f(v['e2e_s']['median'])} "
+        sps = v["samples_per_s"]
+        lines.append(f"| {a} | {f(sps['median'])} ({f(sps['min'])}–{f(sps['max'])}) "
+                     f"| {f(v['tokens_per_s']['median'])} | {f(v['s_per_step']['median'], 3)} "
+                     f"| {f(v['e2e_s']['median'])} "
                      f"| {f(v['e2e_samples_per_s']['median'])} | {f(v['cpu_s_per_1k_samples']['median'], 2)} |")
-    lines += ["", "| ratio (within a round) | samples/s, steady | tokens/s, steady | samples/s, end-to-end |", "|---|---|---|---|"]
+    lines += ["", "| ratio (within a round) | samples/s, steady | tokens/s, steady | samples/s, end-to-end |",
+              "|---|---|---|---|"]
     want = ["pipeline-s0 / loop", "pipeline-s2 / loop", "pipeline-s2 / pipeline-s0", "trl / loop", "pipeline-s0 / trl",
             "pipeline-s2 / trl", "loop / trl"]
     for k in want:
         r = s["ratios"].get(k)
         if r:
             cell = lambda m: f"{m['median']:.3f} ({m['min']:.3f}–{m['max']:.3f})"  # noqa: E731
-            lines.append(f"| {k} | {cell(r['samples_per_s'])} | {cell(r['tokens_per_s'])} | {cell(r['e2e_samples_per_s'])} |")
+            lines.append(f"| {k} | {cell(r['samples_per_s'])} | {cell(r['tokens_per_s'])} "
+                         f"| {cell(r['e2e_samples_per_s'])} |")
     if ko:
         for arm, k in ko.items():
             if arm.startswith("_"):
                 continue
-            lines += ["", f"**{arm}**: per-record hops (record timestamps; median over rounds of each run's p50 / p90 / mean, ms)", "",
-                      "| hop | p50 | p90 | mean |", "|---|---|---|---|"]
+            lines += ["", f"**{arm}**: per-record hops (record timestamps; median over rounds of each run's "
+                          "p50 / p90 / mean, ms)", "", "| hop | p50 | p90 | mean |", "|---|---|---|---|"]
             for h, v in k["hops_ms"].items():
                 lines.append(f"| {h} | {f(v['p50_ms'])} | {f(v['p90_ms'])} | {f(v['mean_ms'])} |")
             if arm == "pipeline-s0":  # at max_staleness 2 the steps overlap: no serial chain
@@ -384,21 +390,24 @@ def tables(res: dict, ko: dict | None) -> str:
                     lines.append(f"| {h} | {f(v['p50_ms'])} | {f(v['mean_ms'])} |")
             o = k.get("per_record")
             if o:
-                lines += ["", "| stage | batches/step | hop mean ms | transform mean ms | work mean ms | beyond work ms "
-                              "| (in transform) | (outside transform) |", "|---|---|---|---|---|---|---|---|"]
+                lines += ["", "| stage | batches/step | hop mean ms | transform mean ms | work mean ms "
+                              "| beyond work ms | (in transform) | (outside transform) |",
+                          "|---|---|---|---|---|---|---|---|"]
                 for st in ("rollout", "reward"):
                     v = o[st]
-                    lines.append(f"| {st} | {f(v['batches_per_step'], 2)} | {f(v['hop_mean_ms'])} | {f(v['transform_mean_ms'])} "
-                                 f"| {f(v['work_mean_ms'], 2)} | {f(v['beyond_work_ms'])} | {f(v['in_transform_beyond_work_ms'])} "
+                    lines.append(f"| {st} | {f(v['batches_per_step'], 2)} | {f(v['hop_mean_ms'])} "
+                                 f"| {f(v['transform_mean_ms'])} | {f(v['work_mean_ms'], 2)} "
+                                 f"| {f(v['beyond_work_ms'])} | {f(v['in_transform_beyond_work_ms'])} "
                                  f"| {f(v['outside_transform_ms'])} |")
                 v = o["learner"]
                 lines.append(f"| learner | 1 | {f(v['hop_mean_ms'])} | - | {f(v['work_train_step_ms'])} (train_step) "
                              f"| {f(v['beyond_work_ms'])} | - | - |")
             c = k.get("cpu_per_record")
             if c:
-                lines += ["", "| CPU ms per group (steady window) | rollout worker | actor | reward worker | reward server "
-                              "| broker | learner (per step) |", "|---|---|---|---|---|---|---|",
-                          f"| {arm} | {f(c.get('rollout_cpu_ms_per_group'), 2)} | {f(c.get('actor_cpu_ms_per_group'), 2)} "
-                          f"| {f(c.get('reward_cpu_ms_per_group'), 2)} | {f(c.get('reward-server_cpu_ms_per_group'), 2)} "
+                lines += ["", "| CPU ms per group (steady window) | rollout worker | actor | reward worker "
+                              "| reward server | broker | learner (per step) |", "|---|---|---|---|---|---|---|",
+                          f"| {arm} | {f(c.get('rollout_cpu_ms_per_group'), 2)} "
+                          f"| {f(c.get('actor_cpu_ms_per_group'), 2)} | {f(c.get('reward_cpu_ms_per_group'), 2)} "
+                          f"| {f(c.get('reward-server_cpu_ms_per_group'), 2)} "
                           f"| {f(c.get('broker_cpu_ms_per_group'), 2)} | {f(c.get('learner_cpu_ms_per_step'), 1)} |"]
     return "\n".join(lines)

@@ -289,7 +289,8 @@ def run(args) -> dict:
             if i < len(events):
                 ev = events[i]
                 step = pipe.progress().get("step")
-                due = step is not None and step >= ev.at_step and (ev.burst or time.time() - last_fire >= args.min_gap_s)
+                due = (step is not None and step >= ev.at_step
+                       and (ev.burst or time.time() - last_fire >= args.min_gap_s))
                 if due:
                     fire(pipe, ev, step, measurers, stop, deadline, args)
                     last_fire = time.time()
@@ -326,7 +327,8 @@ def run(args) -> dict:
     finally:
         pipe.broker.stop()
     if not aud["ok"]:
-        failures.append("audit failed: " + (aud.get("error") or ", ".join(k for k, v in aud["checks"].items() if not v)))
+        failures.append("audit failed: "
+                        + (aud.get("error") or ", ".join(k for k, v in aud["checks"].items() if not v)))
     fired = [e for e in events if e.fired]
     kills = [e.fired for e in fired if e.target != "broker"]
     per_kind = Counter(k["kind"] for k in kills if k.get("pid"))

@@ -70,7 +70,8 @@ def main() -> None:
                 trainer.step(groups)
                 if save:
                     t1 = time.perf_counter()
-                    saver.save(trainer.global_step, model, trainer.opt, trainer.sched, {"global_step": trainer.global_step})
+                    saver.save(trainer.global_step, model, trainer.opt, trainer.sched,
+                               {"global_step": trainer.global_step})
                     snapshot_s.append(time.perf_counter() - t1)
             saver.wait()
             if save:
@@ -91,7 +92,8 @@ def main() -> None:
                 "async_overhead_pct": round(100 * (every / never - 1), 2),
                 "save_call_seconds_median": round(statistics.median(snapshot_s), 3),
                 "background_write_seconds_median": round(statistics.median(write_s), 2),
-                "raw": {"rounds": rounds, "save_call_seconds": list(snapshot_s), "background_write_seconds": list(write_s)}}
+                "raw": {"rounds": rounds, "save_call_seconds": list(snapshot_s),
+                        "background_write_seconds": list(write_s)}}
             print(json.dumps({n: {k: v for k, v in by_threads[str(n)].items() if k != "raw"}}), flush=True)
         torch.set_num_threads(threads[0])
         t0, c0 = time.perf_counter(), time.process_time()
@@ -113,7 +115,8 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "by_torch_threads": by_threads,
-        "sync_save_seconds": round(save_s, 2), "sync_save_cpu_seconds": round(save_cpu_s, 2), "verify_seconds": round(verify_s, 2), "load_seconds": round(load_s, 2),
+        "sync_save_seconds": round(save_s, 2), "sync_save_cpu_seconds": round(save_cpu_s, 2),
+        "verify_seconds": round(verify_s, 2), "load_seconds": round(load_s, 2),
         "bytes_per_checkpoint": sum(files.values()), "files": files,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,8 @@ pass with the server healthy (which fills the worker's score cache), `--rounds` 
 
 Each pass uses the same prompt texts with new prompt ids and new responses. For the outage
 passes it also reports how often the cached reward equals the reward the scorer would have
-given: the share of repeated responses (exact) and the mean absolute error. Starts and stops its own broker, server and worker.
+given: the share of repeated responses (exact) and the mean absolute error. Starts and stops its
+own broker, server and worker.
 """
 
 from __future__ import annotations

@@ -125,8 +125,10 @@ def plot(out: dict, path: Path) -> None:
     r = out["reward_per_step"]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(range(1, len(r) + 1), r, marker="o", label="train reward (mean of B x G samples)")
-    ax.axhline(out["test_accuracy_before"], color="grey", ls="--", label=f"test acc before {out['test_accuracy_before']:.3f}")
-    ax.axhline(out["test_accuracy_after"], color="green", ls="--", label=f"test acc after {out['test_accuracy_after']:.3f}")
+    ax.axhline(out["test_accuracy_before"], color="grey", ls="--",
+               label=f"test acc before {out['test_accuracy_before']:.3f}")
+    ax.axhline(out["test_accuracy_after"], color="green", ls="--",
+               label=f"test acc after {out['test_accuracy_after']:.3f}")
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("reward / accuracy")
     ax.set_title("SmolLM2-135M-Instruct, GRPO on arithmetic (CPU, in-process loop)")

@@ -62,9 +62,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._throughput_report import (Scraper, cpu_per_record, delete_topics, kafka_summary,  # noqa: E402
-                                      parse_log, pct, per_record_overhead, read_topic, stage_metrics, tables,
-                                      trace)
+from bench._throughput_report import (  # noqa: E402
+    Scraper,
+    cpu_per_record,
+    delete_topics,
+    kafka_summary,
+    parse_log,
+    pct,
+    per_record_overhead,
+    read_topic,
+    stage_metrics,
+    tables,
+    trace,
+)
 from steadyrl.testing.audit import audit_run  # noqa: E402
 from steadyrl.testing.run import RunDir  # noqa: E402
 
@@ -83,7 +93,8 @@ DIFFERENCES = [
     "and keeps no sampling log-probs (it re-computes them in the update). Same HF generate loop, KV cache on.",
     "Loss: both are token-mean (TRL loss_type='dapo') over the one batch, group-std advantages, clip 0.2/0.2, no "
     "KL, one on-policy update per batch (no old-log-prob pass). steadyrl adds dual-clip (c=3), which is inert "
-    "when the ratio is 1; the advantage's epsilon is 1e-4 in TRL, 1e-6 in steadyrl (both divide by the unbiased group std).",
+    "when the ratio is 1; the advantage's epsilon is 1e-4 in TRL, 1e-6 in steadyrl (both divide by the unbiased "
+    "group std).",
     "TRL runs inside transformers.Trainer (accelerate, dataloader, callbacks, metric gathering, one "
     "logits-to-keep forward); steadyrl's loop calls its own Trainer.step. Both use torch's default intra-op "
     "threads (2 here).",
@@ -498,7 +509,8 @@ def main() -> None:
             rnd = {"round": i + 1, "arms": {}}
             for arm in arms:
                 rnd["arms"][arm] = run_arm(arm, cfg, args.min_arm_seconds, f"r{i + 1}-{arm}")
-            rnd["disturbed"] = {a: why for a, x in rnd["arms"].items() if (why := disturbed(a, x, args.max_foreign_cores))}
+            rnd["disturbed"] = {a: why for a, x in rnd["arms"].items()
+                                if (why := disturbed(a, x, args.max_foreign_cores))}
             rnd["clean"] = not rnd["disturbed"]
             print(f"  round {i + 1}: {'clean' if rnd['clean'] else 'disturbed: ' + json.dumps(rnd['disturbed'])}",
                   flush=True)
@@ -526,7 +538,8 @@ def _write(args, arms, rounds, started, bootstrap, lb, ci_waited):
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
         "versions": {"steadyrl_venv": versions(), "trl_venv": trl_v,
-                     "broker": "Apache Kafka 4.1.1, single node KRaft, local, -Xmx512m" if lb else f"external {bootstrap}"},
+                     "broker": ("Apache Kafka 4.1.1, single node KRaft, local, -Xmx512m" if lb
+                                else f"external {bootstrap}")},
         "settings": {"model": lc.get("model"), "data": lc["data"], "scorer": "tiny_copy",
                      "B_prompts_per_step": lc["prompts_per_step"], "G_group_size": lc["group_size"],
                      "max_new_tokens": lc["max_new_tokens"], "steps": args.steps,

@@ -12,8 +12,7 @@ from pathlib import Path
 
 from steadyrl.contracts import Prompt, RolloutGroup, Sample
 from steadyrl.rewards import numeric_match
-from steadyrl.testing.procs import (ServiceProc, decode_all, produce_all, producer, read_all,  # noqa: F401
-                                    unique_prefix)
+from steadyrl.testing.procs import ServiceProc, decode_all, produce_all, producer, read_all, unique_prefix  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 
