@@ -17,9 +17,9 @@ import yaml
 
 from steadyrl.broker import free_port
 from steadyrl.cli import SERVICE_PORTS
-from tests.helpers import ROOT, need_tool
+from tests.helpers import need_tool
 from tests.integration.test_pipeline import Up, _config
-from tests.test_prometheus_rules import PROMETHEUS_HINT, RULES
+from tests.deploy.test_prometheus_rules import PROMETHEUS_HINT, RULES
 
 GROUPS = {"steadyrl-hardware", "steadyrl-algorithm", "steadyrl-dataflow"}
 

@@ -7,7 +7,7 @@ import re
 import yaml
 
 from steadyrl.broker import PROJECT_ROOT
-from tests.test_metrics_catalogue import catalogue
+from tests.steadyrl.test_metrics_catalogue import catalogue
 
 GRAFANA = PROJECT_ROOT / "compose" / "grafana"
 PROMQL_WORDS = {"sum", "by", "rate", "increase", "max", "min", "avg", "on", "group_left", "histogram_quantile",

@@ -96,7 +96,7 @@ _KILLED_MID_SAVE = """
 import os
 import sys
 from pathlib import Path
-from tests.test_checkpoint import CONFIG, _trained
+from tests.steadyrl.test_checkpoint import CONFIG, _trained
 from steadyrl import checkpoint as ck
 model, tr = _trained(1)
 root = Path(sys.argv[1])
@@ -119,7 +119,7 @@ def test_kill_9_in_the_middle_of_a_save_leaves_the_previous_checkpoint_latest(tm
     from pathlib import Path
 
     root, marker = tmp_path / "ckpt", tmp_path / "fired"
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", _KILLED_MID_SAVE, str(root), f"checkpoint.mid_write:{marker}"],
                           cwd=repo,
                           capture_output=True, text=True, timeout=120)

@@ -41,7 +41,7 @@ from steadyrl import cli
 from steadyrl.config import ServiceConfig, load
 from tests.helpers import need_tool
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
 K8S = ROOT / "deploy" / "k8s"
