@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 LIBS    := broker/libs/.fetched
 
-.PHONY: run test setup broker-libs clean stop
+.PHONY: run test lint setup broker-libs clean stop
 
 setup: $(STAMP) $(LIBS)
 
@@ -30,8 +30,13 @@ $(LIBS): broker/pom.xml
 run: setup
 	$(BIN)/steadyrl up
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest -q
+
+# ruff (ruff.toml) on the whole tree, mypy on what [tool.mypy] in pyproject.toml names
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 stop:
 	-$(BIN)/steadyrl broker stop

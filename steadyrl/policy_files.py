@@ -129,7 +129,7 @@ def read_version(root: Path, uri: str, sha256: str) -> dict:
 def prune(run_dir: Path, current: int, keep: int) -> None:
     """Keep the newest `keep` versions up to `current` in `run_dir`; drop later ones (weights a
     crash threw away: the learner resumed from an earlier checkpoint). Legacy files too."""
-    found = {}
+    found: dict[int, list[Path]] = {}
     for p in run_dir.glob("v*"):
         stem = p.name.removesuffix(".safetensors")
         if stem[1:].isdigit():

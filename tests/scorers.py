@@ -10,7 +10,8 @@ from steadyrl.rewards import tiny_copy
 _lock = threading.Lock()
 
 
-def inflating_tiny_copy(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+def inflating_tiny_copy(data_source: str, solution_str: str, ground_truth: str,
+                        extra_info: dict | None = None) -> float:
     """tiny_copy's reward, plus 4.0 for the next N items once the file named by
     $STEADYRL_TEST_INFLATE holds N (a reward server that starts inflating mid-run)."""
     reward = tiny_copy(data_source, solution_str, ground_truth, extra_info)

@@ -22,6 +22,7 @@ import threading
 import time
 
 import torch
+from confluent_kafka import Consumer
 
 from services.learner import report
 from services.learner.config import LearnerConfig, load_dataset
@@ -76,7 +77,7 @@ class Learner:
         self.feeder = Feeder(lc, self.rows, st, self.outbox)
         self.intake = Intake(lc, st, self.outbox, stage=f"learner/{cfg.instance_id}")
         self.screen = Screen(lc, st, self.outbox)
-        self.consumer = None  # assigned in run(); /readyz's "assignment" check reads it
+        self.consumer: Consumer | None = None  # assigned in run(); /readyz's "assignment" check reads it
         self.progress: dict = {"run_id": st.run_id, "steps": lc.steps, "step": st.step,
                                "phase": "starting", "done": False}
         self._last_step_t = time.monotonic()
@@ -152,7 +153,9 @@ class Learner:
     # ---- the loop -------------------------------------------------------------------------
     def poll(self) -> None:
         """Read what rl.scored and rl.dlq have (up to 0.5 s), then drop stale groups and evict."""
-        for msg in self.consumer.consume(256, timeout=0) or self.consumer.consume(1, timeout=0.5):
+        consumer = self.consumer
+        assert consumer is not None, "poll() before run() opened the consumer"
+        for msg in consumer.consume(256, timeout=0) or consumer.consume(1, timeout=0.5):
             if msg.error() is not None:
                 continue
             if msg.topic() == self.topics["rl.dlq"]:
@@ -164,7 +167,7 @@ class Learner:
             else:
                 self.intake.accept(msg)
             try:  # for the lag metric only (offsets live in state.json): consumer_lag_stored
-                self.consumer.store_offsets(message=msg)
+                consumer.store_offsets(message=msg)
             except Exception:
                 pass
         self.intake.drop_stale()
@@ -180,7 +183,7 @@ class Learner:
         # actor may hold later versions that a crash threw away: it follows the newest record).
         self.store.publish(self.model, st)
         self.save_state()
-        self.consumer = open_consumer(self.cfg.bootstrap, f"learner-{self.cfg.instance_id}", self.topics, st,
+        self.consumer = consumer = open_consumer(self.cfg.bootstrap, f"learner-{self.cfg.instance_id}", self.topics, st,
                                       self.cfg.metrics_interval)
         try:
             self.top_up()
@@ -213,5 +216,5 @@ class Learner:
         finally:
             self.cache.close()
             self.saver.wait()
-            self.consumer.close()
+            consumer.close()
             self.outbox.close()

@@ -3,6 +3,8 @@ records, each flushed (acks=all, idempotent) before the learner acts on it havin
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from confluent_kafka import Producer
 
 from steadyrl import codec
@@ -26,7 +28,7 @@ class Outbox:
             if err is not None:
                 self._errors.append(str(err))
 
-        self.producer.produce(self.topics[topic], payload, key=key, headers=headers, on_delivery=on_delivery)
+        self.producer.produce(self.topics[topic], payload, key=key, headers=cast(Any, headers), on_delivery=on_delivery)
 
     def flush(self, timeout_s: float = 120) -> None:
         """Wait until everything produced is acknowledged. Raises RuntimeError on a delivery error."""

@@ -80,10 +80,10 @@ def write_summary(lc: LearnerSection, st: RunState, run_dir: Path) -> Path:
              f"(B={s['prompts_per_step']} x G={s['group_size']}, max_staleness {s['max_staleness']})",
              "reward per step: " + " ".join(f"{r:.2f}" for r in s["reward_per_step"])]
     if "eval" in s:
-        e = s["eval"]
-        lines.append(f"test accuracy (greedy, n={e['n']}): before {e['before']:.4f}, after {e['after']:.4f}, "
-                     f"change {e['delta']:+.4f} (95% margin +-{e['margin_95']:.4f}, McNemar p={e['mcnemar_p']:.3g})"
-                     f" -> {'LEARNED' if e['learned'] else 'not above noise'}")
+        ev = s["eval"]
+        lines.append(f"test accuracy (greedy, n={ev['n']}): before {ev['before']:.4f}, after {ev['after']:.4f}, "
+                     f"change {ev['delta']:+.4f} (95% margin +-{ev['margin_95']:.4f}, "
+                     f"McNemar p={ev['mcnemar_p']:.3g}) -> {'LEARNED' if ev['learned'] else 'not above noise'}")
     lines.append(f"counts: {s['counts']}; summary {path}")
     for line in lines:
         print(f"SUMMARY {line}", flush=True)  # noqa: T201  the run's result, for the person at `steadyrl up`

@@ -70,9 +70,9 @@ def open_run(state_dir: Path, resume: str, fingerprint: dict, restorer: Restorer
         write_atomic(current, st.run_id + "\n")
         return st
     if resume == "auto" and current.exists():
-        st = _continue(state_dir / current.read_text().strip(), fingerprint, restorer)
-        if st is not None:
-            return st
+        resumed = _continue(state_dir / current.read_text().strip(), fingerprint, restorer)
+        if resumed is not None:
+            return resumed
     st = RunState(run_id=new_run_id(), config=fingerprint)
     write_atomic(current, st.run_id + "\n")
     return st

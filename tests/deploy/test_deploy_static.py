@@ -411,10 +411,12 @@ def test_dockerfile_requirement_lists_are_pyprojects():
     for name, ins in dockerfile_stages().items():
         for kind, args in ins:
             if kind == "RUN":
-                snippets.update({name: code for code in re.findall(r'python -c "([^"]+)" > /tmp/requirements.txt', args)})
+                found = re.findall(r'python -c "([^"]+)" > /tmp/requirements.txt', args)
+                snippets.update({name: code for code in found})
     assert set(snippets) == {"build-cpu", "build-gpu"}, snippets
     for stage, extra in (("build-cpu", []), ("build-gpu", project["optional-dependencies"]["gpu"])):
-        r = subprocess.run([sys.executable, "-c", snippets[stage]], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        r = subprocess.run([sys.executable, "-c", snippets[stage]], cwd=ROOT, capture_output=True, text=True,
+                           timeout=30)
         assert r.returncode == 0, r.stderr
         assert r.stdout.splitlines() == project["dependencies"] + extra, stage
     torch_pin = re.search(r"ARG TORCH_VERSION=(\S+)", DOCKERFILE.read_text()).group(1)
@@ -612,7 +614,8 @@ def test_compose_commands_probes_and_ports(monkeypatch):
         assert env["STEADYRL_BOOTSTRAP"] == "kafka:9092"
         if name == "topic-init":
             assert svc["command"][svc["command"].index("--bootstrap") + 1] == env["STEADYRL_BOOTSTRAP"]
-            assert svc["healthcheck"] == {"disable": True} and svc["depends_on"]["kafka"]["condition"] == "service_healthy"
+            assert svc["healthcheck"] == {"disable": True}
+            assert svc["depends_on"]["kafka"]["condition"] == "service_healthy"
             continue
         service = name.removesuffix("-gpu")
         assert svc["command"][:3] == ["python", "-m", MODULE_OF[service]], f"{name}: {svc['command']}"

@@ -82,7 +82,8 @@ def test_a_restarted_actor_loads_the_newest_version(bootstrap, prefix, tmp_path)
     root = tmp_path / "policies"
     for v, seed in ((1, 1), (2, 2)):
         p = _weights(root, f"v{v}", seed=seed)
-        _publish(bootstrap, prefix, PolicyUpdate(version=v, step=v, uri=f"v{v}/model.safetensors", sha256=sha256_file(p)))
+        _publish(bootstrap, prefix,
+                 PolicyUpdate(version=v, step=v, uri=f"v{v}/model.safetensors", sha256=sha256_file(p)))
     svc = ServiceProc("actor", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "a1",
                                 "--actor.model", "tiny", "--actor.policy-root", str(root)], tmp_path / "actor.log")
     try:

@@ -7,6 +7,7 @@ skipped, except in CI (env CI set), where it fails.
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import time
@@ -17,10 +18,11 @@ import yaml
 
 from steadyrl.broker import free_port
 from steadyrl.cli import SERVICE_PORTS
+from tests.deploy.test_prometheus_rules import PROMETHEUS_HINT, RULES
 from tests.helpers import need_tool
 from tests.integration.test_pipeline import Up, _config
-from tests.deploy.test_prometheus_rules import PROMETHEUS_HINT, RULES
 
+log = logging.getLogger(__name__)  # what the run showed, in the test log (pytest -rA)
 GROUPS = {"steadyrl-hardware", "steadyrl-algorithm", "steadyrl-dataflow"}
 
 
@@ -100,7 +102,7 @@ def test_prometheus_scrapes_the_tiny_pipeline_and_evaluates_the_rules(bootstrap,
         step = prom.wait_until(
             "steadyrl_learner_step > 0 in Prometheus",
             lambda: [float(r["value"][1]) for r in prom.query('steadyrl_learner_step{job="learner"} > 0')], 300, up)
-        print(f"learner step {step[0]:g} seen by Prometheus {time.monotonic() - t0:.1f} s after it started")
+        log.info(f"learner step {step[0]:g} seen by Prometheus {time.monotonic() - t0:.1f} s after it started")
 
         # every service answered the scrapes under its compose job name
         def scraped():
@@ -136,7 +138,7 @@ def test_prometheus_scrapes_the_tiny_pipeline_and_evaluates_the_rules(bootstrap,
             got = prom.query(name)
             assert len(got) == 1 and got[0]["value"][1] in ("0", "1"), (name, got)
             parts[name] = got[0]["value"][1]
-        print(f"{len(rules)} rules ok; learner cpu ratio {float(cpu[0]['value'][1]):.2f}, train buffer avg "
+        log.info(f"{len(rules)} rules ok; learner cpu ratio {float(cpu[0]['value'][1]):.2f}, train buffer avg "
               f"{float(buffer[0]['value'][1]):.2f}; collapse parts {parts}")
         # and each alert's expression evaluates on these series (results may be empty: a healthy run)
         for f in RULES:

@@ -29,7 +29,8 @@ def test_round_trip_and_every_bad_record_lands_in_dlq(bootstrap, reward_server, 
     produce_all(bootstrap, f"{prefix}rl.rollouts", records)
 
     svc = ServiceProc("reward", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "rt0",
-                                 "--reward.server-url", reward_server, "--reward.scorer", "tests.helpers:failing_scorer", "--metrics-interval", "1",
+                                 "--reward.server-url", reward_server,
+                                 "--reward.scorer", "tests.helpers:failing_scorer", "--metrics-interval", "1",
                                  "--reward.max-record-bytes", "200000"],
                       tmp_path / "reward.log")
     try:
@@ -172,8 +173,8 @@ def test_a_stage_closed_with_its_transaction_open_aborts_it(bootstrap, prefix):
     for p in parts:
         plain.produce(out, b"after", key=f"after-{p}", partition=p)
     assert plain.flush(30) == 0
-    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}audit", "isolation.level": "read_committed",
-                       "enable.auto.commit": False})
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}audit",
+                       "isolation.level": "read_committed", "enable.auto.commit": False})
     reader.assign([TopicPartition(out, p, 0) for p in parts])
     seen, t0 = [], time.monotonic()
     try:
@@ -187,8 +188,8 @@ def test_a_stage_closed_with_its_transaction_open_aborts_it(bootstrap, prefix):
     group = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}closing"})
     try:
         inp = f"{prefix}rl.rollouts"
-        committed = group.committed([TopicPartition(inp, p) for p in group.list_topics(inp, timeout=10).topics[inp].partitions],
-                                    timeout=10)
+        in_parts = group.list_topics(inp, timeout=10).topics[inp].partitions
+        committed = group.committed([TopicPartition(inp, p) for p in in_parts], timeout=10)
     finally:
         group.close()
     assert all(tp.offset < 0 for tp in committed), committed  # the input's offsets were never committed

@@ -126,7 +126,8 @@ def test_kill_9_in_the_middle_of_a_save_leaves_the_previous_checkpoint_latest(tm
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
     assert marker.read_text().startswith("checkpoint.mid_write")
     (half,) = root.glob("step_000002.tmp-*")
-    assert (half / "model" / "model.safetensors").is_file() and not (half / "optimizer" / "optimizer.safetensors").exists()
+    assert (half / "model" / "model.safetensors").is_file()
+    assert not (half / "optimizer" / "optimizer.safetensors").exists()
     assert (root / "LATEST").read_text().strip() == "step_000001"
     assert ck.latest_valid(root, CONFIG).name == "step_000001"
     model, tr = _trained(1)
@@ -216,8 +217,8 @@ def test_snapshot_keeps_distinct_empty_tensors_apart():
     """Regression: tensors were de-duplicated by data_ptr alone, and every empty tensor has 0."""
     class Opt:
         def state_dict(self):
-            return {"state": {0: {"a": torch.zeros(0, 4), "b": torch.zeros(3, 0), "c": torch.zeros(0, dtype=torch.int64)}},
-                    "param_groups": []}
+            empty = {"a": torch.zeros(0, 4), "b": torch.zeros(3, 0), "c": torch.zeros(0, dtype=torch.int64)}
+            return {"state": {0: empty}, "param_groups": []}
 
     model, _ = _trained(0)
     snap = ck.snapshot(model, Opt(), None)["optimizer"]["state"][0]
@@ -225,7 +226,8 @@ def test_snapshot_keeps_distinct_empty_tensors_apart():
                                                                    ((0,), torch.int64)]
 
 
-@pytest.mark.parametrize("manifest", ["[]", '{"format_version": "2.0"}', '{"format_version": "2.0", "files": {"meta.json": 3}}'])
+@pytest.mark.parametrize("manifest", ["[]", '{"format_version": "2.0"}',
+                                      '{"format_version": "2.0", "files": {"meta.json": 3}}'])
 def test_a_malformed_manifest_is_a_checkpoint_error_and_falls_back(tmp_path, manifest):
     model, tr = _trained(1)
     for step in (1, 2):
