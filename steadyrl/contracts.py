@@ -180,13 +180,18 @@ class DLQReason(str, Enum):
     oversize = "oversize"
     handler_error = "handler_error"          # the stage's transform raised
     rejected = "rejected"                    # a data gate refused it
+    # 1.1: a reader of 1.0 cannot name these, and still sees the record (key, topic, offset)
+    non_finite = "non_finite"                # NaN or Infinity where a number must be finite
+    invalid_tokens = "invalid_tokens"        # token ids the model cannot take (vocabulary, context)
+    retries_exhausted = "retries_exhausted"  # failed its budget of tries while the dependency answered others
+    output_oversize = "output_oversize"      # what it turned into is above the output topic's record limit
 
 
 class DLQRecord(Contract):
     """A record some stage could not accept, on `rl.dlq` (key: the original key)."""
 
     SCHEMA_NAME: ClassVar[str] = "dlq_record"
-    SCHEMA_VERSION: ClassVar[str] = "1.0"
+    SCHEMA_VERSION: ClassVar[str] = "1.1"  # 1.1: reasons non_finite, invalid_tokens, retries_exhausted, output_oversize
 
     reason: DLQReason
     error: str = Field(description="Human-readable detail naming what was expected and what came.")
