@@ -1,7 +1,8 @@
 """One policy update from scored groups: GRPO, or PPO with a value head and GAE.
 
 The learner service and the in-process reference loop both call `Trainer.step(groups)`;
-the formulas live in `steadyrl.rl.core`. Shapes: N sequences (B prompts x G samples),
+the formulas live in `steadyrl.rl.core`. A step whose loss or gradient norm is not finite
+raises `NonFiniteStep` and leaves nothing of itself applied. Shapes: N sequences (B prompts x G samples),
 P prompt tokens (left padded), T response tokens (right padded), V vocabulary.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +31,27 @@ def is_out_of_memory(e: BaseException) -> bool:
         return True
     msg = str(e).lower()
     return isinstance(e, RuntimeError) and ("out of memory" in msg or "can't allocate memory" in msg)
+
+
+class NonFiniteStep(RuntimeError):
+    """A step whose loss or gradient norm was not finite (NaN or infinite). Nothing of it was
+    applied: the weights, the optimizer state, the LR schedule and the global step are those
+    of the last good step, also when earlier minibatches of the step had been applied (they
+    were rolled back).
+
+    Attributes:
+        what: "loss" or "grad_norm".
+        value: the non-finite value (for a loss: the first non-finite micro-batch loss).
+        epoch, minibatch: where it happened (0-based).
+        rolled_back: optimizer steps of this step that had been applied and were undone.
+        step: the step that was skipped (global step + 1).
+    """
+
+    def __init__(self, what: str, value: float, epoch: int, minibatch: int, rolled_back: int, step: int):
+        super().__init__(f"non-finite {what} ({value}) in epoch {epoch}, minibatch {minibatch} of step {step}: "
+                         f"the step was skipped ({rolled_back} applied optimizer steps rolled back)")
+        self.what, self.value, self.epoch, self.minibatch = what, value, epoch, minibatch
+        self.rolled_back, self.step = rolled_back, step
 
 
 class TrainConfig(BaseModel):
@@ -204,6 +227,46 @@ class Trainer:
         self._enter_safe_mode(error)
         return fn()
 
+    # -- non-finite steps ------------------------------------------------------------------
+    def _snapshot(self) -> tuple[list[torch.Tensor], dict[int, dict]]:
+        """CPU copies of every trained parameter and its optimizer state (by position in
+        self.params): what `_restore` puts back, bit for bit."""
+        params = [p.detach().to("cpu", copy=True) for p in self.params]
+        state = {i: {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                     for k, v in self.opt.state[p].items()}
+                 for i, p in enumerate(self.params) if p in self.opt.state}
+        return params, state
+
+    @torch.no_grad()
+    def _restore(self, snap: tuple[list[torch.Tensor], dict[int, dict]]) -> None:
+        """Put a `_snapshot` back in place (the tensors keep their identity: the optimizer and
+        any alias still point at them); optimizer state made since it is removed."""
+        params, state = snap
+        for p, saved in zip(self.params, params):
+            p.copy_(saved)
+        for i, p in enumerate(self.params):
+            if i not in state:
+                self.opt.state.pop(p, None)
+                continue
+            live = self.opt.state[p]
+            for k, v in state[i].items():   # the optimizer updates its state in place: same keys
+                if isinstance(v, torch.Tensor):
+                    live[k].copy_(v)
+                else:
+                    live[k] = v
+
+    def _skip(self, what: str, value: float, epoch: int, minibatch: int, applied: int,
+              snap: tuple[list[torch.Tensor], dict[int, dict]] | None) -> NonFiniteStep:
+        """Undo the step so far (`applied` optimizer steps, from `snap`), drop the gradients,
+        and return the error to raise."""
+        if applied:
+            assert snap is not None, "a snapshot is taken before the first of several optimizer steps"
+            self._restore(snap)
+        self.opt.zero_grad(set_to_none=True)
+        if self.safe_mode and self.cfg.oom_fallback == "step":
+            self._leave_safe_mode()
+        return NonFiniteStep(what, value, epoch, minibatch, applied, self.global_step + 1)
+
     # -- forward pieces ------------------------------------------------------------------
     def _forward(self, model: torch.nn.Module, b: dict[str, torch.Tensor], idx: slice, need_values: bool = False,
                  need_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -239,7 +302,12 @@ class Trainer:
     def step(self, groups: list[Group]) -> dict[str, float]:
         """Update the policy on `groups`; returns per-step metrics (verl names).
 
-        Groups may differ in size. Raises ValueError for an empty group.
+        Groups may differ in size. Raises ValueError for an empty group, and NonFiniteStep
+        when a minibatch's loss or gradient norm is not finite: then nothing of the step is
+        applied (weights, optimizer state, LR schedule and global step stay those of the last
+        good step). A step of one optimizer step checks before it; a step of several (epochs,
+        minibatches) takes a CPU copy of the weights and optimizer state before the first and
+        puts it back.
         """
         cfg, t_start = self.cfg, time.perf_counter()
         b = build_batch(groups, self.pad_id)
@@ -300,14 +368,18 @@ class Trainer:
         n_updates = 0
         grad_norms = []
         gen = torch.Generator().manual_seed(self.global_step)
-        for _ in range(cfg.ppo_epochs):
+        planned = cfg.ppo_epochs * math.ceil(N / mini)           # optimizer steps of this step
+        snap: tuple[list[torch.Tensor], dict[int, dict]] | None = None
+        for epoch in range(cfg.ppo_epochs):
             order = torch.randperm(N, generator=gen) if mini < N else torch.arange(N)
             for s in range(0, N, mini):
                 mb_idx = order[s:s + mini]
 
                 def minibatch(mb_idx=mb_idx):
-                    """Gradients of one minibatch (nothing applied): its metric sums and grad norm."""
+                    """Gradients of one minibatch (nothing applied): its metric sums, grad norm and
+                    micro-batch losses (checked for finiteness by the caller)."""
                     mb_sums: dict[str, float] = {}
+                    losses: list[torch.Tensor] = []
                     self.opt.zero_grad(set_to_none=True)
                     for m in range(0, len(mb_idx), self.micro_batch_size):
                         idx = mb_idx[m:m + self.micro_batch_size]
@@ -354,13 +426,22 @@ class Trainer:
                             mb_sums["critic/vf_clipfrac"] = (mb_sums.get("critic/vf_clipfrac", 0.0)
                                                              + float(vf_clip) * float(weight))
                         (loss * weight).backward()
+                        losses.append(loss.detach())
                         for k, v in (("actor/pg_loss", pg_loss), ("actor/entropy", entropy),
                                      ("actor/pg_clipfrac", pg_m["clip_frac"]), ("actor/ppo_kl", pg_m["approx_kl"]),
                                      ("actor/pg_clipfrac_lower", pg_m["dual_clip_frac"])):
                             mb_sums[k] = mb_sums.get(k, 0.0) + float(v.detach()) * float(weight)
-                    return mb_sums, core.clip_grad_norm(self.params, cfg.max_grad_norm)
+                    return mb_sums, core.clip_grad_norm(self.params, cfg.max_grad_norm), losses
 
-                mb_sums, grad_norm = self._oom_guarded(minibatch)
+                mb_sums, grad_norm, losses = self._oom_guarded(minibatch)
+                finite = torch.isfinite(torch.stack(losses))
+                if not bool(finite.all()):
+                    bad = float(torch.stack(losses)[~finite][0])
+                    raise self._skip("loss", bad, epoch, s // mini, n_updates, snap)
+                if not math.isfinite(grad_norm):
+                    raise self._skip("grad_norm", grad_norm, epoch, s // mini, n_updates, snap)
+                if n_updates == 0 and planned > 1:   # more optimizer steps follow: keep this one's start
+                    snap = self._snapshot()
                 for k, v in mb_sums.items():
                     sums[k] = sums.get(k, 0.0) + v
                 grad_norms.append(grad_norm)
