@@ -36,6 +36,8 @@ K8S_PODMONITOR = ROOT / "deploy" / "k8s" / "prometheus" / "podmonitor.yaml"
 SEVERITIES = {"P0", "P1", "P2", "P3"}
 #: The parts DataflowCollapse inhibits (compose/alertmanager/alertmanager.yml).
 COLLAPSE_PARTS = {"BreakerOpen", "ConsumerLagGrowing", "RolloutRestarting", "TrainBufferDropped"}
+#: The alerts a person on call expects first (issue 18): a service down, the DLQ growing.
+ONCALL = {"ServiceDown", "DLQGrowing"}
 #: How to get promtool and amtool, for the tests that skip (locally) or fail (CI) without them.
 PROMETHEUS_HINT = "apt-get install --no-install-recommends prometheus prometheus-alertmanager; .ci/run installs it"
 
@@ -77,13 +79,21 @@ def test_every_alert_has_a_severity_annotations_and_cases_that_fire_and_stay_qui
                 (fires if a.get("exp_alerts") else quiet).add(a["alertname"])
     names = {a["alert"] for a in alerts()}
     assert {"CPUBound", "KLDrift", "MemoryLeak", "RewardStdHigh", "ConsumerLagGrowing", "BreakerOpen",
-            "DataflowCollapse"} | COLLAPSE_PARTS <= names
+            "DataflowCollapse"} | COLLAPSE_PARTS | ONCALL <= names
     for a in alerts():
         assert a["labels"]["severity"] in SEVERITIES, a["alert"]
         assert a["annotations"]["summary"] and a["annotations"]["description"], a["alert"]
     assert names <= fires, f"alerts never shown firing in a test: {sorted(names - fires)}"
     assert names <= quiet, f"alerts never shown quiet in a test: {sorted(names - quiet)}"
     assert [a["labels"]["severity"] for a in alerts() if a["alert"] == "DataflowCollapse"] == ["P0"]
+
+
+def test_service_down_watches_every_scrape_job():
+    """ServiceDown's job list is exactly the jobs compose (and so Kubernetes) scrapes: a new
+    service without it would never be reported down."""
+    (rule,) = [a for a in alerts() if a["alert"] == "ServiceDown"]
+    (jobs,) = re.findall(r'\bup\{job=~"([^"]+)"\}', rule["expr"])
+    assert set(jobs.split("|")) == compose_jobs()
 
 
 def test_every_metric_the_rules_read_is_exported_by_the_code():
