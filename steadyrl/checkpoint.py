@@ -17,11 +17,15 @@ promises and raises `CheckpointError` naming the mismatch (expected vs got).
 
 `AsyncCheckpointer` takes a CPU snapshot on the caller's thread (the only part the step
 loop waits for) and writes it in a background thread at a lower CPU priority (nice +10);
-at most one save is in flight. Tensors are streamed into safetensors files by
-`write_safetensors` in 16 MiB chunks, each hashed and written by calls that release the
-GIL, so the step loop's Python thread is not held up (the library's `save_file`/`save`
-serialise under the GIL, which cost the step loop most of a save's duration: measured in
-docs/benchmarks.md). Files are hashed as they are written, never read back. Nothing is
+at most one save is in flight. The same thread then verifies the folder as a resume would
+(`verify`: every file re-read and re-hashed) and records the step (`last_verified_step`).
+`write` refuses weights or optimizer tensors holding NaN or infinity (`NonFiniteWeights`).
+
+Tensors are streamed into safetensors files by `write_safetensors` in 16 MiB chunks, each
+hashed and written by calls that release the GIL, so the step loop's Python thread is not
+held up (the library's `save_file`/`save` serialise under the GIL, which cost the step
+loop most of a save's duration: measured in docs/benchmarks.md). Files are hashed as they
+are written; `write` never reads them back (the verification after it does). Nothing is
 pickled: the optimizer's tensors are safetensors and the rest is JSON.
 """
 
@@ -51,6 +55,32 @@ FORMAT_VERSION = "2.0"  # 2.0: optimizer state as safetensors + JSON (1.0: torch
 
 class CheckpointError(Exception):
     """A checkpoint that cannot be used; the message names what mismatched (expected vs got)."""
+
+
+class NonFiniteWeights(ValueError):
+    """Weights (or optimizer tensors) holding NaN or infinity, refused before anything is written."""
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """No NaN or infinity in `t`: its min and max are finite (min/max propagate NaN). One
+    reduction without a temporary: 0.09 s for SmolLM2's 135M weights on 2 busy cores, where
+    `isfinite(t).all()` took 1.7 s."""
+    lo, hi = torch.aminmax(t.detach())
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
+
+
+def nonfinite(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors in `tensors` with a NaN or infinite entry."""
+    return [k for k, t in tensors.items() if t.is_floating_point() and t.numel() and not _finite(t)]
+
+
+def refuse_nonfinite(tensors: dict[str, torch.Tensor], what: str) -> None:
+    """Raise NonFiniteWeights naming the first tensors of `tensors` that are not finite."""
+    bad = nonfinite(tensors)
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise NonFiniteWeights(f"{what}: refusing to write non-finite weights: {', '.join(bad[:3])}{more} "
+                               "hold NaN or infinity")
 
 
 def rng_state() -> dict[str, Any]:
@@ -215,8 +245,12 @@ def write(root: Path, step: int, snap: dict[str, Any], meta: dict[str, Any], con
     """Write one checkpoint for `step` and make it LATEST. Returns its folder.
 
     `config` (model, tokenizer, algorithm, ...) is recorded in the manifest and checked on
-    resume. Keeps the newest `keep` complete checkpoints.
+    resume. Keeps the newest `keep` complete checkpoints. Raises NonFiniteWeights (nothing
+    written) when a weight or optimizer tensor holds NaN or infinity.
     """
+    opt_tensors, opt_json = _optimizer_parts(snap["optimizer"])
+    refuse_nonfinite(snap["model"], f"checkpoint step {step}: model")
+    refuse_nonfinite(opt_tensors, f"checkpoint step {step}: optimizer")
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = root / f"{final.name}.tmp-{os.getpid()}"
@@ -226,7 +260,6 @@ def write(root: Path, step: int, snap: dict[str, Any], meta: dict[str, Any], con
     files = {"model/model.safetensors": write_safetensors(tmp / "model" / "model.safetensors",
                                                           unique_tensors(snap["model"]))}
     failpoints.hit("checkpoint.mid_write")
-    opt_tensors, opt_json = _optimizer_parts(snap["optimizer"])
     files["optimizer/optimizer.safetensors"] = write_safetensors(tmp / "optimizer" / "optimizer.safetensors",
                                                                  opt_tensors)
     meta = {**meta, "optimizer": opt_json, "scheduler": snap["scheduler"]}
@@ -344,19 +377,31 @@ def load(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
 
 class AsyncCheckpointer:
     """Background writer: `save()` snapshots on the caller's thread and returns; the write
-    runs in a thread. At most one save is in flight (a second waits for the first).
+    runs in a thread, and then (`verify`) the verification of what was written, in the same
+    thread. At most one save is in flight (a second waits for the first).
 
     Args:
         root: checkpoint folder.
         config: recorded in every manifest, checked on resume.
         keep: complete checkpoints kept.
+        verify: re-read and re-hash each checkpoint after writing it (`verify()`).
+        verified_step: the step of a checkpoint known to verify already (the one a resume
+            verified), or None.
+
+    Attributes:
+        last_verified_step: the newest step whose checkpoint verified after it was written
+            (or `verified_step`); a checkpoint that fails is logged and leaves it as it was.
+        last_seconds, last_verify_seconds: the last write's and verification's durations.
     """
 
-    def __init__(self, root: Path, config: dict[str, Any], keep: int = 3):
-        self.root, self.config, self.keep = Path(root), config, keep
+    def __init__(self, root: Path, config: dict[str, Any], keep: int = 3, verify: bool = True,
+                 verified_step: int | None = None):
+        self.root, self.config, self.keep, self.verify = Path(root), config, keep, verify
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.last_seconds: float | None = None
+        self.last_verify_seconds: float | None = None
+        self.last_verified_step = verified_step
 
     def save(self, step: int, model, optimizer, scheduler, meta: dict[str, Any]) -> None:
         self.wait()
@@ -369,13 +414,29 @@ class AsyncCheckpointer:
                 pass
             t0 = time.perf_counter()
             try:
-                write(self.root, step, snap, meta, self.config, self.keep)
+                final = write(self.root, step, snap, meta, self.config, self.keep)
                 self.last_seconds = time.perf_counter() - t0
             except BaseException as e:  # reported by wait()
                 self.error = e
+                return
+            if self.verify:
+                self._verify(final, step)
 
         self._thread = threading.Thread(target=run, name=f"checkpoint-{step}", daemon=False)
         self._thread.start()
+
+    def _verify(self, path: Path, step: int) -> None:
+        """Verify the checkpoint just written (as a resume would); record its step when it does."""
+        t0 = time.perf_counter()
+        try:
+            verify(path, self.config)
+        except CheckpointError as e:  # the previous verified checkpoint stays the one to count on
+            log.error("checkpoint did not verify after it was written", extra={"checkpoint": str(path),
+                                                                                "why": str(e)})
+        else:
+            self.last_verified_step = step
+        finally:
+            self.last_verify_seconds = time.perf_counter() - t0
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is complete. Re-raises its error."""

@@ -17,7 +17,7 @@ from prometheus_client import Gauge
 from services.learner.outbox import Outbox
 from services.learner.state import RunState
 from steadyrl import policy_files
-from steadyrl.checkpoint import CheckpointError, unique_tensors
+from steadyrl.checkpoint import CheckpointError, refuse_nonfinite, unique_tensors
 from steadyrl.contracts import PolicyUpdate
 from steadyrl.models import state_dict_mismatch
 
@@ -34,9 +34,14 @@ class PolicyStore:
 
     def publish(self, model, st: RunState) -> None:
         """Write `model`'s weights as version `st.step` of run `st.run_id`, record its uri and
-        sha256 in `st`, announce it on rl.policy (flushed) and prune older versions."""
+        sha256 in `st`, announce it on rl.policy (flushed) and prune older versions.
+
+        Raises steadyrl.checkpoint.NonFiniteWeights, writing and announcing nothing, when a
+        weight holds NaN or infinity (the trainer skips such steps: this never should)."""
         rel = policy_files.version_dir(st.run_id, st.step)
-        digest = policy_files.write_version(self.root, rel, unique_tensors(model.state_dict()))
+        tensors = unique_tensors(model.state_dict())
+        refuse_nonfinite(tensors, f"policy version {st.step} of run {st.run_id}")
+        digest = policy_files.write_version(self.root, rel, tensors)
         st.policy_uri, st.policy_sha256 = str(rel), digest
         self.outbox.produce("rl.policy", "policy", PolicyUpdate(
             version=st.step, step=st.step, uri=st.policy_uri, sha256=st.policy_sha256, run_id=st.run_id))
