@@ -18,19 +18,39 @@ What each transactional error means, and the librdkafka defects around a broker 
 (producer renewal, the send-offsets deadline), live in steadyrl.bus.txn.TransactionalProducer.
 
 A record the codec refuses, or whose handler raises, goes to `rl.dlq` with its reason in
-the same transaction as the batch's outputs. A handler that raises `RetryLater` makes the
-whole batch wait: nothing is committed, the consumer rewinds, and the batch is retried
-after a backoff. A batch handler may instead hold single records by returning a
-`RetryLater` as their result: each partition is then committed up to its first held
-record (outputs of records after it are not produced), the consumer rewinds to it, and the
-held records are tried again with the next batch, after the backoff once a batch holds
-nothing else -- held, never dropped, order kept per partition. Nothing a record contains can
-crash the loop.
+the same transaction as the batch's outputs; so does an output that cannot be encoded, or
+is above its topic's record limit (checked before produce, so it never aborts the
+transaction): the rest of the batch proceeds. A handler holds a record by returning a
+`RetryLater` as its result, or every record of its call by raising one: each partition is
+then committed up to its first held record (outputs of records after it are not
+produced), the consumer rewinds to it, and the held records are tried again with the next
+batch, after the backoff once a batch holds nothing else -- order kept per partition.
+
+No record is held forever while its dependency serves others (the budget):
+
+    RetryLater(counts=False)  the dependency did not answer, or is down for everything
+                              (unreachable, timed out, breaker open): held without limit
+    RetryLater(counts=True)   it answered and failed this record (a 5xx, "behind"): the try
+                              counts. Once `max_attempts` tries have counted and `max_hold_s`
+                              passed since the first, the record is tried alone; failing
+                              alone again, it goes to rl.dlq (`retries_exhausted`, with the
+                              last error) -- if another record was done (outputs or a
+                              refusal) since its first counted failure, the evidence that the
+                              dependency answers others. Without that evidence it is held.
+    RetryLater(own=True)      counts, and the handler just saw the dependency serve other work
+                              (a known-good request passed): the record is tried alone from
+                              the next try, and needs no other evidence once its budget is spent
+
+The budget lives in memory, per (topic, partition, offset): a restart or a rebalance starts
+it again (at most `max_hold_s` more per restart). Nothing a record contains can crash the
+loop.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,14 +60,14 @@ from typing import Any, Callable
 from prometheus_client import Counter, Gauge, Histogram
 
 from steadyrl import codec
-from steadyrl.bus.kafka import consumer_config
+from steadyrl.bus.kafka import MAX_RECORD_BYTES, consumer_config
 from steadyrl.bus.txn import ProducerWedged, TransactionAborted, TransactionalProducer
 from steadyrl.contracts import Contract, DLQReason
 from steadyrl.http import Health
 from steadyrl.topics import load_catalogue, topic_name
 
-__all__ = ["BatchHandler", "Handler", "Held", "Meta", "Output", "Pending", "ProducerWedged", "RetryLater", "Stage",
-           "Transformed"]
+__all__ = ["BatchHandler", "Budget", "Handler", "Held", "Meta", "Output", "Pending", "ProducerWedged", "RetryLater",
+           "Stage", "Transformed", "record_bytes", "refusal_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -60,20 +80,57 @@ LAST_COMMIT = Gauge("steadyrl_stage_last_commit_timestamp_seconds", "Unix time o
 BUSY = Gauge("steadyrl_stage_busy", "1 while a batch is being transformed (partitions paused)", ["stage"])
 RENEWALS = Counter("steadyrl_stage_producer_renewals", "Transactional producers replaced after the broker was lost",
                    ["stage"])
+RETRYING = Gauge("steadyrl_stage_retrying_records", "Records failing while their dependency answers (their tries "
+                 "count against the budget)", ["stage"])
+RETRYING_OLDEST = Gauge("steadyrl_stage_retrying_oldest_seconds", "Time since the first counted failure of the "
+                        "oldest record still retrying", ["stage"])
 
 #: After the first record of a batch, how long to wait for more before starting (seconds).
 FILL_WAIT_S = 0.005
+#: Bytes the broker adds to a record when it checks max.message.bytes (the record batch
+#: header, 61 bytes, and the varints of one record): an output is refused when its value,
+#: key and headers plus this exceed its topic's limit.
+RECORD_FRAMING_BYTES = 256
+#: Longest error text kept in a DLQ record (a handler's message can be anything).
+DLQ_ERROR_CHARS = 4000
+
+_NON_FINITE = re.compile(r"non-finite|not finite|\bnan\b|\binf(inity)?\b", re.IGNORECASE)
+
+
+def refusal_reason(detail: str) -> DLQReason:
+    """The DLQ reason of a refusal by its message: `non_finite` when it names a non-finite
+    value (NaN, Infinity), else `handler_error`."""
+    return DLQReason.non_finite if _NON_FINITE.search(detail) else DLQReason.handler_error
+
+
+def record_bytes(value: bytes, key: str | bytes | None, headers: list[tuple[str, bytes]]) -> int:
+    """Bytes of a record's value, key and headers (what its topic's limit is checked against,
+    with RECORD_FRAMING_BYTES)."""
+    k = key.encode() if isinstance(key, str) else (key or b"")
+    return len(value) + len(k) + sum(len(n.encode()) + len(v or b"") for n, v in headers)
 
 
 class RetryLater(Exception):
-    """Raised by a handler when the batch cannot be processed now (e.g. a dependency is down).
+    """A record that cannot be done now: returned by a batch handler as one record's result
+    (that record is held), or raised by a handler (every record of the call is held). Tried
+    again with the next batch, or after `backoff_s` when nothing else moved.
 
-    Nothing is committed; the batch is re-read and retried after `backoff_s`.
+    Args:
+        message: why; a record whose budget runs out goes to rl.dlq with it.
+        backoff_s: wait before the next try when only held records are left (seconds).
+        counts: the dependency answered and failed or refused this record (a 5xx, 503
+            "behind"): the try counts against the record's budget (module doc). False: it
+            did not answer, or is down for everything: held without limit.
+        own: the handler just saw the dependency serve other work, so the failure is this
+            record's own: tried alone from the next try; needs no other record done to be
+            dropped once its budget is spent. Implies counts.
     """
 
-    def __init__(self, message: str, backoff_s: float = 1.0):
+    def __init__(self, message: str, backoff_s: float = 1.0, *, counts: bool = False, own: bool = False):
         super().__init__(message)
         self.backoff_s = backoff_s
+        self.own = own
+        self.counts = counts or own
 
 
 @dataclass(frozen=True)
@@ -115,7 +172,19 @@ class Pending:
     offset: int               # the input record's offset
     topic: str                # full output topic name (prefix included)
     key: str | bytes | None
-    value: Contract           # an output, or the DLQRecord of a refused input
+    value: bytes              # an output, or the DLQRecord of a refused input, encoded
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+@dataclass
+class Budget:
+    """One record failing while its dependency answers: when it first counted, how many tries
+    counted, the last error, and whether it is tried alone. In memory only."""
+
+    first_s: float            # time.monotonic() of the first counted failure
+    attempts: int = 0
+    error: str = ""
+    alone: bool = False       # an own failure, or its budget spent: tried in a call of its own
 
 
 @dataclass(frozen=True)
@@ -166,6 +235,9 @@ class Stage:
             input topic's max_message_bytes from the catalogue).
         pause_after_s: a transform running longer than this gets its partitions paused
             while the loop keeps polling.
+        max_hold_s, max_attempts: the budget of a record whose tries count (module doc): it is
+            dropped only after both, `max_hold_s` seconds since its first counted failure and
+            `max_attempts` counted tries (then one more, alone).
 
     Raises:
         ValueError: neither or both of handle and handle_batch.
@@ -175,7 +247,8 @@ class Stage:
                  input_topic: str, input_contract: type[Contract], group_id: str, handle: Handler | None = None,
                  handle_batch: BatchHandler | None = None, batch_size: int = 16, batch_timeout_s: float = 0.5,
                  health: Health | None = None, stats_interval_s: float = 5.0, max_poll_interval_s: float = 300.0,
-                 max_record_bytes: int | None = None, pause_after_s: float = 0.5):
+                 max_record_bytes: int | None = None, pause_after_s: float = 0.5, max_hold_s: float = 900.0,
+                 max_attempts: int = 5):
         from confluent_kafka import Consumer
 
         if (handle is None) == (handle_batch is None):
@@ -187,6 +260,8 @@ class Stage:
         self.input_topic = topic_name(input_topic, topic_prefix)
         catalogue = load_catalogue()
         self.max_bytes = max_record_bytes or catalogue[input_topic].max_message_bytes
+        self._output_limits = {t: spec.max_message_bytes for t, spec in catalogue.items()}
+        self.max_hold_s, self.max_attempts = max_hold_s, max_attempts
         self.batch_size, self.batch_timeout_s = batch_size, batch_timeout_s
         self.pause_after_s = pause_after_s
         self.health = health or Health()
@@ -201,6 +276,11 @@ class Stage:
         self._assigned: set[tuple[str, int]] = set()
         self._revoked_during_batch: set[tuple[str, int]] = set()
         self._busy = False
+        # Budgets by (topic, partition, offset): written by the transform thread, pruned by the
+        # rebalance callbacks and after commits (the loop's thread), hence the lock.
+        self._budgets: dict[tuple[str, int, int], Budget] = {}
+        self._budget_lock = threading.Lock()
+        self._done_s = -math.inf  # time.monotonic() when the handler last did a record
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-transform")
         self.health.add_check("assignment", self._check_assignment)
         self.health.add_check("broker", self._check_broker)
@@ -223,12 +303,15 @@ class Stage:
     # ---- rebalance callbacks (run inside poll/consume) ---------------------------------
     def _on_assign(self, consumer, partitions) -> None:
         self._assigned |= {(p.topic, p.partition) for p in partitions}
+        # a budget from an earlier ownership of these partitions is stale
+        self._forget_partitions({(p.topic, p.partition) for p in partitions})
         log.info("partitions assigned", extra={"stage": self.stage_id,
                                                "partitions": sorted(p.partition for p in partitions)})
 
     def _on_revoke(self, consumer, partitions) -> None:
         gone = {(p.topic, p.partition) for p in partitions}
         self._assigned -= gone
+        self._forget_partitions(gone)
         if self._busy:
             self._revoked_during_batch |= gone
         log.info("partitions revoked", extra={"stage": self.stage_id,
@@ -290,23 +373,19 @@ class Stage:
     def _process(self, msgs: list) -> None:
         self._revoked_during_batch = set()
         t0 = time.monotonic()
-        try:
-            batch = self._transform_while_polling(msgs)
-        except RetryLater as e:
-            log.warning("batch deferred", extra={"stage": self.stage_id, "why": str(e)})
-            self._rewind()
-            time.sleep(e.backoff_s)
-            return
+        batch = self._transform_while_polling(msgs)
         BATCH_SECONDS.labels(self.name).observe(time.monotonic() - t0)
         if {(m.topic(), m.partition()) for m in msgs} & self._revoked_during_batch:
             # Another member owns some of these partitions now: it will redo them.
             log.info("partitions revoked mid-batch; dropping batch", extra={"stage": self.stage_id})
+            self._forget_partitions(self._revoked_during_batch)  # the transform may have noted them again
             self._rewind()
             return
         outputs = [p for p in batch.pending if not batch.is_held(p.source, p.offset)]
         offsets, progressed = self._offsets_to_commit(msgs, batch, bool(outputs))
-        if progressed:  # a batch held at its very start moves nothing: no empty transaction
-            self._commit_transaction(outputs, offsets)
+        # a batch held at its very start moves nothing: no empty transaction
+        if progressed and self._commit_transaction(outputs, offsets):
+            self._forget_committed(offsets)
         if batch.held:
             why = next(iter(batch.held.values())).why
             RECORDS.labels(self.name, "held").inc(sum(1 for m in msgs
@@ -336,25 +415,25 @@ class Stage:
                                                           for tp in offsets)
         return offsets, progressed
 
-    def _commit_transaction(self, outputs: list[Pending], offsets: list) -> None:
-        """begin -> produce -> send offsets -> commit. An abortable error: the producer aborted
-        the transaction, the consumer rewinds and the batch is redone. Fatal errors and
-        ProducerWedged are raised (the process exits)."""
+    def _commit_transaction(self, outputs: list[Pending], offsets: list) -> bool:
+        """begin -> produce -> send offsets -> commit; True when committed. An abortable error:
+        the producer aborted the transaction, the consumer rewinds and the batch is redone.
+        Fatal errors and ProducerWedged are raised (the process exits)."""
         try:
             # Renews the producer first if every broker was lost: the polls during a long
             # transform are often where that is noticed.
             if not self.producer.begin_transaction(self._stop):
-                return  # stopping while waiting for a broker: nothing begun; the batch is redone by its next reader
-            for out in outputs:
-                value, headers = codec.encode(out.value)
-                self.producer.produce(out.topic, value, out.key, headers)
+                # stopping while waiting for a broker: nothing begun; the batch is redone by its next reader
+                return False
+            for out in outputs:  # encoded and size-checked by the transform
+                self.producer.produce(out.topic, out.value, out.key, out.headers)
             self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata())
             self.producer.commit_transaction()
         except TransactionAborted as e:
             log.warning("transaction aborted", extra={"stage": self.stage_id, "error": str(e.args[0])})
             TXNS.labels(self.name, "aborted").inc()
             self._rewind()
-            return
+            return False
         TXNS.labels(self.name, "committed").inc()
         # The transaction committed the offsets, not this consumer: store them so librdkafka's
         # statistics (consumer_lag_stored -> steadyrl_kafka_consumer_lag) see the progress.
@@ -363,6 +442,7 @@ class Stage:
         except Exception:  # a partition revoked meanwhile: its new owner reports its lag
             pass
         LAST_COMMIT.labels(self.name).set(time.time())
+        return True
 
     def _transform_while_polling(self, msgs: list) -> Transformed:
         """Run the transform in a worker thread; if it takes longer than `pause_after_s`,
@@ -404,7 +484,8 @@ class Stage:
                 self.consumer.resume(self.consumer.assignment())
 
     def _transform(self, msgs: list) -> Transformed:
-        """Decode, call the handler, collect outputs and DLQ records (as Pending) and held records."""
+        """Decode, call the handler (alone for records whose budget says so), and collect the
+        encoded outputs and DLQ records (as Pending) and the held records."""
         batch = Transformed()
         accepted: list[tuple[Contract, Meta, Any]] = []  # (value, meta, the message)
         for m in msgs:
@@ -415,32 +496,73 @@ class Stage:
                 batch.pending.append(self._dlq(rej, meta, m.value()))
         if not accepted:
             return batch
-        try:
-            results = self._call([(v, meta) for v, meta, _ in accepted])
-        except RetryLater:
-            raise
-        except Exception:  # isolate the record(s) that fail: one call per record
-            results = []
-            for v, meta, m in accepted:
-                try:
-                    results.append(self._call([(v, meta)])[0])
-                except RetryLater:
-                    raise
-                except Exception as e:  # the handler's bug must not stop the stage
-                    log.exception("handler failed", extra={"stage": self.stage_id, "offset": meta.offset})
-                    results.append(codec.Rejected(DLQReason.handler_error, f"{type(e).__name__}: {e}",
-                                                  codec.header_value(m.headers())))
-        for (_, meta, m), res in zip(accepted, results):
+        results, alone = self._handler_results(accepted)
+        now = time.monotonic()
+        if any(not isinstance(r, RetryLater) for r in results):
+            self._done_s = now  # the dependency answers: the evidence a spent budget needs
+        for (_, meta, m), res, solo in zip(accepted, results, alone):
             tp = (meta.topic, meta.partition)
             if isinstance(res, RetryLater):
-                batch.hold(tp, meta.offset, res)
-            elif isinstance(res, codec.Rejected):  # the handler refused this record (a data gate), or raised
+                spent = self._count(meta, res, solo, now)
+                if spent is None:
+                    batch.hold(tp, meta.offset, res)
+                else:
+                    seen = "the dependency served other work" if res.own else "other records were done"
+                    batch.pending.append(self._dlq(codec.Rejected(
+                        DLQReason.retries_exhausted, f"failed {spent.attempts} tries over "
+                        f"{now - spent.first_s:.0f} s while {seen}; last error: {spent.error}",
+                        codec.header_value(m.headers())), meta, m.value()))
+                continue
+            self._forget((meta.topic, meta.partition, meta.offset))
+            if not isinstance(res, codec.Rejected):  # outputs: encoded and checked here, before produce
+                res = self._encode(res, tp, meta.offset)
+            if isinstance(res, codec.Rejected):  # refused (a data gate), the handler raised, or an output cannot go out
+                if res.schema_header is None:
+                    res.schema_header = codec.header_value(m.headers())
                 batch.pending.append(self._dlq(res, meta, m.value()))
             else:
                 RECORDS.labels(self.name, "ok").inc()
-                batch.pending.extend(Pending(tp, meta.offset, topic_name(o.topic, self.prefix), o.key, o.value)
-                                     for o in res)
+                batch.pending.extend(res)
+        self._show_budgets(now)
         return batch
+
+    def _handler_results(self, accepted: list[tuple[Contract, Meta, Any]]) -> tuple[list, list[bool]]:
+        """The handler's result for each accepted record, and whether it was tried alone. Records
+        whose budget says so (an own failure, or spent) get a call of their own after the
+        others' call; once a call finds the dependency down (a RetryLater that does not count)
+        the rest of them are held with it, untried."""
+        now = time.monotonic()
+        with self._budget_lock:
+            budgets = [self._budgets.get((meta.topic, meta.partition, meta.offset)) for _, meta, _ in accepted]
+        alone = [b is not None and (b.alone or self._spent(b, now)) for b in budgets]
+        results: list = [None] * len(accepted)
+        together = [i for i, solo in enumerate(alone) if not solo]
+        down: RetryLater | None = None
+        if together:
+            got = self._results([accepted[i] for i in together])
+            for i, r in zip(together, got):
+                results[i] = r
+            if all(isinstance(r, RetryLater) and not r.counts for r in got):
+                down = got[0]
+        for i in (i for i, solo in enumerate(alone) if solo):
+            results[i] = down if down is not None else self._results([accepted[i]])[0]
+            if isinstance(results[i], RetryLater) and not results[i].counts:
+                down = results[i]
+        return results, alone
+
+    def _results(self, items: list[tuple[Contract, Meta, Any]]) -> list:
+        """The handler's result for each record of one call: outputs, a codec.Rejected or a
+        RetryLater (one raised holds every record of the call). A handler that raises anything
+        else is called again for each record alone, so only the failing one goes to the DLQ."""
+        try:
+            return self._call([(v, meta) for v, meta, _ in items])
+        except RetryLater as e:
+            return [e] * len(items)
+        except Exception as e:  # the handler's bug must not stop the stage
+            if len(items) > 1:  # isolate the record(s) that fail: one call per record
+                return [r for item in items for r in self._results([item])]
+            log.exception("handler failed", extra={"stage": self.stage_id, "offset": items[0][1].offset})
+            return [codec.Rejected(DLQReason.handler_error, f"{type(e).__name__}: {e}")]
 
     def _call(self, items: list[tuple[Contract, Meta]]) -> list:
         if self.handle_batch is not None:
@@ -449,7 +571,36 @@ class Stage:
                 raise RuntimeError(f"batch handler returned {len(results)} results for {len(items)} records")
             return results
         assert self.handle is not None
-        return [self.handle(v, meta) for v, meta in items]
+        out: list = []
+        for v, meta in items:
+            try:
+                out.append(self.handle(v, meta))
+            except RetryLater as e:  # holds this record only
+                out.append(e)
+        return out
+
+    def _encode(self, outputs: Any, tp: tuple[str, int], offset: int) -> list[Pending] | codec.Rejected:
+        """One record's outputs encoded and checked against their topics' record limits; the
+        first that fails refuses the record (none of its outputs is produced)."""
+        if not isinstance(outputs, list) or not all(isinstance(o, Output) for o in outputs):
+            return codec.Rejected(DLQReason.handler_error, f"the handler returned {type(outputs).__name__} "
+                                                           f"{str(outputs)[:200]}, not a list of Output")
+        pending = []
+        for o in outputs:
+            try:
+                value, headers = codec.encode(o.value)
+            except Exception as e:  # a non-finite number (the codec refuses it), not a contract, ...
+                return codec.Rejected(refusal_reason(str(e)), f"an output to {o.topic} cannot be encoded: "
+                                                              f"{type(e).__name__}: {e}")
+            limit = self._output_limits.get(o.topic, MAX_RECORD_BYTES)
+            size = record_bytes(value, o.key, headers)
+            if size + RECORD_FRAMING_BYTES > limit:  # the broker would refuse it and abort the transaction
+                return codec.Rejected(DLQReason.output_oversize,
+                                      f"an output to {o.topic} is {size} bytes (value, key and headers); the "
+                                      f"topic takes at most {limit - RECORD_FRAMING_BYTES} (max.message.bytes "
+                                      f"{limit} less {RECORD_FRAMING_BYTES} of framing)")
+            pending.append(Pending(tp, offset, topic_name(o.topic, self.prefix), o.key, value, headers))
+        return pending
 
     def _dlq(self, rej: codec.Rejected, meta: Meta, value: bytes | None) -> Pending:
         RECORDS.labels(self.name, "dlq").inc()
@@ -457,9 +608,55 @@ class Stage:
         log.warning("record to DLQ", extra={"stage": self.stage_id, "reason": rej.reason.value,
                                             "detail": rej.detail, "topic": meta.topic,
                                             "partition": meta.partition, "offset": meta.offset})
+        if len(rej.detail) > DLQ_ERROR_CHARS:  # rl.dlq's own limit must never refuse a DLQ record
+            rej = codec.Rejected(rej.reason, rej.detail[:DLQ_ERROR_CHARS] + " [...]", rej.schema_header)
         rec = codec.dlq_record(rej, stage=self.stage_id, topic=meta.topic, partition=meta.partition,
                                offset=meta.offset, key=meta.key, value=value)
-        return Pending((meta.topic, meta.partition), meta.offset, topic_name("rl.dlq", self.prefix), meta.key, rec)
+        encoded, headers = codec.encode(rec)
+        return Pending((meta.topic, meta.partition), meta.offset, topic_name("rl.dlq", self.prefix), meta.key,
+                       encoded, headers)
+
+    # ---- budgets ---------------------------------------------------------------------------
+    def _spent(self, b: Budget, now: float) -> bool:
+        return b.attempts >= self.max_attempts and now - b.first_s >= self.max_hold_s
+
+    def _count(self, meta: Meta, why: RetryLater, alone: bool, now: float) -> Budget | None:
+        """Note a held record's try. Returns its Budget when the record goes to rl.dlq (spent,
+        failing alone, with the evidence that the dependency answers others), else None (held)."""
+        if not why.counts:
+            return None  # the dependency is down: no try counts
+        with self._budget_lock:
+            b = self._budgets.setdefault((meta.topic, meta.partition, meta.offset), Budget(now))
+            b.attempts += 1
+            b.error = str(why)
+            spent = self._spent(b, now)
+            if alone and spent and (why.own or self._done_s >= b.first_s):
+                return b  # forgotten once committed past: a DLQ record a held one before it kept back comes again
+            b.alone = b.alone or why.own or spent
+            return None
+
+    def _forget(self, key: tuple[str, int, int]) -> None:
+        with self._budget_lock:
+            self._budgets.pop(key, None)
+
+    def _forget_partitions(self, tps: set[tuple[str, int]]) -> None:
+        with self._budget_lock:
+            for key in [k for k in self._budgets if (k[0], k[1]) in tps]:
+                del self._budgets[key]
+
+    def _forget_committed(self, offsets: list) -> None:
+        """Drop the budgets of records below the committed offsets."""
+        nxt = {(tp.topic, tp.partition): tp.offset for tp in offsets}
+        with self._budget_lock:
+            for key in [k for k in self._budgets if k[2] < nxt.get((k[0], k[1]), -1)]:
+                del self._budgets[key]
+        self._show_budgets(time.monotonic())
+
+    def _show_budgets(self, now: float) -> None:
+        with self._budget_lock:
+            firsts = [b.first_s for b in self._budgets.values()]
+        RETRYING.labels(self.name).set(len(firsts))
+        RETRYING_OLDEST.labels(self.name).set(now - min(firsts) if firsts else 0)
 
     def _rewind(self) -> None:
         """Seek every assigned partition back to its committed offset."""

@@ -43,7 +43,7 @@ def test_round_trip_and_every_bad_record_lands_in_dlq(bootstrap, reward_server, 
             assert s.scorer == "rule:tests.helpers:failing_scorer@1"
 
         dlq_msgs = read_all(bootstrap, f"{prefix}rl.dlq", expect=len(bad))
-        assert all(codec.header_value(m.headers()) == "dlq_record/v1.0" for m in dlq_msgs)
+        assert all(codec.header_value(m.headers()) == DLQRecord.schema_header() for m in dlq_msgs)
         dlq = {m.key().decode(): codec.decode(m.value(), m.headers(), DLQRecord) for m in dlq_msgs}
         assert {k: r.reason for k, r in dlq.items()} == {k: reason for k, _, _, reason in bad}
         for key, _, _, reason in bad:
@@ -135,11 +135,13 @@ def test_breaker_open_cache_scores_seen_prompts_and_holds_novel_ones_in_order(bo
 
 def test_a_stage_closed_with_its_transaction_open_aborts_it(bootstrap, prefix):
     """Regression: close() said it aborted an open transaction and did not. A stage that stops
-    mid-transaction (its handler returned an output that cannot be encoded, after one that was
-    produced) left that transaction open on the broker until transaction.timeout.ms (30 s):
-    read_committed readers saw nothing of its output partition past it meanwhile. Now close()
-    aborts it: its record is never visible, later records are at once, no offset is committed,
-    and the next producer with its transactional.id starts at once."""
+    mid-transaction (found with a handler whose output could not be encoded, after one that was
+    produced; such an output now goes to rl.dlq before the transaction, so here an error after
+    the produce escapes instead) left that transaction open on the broker until
+    transaction.timeout.ms (30 s): read_committed readers saw nothing of its output partition
+    past it meanwhile. Now close() aborts it: its record is never visible, later records are at
+    once, no offset is committed, and the next producer with its transactional.id starts at
+    once."""
     import threading
 
     from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -149,11 +151,16 @@ def test_a_stage_closed_with_its_transaction_open_aborts_it(bootstrap, prefix):
 
     def handle(g, meta):
         scored = ScoredGroup(group=g, rewards=[1.0], reward_source=RewardSource.rule, scorer="test")
-        return [Output("rl.scored", g.prompt_id, scored), Output("rl.scored", "bad", object())]  # not a contract
+        return [Output("rl.scored", g.prompt_id, scored)]
 
     produce_all(bootstrap, f"{prefix}rl.rollouts", [(g.prompt_id, *codec.encode(g)) for g in [rollout_group(1)]])
     st = Stage(name="closing", bootstrap=bootstrap, topic_prefix=prefix, instance_id="c0", input_topic="rl.rollouts",
                input_contract=RolloutGroup, group_id=f"{prefix}closing", handle=handle)
+
+    def bug(*a, **kw):  # after the produce, inside the transaction
+        raise AttributeError("a bug between produce and commit")
+
+    st.producer.send_offsets_to_transaction = bug
     failure: list[BaseException] = []
 
     def run():
