@@ -7,11 +7,20 @@ with its own seed, so a prompt's samples do not depend on its batch mates.
 
 The prompt says how to sample (temperature, top_p, max_new_tokens, n, seed: the learner
 decides, since its loss must use the same temperature) and which policy it wants
-(run_id, min_policy_version). While the actor is unreachable, answers 503 (loading, or
-its policy is behind the prompt's) or times out, the batch is held (`RetryLater`):
-nothing is committed and the prompts are retried after a backoff, never dropped. An
-actor 4xx (the request itself is wrong, or the prompt belongs to an earlier run) sends
-the prompt to `rl.dlq` with the actor's message.
+(run_id, min_policy_version). The actor's answer decides each prompt of a request:
+
+- unreachable or timed out: held (`RetryLater`) without limit -- the actor is down -- and
+  the batch's other requests are not sent;
+- 503 (loading, behind the prompt's min_policy_version, busy) or another 5xx: held with
+  the budget (`RetryLater(counts=True)`), retried after the actor's Retry-After, else
+  `behind_backoff_s` (503) or `retry_backoff_s`. A prompt that fails `max_attempts` tries
+  over `max_hold_s` while the actor serves other prompts goes to `rl.dlq`
+  (`retries_exhausted`, with the actor's last message); while it serves none (loading, or
+  behind for every prompt) nothing is dropped;
+- 4xx (422: over a limit, non-finite log-probs; 409: a prompt of an earlier run): the
+  prompt goes to `rl.dlq` with the actor's message (`handler_error`, or `non_finite` when
+  the message names one). A request of several prompts is sent again one prompt at a
+  time first, so only the prompts it refuses go.
 
 The rollout gate (`services/rollout/gate.py`) removes samples that are too long, hold
 control characters or miss `response_schema`; a group it empties goes to `rl.dlq`
@@ -19,6 +28,8 @@ control characters or miss `response_schema`; a group it empties goes to `rl.dlq
 """
 
 from __future__ import annotations
+
+import json
 
 import httpx
 from prometheus_client import Counter
@@ -39,7 +50,17 @@ class RolloutSection(BaseModel):
     batch_timeout_s: float = Field(0.5, gt=0, le=60, description="Longest wait for the next prompt, seconds.")
     request_timeout_s: float = Field(600.0, gt=0, description="Per /generate call.")
     retry_backoff_s: float = Field(2.0, gt=0, description="Wait before retrying while the actor is unreachable.")
-    behind_backoff_s: float = Field(0.2, gt=0, description="Wait before retrying while the actor loads a policy.")
+    behind_backoff_s: float = Field(0.2, gt=0, description="Wait before retrying while the actor loads a policy "
+                                                           "(a 503 without Retry-After).")
+    max_hold_s: float = Field(900.0, ge=0, description="A prompt the actor keeps failing (503 behind or busy, 5xx) "
+                                                       "while it serves other prompts goes to rl.dlq "
+                                                       "(retries_exhausted) once held this long since its first "
+                                                       "failure and tried max_attempts times (then once more, "
+                                                       "alone). Longer than any wait that ends: the learner's "
+                                                       "evaluation before its first step (~70 s on SmolLM2), a "
+                                                       "policy load. While the actor serves no prompt nothing is "
+                                                       "dropped. Counted in memory: a restart starts it again.")
+    max_attempts: int = Field(5, ge=1, description="Least failed tries before max_hold_s can drop a prompt.")
     max_response_tokens: int = Field(512, ge=1, description="Rollout gate: longer samples leave their group.")
     response_schema: dict | None = Field(None, description="Rollout gate: a JSON Schema every response must "
                                                            "satisfy (structured outputs); None: no check.")
@@ -70,19 +91,42 @@ def _request_key(p: Prompt) -> tuple:
     return (p.n_samples, p.temperature, p.top_p, p.max_new_tokens, p.run_id, p.min_policy_version)
 
 
+#: Longest Retry-After the worker follows (seconds); longer ones are cut to this.
+MAX_RETRY_AFTER_S = 60.0
+
+
+def _detail(resp: httpx.Response) -> str:
+    """The actor's message: FastAPI's {"detail": ...}, else the body (500 characters at most)."""
+    try:
+        d = resp.json()["detail"]
+        text = d if isinstance(d, str) else json.dumps(d)
+    except (ValueError, KeyError, TypeError):
+        text = resp.text
+    return text[:500]
+
+
+def _retry_after(resp: httpx.Response, default: float) -> float:
+    """Retry-After in seconds (an HTTP date is not followed), within [0.05, MAX_RETRY_AFTER_S]."""
+    try:
+        return min(max(float(resp.headers["retry-after"]), 0.05), MAX_RETRY_AFTER_S)
+    except (KeyError, ValueError):
+        return default
+
+
 def make_handler(cfg: RolloutConfig, client: httpx.Client):
-    """[(Prompt, meta)] -> one [Output(rl.rollouts)] per prompt, one actor call per sampling
-    setting; the rollout gate removes failing samples, and a group it empties becomes a
-    codec.Rejected (to rl.dlq with the reasons)."""
+    """[(Prompt, meta)] -> per prompt one [Output(rl.rollouts)], a codec.Rejected (to rl.dlq:
+    the actor refused it, or the rollout gate emptied its group) or a RetryLater (held), with
+    one actor call per sampling setting (module doc)."""
     from services.rollout.gate import RolloutGate
-    from steadyrl.bus.stage import Output, RetryLater
+    from steadyrl.bus.stage import Output, RetryLater, refusal_reason
     from steadyrl.codec import Rejected
     from steadyrl.contracts import DLQReason
 
     r = cfg.rollout
     gate = RolloutGate(r.max_response_tokens, r.response_schema)
 
-    def call_actor(prompts: list[Prompt]) -> list[RolloutGroup]:
+    def call_actor(prompts: list[Prompt]) -> list[RolloutGroup] | RetryLater | Rejected:
+        """One POST /generate: a group per prompt, or what every prompt of it gets instead."""
         p0 = prompts[0]
         body = {"prompts": [{"messages": [m.model_dump() for m in p.messages], "seed": p.seed} for p in prompts],
                 "n": p0.n_samples, "temperature": p0.temperature, "top_p": p0.top_p,
@@ -90,14 +134,17 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client):
                 "min_policy_version": p0.min_policy_version}
         try:
             resp = client.post(f"{r.actor_url}/generate", json=body, timeout=r.request_timeout_s)
-        except httpx.HTTPError as e:
-            raise RetryLater(f"actor unreachable: {type(e).__name__}: {e}", r.retry_backoff_s) from None
-        if resp.status_code == 503:
-            raise RetryLater(f"actor not ready: {resp.text[:200]}", r.behind_backoff_s)
+        except httpx.HTTPError as e:  # down: nothing counts
+            return RetryLater(f"actor unreachable: {type(e).__name__}: {e}", r.retry_backoff_s)
+        if resp.status_code == 503:  # loading, behind the prompt's min_policy_version, or busy
+            return RetryLater(f"actor not ready: {_detail(resp)}", _retry_after(resp, r.behind_backoff_s),
+                              counts=True)
         if resp.status_code >= 500:
-            raise RetryLater(f"actor answered {resp.status_code}: {resp.text[:200]}", r.retry_backoff_s)
+            return RetryLater(f"actor answered {resp.status_code}: {_detail(resp)}",
+                              _retry_after(resp, r.retry_backoff_s), counts=True)
         if resp.status_code >= 400:
-            raise ValueError(f"actor refused the request ({resp.status_code}): {resp.text[:500]}")
+            detail = _detail(resp)
+            return Rejected(refusal_reason(detail), f"actor refused the prompt ({resp.status_code}): {detail}")
         out = resp.json()
         return [RolloutGroup(prompt=p, prompt_token_ids=out["prompt_ids"][i],
                              samples=[Sample(text=c["text"], token_ids=c["token_ids"], logprobs=c["logprobs"],
@@ -109,13 +156,26 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client):
         by_key: dict[tuple, list[int]] = {}
         for i, (p, _) in enumerate(items):
             by_key.setdefault(_request_key(p), []).append(i)
-        groups: dict[int, RolloutGroup] = {}
+        answers: dict[int, RolloutGroup | RetryLater | Rejected] = {}
+        down: RetryLater | None = None
         for idx in by_key.values():
-            for i, g in zip(idx, call_actor([items[i][0] for i in idx])):
-                groups[i] = g
-        results = []
+            out = down or call_actor([items[i][0] for i in idx])
+            if isinstance(out, Rejected) and len(idx) > 1:  # which of them does it refuse?
+                for i in idx:
+                    one = call_actor([items[i][0]])
+                    answers[i] = one[0] if isinstance(one, list) else one
+                continue
+            if isinstance(out, RetryLater) and not out.counts:
+                down = out  # unreachable: the other requests would wait for the same
+            for k, i in enumerate(idx):
+                answers[i] = out[k] if isinstance(out, list) else out
+        results: list = []
         for i in range(len(items)):
-            g, why = gate.apply(groups[i])
+            a = answers[i]
+            if not isinstance(a, RolloutGroup):
+                results.append(a)
+                continue
+            g, why = gate.apply(a)
             for reason, n in why.items():
                 REJECTED.labels(reason).inc(n)
             if not g.samples:
@@ -140,6 +200,7 @@ def main(argv: list[str]) -> int:
                      instance_id=cfg.instance_id, input_topic="rl.prompts", input_contract=Prompt,
                      group_id=cfg.rollout.group_id, handle_batch=make_handler(cfg, client),
                      batch_size=cfg.rollout.batch_size, batch_timeout_s=cfg.rollout.batch_timeout_s,
-                     health=health, stats_interval_s=cfg.metrics_interval)
+                     health=health, stats_interval_s=cfg.metrics_interval, max_hold_s=cfg.rollout.max_hold_s,
+                     max_attempts=cfg.rollout.max_attempts)
 
     return run_service("rollout", cfg, build)

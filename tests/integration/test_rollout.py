@@ -80,3 +80,40 @@ def test_rollout_gate_drops_long_samples_and_sends_emptied_groups_to_dlq(bootstr
     finally:
         assert rollout.stop() == 0
         assert actor.stop() == 0
+
+
+def test_a_prompt_whose_policy_never_comes_leaves_once_its_budget_is_spent(bootstrap, prefix, tmp_path):
+    """The actor answers 503 ("behind") for a prompt of a run it will never serve, while it
+    serves the others: the prompt goes to rl.dlq as retries_exhausted with the actor's last
+    message, and its partition moves on. Before, it was held for good."""
+    from confluent_kafka import Producer
+
+    port = free_port()
+    stuck = _prompt(50).model_copy(update={"prompt_id": "stuck", "run_id": "zz-never", "min_policy_version": 1})
+    after = [_prompt(60 + i) for i in range(3)]  # behind it, in its partition
+    others = [_prompt(i) for i in range(4)]
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for part, ps in ((0, [stuck, *after]), (1, others)):
+        for pr in ps:
+            value, headers = codec.encode(pr)
+            p.produce(f"{prefix}rl.prompts", value, key=pr.prompt_id, headers=headers, partition=part)
+    assert p.flush(30) == 0
+    actor = ServiceProc("actor", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "a2",
+                                  "--actor.model", "tiny", "--actor.policy-root", str(tmp_path),
+                                  "--metrics-port", str(port)], tmp_path / "actor.log")
+    rollout = ServiceProc("rollout", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "r2",
+                                      "--rollout.actor-url", f"http://127.0.0.1:{port}",
+                                      "--rollout.max-hold-s", "2", "--rollout.max-attempts", "3"],
+                          tmp_path / "rollout.log")
+    try:
+        rollout.wait_ready()
+        groups = decode_all(read_all(bootstrap, f"{prefix}rl.rollouts", expect=7, timeout_s=120), RolloutGroup)
+        dlq_msgs = read_all(bootstrap, f"{prefix}rl.dlq", expect=1, settle_s=2)
+        assert sorted(g.prompt_id for g in groups) == sorted(pr.prompt_id for pr in after + others)
+        [dlq] = decode_all(dlq_msgs, DLQRecord)
+        assert dlq_msgs[0].key() == b"stuck" and dlq.reason.value == "retries_exhausted"
+        assert "last error: actor not ready: serving run '' version 0; waiting for run 'zz-never'" in dlq.error
+        assert rollout.metric("steadyrl_stage_dlq_records_total", {"reason": "retries_exhausted"}) == 1
+    finally:
+        assert rollout.stop() == 0
+        assert actor.stop() == 0
