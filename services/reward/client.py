@@ -1,9 +1,25 @@
 """The reward workers' one way to the reward server: timeout, circuit breaker, cached scores.
 
-`RewardClient.score_many(groups)` returns, for each group, its `Scores` -- or a `RetryLater`
-for a group that must wait (the worker holds it: never dropped). It raises `RetryLater`
-when the whole batch must wait, and ValueError for a request the server refuses (4xx) or a
-group whose sample the scorer cannot score (the worker sends it to `rl.dlq`).
+`RewardClient.score_many(groups)` returns, for each group, its `Scores`, a `codec.Rejected`
+(the worker sends the group to `rl.dlq`) or a `RetryLater` (the worker holds it); it raises
+`RetryLater` when the whole batch must wait. What the server's answer means:
+
+    200, every item scored       Scores
+    200, an item unscored        that group Rejected: `{"reward": null, "error"}` (the scorer
+                                 raised; handler_error) or a reward that is not finite
+                                 (non_finite); the other groups are scored
+    4xx (not 408/429)            the server is up (a breaker success); the request or a group is
+                                 wrong. One group: Rejected with the server's message (a 422
+                                 naming a non-finite score: non_finite); several: each group is
+                                 sent again alone, so only the groups it refuses go
+    500, other 5xx, malformed    the server answered and failed this batch. If it scores the
+                                 last item it scored (the known-good check, one item, as the
+                                 probe), the failure is the batch's own: not a breaker failure,
+                                 and `RetryLater(own=True)`: the stage tries each group alone,
+                                 and one that keeps failing goes to rl.dlq (retries_exhausted)
+                                 once its budget is spent. Else a breaker failure, held
+    408, 429, 502-504, timeout,  the server is down or overloaded: a breaker failure, held
+    unreachable                  without limit (`RetryLater`, counts=False)
 
 Around each call to `POST /score`:
 
@@ -21,11 +37,15 @@ Around each call to `POST /score`:
                  floor, or whose ground truth differs, is held until the server is back
 
 A failure that does not (yet) open the breaker holds the whole batch for `retry_backoff_s`.
+Held groups while the breaker is open never count against their budget: nothing is
+dropped during an outage.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,8 +55,9 @@ import httpx
 from prometheus_client import Counter, Gauge, Histogram
 
 from steadyrl.breaker import CircuitBreaker, State
-from steadyrl.bus.stage import RetryLater
-from steadyrl.contracts import RewardSource, RolloutGroup
+from steadyrl.bus.stage import RetryLater, refusal_reason
+from steadyrl.codec import Rejected
+from steadyrl.contracts import DLQReason, RewardSource, RolloutGroup
 
 if TYPE_CHECKING:
     from services.reward.cache import ScoreCache
@@ -59,6 +80,37 @@ for _o in ("cache", "held"):
     FALLBACK.labels(_o)
 for _o in ("ok", "timeout", "unreachable", "server_error", "refused", "malformed"):
     CALLS.labels(_o)
+
+
+#: Answers that say the server is down or overloaded, not that this batch is wrong.
+UNAVAILABLE = (408, 429, 502, 503, 504)
+
+
+class Refused(ValueError):
+    """The server refused the request (a 4xx other than 408/429): `status`, its message, and
+    the items it names (`{"items": [{"index", "error"}]}` of a 422: index -> error)."""
+
+    def __init__(self, status: int, detail: str, items: dict[int, str] | None = None):
+        super().__init__(f"reward server refused the request ({status}): {detail}")
+        self.status, self.detail, self.items = status, detail, items or {}
+
+
+def _named_items(resp: httpx.Response) -> dict[int, str]:
+    """The items a refusal names by index (the reward server's 422 for non-finite scores)."""
+    try:
+        return {int(it["index"]): str(it.get("error", "")) for it in resp.json().get("items", [])}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _detail(resp: httpx.Response) -> str:
+    """The server's message: FastAPI's {"detail": ...}, else the body (500 characters at most)."""
+    try:
+        d = resp.json()["detail"]
+        text = d if isinstance(d, str) else json.dumps(d)
+    except (ValueError, KeyError, TypeError):
+        text = resp.text
+    return text[:500]
 
 
 def _answer_key(g: RolloutGroup) -> tuple:
@@ -123,19 +175,28 @@ class RewardClient:
         """Score the last scored item again (or GET /readyz before any was scored), with a
         timeout of min(timeout_s, 5 s); an answer while open half-opens the breaker.
         Returns whether the server answered."""
-        timeout = min(self.timeout_s, 5.0)
-        try:
-            if self._probe_item is None:
-                ok = self.http.get(f"{self.url}/readyz", timeout=timeout).status_code == 200
-            else:
-                resp = self.http.post(f"{self.url}/score", json={"scorer": self.scorer, "items": [self._probe_item]},
-                                      timeout=timeout)
-                ok = resp.status_code == 200 and len(resp.json().get("scores", [])) == 1
-        except (httpx.HTTPError, ValueError, AttributeError):
-            ok = False
+        if self._probe_item is None:
+            try:
+                ok = self.http.get(f"{self.url}/readyz", timeout=min(self.timeout_s, 5.0)).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+        else:
+            ok = self._scores_known_good()
         if ok:
             self.breaker.probe_succeeded()
         return ok
+
+    def _scores_known_good(self) -> bool:
+        """Does the server score the last item it scored (one item, timeout min(timeout_s, 5 s))?
+        False before any item was scored. Leaves the breaker alone."""
+        if self._probe_item is None:
+            return False
+        try:
+            resp = self.http.post(f"{self.url}/score", json={"scorer": self.scorer, "items": [self._probe_item]},
+                                  timeout=min(self.timeout_s, 5.0))
+            return resp.status_code == 200 and len(resp.json().get("scores", [])) == 1
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
 
     def _probe_loop(self) -> None:
         while not self._stop.wait(self.probe_interval_s):
@@ -147,19 +208,23 @@ class RewardClient:
         self.http.close()
 
     # ---- scoring --------------------------------------------------------------------------
-    def score_many(self, groups: list[RolloutGroup]) -> list[Scores | RetryLater]:
-        """Score every sample of every group (one request). Per group: Scores, or RetryLater
-        (held). Raises RetryLater (hold the batch) or ValueError (see module doc)."""
+    def score_many(self, groups: list[RolloutGroup]) -> list[Scores | Rejected | RetryLater]:
+        """Score every sample of every group (one request). Per group: Scores, Rejected (to
+        rl.dlq) or RetryLater (held). Raises RetryLater: hold the batch (module doc)."""
         if self.breaker.allow():
             try:
                 result = self._call(groups)
-            except ValueError:
+            except Refused as e:
                 self.breaker.record_success()  # the server is up; the request or a group is wrong
-                raise
+                return self._refused(groups, e)
             except RetryLater as e:
+                if e.counts and self._scores_known_good():
+                    self.breaker.record_success()  # the server works; this batch fails
+                    raise RetryLater(f"{e}; the server scores other items", e.backoff_s, own=True) from None
+                e = RetryLater(str(e), e.backoff_s)  # down (or overloaded) for all we know
                 self.breaker.record_failure(str(e))
                 if self.breaker.state is not State.open:
-                    raise
+                    raise e from None
                 log.warning("reward server failing; scoring from the cache", extra={"why": str(e)})
             except BaseException as e:  # never leave a trial call unrecorded (half-open forever)
                 self.breaker.record_failure(f"{type(e).__name__}: {e}")
@@ -168,11 +233,37 @@ class RewardClient:
                 self.breaker.record_success()
                 if self.cache is not None:
                     for g, s in zip(groups, result):
-                        self.cache.add(g.prompt_id, g.prompt_text(), [x.text for x in g.samples], s.rewards,
-                                       s.scorer, _answer_key(g))
+                        if isinstance(s, Scores):
+                            self.cache.add(g.prompt_id, g.prompt_text(), [x.text for x in g.samples], s.rewards,
+                                           s.scorer, _answer_key(g))
                     CACHE_SIZE.set(len(self.cache))
-                return result
+                return list(result)
         return [self._from_cache(g) for g in groups]
+
+    def _refused(self, groups: list[RolloutGroup], e: Refused) -> list[Scores | Rejected | RetryLater]:
+        """Rejected for the groups a refusal is about; the others scored again. The groups of the
+        items it names, if it names any; else (several groups) each group is sent alone."""
+        if len(groups) == 1:
+            return [Rejected(refusal_reason(e.detail), f"prompt {groups[0].prompt_id}: {e}")]
+        first, k = [], 0  # index of each group's first item
+        for g in groups:
+            first.append(k)
+            k += len(g.samples)
+        named = {i: [why for j, why in e.items.items() if first[i] <= j < first[i] + len(g.samples)]
+                 for i, g in enumerate(groups)}
+        if not any(named.values()):
+            return [r for g in groups for r in self._retry([g])]  # which groups does it refuse?
+        rest = [g for i, g in enumerate(groups) if not named[i]]
+        again = iter(self._retry(rest) if rest else [])
+        return [Rejected(refusal_reason(f"{e.detail} {why[0]}"), f"prompt {g.prompt_id}: {why[0]} ({e})")
+                if why else next(again) for g, why in zip(groups, named.values())]
+
+    def _retry(self, groups: list[RolloutGroup]) -> list[Scores | Rejected | RetryLater]:
+        """score_many, with a RetryLater it raises as every group's result."""
+        try:
+            return self.score_many(groups)
+        except RetryLater as e:
+            return [e] * len(groups)
 
     def _from_cache(self, g: RolloutGroup) -> Scores | RetryLater:
         hit = (self.cache.lookup(g.prompt_text(), [s.text for s in g.samples], _answer_key(g))
@@ -187,8 +278,10 @@ class RewardClient:
         extra = [{"cache_of": hit.source_prompt_id, "response_similarity": r} for r in hit.response_similarity]
         return Scores(hit.rewards, hit.scorer, RewardSource.cache, extra, hit.similarity)
 
-    def _call(self, groups: list[RolloutGroup]) -> list[Scores]:
-        """One POST /score. Raises RetryLater (server's fault) or ValueError (the request's)."""
+    def _call(self, groups: list[RolloutGroup]) -> list[Scores | Rejected]:
+        """One POST /score: per group Scores, or Rejected for a group the scorer could not
+        score. Raises RetryLater (the server's fault; counts unless it is down or overloaded)
+        or Refused (the request's)."""
         items = [{"data_source": g.prompt.data_source, "prompt": g.prompt_text(), "response": s.text,
                   "ground_truth": g.prompt.ground_truth, "extra_info": g.prompt.extra_info}
                  for g in groups for s in g.samples]
@@ -205,12 +298,13 @@ class RewardClient:
             raise RetryLater(f"reward server unreachable: {type(e).__name__}: {e}", self.retry_backoff_s) from None
         finally:
             CALL_SECONDS.observe(time.perf_counter() - t0)
-        if resp.status_code >= 500 or resp.status_code in (408, 429):
+        if resp.status_code >= 500 or resp.status_code in UNAVAILABLE:
             CALLS.labels("server_error").inc()
-            raise RetryLater(f"reward server answered {resp.status_code}: {resp.text[:200]}", self.retry_backoff_s)
+            raise RetryLater(f"reward server answered {resp.status_code}: {resp.text[:200]}", self.retry_backoff_s,
+                             counts=resp.status_code not in UNAVAILABLE)
         if resp.status_code >= 400:
             CALLS.labels("refused").inc()
-            raise ValueError(f"reward server refused the request ({resp.status_code}): {resp.text[:500]}")
+            raise Refused(resp.status_code, _detail(resp), _named_items(resp))
         try:
             out = resp.json()
             scores, scorer = out["scores"], out["scorer"]
@@ -218,12 +312,13 @@ class RewardClient:
         except (ValueError, KeyError, TypeError) as e:  # the server's bug, not the group's
             CALLS.labels("malformed").inc()
             raise RetryLater(f"reward server answered 200 without scores: {type(e).__name__}: {e}; "
-                             f"body {resp.text[:200]!r}", self.retry_backoff_s) from None
+                             f"body {resp.text[:200]!r}", self.retry_backoff_s, counts=True) from None
         if len(scores) != len(items):
             CALLS.labels("malformed").inc()
             raise RetryLater(f"reward server returned {len(scores)} scores for {len(items)} items",
-                             self.retry_backoff_s)
-        result, k = [], 0
+                             self.retry_backoff_s, counts=True)
+        result: list[Scores | Rejected] = []
+        k = 0
         try:
             for g in groups:
                 n = len(g.samples)
@@ -231,16 +326,21 @@ class RewardClient:
                 k += n
                 errors = [str(c["error"]) for c in chunk if c.get("reward") is None]  # KeyError: malformed
                 if errors:  # the scorer cannot score this group: not retryable
-                    raise ValueError(f"prompt {g.prompt_id}: {errors[0]}")
+                    result.append(Rejected(refusal_reason(errors[0]), f"prompt {g.prompt_id}: {errors[0]}"))
+                    continue
                 rewards = [c["reward"] for c in chunk]
                 if not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rewards):
                     raise TypeError(f"rewards must be numbers, got {rewards[:3]!r}")
+                if not all(math.isfinite(r) for r in rewards):  # JSON NaN/Infinity parse as floats
+                    result.append(Rejected(DLQReason.non_finite, f"prompt {g.prompt_id}: scorer {scorer} returned "
+                                                                 f"non-finite rewards {rewards[:8]!r}"))
+                    continue
                 result.append(Scores([float(r) for r in rewards], scorer, source,
                                      [dict(c.get("extra") or {}) for c in chunk]))
         except (AttributeError, KeyError, TypeError) as e:  # an item that is not {"reward": number, ...}
             CALLS.labels("malformed").inc()
             raise RetryLater(f"reward server answered malformed scores: {type(e).__name__}: {e}",
-                             self.retry_backoff_s) from None
+                             self.retry_backoff_s, counts=True) from None
         CALLS.labels("ok").inc()
         self._probe_item = items[-1]
         return result

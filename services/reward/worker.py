@@ -5,8 +5,11 @@ published exactly once for read_committed readers, across kill -9 and rebalances
 is scored in one request through `RewardClient` (timeout, circuit breaker). While the
 breaker is open, groups are scored from the cache of recently scored prompts
 (`reward_source=cache`, with the similarity); a group with no similar cached prompt is
-held -- never dropped -- until the server is back. Groups the codec refuses, or that the
-scorer cannot score, go to `rl.dlq` with the reason.
+held -- never dropped -- until the server is back. Groups the codec refuses, that the
+scorer cannot score (or scores NaN), or that the server refuses go to `rl.dlq` with the
+reason. A group on which the server keeps failing while it scores other items goes there
+too (`retries_exhausted`) once its budget (`max_hold_s`, `max_attempts`) is spent;
+services/reward/client.py says which answer is which.
 """
 
 from __future__ import annotations
@@ -42,6 +45,14 @@ class RewardSection(BaseModel):
     batch_timeout_s: float = Field(0.5, gt=0, le=60, description="Longest wait for the next record, seconds.")
     max_record_bytes: int | None = Field(None, ge=1024,
                                          description="Larger rollout groups go to rl.dlq (default: topic limit).")
+    max_hold_s: float = Field(900.0, ge=0, description="A group the server keeps failing (5xx, a malformed answer) "
+                                                       "while it scores other items goes to rl.dlq "
+                                                       "(retries_exhausted) once held this long since its first "
+                                                       "failure and tried max_attempts times (then once more, "
+                                                       "alone). Groups held while the server is down or the "
+                                                       "breaker open never count. Counted in memory: a restart "
+                                                       "starts it again.")
+    max_attempts: int = Field(5, ge=1, description="Least failed tries before max_hold_s can drop a group.")
 
 
 class RewardConfig(ServiceConfig):
@@ -49,13 +60,14 @@ class RewardConfig(ServiceConfig):
 
 
 def make_handler(client):
-    """The transform [RolloutGroup] -> one [Output(rl.scored)] each (or RetryLater: held),
-    one server call per batch."""
+    """The transform [RolloutGroup] -> one [Output(rl.scored)] each (or RetryLater: held;
+    codec.Rejected: to rl.dlq), one server call per batch."""
     from steadyrl.bus.stage import Output, RetryLater
+    from steadyrl.codec import Rejected
 
     def handle_batch(items) -> list:
         scores = client.score_many([g for g, _ in items])
-        return [s if isinstance(s, RetryLater) else  # held: the stage retries it later
+        return [s if isinstance(s, (RetryLater, Rejected)) else  # held, or refused
                 [Output("rl.scored", g.prompt_id,
                         ScoredGroup(group=g, rewards=s.rewards, reward_source=s.source, scorer=s.scorer,
                                     cache_similarity=s.similarity, reward_extra=s.extra))]
@@ -83,7 +95,7 @@ def main(argv: list[str]) -> int:
                       group_id=r.group_id, handle_batch=make_handler(client),
                       batch_size=r.batch_size, batch_timeout_s=r.batch_timeout_s,
                       health=health, stats_interval_s=cfg.metrics_interval,
-                      max_record_bytes=r.max_record_bytes)
+                      max_record_bytes=r.max_record_bytes, max_hold_s=r.max_hold_s, max_attempts=r.max_attempts)
         # After the stage's own checks (assignment, broker): registered first, this always-true
         # check made /readyz answer 200 while the consumer was being built (bench/recovery.py saw it).
         health.add_check("reward_server", lambda: (True, f"breaker {breaker.state.value}"))

@@ -174,3 +174,50 @@ def test_an_oversize_or_unencodable_output_goes_to_the_dlq_and_the_rest_commits_
     assert run.metric("steadyrl_stage_transactions_total", result="aborted") == 0
     assert run.metric("steadyrl_stage_dlq_records_total", reason="output_oversize") == 2
 
+
+def nan_scorer(data_source, solution_str, ground_truth, extra_info=None):
+    """numeric_match, but NaN for a response containing "nan" (a scorer that returns NaN)."""
+    from steadyrl.rewards import numeric_match
+
+    return float("nan") if "nan" in solution_str else numeric_match(data_source, solution_str, ground_truth, extra_info)
+
+
+def test_a_scorer_returning_nan_sends_its_group_alone_to_the_dlq_and_the_reward_worker_goes_on(bootstrap, prefix,
+                                                                                              tmp_path):
+    """The reward server refuses a NaN score (422 naming the item: non_finite); before that
+    answer existed it was a 500 on every batch with the group, and the breaker's trial call
+    failed on it again and again. Either way the group leaves (a 500 while the server scores
+    other items spends its budget: retries_exhausted) and every other group is scored once."""
+    import json
+
+    from tests.helpers import ServiceProc, produce_all
+
+    groups = [rollout_group(i, answer="4" if i % 2 else "5") for i in range(6)]
+    poison = rollout_group(99, answer="nan")
+    produce_all(bootstrap, f"{prefix}rl.rollouts", [(g.prompt_id, *codec.encode(g)) for g in groups[:3] + [poison]
+                                                    + groups[3:]])
+    scorer = "tests.integration.test_stage_budget:nan_scorer"
+    server = ServiceProc("reward.server", ["--reward-server.scorers", json.dumps([scorer]),
+                                           "--reward-server.default-scorer", scorer], tmp_path / "server.log")
+    worker = None
+    try:
+        server.wait_ready()
+        worker = ServiceProc("reward", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "nan0",
+                                        "--reward.server-url", server.url, "--reward.scorer", scorer,
+                                        "--reward.retry-backoff-s", "0.2", "--reward.max-hold-s", "1",
+                                        "--reward.max-attempts", "2", "--metrics-interval", "1"],
+                             tmp_path / "reward.log")
+        worker.wait_ready()
+        scored = decode_all(read_all(bootstrap, f"{prefix}rl.scored", expect=6, timeout_s=60), ScoredGroup)
+        dlq_msgs = read_all(bootstrap, f"{prefix}rl.dlq", expect=1, timeout_s=60, settle_s=2)
+        assert sorted(s.prompt_id for s in scored) == sorted(g.prompt_id for g in groups)
+        assert all(s.rewards == [1.0 if s.group.prompt.index % 2 else 0.0] for s in scored)
+        [rec] = decode_all(dlq_msgs, DLQRecord)
+        assert dlq_msgs[0].key().decode() == poison.prompt_id
+        assert rec.reason in (DLQReason.non_finite, DLQReason.retries_exhausted), rec
+        assert worker.proc.poll() is None
+        assert worker.metric("steadyrl_reward_breaker_state", {"state": "closed"}) == 1
+    finally:
+        if worker is not None:
+            assert worker.stop() == 0
+        server.stop()
