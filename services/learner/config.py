@@ -47,6 +47,10 @@ class LearnerSection(BaseModel):
                             "restart an exited learner into a new run).")
     checkpoint_every: int = Field(5, ge=1, description="Steps between checkpoints (also one on stop and at the end).")
     keep_checkpoints: int = Field(3, ge=1, description="Complete checkpoints kept per run.")
+    stall_factor: float = Field(5.0, gt=0, description="Stalled (/readyz `progress`, steadyrl_learner_stalled): "
+                                "waiting or training with prompts in flight and no step for longer than "
+                                "max(stall_factor x the median seconds between the last 20 steps, stall_min_s).")
+    stall_min_s: float = Field(120.0, ge=0, description="The least time without a step that counts as a stall.")
     rollout_cache_max_file_bytes: int = Field(2 * 1024 ** 3, ge=1024,
                                               description="Size cap of one rollout-cache part file, bytes.")
     cache_scored_weight: float = Field(1.0, ge=0, le=1,

@@ -5,9 +5,10 @@ Prompts get deterministic ids `{run_id}/e{epoch}-i{index}` in the order of
 `steadyrl.rl.loop.prompt_batches` (the in-process loop's order), each with its sampling
 settings, seed and `min_policy_version` = the newest version at publish time. At most
 (max_staleness + 1) x B prompts are in flight (published, not yet trained), and never more
-than steps x B new prompts in all (plus one for each prompt lost to rl.dlq or held on
-rl.quarantine), so a finished run leaves none untrained. Prompts whose group was dropped
-(stale, evicted) are published again with the same id and a new seed (`requeue`). The prompt
+than steps x B new prompts in all (plus one for each prompt held on rl.quarantine, less those
+released, and one for each prompt an older learner lost to rl.dlq: `RunState.dlq_replaced`),
+so a finished run leaves none untrained. Prompts whose group was dropped (stale, evicted) or
+named on rl.dlq are published again with the same id and a new seed (`requeue`). The prompt
 gate (services/learner/prompt_gate.py) keeps near-duplicates of recent prompts waiting.
 """
 
@@ -69,8 +70,10 @@ class Feeder:
         wall-clock decisions are not repeatable."""
         st, lc = self.st, self.lc
         cap = (lc.max_staleness + 1) * lc.prompts_per_step
-        c = st.counts  # prompts lost to rl.dlq or held on rl.quarantine are replaced (less those released)
-        total = (lc.steps * lc.prompts_per_step + c.get(Count.dlq.value, 0) + c.get(Count.quarantined.value, 0)
+        # Prompts held on rl.quarantine are replaced (less those released), and so were prompts lost
+        # to rl.dlq before they were published again instead (dlq_replaced: a run of then resumed).
+        c = st.counts
+        total = (lc.steps * lc.prompts_per_step + st.dlq_replaced + c.get(Count.quarantined.value, 0)
                  - c.get(Count.released.value, 0))
         n = 0
         while (len(st.in_flight) < cap and st.fed < total) or st.requeue:

@@ -10,17 +10,30 @@ end of each partition: older runs' records are not its. Each group read is one o
     duplicate           trained already, waiting, or held (a held group read again stays held)
     foreign             another run's
     rejected            the codec refused it: sent to rl.dlq with the reason
+    invalid_tokens      one of ours whose token ids the model cannot take (`TokenLimits`: an id
+                        outside the vocabulary, prompt + response above the context length, an
+                        empty prompt): sent to rl.dlq with reason invalid_tokens, never trained
 
 Waiting groups leave the buffer when their policy version is older than max_staleness
 allows (stale) or newer than the learner's (from weights a crash threw away): the prompt is
 published again with the same id. The buffer holds at most max_buffer_size groups
-(services/learner/buffer.py). A record of rl.dlq keyed by a prompt in flight means that
-prompt is lost: the feeder publishes another.
+(services/learner/buffer.py).
+
+A record of rl.dlq keyed by a prompt in flight (and not waiting) means that prompt's
+generation, scoring or group was refused somewhere -- by a rollout or reward worker, or by
+this learner (rejected, invalid_tokens: the learner acts on its own DLQ records when it
+reads them back, one rule for all). The prompt is published again, same id, attempt + 1
+(a new seed), so each prompt is still trained once; it is counted
+(`steadyrl_learner_dlq_prompts_total{reason}`, `counts.dlq`). The learner never stops on
+them: a configuration that cannot work sends every prompt there, and the alert on that
+counter tells a person. A forged or poison DLQ record costs one more generation of a
+prompt, never the prompt.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import Counter, Gauge
@@ -31,13 +44,66 @@ from services.learner.outbox import Outbox
 from services.learner.state import Count, InFlight, Ready, RunState
 from steadyrl import codec
 from steadyrl.bus.kafka import consumer_config
-from steadyrl.config import ConfigError
-from steadyrl.contracts import DLQRecord, ScoredGroup
+from steadyrl.contracts import DLQReason, DLQRecord, ScoredGroup
 from steadyrl.quarantine import RELEASE_HEADER
 
 log = logging.getLogger("steadyrl.learner")
 
 GROUPS = Counter("steadyrl_learner_groups", "Scored groups read", ["outcome"])
+DLQ_PROMPTS = Counter("steadyrl_learner_dlq_prompts", "Prompts in flight that a record on rl.dlq named, published "
+                      "again (same id, a new seed), by the DLQ record's reason (unreadable: the DLQ record itself "
+                      "was not)", ["reason"])
+NO_LIMIT = 10 ** 9  # transformers' model_max_length when the tokenizer names none is int(1e30)
+
+
+@dataclass(frozen=True)
+class TokenLimits:
+    """What token ids the model can take: ids in [0, vocab_size) (its embedding rows), and at
+    most `context` tokens of prompt + response (the smaller of the config's
+    max_position_embeddings and the tokenizer's model_max_length, where each names one;
+    None: no limit known). `context_from` names where the limit comes from."""
+
+    vocab_size: int
+    context: int | None = None
+    context_from: str = ""
+
+    @classmethod
+    def of(cls, model, tokenizer) -> "TokenLimits":
+        """The limits of `model` (a transformers causal LM) and its tokenizer."""
+        rows = int(model.get_input_embeddings().weight.shape[0])
+        found = []
+        mpe = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if isinstance(mpe, int) and mpe > 0:
+            found.append((mpe, "max_position_embeddings"))
+        mml = getattr(tokenizer, "model_max_length", None)
+        if isinstance(mml, int) and 0 < mml < NO_LIMIT:
+            found.append((mml, "the tokenizer's model_max_length"))
+        context, source = min(found) if found else (None, "")
+        return cls(rows, context, source)
+
+    def _outside(self, ids: list[int]) -> tuple[int, int] | None:
+        """(position, id) of the first id outside [0, vocab_size), or None."""
+        if not ids or (min(ids) >= 0 and max(ids) < self.vocab_size):
+            return None
+        return next((i, t) for i, t in enumerate(ids) if not 0 <= t < self.vocab_size)
+
+    def violation(self, sg: ScoredGroup) -> str | None:
+        """Why the model cannot take `sg`'s token ids (naming the id or length and the limit),
+        or None when it can."""
+        prompt = sg.group.prompt_token_ids
+        if not prompt:
+            return "prompt_token_ids is empty (an update needs at least one prompt token)"
+        vocab = f"outside the vocabulary [0, {self.vocab_size}) (the model's embedding rows)"
+        if (bad := self._outside(prompt)) is not None:
+            return f"prompt_token_ids[{bad[0]}] = {bad[1]} is {vocab}"
+        for j, sample in enumerate(sg.group.samples):
+            if (bad := self._outside(sample.token_ids)) is not None:
+                return f"samples[{j}].token_ids[{bad[0]}] = {bad[1]} is {vocab}"
+            n = len(prompt) + len(sample.token_ids)
+            if self.context is not None and n > self.context:
+                return (f"samples[{j}]: prompt {len(prompt)} + response {len(sample.token_ids)} = {n} tokens > "
+                        f"context length {self.context} ({self.context_from})")
+        return None
 BUFFER_SIZE = Gauge("steadyrl_rollout_buffer_size", "Scored groups waiting in a buffer", ["stage"])
 EVICTED = Counter("steadyrl_learner_buffer_evictions", "Groups evicted from the full train buffer (their prompts "
                   "published again)", ["policy"])
@@ -65,11 +131,12 @@ def open_consumer(bootstrap: str, client: str, topics: dict[str, str], st: RunSt
 class Intake:
     """The train buffer `ready` (prompt id -> Ready) and the rules that fill and empty it."""
 
-    def __init__(self, lc: LearnerSection, st: RunState, outbox: Outbox, stage: str):
-        self.lc, self.st, self.outbox, self.stage = lc, st, outbox, stage
+    def __init__(self, lc: LearnerSection, st: RunState, outbox: Outbox, stage: str,
+                 limits: TokenLimits | None = None):
+        self.lc, self.st, self.outbox, self.stage, self.limits = lc, st, outbox, stage, limits
         self.ready: dict[str, Ready] = {}
         self._arrivals = 0
-        self.dlq_in_a_row = 0  # prompts lost to rl.dlq since the last step
+        self.dlq_in_a_row = 0  # prompts sent back by rl.dlq since the last step (the loop resets it)
 
     def saved_offsets(self) -> dict[str, int]:
         """Offsets that re-read every group read but not yet trained (what state.json keeps)."""
@@ -93,16 +160,26 @@ class Intake:
         except codec.Rejected as rej:
             GROUPS.labels("rejected").inc()
             st.count(Count.rejected)
-            self.outbox.produce("rl.dlq", msg.key(), codec.dlq_record(
-                rej, stage=self.stage, topic=msg.topic(), partition=msg.partition(),
-                offset=msg.offset(), key=msg.key(), value=msg.value()))
+            self._dead_letter_out(msg, rej)
             return
         pid = sg.prompt_id
         released_from = codec.header_value(msg.headers(), RELEASE_HEADER)
+        release = released_from is not None and (pid in st.quarantined or (pid in st.in_flight and
+                                                                          not st.in_flight[pid].released))
+        takes = sg.group.prompt.run_id == st.run_id and (release or (pid in st.in_flight and pid not in self.ready))
+        why = self.limits.violation(sg) if takes and self.limits is not None else None
         if sg.group.prompt.run_id != st.run_id:
             outcome = Count.foreign
-        elif released_from is not None and (pid in st.quarantined or (pid in st.in_flight and
-                                                                      not st.in_flight[pid].released)):
+        elif why is not None:
+            # Never trained: on rl.dlq, which publishes the prompt again when the learner reads it
+            # back (dead_letter). A released copy refused so stays held (like a drop).
+            GROUPS.labels("invalid_tokens").inc()
+            st.count(Count.rejected)
+            log.warning("group refused: token ids the model cannot take", extra={"prompt_id": pid, "why": why})
+            self._dead_letter_out(msg, codec.Rejected(DLQReason.invalid_tokens, f"{pid}: {why}",
+                                                      codec.header_value(msg.headers())))
+            return
+        elif release:
             # Train it as it is. In flight instead of held: this learner resumed from before the
             # hold; the released copy replaces the original (counted apart: "released" gives
             # back a prompt the feeder replaced).
@@ -121,34 +198,43 @@ class Intake:
         if outcome is not None:
             st.count(outcome)
 
-    def dead_letter(self, msg) -> None:
-        """A record of rl.dlq: if it is one of our prompts in flight, that prompt is lost (it
-        cannot be generated or scored); count it and let the feeder publish another.
+    def _dead_letter_out(self, msg, rej: codec.Rejected) -> None:
+        """Send the rl.scored record `msg` to rl.dlq (flushed: on the topic before the offset
+        past it can be saved, so a crash cannot lose both the group and the record of it)."""
+        self.outbox.produce("rl.dlq", msg.key(), codec.dlq_record(
+            rej, stage=self.stage, topic=msg.topic(), partition=msg.partition(),
+            offset=msg.offset(), key=msg.key(), value=msg.value()))
+        self.outbox.flush()
 
-        Raises ConfigError (exit 2: `steadyrl up` stops instead of restarting) when a whole
-        batch's worth of prompts in a row were lost: the configuration cannot work (e.g.
-        group_size above what the actor allows).
-        """
+    def dead_letter(self, msg) -> None:
+        """A record of rl.dlq: if it names one of our prompts in flight (not waiting in the
+        buffer, not already queued to go out again), that prompt's group will not come: publish
+        it again (same id, attempt + 1: a new seed) and count it. Never raises on what the
+        record holds: an unreadable record counts as reason `unreadable`."""
         st = self.st
         st.dlq_offset = msg.offset() + 1
         pid = (msg.key() or b"").decode(errors="replace")
-        if pid not in st.in_flight or pid in self.ready:
+        if pid not in st.in_flight or pid in self.ready or pid in st.requeue:
             return
         try:
-            reason = codec.decode(msg.value(), msg.headers(), DLQRecord)
-            why = f"{reason.stage}: {reason.reason.value}: {reason.error}"
+            rec = codec.decode(msg.value(), msg.headers(), DLQRecord)
+            reason, why = rec.reason.value, f"{rec.stage}: {rec.reason.value}: {rec.error}"
         except codec.Rejected as rej:
-            why = f"unreadable DLQ record: {rej.detail}"
-        del st.in_flight[pid]
-        if pid in st.requeue:
-            st.requeue.remove(pid)
+            reason, why = "unreadable", f"unreadable DLQ record: {rej.detail}"
+        f = st.in_flight[pid]
+        f.attempt += 1
+        f.released = False  # what comes back is a new sample
+        st.requeue.append(pid)
         st.count(Count.dlq)
         self.dlq_in_a_row += 1
         GROUPS.labels("dlq").inc()
-        log.warning("prompt lost to rl.dlq; publishing another", extra={"prompt_id": pid, "why": why})
-        if self.dlq_in_a_row >= self.lc.prompts_per_step:
-            raise ConfigError(f"the learner's configuration cannot work: {self.dlq_in_a_row} prompts in a row "
-                              f"went to rl.dlq; last: {why}")
+        DLQ_PROMPTS.labels(reason).inc()
+        log.warning("prompt went to rl.dlq; publishing it again with a new seed",
+                    extra={"prompt_id": pid, "attempt": f.attempt, "why": why, "in_a_row": self.dlq_in_a_row})
+        if self.dlq_in_a_row == self.lc.prompts_per_step:  # once per streak; the alert is on the counter
+            log.error("a batch's worth of prompts in a row went to rl.dlq since the last step: the configuration "
+                      "may not work (e.g. group_size above what the actor allows); the learner goes on",
+                      extra={"in_a_row": self.dlq_in_a_row, "last": why})
 
     def drop_stale(self) -> None:
         """Groups older than max_staleness allows, or newer than this learner (made by weights a

@@ -10,8 +10,9 @@ the same id, so every prompt is still trained on exactly once. max_staleness 0 i
 on-policy. The offsets, the feeder position and the prompts in flight are written to
 `state.json` after every step, with the policy version they go with; every trained group is
 appended to `consumed.jsonl` (step, prompt_id, partition, offset, policy_version,
-reward_mean): the audit log of exactly-once. Each part is its own module: feeder, intake,
-screen, policy_store, resume, report, state.
+reward_mean): the audit log of exactly-once. A step the trainer finds not finite is skipped
+(nothing of it applied) and its batch held on rl.quarantine. Each part is its own module:
+feeder, intake, screen, policy_store, resume, report, state, stall.
 """
 
 from __future__ import annotations
@@ -28,18 +29,18 @@ from services.learner import report
 from services.learner.config import LearnerConfig, load_dataset
 from services.learner.drift import ParamDrift
 from services.learner.feeder import IN_FLIGHT, Feeder
-from services.learner.intake import BUFFER_SIZE, Intake, open_consumer
-from services.learner.metrics import SAMPLE_AGE, blank_step_gauges, count_trained, export_step
+from services.learner.intake import BUFFER_SIZE, Intake, TokenLimits, open_consumer
+from services.learner.metrics import SAMPLE_AGE, blank_step_gauges, count_trained, export_checkpoints, export_step
 from services.learner.outbox import Outbox
 from services.learner.parts import Weights, append_audit, history_row, open_cache
 from services.learner.policy_store import PolicyStore
 from services.learner.resume import open_run, trim_audit
 from services.learner.screen import Screen
+from services.learner.stall import Stall
 from steadyrl.checkpoint import AsyncCheckpointer, rng_state
-from steadyrl.config import ConfigError
 from steadyrl.files import write_atomic
 from steadyrl.models import load_policy
-from steadyrl.rl.trainer import Group, Trainer
+from steadyrl.rl.trainer import Group, NonFiniteStep, Trainer
 from steadyrl.rollout_cache import rows_of
 from steadyrl.topics import topic_id, topic_name
 
@@ -67,20 +68,26 @@ class Learner:
         lc.state_dir.mkdir(parents=True, exist_ok=True)
         self.outbox = Outbox(cfg.bootstrap, f"learner-{cfg.instance_id}", self.topics, cfg.metrics_interval)
         self.store = PolicyStore(lc.policy_root, self.outbox, lc.keep_policies)
-        self.state = st = open_run(lc.state_dir, lc.resume, self.fingerprint, Weights(self))
+        restorer = Weights(self)
+        self.state = st = open_run(lc.state_dir, lc.resume, self.fingerprint, restorer)
         self.run_dir = lc.state_dir / st.run_id
         self.run_dir.mkdir(parents=True, exist_ok=True)
         trim_audit(self.run_dir, st.step)
         self.saver = AsyncCheckpointer(self.run_dir / "checkpoints", {**self.fingerprint, "tokenizer": lc.model},
-                                       keep=lc.keep_checkpoints)
+                                       keep=lc.keep_checkpoints, verified_step=restorer.checkpoint_step)
         self.cache = open_cache(self.run_dir, st, lc.rollout_cache_max_file_bytes)
         self.feeder = Feeder(lc, self.rows, st, self.outbox)
-        self.intake = Intake(lc, st, self.outbox, stage=f"learner/{cfg.instance_id}")
+        self.intake = Intake(lc, st, self.outbox, stage=f"learner/{cfg.instance_id}",
+                             limits=TokenLimits.of(self.model, self.tok))
         self.screen = Screen(lc, st, self.outbox)
         self.consumer: Consumer | None = None  # assigned in run(); /readyz's "assignment" check reads it
         self.progress: dict = {"run_id": st.run_id, "steps": lc.steps, "step": st.step,
                                "phase": "starting", "done": False}
         self._last_step_t = time.monotonic()
+        # /readyz's "progress" check and the stall and checkpoint gauges, computed at each scrape
+        self.stall = Stall(lc.stall_factor, lc.stall_min_s, st.history)
+        self.stall.export(lambda: self.progress["phase"], lambda: len(self.state.in_flight))
+        export_checkpoints(self.saver, lc.checkpoint_every)
         blank_step_gauges()  # NaN, not 0 (a p-value of 0 reads as "significant"), until a step sets them
 
     # ---- saving ---------------------------------------------------------------------------
@@ -105,7 +112,8 @@ class Learner:
 
     # ---- one update -----------------------------------------------------------------------
     def train_step(self) -> dict | None:
-        """One update on the B oldest ready groups; None when the reward watch held them."""
+        """One update on the B oldest ready groups; None when the reward watch held them or the
+        update was not finite (skipped by the trainer: the batch is held on rl.quarantine)."""
         st, lc, ready = self.state, self.lc, self.intake.ready
         take = sorted(ready, key=lambda pid: st.in_flight[pid].seq)[:lc.prompts_per_step]
         if self.screen.held(take, ready):
@@ -120,11 +128,17 @@ class Learner:
         # A cache-scored group (reward server down) weighs cache_scored_weight in the loss.
         self.progress["phase"] = "training"
         t_batch = time.monotonic()
-        metrics = self.trainer.step([
-            Group(sg.group.prompt_token_ids, [s.token_ids for s in sg.group.samples], sg.rewards,
-                  [s.logprobs for s in sg.group.samples] if sg.group.policy_version < st.step else None,
-                  weight=lc.cache_scored_weight if sg.reward_source.value == "cache" else 1.0)
-            for sg in groups])
+        try:
+            metrics = self.trainer.step([
+                Group(sg.group.prompt_token_ids, [s.token_ids for s in sg.group.samples], sg.rewards,
+                      [s.logprobs for s in sg.group.samples] if sg.group.policy_version < st.step else None,
+                      weight=lc.cache_scored_weight if sg.reward_source.value == "cache" else 1.0)
+                for sg in groups])
+        except NonFiniteStep as e:  # nothing applied: the weights are still version st.step
+            self.screen.nonfinite(dict(zip(take, batch)), e)
+            self.progress["phase"] = "waiting"
+            self.save_state()
+            return None
         st.step = self.trainer.global_step
         t_publish = time.monotonic()
         self.store.publish(self.model, st)
@@ -138,6 +152,7 @@ class Learner:
         self.intake.dlq_in_a_row = 0
         now = time.monotonic()
         seconds, self._last_step_t = now - self._last_step_t, now
+        self.stall.stepped(seconds)
         row = history_row(st.step, metrics, groups, seconds)
         st.history.append(row)
         self.save_state()
@@ -159,11 +174,7 @@ class Learner:
             if msg.error() is not None:
                 continue
             if msg.topic() == self.topics["rl.dlq"]:
-                try:
-                    self.intake.dead_letter(msg)
-                except ConfigError:
-                    self.save_state()
-                    raise
+                self.intake.dead_letter(msg)
             else:
                 self.intake.accept(msg)
             try:  # for the lag metric only (offsets live in state.json): consumer_lag_stored
@@ -192,6 +203,7 @@ class Learner:
                 st.eval_before = report.evaluate(lc, self.model, self.tok, "before", self.health.beat)
                 self.save_state()
             self.progress["phase"] = "waiting"
+            self.stall.waiting()
             while st.step < lc.steps and not stop.is_set():
                 self.health.beat()
                 self.poll()

@@ -1,7 +1,8 @@
 """`python -m services.learner`: the learner process, its probes and `GET /progress`.
 
 /readyz checks real things: `model` (the weights are loaded and version `step` is in the
-policy store) and `assignment` (the consumer holds every partition of rl.scored).
+policy store), `assignment` (the consumer holds every partition of rl.scored) and `progress`
+(not stalled: services/learner/stall.py, the rule behind `steadyrl_learner_stalled`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def main(argv: list[str]) -> int:
         state["learner"] = learner
         health.add_check("model", lambda: model_check(learner))
         health.add_check("assignment", lambda: assignment_check(learner))
+        health.add_check("progress", lambda: progress_check(learner))
         return learner
 
     return run_service("learner", cfg, build, extra_routes=routes)
@@ -55,3 +57,10 @@ def assignment_check(learner) -> tuple[bool, str]:
     if scored == 0 or scored < len(learner.state.offsets):
         return False, f"{scored} of {len(learner.state.offsets)} partitions of rl.scored assigned"
     return True, f"{scored} partitions of rl.scored assigned"
+
+
+def progress_check(learner) -> tuple[bool, str]:
+    """Ready unless stalled: waiting or training with prompts in flight and no step for longer
+    than max(stall_factor x median step seconds, stall_min_s) (services/learner/stall.py)."""
+    stalled, detail = learner.stall.check(learner.progress["phase"], len(learner.state.in_flight))
+    return not stalled, detail

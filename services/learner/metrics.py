@@ -29,6 +29,10 @@ PHASE_SECONDS = Gauge("steadyrl_learner_phase_seconds", "Last step's time per ph
                       "the trainer's passes (old_log_prob, ref, update_actor, train_step), publish_policy", ["phase"])
 OOM_FALLBACKS = Counter("steadyrl_learner_oom_fallbacks",
                         "Steps that ran out of memory and were retried in the safe mode")
+LAST_VERIFIED_CHECKPOINT = Gauge("steadyrl_learner_last_verified_checkpoint_step",
+                                 "Step of the newest checkpoint that verified after it was written (or that the "
+                                 "resume verified); 0 before the run's first")
+CHECKPOINT_EVERY = Gauge("steadyrl_learner_checkpoint_every", "learner.checkpoint_every: steps between checkpoints")
 
 EXPORTED = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm",
             "actor/kl_ref", "actor/lr", "critic/advantages/var", "response_length/mean", "critic/vf_loss",
@@ -67,6 +71,13 @@ def export_step(row: dict, metrics: dict, batch: list[ScoredGroup], history: lis
     for k in EXPORTED:
         if k in metrics:
             TRAIN_METRIC.labels(k).set(metrics[k])
+
+
+def export_checkpoints(saver, every: int) -> None:
+    """The checkpoint gauges: the newest verified step, read from `saver` (an
+    AsyncCheckpointer) at each scrape, and learner.checkpoint_every."""
+    LAST_VERIFIED_CHECKPOINT.set_function(lambda: float(saver.last_verified_step or 0))
+    CHECKPOINT_EVERY.set(every)
 
 
 def count_trained(st: RunState, metrics: dict, groups: list[ScoredGroup]) -> None:

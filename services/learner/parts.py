@@ -23,12 +23,14 @@ class Weights:
 
     def __init__(self, learner):
         self.model, self.trainer, self.store = learner.model, learner.trainer, learner.store
+        self.checkpoint_step: int | None = None  # the step of the checkpoint restored (verified by resume)
 
     def from_checkpoint(self, path: Path) -> RunState:
         meta = ck.load(path, self.model, self.trainer.opt, self.trainer.sched)
         self.trainer.global_step = meta["global_step"]
         ck.set_rng_state(meta["rng"])
         st = RunState.parse(json.dumps(meta["learner_state"]), f"{path}/meta.json learner_state")
+        self.checkpoint_step = st.step
         log.warning("resuming run from checkpoint", extra={"run_id": st.run_id, "step": st.step,
                                                            "checkpoint": str(path)})
         return st

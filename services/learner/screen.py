@@ -5,6 +5,9 @@ Released groups were judged already and a person let them through: only the othe
 judged. With `reward_watch.action: quarantine` a batch that trips is written to
 rl.quarantine (one record per group, key: batch id) and leaves the run; the feeder publishes
 other prompts in its place. With `observe` it is trained, and the alert stays on the metrics.
+
+A batch whose update was not finite (the trainer skipped the step: `NonFiniteStep`) goes the
+same way, every group of it, with rule `non_finite` (`nonfinite`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from services.learner.state import Count, Held, Ready, RunState
 from services.learner.watch import RewardWatch
 from steadyrl.contracts import QuarantinedGroup
 from steadyrl.quarantine import batch_id as make_batch_id
+from steadyrl.rl.trainer import NonFiniteStep
 
 log = logging.getLogger("steadyrl.learner")
 
@@ -27,6 +31,8 @@ REWARD_WATCH = Gauge("steadyrl_learner_reward_watch", "Reward watch figures of t
                      "window (services/learner/watch.py)", ["figure"])  # var_ratio, extreme_share, ks_pvalue
 REWARD_ALERT = Gauge("steadyrl_learner_reward_alert", "1 while the last batch tripped a reward-watch rule", ["rule"])
 QUARANTINED = Counter("steadyrl_learner_quarantined_batches", "Batches the reward watch held on rl.quarantine")
+NONFINITE_STEPS = Counter("steadyrl_learner_nonfinite_steps", "Steps skipped because the loss or gradient norm "
+                          "was not finite (weights and optimizer kept; the batch held on rl.quarantine)")
 REBASELINES = Counter("steadyrl_learner_reward_watch_rebaselines", "Times held batches joined the reward watch's "
                       "reference (a shift that persisted)")
 
@@ -88,6 +94,17 @@ class Screen:
         st.count(Count.quarantined, len(pids))
         QUARANTINED.inc()
         GROUPS.labels("quarantined").inc(len(pids))
-        log.warning("reward watch: batch quarantined, not trained", extra={
+        log.warning("batch quarantined, not trained", extra={
             "batch_id": batch_id, "step": st.step + 1, "rules": rules, "groups": len(pids), **figures})
+        return batch_id
+
+    def nonfinite(self, batch: dict[str, Ready], err: NonFiniteStep) -> str:
+        """The step on `batch` (prompt id -> its group, taken from the train buffer) was skipped
+        as not finite: hold every group on rl.quarantine (rule non_finite), count and log it.
+        Returns the batch id."""
+        NONFINITE_STEPS.inc()
+        batch_id = self.quarantine(list(batch), dict(batch), ["non_finite"], {})
+        log.warning("non-finite step skipped: weights and optimizer kept, batch quarantined", extra={
+            "step": err.step, "what": err.what, "value": str(err.value), "epoch": err.epoch,
+            "minibatch": err.minibatch, "rolled_back": err.rolled_back, "batch_id": batch_id})
         return batch_id

@@ -27,8 +27,8 @@ class Count(str, Enum):
 
     stale_dropped = "stale_dropped"              # group older than max_staleness: prompt published again
     future_dropped = "future_dropped"            # group from weights a crash threw away: published again
-    dlq = "dlq"                                  # prompt lost to rl.dlq: the feeder publishes another
-    rejected = "rejected"                        # rl.scored record the codec refused (sent to rl.dlq)
+    dlq = "dlq"                                  # prompt named on rl.dlq: published again (same id, new seed)
+    rejected = "rejected"                        # rl.scored record refused (codec, invalid tokens): to rl.dlq
     foreign = "foreign"                          # a group of another run
     duplicate = "duplicate"                      # a group already trained, held, or waiting
     released = "released"                        # a quarantined group a person let through
@@ -75,6 +75,9 @@ class RunState(_Saved):
     dlq_offset: int = -1                                         # next offset of rl.dlq (-1: not set)
     feeder_position: int = 0                                     # prompts pulled from the dataset order
     fed: int = -1                                                # new prompts published (-1: = feeder_position)
+    # Prompts lost to rl.dlq that a new prompt replaced: how the learner handled a DLQ record
+    # before issue 18 (now the same prompt is published again). -1: = counts["dlq"] (a state of then).
+    dlq_replaced: int = -1
     gate: dict = Field(default_factory=dict)                     # the prompt gate (PromptGate.state)
     in_flight: dict[str, InFlight] = Field(default_factory=dict)
     requeue: list[str] = Field(default_factory=list)             # prompt ids to publish again
@@ -100,6 +103,8 @@ class RunState(_Saved):
     def model_post_init(self, context) -> None:
         if self.fed < 0:  # a new run, or one written before the prompt gate: = prompts pulled
             self.fed = self.feeder_position
+        if self.dlq_replaced < 0:  # a new run (0), or one written when each DLQ loss got a new prompt
+            self.dlq_replaced = self.counts.get(Count.dlq.value, 0)
 
     def count(self, what: Count, n: int = 1) -> None:
         self.counts[what.value] = self.counts.get(what.value, 0) + n

@@ -1,0 +1,74 @@
+"""The learner's checkpoints verify after they are written (in the writer thread), and
+steadyrl_learner_last_verified_checkpoint_step says which is the newest that did -- or that a
+resume verified -- so an alert can say "no verified checkpoint for 3 x checkpoint_every steps"."""
+
+import logging
+
+from prometheus_client import REGISTRY
+
+from steadyrl import checkpoint as ck
+from tests.services.learner.conftest import Msg, scored
+
+
+def _verified():
+    return REGISTRY.get_sample_value("steadyrl_learner_last_verified_checkpoint_step")
+
+
+def _step(lrn, seed=0):
+    lrn.feeder.top_up()
+    for i, pid in enumerate(p for p in list(lrn.state.in_flight) if p not in lrn.intake.ready):
+        lrn.intake.accept(Msg(scored(lrn.state, pid, seed=seed), pid, offset=100 * seed + i))
+    assert lrn.train_step() is not None
+
+
+def test_each_checkpoint_is_verified_after_it_is_written_and_a_resume_counts_its_own(make_learner):
+    lrn = make_learner(checkpoint_every=1)
+    lrn.store.publish(lrn.model, lrn.state)
+    assert _verified() == 0.0                                        # a new run: none yet
+    _step(lrn)
+    lrn.saver.wait()                                                 # the background save of step 1
+    assert lrn.saver.last_verified_step == 1 and _verified() == 1.0
+    assert lrn.saver.last_verify_seconds is not None and lrn.saver.last_verify_seconds < lrn.saver.last_seconds
+    _step(lrn, seed=1)
+    lrn.saver.wait()
+    assert _verified() == 2.0
+    lrn.cache.close()
+
+    again = make_learner(checkpoint_every=1)                          # resumes step 2 from its checkpoint
+    assert again.state.step == 2 and again.saver.last_verified_step == 2 and _verified() == 2.0
+
+
+def test_a_checkpoint_that_does_not_verify_after_writing_is_not_counted_and_does_not_stop_the_learner(
+        make_learner, monkeypatch, caplog):
+    lrn = make_learner(checkpoint_every=1)
+    lrn.store.publish(lrn.model, lrn.state)
+    _step(lrn)
+    lrn.saver.wait()
+    real = ck.write
+
+    def write_then_rot(*a, **kw):                                   # the disk changes a byte after the write
+        path = real(*a, **kw)
+        with open(path / "model" / "model.safetensors", "r+b") as f:
+            f.seek(-1, 2)
+            f.write(b"\x01" if f.read(1) != b"\x01" else b"\x02")
+        return path
+
+    monkeypatch.setattr(ck, "write", write_then_rot)
+    _step(lrn, seed=1)
+    with caplog.at_level(logging.ERROR):
+        lrn.saver.wait()                                             # no error raised: the run goes on
+    assert lrn.saver.last_verified_step == 1 and _verified() == 1.0
+    assert any("did not verify after it was written" in r.getMessage() for r in caplog.records)
+
+
+def test_verification_can_be_turned_off(tmp_path):
+    from steadyrl.models import load_policy
+    from steadyrl.rl.trainer import TrainConfig, Trainer
+
+    model, tok = load_policy("tiny")
+    tr = Trainer(model, tok.pad_token_id, TrainConfig())
+    saver = ck.AsyncCheckpointer(tmp_path, {"model": "tiny"}, verify=False)
+    saver.save(3, model, tr.opt, tr.sched, {})
+    saver.wait()
+    assert saver.last_verified_step is None and saver.last_verify_seconds is None
+    assert ck.verify(tmp_path / "step_000003")["step"] == 3
