@@ -11,9 +11,7 @@ import sys
 import pytest
 
 from steadyrl.broker import free_port_pair
-from tests.helpers import ROOT
-
-KINDS = ("reward-server", "actor", "rollout", "reward", "learner")
+from steadyrl.testing import KINDS, REPO, RunDir, audit_run, explain
 
 
 @pytest.mark.slow
@@ -22,7 +20,7 @@ def test_chaos_every_kind_killed_and_the_broker_restarted_every_prompt_trained_o
     cmd = [sys.executable, "bench/chaos.py", "--seed", "3", "--kills", "6", "--order", "round-robin",
            "--steps", "100", "--budget-s", "220", "--state-dir", str(tmp_path / "state"),
            "--port", str(free_port_pair()), "--port-offset", str(5000 + os.getpid() % 1000), "--out", str(out)]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.exists(), run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads(out.read_text())
     assert run.returncode == 0 and result["passed"], (result["failures"], run.stdout[-3000:])
@@ -34,3 +32,7 @@ def test_chaos_every_kind_killed_and_the_broker_restarted_every_prompt_trained_o
     # every kill was followed by a restart that `up` saw
     assert sum(result["restarts_seen_by_up"].values()) >= result["kills"]
     assert result["wall_s"] < 240
+    # the learner's own files, read again here, agree with the bench's audit
+    learner = audit_run(RunDir.of_up(tmp_path / "state"), 100, 8)
+    assert learner["ok"], explain(learner)
+    assert learner["run_id"] == audit["run_id"] and learner["trained"] == audit["trained"]
