@@ -1,35 +1,83 @@
-"""Every service's HTTP face: `GET /livez`, `GET /readyz`, `GET /metrics`.
+"""Every service's HTTP face: `GET /livez`, `GET /readyz`, `GET /metrics`, and the heavy routes.
 
 - `/livez`: 200 while the service's main loop has ticked within `liveness_timeout_s`;
   never depends on the broker (a broker outage must not cause restart storms).
 - `/readyz`: one JSON entry per named check `{"ok": bool, "detail": str}`; 200 only when
-  every check passes, 503 otherwise (and before the first check is registered).
+  every check passes, 503 otherwise (and before the first check is registered, and when
+  the checks do not answer within `PROBE_TIMEOUT_S`).
 - `/metrics`: Prometheus text from the process registry, on that exact path (no redirect).
 
+No request load can starve the probes. They are `async` routes: `/livez` is answered on
+the event loop itself, `/readyz` and `/metrics` (which call the checks and the collectors,
+NVML included) on a probe pool of their own. Neither touches anyio's default thread
+limiter (40 tokens, shared by every sync `def` route: 40 slow `/generate` calls used to
+hold all of them, and /livez queued behind them). The heavy routes (`add_work_route`: the
+actor's `POST /generate`, the reward server's `POST /score`) read their body on the event
+loop with a size limit and a deadline, then parse, validate, run and serialise it on a
+bounded pool of their own (`max_concurrent` threads); a call past `max_concurrent` gets
+503 with `Retry-After` at once, without queueing.
+
+    413  body above max_body_bytes (Content-Length or counted)   connection closed
+    408  body not received within body_timeout_s                   connection closed
+    503  max_concurrent calls already in progress; Retry-After     (the body is not read)
+    422  body is not valid JSON for the route's model (FastAPI's `detail` list), or the
+         answer cannot be sent as finite JSON (NaN, Infinity: `detail` says so)
+
 `HealthServer` runs uvicorn in a daemon thread so the service's own loop owns the main
-thread and its signals.
+thread and its signals, with its h11 protocol and these limits against slow clients:
+keep-alive `KEEP_ALIVE_S`, a request head within `HEAD_TIMEOUT_S` and at most
+`MAX_HEAD_BYTES` (h11's max incomplete event size).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import queue
 import socket
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, generate_latest
 
 # The classic text format every Prometheus 2.x scrapes (what prometheus-client itself
 # answers when the scraper does not ask for another).
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger(__name__)
 
 #: A readiness check: returns (ok, detail). Must be cheap: it runs on every /readyz.
 Check = Callable[[], tuple[bool, str]]
+
+#: Seconds an idle keep-alive connection stays open. Above httpx's 5 s keepalive_expiry (the
+#: rollout and reward clients' pools), so the client drops an idle connection before the
+#: server does and never reuses one the server is closing (uvicorn's default is that same 5 s).
+KEEP_ALIVE_S = 10
+#: Seconds a request line and its headers may take to arrive, from the connection (or the
+#: previous response on it): uvicorn has no such limit, and a client trickling its headers
+#: (slowloris) would hold its connection forever. Our clients send the head in one write.
+HEAD_TIMEOUT_S = 10.0
+#: Largest request head (h11's max incomplete event size; uvicorn's default is 16 KiB).
+#: Our clients' heads are under 1 KiB; 8 KiB is the usual header limit of proxies.
+MAX_HEAD_BYTES = 8 * 1024
+#: /readyz and /metrics answer 503 when the checks or collectors take longer than this.
+PROBE_TIMEOUT_S = 5.0
+#: The Retry-After of a 503 past max_concurrent, seconds.
+RETRY_AFTER_S = 1
+
+REFUSED = Counter("steadyrl_http_requests_refused", "Heavy-route calls refused by the HTTP layer",
+                  ["route", "reason"])  # busy, too_large, body_timeout, invalid, not_json
+IN_FLIGHT = Gauge("steadyrl_http_requests_in_flight", "Heavy-route calls holding one of max_concurrent slots",
+                  ["route"])
+REFUSED_REASONS = ("busy", "too_large", "body_timeout", "invalid", "not_json")
+HEAD_TIMEOUTS = Counter("steadyrl_http_head_timeouts", "Connections closed: request head not received in time")
 
 
 class Health:
@@ -70,25 +118,247 @@ class Health:
         return bool(results) and all(r["ok"] for r in results.values()), results
 
 
+class DaemonPool:
+    """At most `size` daemon threads, started as calls need them, running calls submitted from
+    an event loop. Daemon, unlike concurrent.futures' workers, which the interpreter joins at
+    exit: a generation in progress, or a check that hangs, must not hold up a stopping service.
+    """
+
+    def __init__(self, size: int, name: str):
+        self.size, self.name = size, name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = self._idle = self._pending = 0
+
+    def submit(self, fn: Callable[[], Any]) -> asyncio.Future:
+        """fn() on a pool thread; its result (or exception) on the returned future of the
+        running loop. Calls past `size` at once wait for a thread."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._lock:
+            self._pending += 1
+            start = self._pending > self._idle and self._threads < self.size
+            if start:
+                self._threads += 1
+        if start:
+            threading.Thread(target=self._work, name=f"{self.name}-{self._threads}", daemon=True).start()
+        self._jobs.put((loop, future, fn))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            loop, future, fn = self._jobs.get()
+            with self._lock:
+                self._idle -= 1
+                self._pending -= 1
+            try:
+                result, error = fn(), None
+            except BaseException as e:  # handed to the caller
+                result, error = None, e
+            try:
+                loop.call_soon_threadsafe(_settle, future, result, error)
+            except RuntimeError:  # the loop is closed: nobody is waiting
+                pass
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if not future.done():  # a caller that timed out has cancelled it
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+
 def make_app(service: str, health: Health, registry: CollectorRegistry = REGISTRY) -> FastAPI:
-    """The FastAPI app with the three probe routes; services may add their own routes."""
+    """The FastAPI app with the three probe routes; services may add their own routes
+    (heavy ones with `add_work_route`)."""
     app = FastAPI(title=f"steadyrl {service}", docs_url=None, redoc_url=None, openapi_url=None)
+    # Two threads: a check or a collector that hangs holds one; /livez never needs either.
+    probes = DaemonPool(2, "http-probe")
+
+    async def on_probe_pool(fn: Callable[[], Any]) -> Any:
+        """fn() on the probe pool; TimeoutError after PROBE_TIMEOUT_S (the thread finishes alone)."""
+        return await asyncio.wait_for(probes.submit(fn), PROBE_TIMEOUT_S)
 
     @app.get("/livez")
-    def livez() -> JSONResponse:
+    async def livez() -> JSONResponse:  # on the event loop: two reads of the clock
         ok, age = health.live()
         return JSONResponse({"live": ok, "last_beat_age_s": round(age, 3)}, status_code=200 if ok else 503)
 
     @app.get("/readyz")
-    def readyz() -> JSONResponse:
-        ok, checks = health.ready()
+    async def readyz() -> JSONResponse:
+        try:
+            ok, checks = await on_probe_pool(health.ready)
+        except TimeoutError:
+            return JSONResponse({"ready": False, "checks": {},
+                                 "detail": f"readiness checks did not answer within {PROBE_TIMEOUT_S:g} s"}, 503)
         return JSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
 
     @app.get("/metrics")
-    def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_PLAIN_0_0_4)
+    async def metrics() -> Response:
+        try:
+            text = await on_probe_pool(lambda: generate_latest(registry))
+        except TimeoutError:
+            return Response(f"metrics collection took over {PROBE_TIMEOUT_S:g} s\n", 503, media_type="text/plain")
+        return Response(text, media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
     return app
+
+
+class HTTPError(HTTPException):
+    """An HTTPException whose JSON answer carries fields beside `detail` (`extra`)."""
+
+    def __init__(self, status_code: int, detail: str, extra: dict[str, Any] | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(status_code, detail, headers)
+        self.extra = extra or {}
+
+
+def _json(status: int, body: dict, headers: dict[str, str] | None = None) -> tuple[int, bytes, dict[str, str]]:
+    return status, json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(), dict(headers or {})
+
+
+def finite_json(value: Any) -> bytes:
+    """`value` as compact UTF-8 JSON. Raises ValueError for NaN or ±Infinity anywhere (and for
+    text that cannot be UTF-8), TypeError for a value JSON has no form for."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _validation_detail(e: ValidationError, limit: int = 20) -> list[dict]:
+    """FastAPI's 422 `detail` (loc under "body", msg, type), without the inputs (a body of
+    megabytes would come back), at most `limit` errors and a last entry counting the rest."""
+    errors = e.errors(include_url=False, include_input=False, include_context=False)
+    out = [{"type": err["type"], "loc": ["body", *err["loc"]], "msg": err["msg"]} for err in errors[:limit]]
+    if len(errors) > limit:
+        out.append({"type": "more", "loc": ["body"], "msg": f"... and {len(errors) - limit} more errors"})
+    return out
+
+
+def add_work_route(app: FastAPI, path: str, model: type[BaseModel], handler: Callable[[Any], Any], *,
+                   max_concurrent: int, max_body_bytes: int, body_timeout_s: float,
+                   retry_after_s: int = RETRY_AFTER_S) -> None:
+    """`POST path` on `app`: the body, at most `max_body_bytes`, arrives within `body_timeout_s`;
+    then, on a pool of `max_concurrent` threads, it is validated as `model`, `handler(request)`
+    runs and its answer (a JSON-able value) is serialised. A call that finds `max_concurrent`
+    calls in progress gets 503 with Retry-After. `handler` raises HTTPException (or HTTPError)
+    to refuse; any other exception is a 500 with its type and message. See the module doc."""
+    pool = DaemonPool(max_concurrent, f"http{path.replace('/', '-')}")
+    slots = threading.BoundedSemaphore(max_concurrent)
+    in_flight = IN_FLIGHT.labels(path)
+    refused = {r: REFUSED.labels(path, r) for r in REFUSED_REASONS}  # every series from the start
+
+    def release() -> None:
+        in_flight.dec()
+        slots.release()
+
+    def work(body: bytes) -> tuple[int, bytes, dict[str, str]]:
+        """On the pool: the whole call after the body, so nothing heavy runs on the event loop."""
+        try:
+            try:
+                req = model.model_validate_json(body)
+            except ValidationError as e:
+                refused["invalid"].inc()
+                return _json(422, {"detail": _validation_detail(e)})
+            try:
+                answer = handler(req)
+            except StarletteHTTPException as e:  # fastapi's HTTPException and HTTPError are ones
+                return _json(e.status_code, {"detail": e.detail, **getattr(e, "extra", {})}, e.headers)
+            except Exception as e:  # a bug: say what it was, keep serving
+                log.exception("request handler failed", extra={"route": path})
+                return _json(500, {"detail": f"{path} failed: {type(e).__name__}: {e}"})
+            try:
+                return 200, finite_json(answer), {}
+            except (ValueError, TypeError) as e:  # the same request would fail again: not a 5xx
+                refused["not_json"].inc()
+                log.error("answer cannot be sent as JSON", extra={"route": path, "error": f"{type(e).__name__}: {e}"})
+                return _json(422, {"detail": f"{path}: the answer to this request cannot be sent as finite JSON "
+                                             f"({type(e).__name__}: {e})"})
+        finally:
+            release()  # here, not in the endpoint: a cancelled endpoint must not free a running slot
+
+    async def endpoint(request: Request) -> Response:
+        if not slots.acquire(blocking=False):
+            refused["busy"].inc()
+            return JSONResponse({"detail": f"{path} busy: {max_concurrent} calls in progress (max_concurrent "
+                                           f"{max_concurrent}); retry after {retry_after_s} s"}, 503,
+                                headers={"Retry-After": str(retry_after_s)})
+        in_flight.inc()
+        submitted = False
+        try:
+            too_large = JSONResponse({"detail": f"body above max_body_bytes {max_body_bytes}"}, 413,
+                                     headers={"Connection": "close"})
+            declared = request.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_body_bytes:
+                refused["too_large"].inc()
+                return too_large
+            chunks, size = [], 0
+            try:
+                async with asyncio.timeout(body_timeout_s):
+                    async for chunk in request.stream():
+                        size += len(chunk)
+                        if size > max_body_bytes:
+                            refused["too_large"].inc()
+                            return too_large
+                        chunks.append(chunk)
+            except TimeoutError:
+                refused["body_timeout"].inc()
+                return JSONResponse({"detail": f"body not received within body_timeout_s {body_timeout_s:g} s "
+                                               f"({size} bytes arrived)"}, 408, headers={"Connection": "close"})
+            except ClientDisconnect:  # nobody to answer
+                return Response(status_code=400)
+            body = b"".join(chunks)
+            future = pool.submit(lambda: work(body))
+            submitted = True
+        finally:
+            if not submitted:  # refused, or the client went away while sending
+                release()
+        status, content, headers = await future
+        return Response(content, status, headers=headers, media_type="application/json")
+
+    endpoint.__name__ = f"post{path.replace('/', '_')}"
+    app.add_api_route(path, endpoint, methods=["POST"])
+
+
+def _protocol_class():
+    """uvicorn's h11 protocol, plus HEAD_TIMEOUT_S for every request head."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Protocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_head_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm_head_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            super().connection_lost(exc)
+
+        def _arm_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            self._head_timer = None
+            if not self.transport.is_closing():
+                self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_timeout)
+
+        def _head_timeout(self) -> None:
+            """Close a connection still waiting for (the rest of) a request head; one whose
+            request is being read or answered is left alone."""
+            self._head_timer = None
+            waiting = self.conn.their_state is h11.IDLE and (self.cycle is None or self.cycle.response_complete)
+            if waiting and not self.transport.is_closing():
+                HEAD_TIMEOUTS.inc()
+                self.transport.close()
+
+    return Protocol
 
 
 class HealthServer:
@@ -111,7 +381,12 @@ class HealthServer:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.bind((host, port))
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        # No limit_concurrency: past it uvicorn answers 503 to every route, the probes too;
+        # the heavy routes bound themselves (add_work_route). h11 always (not httptools where
+        # it is installed, as "auto" would): the head timeout and MAX_HEAD_BYTES rely on it.
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                http=_protocol_class(), timeout_keep_alive=KEEP_ALIVE_S,
+                                h11_max_incomplete_event_size=MAX_HEAD_BYTES)
         self._server = uvicorn.Server(config)
         self._server.install_signal_handlers = lambda: None  # the service owns signals
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},

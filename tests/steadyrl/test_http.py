@@ -1,8 +1,9 @@
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter
+from pydantic import BaseModel, Field
 
-from steadyrl.http import Health, HealthServer, make_app
+from steadyrl.http import Health, HealthServer, HTTPError, add_work_route, make_app
 
 
 @pytest.fixture
@@ -79,3 +80,228 @@ def test_connections_are_accepted_with_tcp_nodelay():
         assert server._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     finally:
         server._sock.close()
+
+
+# ------------------------------------------------ heavy routes: limits, and probes that never starve
+
+class Body(BaseModel):
+    n: int = Field(1, ge=1)
+    sleep_s: float = 0.0
+    answer: str = "ok"
+
+
+def _handler(req: Body):
+    import time
+
+    time.sleep(req.sleep_s)
+    if req.answer == "nan":
+        return {"value": float("nan")}
+    if req.answer == "refuse":
+        raise HTTPError(422, "refused", {"items": [{"index": 0}]})
+    if req.answer == "bug":
+        raise RuntimeError("handler bug")
+    return {"n": req.n}
+
+
+def _work_server(handler=_handler, **limits):
+    health = Health()
+    health.add_check("ok", lambda: (True, "fine"))
+    app = make_app("test", health, CollectorRegistry())
+    add_work_route(app, "/work", Body, handler, **{"max_concurrent": 4, "max_body_bytes": 4096,
+                                                   "body_timeout_s": 5.0, **limits})
+    return health, HealthServer(app).start()
+
+
+def _probe_latencies(url: str, until) -> dict[str, list[float]]:
+    """Seconds of each /livez and /readyz answer (each must be 200), polled until `until()`."""
+    import time
+
+    out: dict[str, list[float]] = {"/livez": [], "/readyz": []}
+    with httpx.Client(timeout=5) as client:
+        while not until():
+            for path in out:
+                t0 = time.perf_counter()
+                r = client.get(f"{url}{path}")
+                out[path].append(time.perf_counter() - t0)
+                assert r.status_code == 200, (path, r.text)
+            time.sleep(0.02)
+    return out
+
+
+def test_sixty_slow_calls_in_flight_do_not_starve_the_probes():
+    """Regression: every sync route shared anyio's 40 threads, so 40 slow /generate calls held
+    them all and /livez waited behind them (an orchestrator restarted a healthy actor)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, server = _work_server(max_concurrent=64)
+    flood = httpx.Client(limits=httpx.Limits(max_connections=100), timeout=30)  # one client: see the actor's test
+    try:
+        with ThreadPoolExecutor(60) as pool:
+            calls = [pool.submit(flood.post, f"{server.url}/work", json={"sleep_s": 3.0}) for _ in range(60)]
+            lat = _probe_latencies(server.url, until=lambda: all(c.done() for c in calls))
+        assert [c.result().status_code for c in calls] == [200] * 60
+        for path, seconds in lat.items():
+            assert len(seconds) >= 20 and max(seconds) < 1.0, (path, len(seconds), max(seconds))
+        print("probes under 60 slow calls: " + ", ".join(  # noqa: T201  the figure, with -s
+            f"{p} n={len(s)} max {max(s) * 1000:.1f} ms" for p, s in lat.items()))
+    finally:
+        flood.close()
+        server.stop()
+
+
+def test_past_max_concurrent_is_503_with_retry_after():
+    import threading
+
+    gate = threading.Event()
+    _, server = _work_server(handler=lambda req: gate.wait(10) and {"n": req.n}, max_concurrent=2)
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(2) as pool:
+            held = [pool.submit(httpx.post, f"{server.url}/work", json={"n": i + 1}, timeout=15) for i in range(2)]
+            deadline = __import__("time").monotonic() + 5
+            while _in_flight("/work") < 2:
+                assert __import__("time").monotonic() < deadline, "calls never got their slots"
+            r = httpx.post(f"{server.url}/work", json={"n": 3}, timeout=5)
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert "max_concurrent 2" in r.json()["detail"]
+            assert httpx.get(f"{server.url}/livez").status_code == 200
+            gate.set()
+            assert [c.result().json() for c in held] == [{"n": 1}, {"n": 2}]
+        assert httpx.post(f"{server.url}/work", json={"n": 4}, timeout=5).json() == {"n": 4}  # slots came back
+    finally:
+        server.stop()
+
+
+def _in_flight(route: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("steadyrl_http_requests_in_flight", {"route": route}) or 0.0
+
+
+def test_a_body_over_max_body_bytes_is_413_declared_or_streamed():
+    _, server = _work_server(max_body_bytes=1024)
+    try:
+        big = b'{"n": 1, "answer": "' + b"x" * 2000 + b'"}'
+        r = httpx.post(f"{server.url}/work", content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["detail"] == "body above max_body_bytes 1024"
+        assert r.headers["connection"] == "close"
+
+        def chunks():  # no Content-Length: counted as it arrives
+            yield big[:1000]
+            yield big[1000:]
+
+        r = httpx.post(f"{server.url}/work", content=chunks())
+        assert r.status_code == 413, r.text
+        assert httpx.post(f"{server.url}/work", json={"n": 2}).json() == {"n": 2}
+        assert _in_flight("/work") == 0
+    finally:
+        server.stop()
+
+
+def _raw(port: int, data: bytes, wait_s: float) -> bytes:
+    """Send `data` on a fresh connection, then read until the server closes it (or wait_s)."""
+    import socket
+    import time
+
+    s = socket.create_connection(("127.0.0.1", port))
+    s.settimeout(0.2)
+    s.sendall(data)
+    got, deadline = b"", time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            chunk = s.recv(65536)
+        except socket.timeout:
+            continue
+        if not chunk:
+            break
+        got += chunk
+    else:
+        got += b"<still open>"
+    s.close()
+    return got
+
+
+def test_a_body_slower_than_body_timeout_is_408_and_closed():
+    _, server = _work_server(body_timeout_s=0.5)
+    try:
+        head = b"POST /work HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
+        got = _raw(server.port, head + b'{"n": 1', wait_s=3)
+        assert got.startswith(b"HTTP/1.1 408 ") and b"body_timeout_s 0.5 s" in got and not got.endswith(b"open>")
+        assert _in_flight("/work") == 0
+    finally:
+        server.stop()
+
+
+def test_a_request_head_must_arrive_within_head_timeout(monkeypatch):
+    from steadyrl import http
+
+    monkeypatch.setattr(http, "HEAD_TIMEOUT_S", 0.3)
+    _, server = _work_server()
+    try:
+        assert _raw(server.port, b"GET /livez HTTP/1.1\r\nhost: x\r\n", wait_s=3) == b""  # closed, no answer
+        assert _raw(server.port, b"", wait_s=3) == b""  # nothing sent at all
+        # a request whose answer takes longer than the head timeout is answered
+        r = httpx.post(f"{server.url}/work", json={"n": 5, "sleep_s": 0.8}, timeout=5)
+        assert r.json() == {"n": 5}
+        with httpx.Client() as client:  # and a kept-alive connection serves a second request
+            assert client.get(f"{server.url}/livez").status_code == 200
+            assert client.post(f"{server.url}/work", json={"n": 6, "sleep_s": 0.5}).json() == {"n": 6}
+    finally:
+        server.stop()
+
+
+def test_an_unfinished_request_head_over_max_head_bytes_is_400_and_closed():
+    """h11 buffers at most MAX_HEAD_BYTES of a head it has not seen the end of (a head that
+    arrives whole in one read is parsed whatever its size)."""
+    _, server = _work_server()
+    try:
+        got = _raw(server.port, b"GET /livez HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 10_000, wait_s=3)
+        assert got.startswith(b"HTTP/1.1 400 ") and not got.endswith(b"open>"), got[:200]
+        got = _raw(server.port, b"GET /livez HTTP/1.1\r\nhost: x\r\nx-ok: " + b"a" * 4000, wait_s=0.5)
+        assert got == b"<still open>"  # under the limit: still waiting for the rest
+    finally:
+        server.stop()
+
+
+def test_work_route_answers():
+    _, server = _work_server()
+    try:
+        url = f"{server.url}/work"
+        r = httpx.post(url, json={"n": 0})
+        assert r.status_code == 422
+        assert r.json()["detail"] == [{"type": "greater_than_equal", "loc": ["body", "n"],
+                                       "msg": "Input should be greater than or equal to 1"}]
+        r = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid"
+        r = httpx.post(url, json={"answer": "nan"})
+        assert r.status_code == 422 and "cannot be sent as finite JSON" in r.json()["detail"], r.text
+        r = httpx.post(url, json={"answer": "refuse"})
+        assert r.status_code == 422 and r.json() == {"detail": "refused", "items": [{"index": 0}]}
+        r = httpx.post(url, json={"answer": "bug"})
+        assert r.status_code == 500 and r.json()["detail"] == "/work failed: RuntimeError: handler bug"
+        assert httpx.get(url).status_code == 405
+        assert _in_flight("/work") == 0
+    finally:
+        server.stop()
+
+
+def test_readyz_answers_503_when_a_check_hangs_and_livez_is_unaffected(monkeypatch):
+    import threading
+    import time
+
+    from steadyrl import http
+
+    monkeypatch.setattr(http, "PROBE_TIMEOUT_S", 0.3)
+    health, server = _work_server()
+    release = threading.Event()
+    health.add_check("stuck", lambda: (release.wait(5), "stuck"))
+    try:
+        t0 = time.perf_counter()
+        r = httpx.get(f"{server.url}/readyz")
+        assert r.status_code == 503 and "did not answer within 0.3 s" in r.json()["detail"]
+        assert time.perf_counter() - t0 < 2
+        assert httpx.get(f"{server.url}/livez").status_code == 200
+    finally:
+        release.set()
+        server.stop()
