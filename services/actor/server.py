@@ -14,6 +14,16 @@ whose shards have the index's (steadyrl/policy_files.py; a legacy single file: i
 otherwise the actor keeps serving the version it has, logs the refusal and counts it
 (`steadyrl_actor_policy_rejected_total{reason}`). Weights are safetensors only.
 
+Limits (`actor:` section): a body above `max_body_bytes` gets 413, one that takes longer than
+`body_timeout_s` to arrive 408, a call past `max_concurrent` in progress 503 with
+Retry-After (steadyrl/http.py `add_work_route`: the probes never wait behind /generate);
+`max_new_tokens` above `max_new_tokens_limit`, prompts x n above `max_sequences`, a prompt
+(its ids, or its chat template tokenized) above `max_prompt_tokens`, or prompt +
+max_new_tokens beyond the model's context (`max_position_embeddings`) get 422 naming the
+limit; so does a generation whose log-probs are not all finite (NaN or infinity: an extreme
+temperature), since the same request would fail the same way again. Counted in
+`steadyrl_actor_requests_refused_total{reason}`.
+
 Every response names the policy_version that produced it. A request may name the run and
 the oldest version it accepts (`run_id`, `min_policy_version`, from the prompt): while the
 actor is behind it answers 503 (retry soon); a prompt of an earlier run gets 409.
@@ -24,10 +34,11 @@ Stateless: a restarted actor rebuilds everything from the model name and `rl.pol
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 from fastapi import HTTPException
 from prometheus_client import Counter, Gauge, Histogram
@@ -45,6 +56,10 @@ POLICY_REJECTED = Counter("steadyrl_actor_policy_rejected", "Policy records refu
 GEN_SECONDS = Histogram("steadyrl_actor_generate_seconds", "Time of one /generate call",
                         buckets=(0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
 GEN_TOKENS = Counter("steadyrl_actor_generated_tokens", "Completion tokens generated")
+REFUSED_REASONS = ("max_new_tokens", "max_sequences", "token_ids", "prompt_tokens", "context", "non_finite")
+REFUSED = Counter("steadyrl_actor_requests_refused", "/generate calls refused with 422", ["reason"])
+for _r in REFUSED_REASONS:
+    REFUSED.labels(_r)
 
 
 class ActorSection(BaseModel):
@@ -60,6 +75,18 @@ class ActorSection(BaseModel):
     max_new_tokens_limit: int = Field(1024, ge=1, description="Largest max_new_tokens a request may ask for.")
     max_sequences: int = Field(512, ge=1, description="Largest prompts x n per request.")
     batch_size: int = Field(64, ge=1, description="Sequences per generate() call.")
+    max_prompt_tokens: int = Field(4096, ge=1,
+                                   description="Longest prompt, in tokens (its prompt_ids, or its messages through "
+                                               "the chat template); longer gets 422. Prompt + max_new_tokens must "
+                                               "also fit the model's context (max_position_embeddings).")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024,
+                                description="Largest POST /generate body, bytes; larger gets 413 (8 MiB: ~100x a "
+                                            "batch of 64 chat prompts).")
+    max_concurrent: int = Field(16, ge=1,
+                                description="POST /generate calls in progress at once (generation itself is one at "
+                                            "a time; the rest wait their turn); past it 503 with Retry-After.")
+    body_timeout_s: float = Field(30.0, gt=0,
+                                  description="Seconds a request body may take to arrive; slower gets 408.")
 
 
 class ActorConfig(ServiceConfig):
@@ -108,6 +135,8 @@ class Actor:
             self.gen = VLLMGenerator(str(path), gpu_memory_utilization=cfg.actor.gpu_memory_utilization)
         else:
             self.gen = TorchGenerator(self.model, self.tok, batch_size=cfg.actor.batch_size)
+        #: positions the model was built for (prompt + completion); None: no limit known
+        self.context = getattr(self.model.config, "max_position_embeddings", None)
         self.run_id, self.version, self.sha256 = "", 0, ""   # "" / 0: the base weights
         self.lock = threading.Lock()
         self.caught_up = False
@@ -152,26 +181,28 @@ class Actor:
                                      f"{run_id!r} version >= {min_version}")
 
     def generate(self, req: GenerateRequest) -> dict:
+        """The /generate answer. Raises HTTPException 422 (a limit, a bad token id, non-finite
+        log-probs), 503 or 409 (check_version)."""
         from steadyrl.generation import SamplingParams
 
-        if req.max_new_tokens > self.cfg.actor.max_new_tokens_limit:
-            limit = self.cfg.actor.max_new_tokens_limit
-            raise HTTPException(422, f"max_new_tokens {req.max_new_tokens} > limit {limit}")
-        if len(req.prompts) * req.n > self.cfg.actor.max_sequences:
-            raise HTTPException(422, f"{len(req.prompts)} prompts x n={req.n} > max_sequences "
-                                     f"{self.cfg.actor.max_sequences}")
+        a = self.cfg.actor
+        if req.max_new_tokens > a.max_new_tokens_limit:
+            refuse("max_new_tokens", f"max_new_tokens {req.max_new_tokens} > limit {a.max_new_tokens_limit}")
+        if len(req.prompts) * req.n > a.max_sequences:
+            refuse("max_sequences", f"{len(req.prompts)} prompts x n={req.n} > max_sequences {a.max_sequences}")
         ids, seeds = [], []
-        for p in req.prompts:
+        for i, p in enumerate(req.prompts):
             seeds.append(p.seed)
             if p.prompt_ids is not None:
                 if any(t < 0 or t >= len(self.tok) for t in p.prompt_ids):
-                    raise HTTPException(422, f"prompt_ids must be in [0, {len(self.tok)})")
+                    refuse("token_ids", f"prompt_ids must be in [0, {len(self.tok)})")
                 ids.append(p.prompt_ids)
             else:
                 from steadyrl.data import PromptRow
                 from steadyrl.rl.loop import encode_prompt
 
                 ids.append(encode_prompt(self.tok, PromptRow(messages=p.messages, ground_truth="")))
+            self._check_length(i, len(ids[-1]), req.max_new_tokens)
         params = SamplingParams(n=req.n, temperature=req.temperature, top_p=req.top_p,
                                 max_new_tokens=req.max_new_tokens, seed=req.seed)
         t0 = time.perf_counter()
@@ -181,8 +212,39 @@ class Actor:
             out = self.gen.generate(ids, params, seeds=seeds)
         GEN_SECONDS.observe(time.perf_counter() - t0)
         GEN_TOKENS.inc(sum(len(c.token_ids) for g in out for c in g))
+        self._check_finite(out, req.temperature)
         return {"policy_version": version, "prompt_ids": ids,
                 "completions": [[c.__dict__ for c in g] for g in out]}
+
+    def _check_length(self, i: int, tokens: int, max_new_tokens: int) -> None:
+        """422 if prompt i (`tokens` long) is over max_prompt_tokens or does not fit the context."""
+        limit = self.cfg.actor.max_prompt_tokens
+        if tokens > limit:
+            refuse("prompt_tokens", f"prompt {i} has {tokens} tokens > max_prompt_tokens {limit}")
+        if self.context is not None and tokens + max_new_tokens > self.context:
+            refuse("context", f"prompt {i}: {tokens} tokens + max_new_tokens {max_new_tokens} = "
+                              f"{tokens + max_new_tokens} > the model's context {self.context} "
+                              f"(max_position_embeddings)")
+
+    @staticmethod
+    def _check_finite(out: list, temperature: float) -> None:
+        """422 if any log-prob is NaN or infinite (JSON has no such number, and the learner must not
+        train on it); names how many completions and the first one."""
+        bad = [(i, j, next(x for x in c.logprobs if not math.isfinite(x)))
+               for i, group in enumerate(out) for j, c in enumerate(group)
+               if not all(math.isfinite(x) for x in c.logprobs)]
+        if bad:
+            i, j, x = bad[0]
+            total = sum(len(g) for g in out)
+            refuse("non_finite", f"generation produced non-finite log-probs in {len(bad)} of {total} completions "
+                                 f"(first: prompt {i} sample {j}, {x}) at temperature {temperature:g}; "
+                                 f"the same request fails the same way")
+
+
+def refuse(reason: str, detail: str) -> None:
+    """Count a refused /generate call and raise its 422."""
+    REFUSED.labels(reason).inc()
+    raise HTTPException(422, detail)
 
 
 class PolicyFollower:
@@ -251,19 +313,26 @@ class PolicyFollower:
             return False
 
 
+def add_routes(app, section: ActorSection, get_actor: Callable[[], "Actor | None"]) -> None:
+    """`POST /generate` on `app`, answered by `get_actor()` once it is built and caught up
+    (503 with Retry-After before), with the section's body, time and concurrency limits."""
+    from steadyrl.http import add_work_route
+
+    def generate(req: GenerateRequest) -> dict:
+        actor = get_actor()
+        if actor is None or not actor.caught_up:
+            raise HTTPException(503, "model loading or policy not caught up yet", headers={"Retry-After": "1"})
+        return actor.generate(req)
+
+    add_work_route(app, "/generate", GenerateRequest, generate, max_concurrent=section.max_concurrent,
+                   max_body_bytes=section.max_body_bytes, body_timeout_s=section.body_timeout_s)
+
+
 def main(argv: list[str]) -> int:
     cfg = load(ActorConfig, argv, prog="steadyrl-actor")
     from steadyrl.service import run_service
 
     state: dict = {}
-
-    def routes(app):
-        @app.post("/generate")
-        def generate(req: GenerateRequest) -> dict:
-            actor = state.get("actor")
-            if actor is None or not actor.caught_up:
-                raise HTTPException(503, "model loading or policy not caught up yet")
-            return actor.generate(req)
 
     def build(health):
         actor = Actor(cfg)
@@ -279,4 +348,5 @@ def main(argv: list[str]) -> int:
 
         return Loop()
 
-    return run_service("actor", cfg, build, extra_routes=routes)
+    return run_service("actor", cfg, build, extra_routes=lambda app: add_routes(app, cfg.actor,
+                                                                                lambda: state.get("actor")))
