@@ -14,15 +14,31 @@ Answers 404 for a scorer it does not serve, 422 for a malformed body, 503 while 
 scorer is loading (/readyz is 503 until all are loaded) and 500 when a model fails on a
 batch. When a scorer cannot score one item (a rule raises, an item lacks what the scorer
 needs), that item's entry is `{"reward": null, "error": "..."}` and the others are scored:
-the caller decides (the reward worker sends that group to `rl.dlq`). Reward workers call it
-through `services.reward.client.RewardClient`. Run: `python -m services.reward.server`.
+the caller decides (the reward worker sends that group to `rl.dlq`). When a scorer returns a
+reward that is not a finite number (NaN, infinity, a string, a bool) or an `extra` that is
+not finite JSON, the whole call is 422, the same every time, naming the items:
+
+    {"detail": "scorer 'rule:x@1' returned 2 of 8 items that are not finite JSON: item 3 (reward nan
+                is not a finite number), item 5 (reward 'high' is not a number)",
+     "scorer": "rule:x@1",
+     "items": [{"index": 3, "error": "reward nan is not a finite number"},
+               {"index": 5, "error": "reward 'high' is not a number"}]}
+
+(`index` is the item's position in the request.) Limits (`reward_server:` section): a body
+above `max_body_bytes` gets 413, one slower than `body_timeout_s` 408, a call past
+`max_concurrent` in progress 503 with Retry-After (steadyrl/http.py `add_work_route`; the
+probes never wait behind /score). Reward workers call it through
+`services.reward.client.RewardClient`. Run: `python -m services.reward.server`.
 Metrics: `steadyrl_reward_server_score_seconds{scorer}`, `_items_total{scorer}`,
-`_errors_total{kind}` (kind: unknown_scorer, too_many_items, not_ready, model_error, scorer_error).
+`_errors_total{kind}` (kind: unknown_scorer, too_many_items, not_ready, model_error, scorer_error,
+non_finite).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import threading
 import time
 from typing import Any, Callable
@@ -32,6 +48,7 @@ from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.config import ServiceConfig, load
+from steadyrl.http import HTTPError
 
 log = logging.getLogger("steadyrl.reward_server")
 
@@ -57,6 +74,12 @@ class RewardServerSection(BaseModel):
     scorer_version: str = Field("1", description="Rule scorers report `rule:<spec>@<version>`.")
     max_items: int = Field(4096, ge=1, description="Largest batch one request may send.")
     batch_size: int = Field(32, ge=1, description="Model scorers: items per forward pass.")
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024,
+                                description="Largest POST /score body, bytes; larger gets 413 (16 MiB: max_items "
+                                            "items of a few KB each).")
+    max_concurrent: int = Field(16, ge=1, description="POST /score calls in progress at once; past it 503 with "
+                                                      "Retry-After.")
+    body_timeout_s: float = Field(30.0, gt=0, description="Seconds a request body may take to arrive; slower gets 408.")
 
 
 class RewardServerConfig(ServiceConfig):
@@ -137,21 +160,53 @@ class RewardServer:
             ERRORS.labels("model_error").inc()
             log.error("model scorer failed", extra={"scorer": name, "error": str(e)})
             raise HTTPException(500, str(e)) from None
+        SCORE_SECONDS.labels(name).observe(time.perf_counter() - t0)
+        bad = []
         for i, r in enumerate(out):
             if r["reward"] is None:
                 ERRORS.labels("scorer_error").inc()
                 log.warning("scorer failed on an item", extra={"scorer": name, "item": i, "error": r["error"]})
-        SCORE_SECONDS.labels(name).observe(time.perf_counter() - t0)
+            elif (why := _not_finite(r)) is not None:
+                bad.append({"index": i, "error": why})
+        if bad:
+            ERRORS.labels("non_finite").inc(len(bad))
+            shown = ", ".join(f"item {b['index']} ({b['error']})" for b in bad[:5])
+            detail = (f"scorer {scorer.id!r} returned {len(bad)} of {len(out)} items that are not finite JSON: "
+                      f"{shown}{', ...' if len(bad) > 5 else ''}")
+            log.error("scorer returned non-finite scores", extra={"scorer": name, "items": [b["index"] for b in bad]})
+            raise HTTPError(422, detail, {"scorer": scorer.id, "items": bad})
         SCORED.labels(name).inc(len(out))
         return {"scorer": scorer.id, "reward_source": scorer.source.value, "scores": out}
 
 
-def add_routes(app, server: RewardServer) -> None:
-    """`POST /score` on `app`, answered by `server`."""
+def _not_finite(result: dict) -> str | None:
+    """Why one scored item cannot be sent (reward not a finite number, extra not finite JSON), or
+    None; a numeric reward of another type (numpy) becomes a float in place."""
+    from steadyrl.http import finite_json
 
-    @app.post("/score")
-    def score_route(req: ScoreRequest) -> dict:
-        return server.score(req)
+    reward = result["reward"]
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+        return f"reward {reward!r} is not a number"
+    if not math.isfinite(reward):
+        return f"reward {float(reward)!r} is not a finite number"
+    result["reward"] = float(reward)
+    try:
+        finite_json(result.get("extra", {}))
+    except ValueError:
+        return "extra holds a non-finite number (NaN or infinity)"
+    except TypeError as e:
+        return f"extra is not JSON ({e})"
+    return None
+
+
+def add_routes(app, server: RewardServer) -> None:
+    """`POST /score` on `app`, answered by `server`, with the section's body, time and
+    concurrency limits."""
+    from steadyrl.http import add_work_route
+
+    s = server.section
+    add_work_route(app, "/score", ScoreRequest, server.score, max_concurrent=s.max_concurrent,
+                   max_body_bytes=s.max_body_bytes, body_timeout_s=s.body_timeout_s)
 
 
 def main(argv: list[str]) -> int:
