@@ -2,7 +2,8 @@
 
 The real tools check them: `promtool check config`, `promtool test rules` (every alert's cases
 in compose/prometheus/tests/), `amtool check-config` and `amtool config routes test`, and a real
-Alertmanager on loopback shows that DataflowCollapse inhibits its parts. The binaries come from
+Alertmanager on loopback shows the inhibitions: DataflowCollapse silences its parts, and a
+ServiceDown of what the learner needs silences LearnerStalled. The binaries come from
 the Debian packages prometheus and prometheus-alertmanager (.ci/run installs them). Without
 them a test is skipped, except in CI (env CI set), where a missing binary fails.
 
@@ -13,6 +14,7 @@ deploy/k8s/base, which must come out with the compose job names the rules select
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -36,8 +38,11 @@ K8S_PODMONITOR = ROOT / "deploy" / "k8s" / "prometheus" / "podmonitor.yaml"
 SEVERITIES = {"P0", "P1", "P2", "P3"}
 #: The parts DataflowCollapse inhibits (compose/alertmanager/alertmanager.yml).
 COLLAPSE_PARTS = {"BreakerOpen", "ConsumerLagGrowing", "RolloutRestarting", "TrainBufferDropped"}
-#: The alerts a person on call expects first (issue 18): a service down, the DLQ growing.
-ONCALL = {"ServiceDown", "DLQGrowing"}
+#: Everything DataflowCollapse inhibits: its parts, and the learner's stall it causes.
+COLLAPSE_INHIBITS = COLLAPSE_PARTS | {"LearnerStalled"}
+#: The alerts a person on call expects first (issue 18): a service down, the learner stalled, the
+#: DLQ growing, checkpoints stale, non-finite steps.
+ONCALL = {"ServiceDown", "LearnerStalled", "DLQGrowing", "CheckpointStale", "NonFiniteSteps"}
 #: How to get promtool and amtool, for the tests that skip (locally) or fail (CI) without them.
 PROMETHEUS_HINT = "apt-get install --no-install-recommends prometheus prometheus-alertmanager; .ci/run installs it"
 
@@ -329,9 +334,9 @@ def test_alertmanager_routes_by_severity(severity, receiver):
     assert r.returncode == 0, shown(r)
 
 
-def test_dataflow_collapse_inhibits_its_parts_in_a_real_alertmanager(tmp_path):
-    """Alertmanager on loopback with the compose config: while DataflowCollapse fires, its parts
-    in the same cluster are suppressed; another cluster's and other alerts are not."""
+@contextlib.contextmanager
+def real_alertmanager(tmp_path):
+    """Alertmanager on loopback with the compose config; yields its API v2 URL."""
     from steadyrl.broker import free_port
 
     binary = shutil.which("alertmanager") or need_tool("prometheus-alertmanager", PROMETHEUS_HINT)  # Debian names it so
@@ -352,38 +357,7 @@ def test_dataflow_collapse_inhibits_its_parts_in_a_real_alertmanager(tmp_path):
                 pass
             assert time.monotonic() < deadline, "alertmanager did not start"
             time.sleep(0.1)
-
-        def alert(name: str, cluster: str = "steadyrl", **labels) -> dict:
-            return {"labels": {"alertname": name, "cluster": cluster, **labels},
-                    "annotations": {"summary": name}}
-
-        sent = [alert("DataflowCollapse", severity="P0"),
-                alert("BreakerOpen", severity="P1", job="reward", instance="r0:8300", state="open"),
-                alert("ConsumerLagGrowing", severity="P2", job="learner", client="learner-0", topic="rl.scored"),
-                alert("RolloutRestarting", severity="P3", job="rollout", instance="ro0:8200"),
-                alert("TrainBufferDropped", severity="P2", job="learner", instance="l0:8400"),
-                alert("CPUBound", severity="P3", job="actor", instance="a:8100"),          # not a part
-                alert("BreakerOpen", cluster="other", severity="P1", job="reward")]        # another stack
-        r = httpx.post(f"{url}/alerts", json=sent, timeout=5)
-        assert r.status_code == 200, r.text
-
-        def states() -> dict[tuple[str, str], dict]:
-            got = httpx.get(f"{url}/alerts", timeout=5).json()
-            return {(a["labels"]["alertname"], a["labels"]["cluster"]): a["status"] for a in got}
-
-        deadline = time.monotonic() + 20
-        while True:  # inhibition is evaluated as alerts arrive; give it a moment
-            st = states()
-            suppressed = {name for (name, cluster), s in st.items() if s["state"] == "suppressed"}
-            if len(st) == len(sent) and suppressed == COLLAPSE_PARTS:
-                break
-            assert time.monotonic() < deadline, json.dumps(st, indent=1)
-            time.sleep(0.2)
-        for part in COLLAPSE_PARTS:
-            assert st[(part, "steadyrl")]["inhibitedBy"], st[(part, "steadyrl")]
-        assert st[("DataflowCollapse", "steadyrl")]["state"] == "active"
-        assert st[("CPUBound", "steadyrl")]["state"] == "active"
-        assert st[("BreakerOpen", "other")]["state"] == "active"
+        yield url
     finally:
         proc.terminate()
         try:
@@ -392,3 +366,81 @@ def test_dataflow_collapse_inhibits_its_parts_in_a_real_alertmanager(tmp_path):
             proc.kill()
             proc.wait(10)
         log.close()
+
+
+def am_alert(name: str, cluster: str = "steadyrl", **labels) -> dict:
+    return {"labels": {"alertname": name, "cluster": cluster, **labels}, "annotations": {"summary": name}}
+
+
+def post_and_settle(url: str, sent: list[dict], suppressed: set[tuple[str, str]]) -> dict[tuple, dict]:
+    """Post `sent`; wait until Alertmanager holds them all with exactly the (alertname, cluster,
+    job, instance) keys in `suppressed` suppressed (inhibition is evaluated as alerts arrive).
+    Returns the status of each alert by that key."""
+    r = httpx.post(f"{url}/alerts", json=sent, timeout=5)
+    assert r.status_code == 200, r.text
+
+    def key(labels: dict) -> tuple:
+        return labels["alertname"], labels["cluster"], labels.get("job", ""), labels.get("instance", "")
+
+    want = {key(a["labels"]) for a in sent if key(a["labels"])[:2] in suppressed or key(a["labels"]) in suppressed}
+    deadline = time.monotonic() + 20
+    while True:
+        st = {key(a["labels"]): a["status"] for a in httpx.get(f"{url}/alerts", timeout=5).json()}
+        got = {k for k, s in st.items() if s["state"] == "suppressed"}
+        if len(st) == len(sent) and got == want:
+            return st
+        assert time.monotonic() < deadline, json.dumps({str(k): v for k, v in st.items()}, indent=1)
+        time.sleep(0.2)
+
+
+def test_dataflow_collapse_inhibits_its_parts_in_a_real_alertmanager(tmp_path):
+    """Alertmanager on loopback with the compose config: while DataflowCollapse fires, its parts
+    and the learner's stall in the same cluster are suppressed; another cluster's and other
+    alerts are not (a service down is a cause, never silenced by the collapse)."""
+    with real_alertmanager(tmp_path) as url:
+        sent = [am_alert("DataflowCollapse", severity="P0"),
+                am_alert("BreakerOpen", severity="P1", job="reward", instance="r0:8300", state="open"),
+                am_alert("ConsumerLagGrowing", severity="P2", job="learner", client="learner-0", topic="rl.scored"),
+                am_alert("RolloutRestarting", severity="P3", job="rollout", instance="ro0:8200"),
+                am_alert("TrainBufferDropped", severity="P2", job="learner", instance="l0:8400"),
+                am_alert("LearnerStalled", severity="P1", job="learner", instance="l0:8400"),
+                am_alert("CPUBound", severity="P3", job="actor", instance="a:8100"),            # not a part
+                am_alert("ServiceDown", severity="P1", job="rollout", instance="ro1:8200"),    # a cause
+                am_alert("BreakerOpen", cluster="other", severity="P1", job="reward")]          # another stack
+        st = post_and_settle(url, sent, {(name, "steadyrl") for name in COLLAPSE_INHIBITS})
+        for k, s in st.items():
+            if k[0] in COLLAPSE_INHIBITS and k[1] == "steadyrl":
+                assert s["inhibitedBy"], (k, s)
+            else:
+                assert s["state"] == "active", (k, s)
+
+
+def test_service_down_inhibits_learner_stalled_in_a_real_alertmanager(tmp_path):
+    """One stack per cluster label, all in one Alertmanager: LearnerStalled is suppressed by a
+    ServiceDown of the learner, the actor, the reward server or a scaled job with no target left
+    (instance "none"); not by one rollout replica of several, nor by another stack's outage.
+    ServiceDown itself stays active, and so do the learner's other alerts."""
+    stalled = {"severity": "P1", "job": "learner", "instance": "l0:8400"}
+    with real_alertmanager(tmp_path) as url:
+        sent = [am_alert("ServiceDown", "learner-down", severity="P1", job="learner", instance="l0:8400"),
+                am_alert("LearnerStalled", "learner-down", **stalled),
+                am_alert("ServiceDown", "actor-down", severity="P1", job="actor", instance="actor:8100"),
+                am_alert("LearnerStalled", "actor-down", **stalled),
+                am_alert("CheckpointStale", "actor-down", severity="P2", job="learner", instance="l0:8400"),
+                am_alert("ServiceDown", "server-down", severity="P1", job="reward-server", instance="rs:8390"),
+                am_alert("LearnerStalled", "server-down", **stalled),
+                am_alert("ServiceDown", "rollout-gone", severity="P1", job="rollout", instance="none"),
+                am_alert("LearnerStalled", "rollout-gone", **stalled),
+                am_alert("ServiceDown", "one-replica", severity="P1", job="rollout", instance="ro1:8200"),
+                am_alert("LearnerStalled", "one-replica", **stalled),
+                am_alert("ServiceDown", "bridge-down", severity="P1", job="alertbridge", instance="ab:8500"),
+                am_alert("LearnerStalled", "bridge-down", **stalled),
+                am_alert("LearnerStalled", "alone", **stalled),
+                am_alert("ServiceDown", "elsewhere", severity="P1", job="actor", instance="actor:8100")]
+        silenced = {("LearnerStalled", c) for c in ("learner-down", "actor-down", "server-down", "rollout-gone")}
+        st = post_and_settle(url, sent, silenced)
+        for k, s in st.items():
+            if k[:2] in silenced:
+                assert s["inhibitedBy"], (k, s)
+            else:
+                assert s["state"] == "active", (k, s)
