@@ -7,15 +7,44 @@ are ignored. A new major means an incompatible change.
 
 The JSON Schema of each model is checked in under `schemas/` (`steadyrl schemas export`
 writes them; a test fails when a file and its model disagree).
+
+Numbers are finite and bounded. Every float is finite (`Finite`: NaN and Infinity, as a JSON
+literal, a string such as "nan" or a literal that overflows, are refused: `non_finite` in
+steadyrl/codec.py); token ids are in [0, 2**31 - 1] (`TokenId`: no vocabulary is larger, and
+a larger id would overflow the int32/int64 tensors of every engine; whether an id is in the
+model's vocabulary is the learner's check); counters, versions, offsets and timestamps are
+int64 (`Int64`: a bigger integer overflows a metric's float or a tensor). These bounds came
+in one minor of every contract (prompt 1.2, rollout_group 1.2, scored_group 1.2,
+policy_update 1.3, dlq_record 1.2, quarantined_group 1.1, quarantine_decision 1.1). They
+only refuse records no correct writer produces (the pydantic JSON of a NaN was `null`,
+which never validated as a number; NaN and Infinity are not JSON), so they are not a new
+major: a reader of any 1.x accepts every record of those minors, and a reader of these
+minors accepts every correct record of an earlier one. Read them with this module's
+minors to have the checks; an older reader still trains what they refuse.
 """
 
 from __future__ import annotations
 
 import time
 from enum import Enum
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+INT64_MAX = 2**63 - 1
+TOKEN_ID_MAX = 2**31 - 1
+
+#: A float that is neither NaN nor +-Infinity.
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+#: An integer that fits int64 (counters, versions, offsets, ms timestamps).
+Int64 = Annotated[int, Field(ge=-INT64_MAX - 1, le=INT64_MAX)]
+#: A count, index or version: int64, never negative.
+Count64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
+#: A token id: [0, 2**31 - 1]; the vocabulary bound is the model's (the learner checks it).
+TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
+#: Standard base64 (RFC 4648, padded), as base64.b64encode writes it.
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
 
 def now_ms() -> int:
@@ -52,35 +81,39 @@ class Prompt(Contract):
     """One prompt on `rl.prompts`, with the number of samples wanted (key: prompt_id)."""
 
     SCHEMA_NAME: ClassVar[str] = "prompt"
-    SCHEMA_VERSION: ClassVar[str] = "1.1"  # 1.1: run_id, sampling settings, seed, min_policy_version
+    # 1.1: run_id, sampling settings, seed, min_policy_version; 1.2: finite temperature and
+    # top_p, int64 epoch/index/created_ms/min_policy_version (refuses only what no writer makes)
+    SCHEMA_VERSION: ClassVar[str] = "1.2"
 
     prompt_id: str = Field(min_length=1, max_length=256,
                            description="Deterministic id `{run_id}/e{epoch}-i{index}` (feeder) or caller-chosen.")
-    epoch: int = Field(ge=0, description="Pass over the dataset this prompt belongs to.")
-    index: int = Field(ge=0, description="Row of the dataset.")
+    epoch: Count64 = Field(description="Pass over the dataset this prompt belongs to.")
+    index: Count64 = Field(description="Row of the dataset.")
     messages: list[ChatMessage] = Field(min_length=1, description="Chat to complete.")
     n_samples: int = Field(ge=1, le=1024, description="Completions wanted (GRPO group size).")
     data_source: str = Field(default="", description="verl `data_source`: picks the reward function.")
     ground_truth: str | None = Field(default=None, description="verl `reward_model.ground_truth`.")
     extra_info: dict[str, Any] = Field(default_factory=dict)
-    created_ms: int = Field(default_factory=now_ms, description="Feeder time, ms since epoch.")
+    created_ms: Int64 = Field(default_factory=now_ms, description="Feeder time, ms since epoch.")
     run_id: str = Field(default="", max_length=128,
                         description="Learner run that published it (sorts by start time); empty: any run.")
-    temperature: float = Field(default=1.0, ge=0.0, le=10.0, description="Sampling temperature (the learner's).")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: Finite = Field(default=1.0, ge=0.0, le=10.0, description="Sampling temperature (the learner's).")
+    top_p: Finite = Field(default=1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(default=64, ge=1, le=32768)
+    # Not bounded above: the feeder's seeds (steadyrl/rl/loop.py prompt_seed) pass 2**63 for a
+    # large run seed, and generation reduces them mod 2**63 (steadyrl/generation.py).
     seed: int | None = Field(default=None, ge=0,
                              description="Sampling seed: same seed, weights, prompt -> same samples.")
-    min_policy_version: int = Field(default=0, ge=0,
-                                    description="Generate with this policy version of run_id or a newer one.")
+    min_policy_version: Count64 = Field(default=0,
+                                        description="Generate with this policy version of run_id or a newer one.")
 
 
 class Sample(BaseModel):
     """One completion of a prompt."""
 
     text: str
-    token_ids: list[int] = Field(description="Response token ids, (T,).")
-    logprobs: list[float] = Field(description="Behaviour-policy log-probabilities of token_ids, (T,), nats.")
+    token_ids: list[TokenId] = Field(description="Response token ids, (T,), each in [0, 2**31 - 1].")
+    logprobs: list[Finite] = Field(description="Behaviour-policy log-probabilities of token_ids, (T,), nats; finite.")
     finish_reason: Literal["stop", "length", "error"] = "stop"
 
     @model_validator(mode="after")
@@ -95,16 +128,18 @@ class RolloutGroup(Contract):
     """The n completions of one prompt on `rl.rollouts` (key: prompt_id)."""
 
     SCHEMA_NAME: ClassVar[str] = "rollout_group"
-    SCHEMA_VERSION: ClassVar[str] = "1.1"  # 1.1: rejected
+    # 1.1: rejected; 1.2: token ids in [0, 2**31 - 1], finite log-probs, at most 1024 samples
+    # (Prompt.n_samples' bound), int64 version/time/counts (refuses only what no writer makes)
+    SCHEMA_VERSION: ClassVar[str] = "1.2"
 
     prompt: Prompt
-    prompt_token_ids: list[int] = Field(default_factory=list, description="Tokenized chat, (P,).")
-    samples: list[Sample] = Field(min_length=1)
-    policy_version: int = Field(ge=0, description="Policy that generated every sample.")
+    prompt_token_ids: list[TokenId] = Field(default_factory=list, description="Tokenized chat, (P,).")
+    samples: list[Sample] = Field(min_length=1, max_length=1024)
+    policy_version: Count64 = Field(description="Policy that generated every sample.")
     actor: str = Field(default="", description="Which actor instance answered.")
-    generated_ms: int = Field(default_factory=now_ms)
-    rejected: dict[str, int] = Field(default_factory=dict,
-                                     description="Samples the rollout gate removed, by reason (too_long, ...).")
+    generated_ms: Int64 = Field(default_factory=now_ms)
+    rejected: dict[str, Count64] = Field(default_factory=dict,
+                                         description="Samples the rollout gate removed, by reason (too_long, ...).")
 
     @property
     def prompt_id(self) -> str:
@@ -128,17 +163,19 @@ class ScoredGroup(Contract):
     """A rollout group with one reward per sample, on `rl.scored` (key: prompt_id)."""
 
     SCHEMA_NAME: ClassVar[str] = "scored_group"
-    SCHEMA_VERSION: ClassVar[str] = "1.1"  # 1.1: group.rejected (rollout_group 1.1)
+    # 1.1: group.rejected (rollout_group 1.1); 1.2: finite rewards and cache_similarity,
+    # rollout_group 1.2's bounds, int64 scored_ms (refuses only what no writer makes)
+    SCHEMA_VERSION: ClassVar[str] = "1.2"
 
     group: RolloutGroup
-    rewards: list[float] = Field(description="One scalar reward per sample, (n,).")
+    rewards: list[Finite] = Field(description="One scalar reward per sample, (n,); finite.")
     reward_source: RewardSource
     scorer: str = Field(description="Scorer name and version, e.g. `rule:numeric_match@1`.")
-    cache_similarity: float | None = Field(default=None, ge=0.0, le=1.0,
-                                           description="Similarity of the prompt a cached reward came from.")
-    reward_extra: list[dict[str, Any]] = Field(default_factory=list,
+    cache_similarity: Finite | None = Field(default=None, ge=0.0, le=1.0,
+                                            description="Similarity of the prompt a cached reward came from.")
+    reward_extra: list[dict[str, Any]] = Field(default_factory=list, max_length=1024,
                                                description="Per-sample extra fields a scorer returned.")
-    scored_ms: int = Field(default_factory=now_ms)
+    scored_ms: Int64 = Field(default_factory=now_ms)
 
     @model_validator(mode="after")
     def _one_reward_per_sample(self) -> "ScoredGroup":
@@ -155,16 +192,20 @@ class PolicyUpdate(Contract):
     """A new policy version on `rl.policy` (compacted, constant key)."""
 
     SCHEMA_NAME: ClassVar[str] = "policy_update"
-    SCHEMA_VERSION: ClassVar[str] = "1.2"  # 1.1: run_id; 1.2: uri names a version folder
+    # 1.1: run_id; 1.2: uri names a version folder; 1.3: int64 version/step/created_ms, uri
+    # without control characters and at most 4096 long (a NUL made the actor's path
+    # resolution raise ValueError) (refuses only what no writer makes)
+    SCHEMA_VERSION: ClassVar[str] = "1.3"
 
-    version: int = Field(ge=0)
-    step: int = Field(ge=0, description="Learner global step that produced it.")
-    uri: str = Field(min_length=1, description="The version's folder under the policy root (Hugging Face "
-                                               "layout: model.safetensors.index.json and its shards, "
-                                               "steadyrl/policy_files.py); before 1.2 one .safetensors file.")
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Of the folder's index (which holds each "
-                                                              "shard's); before 1.2 of the file.")
-    created_ms: int = Field(default_factory=now_ms)
+    version: Count64
+    step: Count64 = Field(description="Learner global step that produced it.")
+    uri: str = Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f\x7f]+$",
+                     description="The version's folder under the policy root (Hugging Face layout: "
+                                 "model.safetensors.index.json and its shards, steadyrl/policy_files.py); "
+                                 "before 1.2 one .safetensors file. No control characters.")
+    sha256: str = Field(pattern=SHA256_PATTERN, description="Of the folder's index (which holds each "
+                                                            "shard's); before 1.2 of the file.")
+    created_ms: Int64 = Field(default_factory=now_ms)
     run_id: str = Field(default="", max_length=128,
                         description="Learner run; a later run's version 0 replaces any version of an earlier run.")
 
@@ -191,21 +232,25 @@ class DLQRecord(Contract):
     """A record some stage could not accept, on `rl.dlq` (key: the original key)."""
 
     SCHEMA_NAME: ClassVar[str] = "dlq_record"
-    SCHEMA_VERSION: ClassVar[str] = "1.1"  # 1.1: reasons non_finite, invalid_tokens, retries_exhausted, output_oversize
+    # 1.1: reasons non_finite, invalid_tokens, retries_exhausted, output_oversize; 1.2: key_b64
+    # and payload_b64 are base64, payload_sha256 is hex, int64 partition/offset/size/time
+    # (refuses only what no writer makes)
+    SCHEMA_VERSION: ClassVar[str] = "1.2"
 
     reason: DLQReason
     error: str = Field(description="Human-readable detail naming what was expected and what came.")
     stage: str = Field(description="Service/instance that rejected it.")
     topic: str
-    partition: int
-    offset: int
-    key_b64: str | None = None
+    partition: Int64
+    offset: Int64
+    key_b64: str | None = Field(default=None, pattern=BASE64_PATTERN)
     schema_seen: str | None = Field(default=None, description="The `schema` header seen, if any.")
-    payload_b64: str = Field(description="Original value (base64), truncated to payload_truncated_to bytes.")
-    payload_size: int = Field(ge=0, description="Original value size in bytes.")
-    payload_sha256: str
+    payload_b64: str = Field(pattern=BASE64_PATTERN,
+                             description="Original value (base64), truncated to codec.DLQ_PAYLOAD_LIMIT bytes.")
+    payload_size: Count64 = Field(description="Original value size in bytes.")
+    payload_sha256: str = Field(pattern=SHA256_PATTERN)
     payload_truncated: bool = False
-    rejected_ms: int = Field(default_factory=now_ms)
+    rejected_ms: Int64 = Field(default_factory=now_ms)
 
 
 class QuarantinedGroup(Contract):
@@ -215,20 +260,28 @@ class QuarantinedGroup(Contract):
     rl.scored."""
 
     SCHEMA_NAME: ClassVar[str] = "quarantined_group"
-    SCHEMA_VERSION: ClassVar[str] = "1.0"
+    # 1.1: finite watch figures, int64 step/index/count/time, index < count, scored_group 1.2's
+    # bounds (refuses only what no writer makes)
+    SCHEMA_VERSION: ClassVar[str] = "1.1"
 
     batch_id: str = Field(min_length=1, max_length=256, description="`{run_id}/q{step:06d}-{hash of its prompt ids}`: "
                                                                      "the same groups held again get the same id.")
     run_id: str = Field(max_length=128)
-    step: int = Field(ge=1, description="The learner step this batch would have made.")
-    index: int = Field(ge=0, description="This group's place in the batch.")
-    count: int = Field(ge=1, description="Groups in the batch.")
+    step: int = Field(ge=1, le=INT64_MAX, description="The learner step this batch would have made.")
+    index: Count64 = Field(description="This group's place in the batch.")
+    count: int = Field(ge=1, le=INT64_MAX, description="Groups in the batch.")
     rules: list[str] = Field(min_length=1, description="Watch rules the batch tripped: variance, extremes.")
-    var_ratio: float | None = Field(default=None, description="var(batch) / var(reference).")
-    extreme_share: float | None = Field(default=None, description="Share of rewards above the reference q99.")
-    ks_pvalue: float | None = Field(default=None, description="Two-sample KS p-value, batch vs reference.")
+    var_ratio: Finite | None = Field(default=None, description="var(batch) / var(reference).")
+    extreme_share: Finite | None = Field(default=None, description="Share of rewards above the reference q99.")
+    ks_pvalue: Finite | None = Field(default=None, description="Two-sample KS p-value, batch vs reference.")
     group: ScoredGroup
-    quarantined_ms: int = Field(default_factory=now_ms)
+    quarantined_ms: Int64 = Field(default_factory=now_ms)
+
+    @model_validator(mode="after")
+    def _index_in_batch(self) -> "QuarantinedGroup":
+        if self.index >= self.count:
+            raise ValueError(f"index {self.index} is not below count {self.count}")
+        return self
 
 
 class QuarantineAction(str, Enum):
@@ -240,13 +293,13 @@ class QuarantineDecision(Contract):
     """A person's decision on a quarantined batch, on `rl.quarantine` (key: batch_id)."""
 
     SCHEMA_NAME: ClassVar[str] = "quarantine_decision"
-    SCHEMA_VERSION: ClassVar[str] = "1.0"
+    SCHEMA_VERSION: ClassVar[str] = "1.1"  # 1.1: int64 decided_ms (refuses only what no writer makes)
 
     batch_id: str = Field(min_length=1, max_length=256)
     action: QuarantineAction
     by: str = Field(default="", max_length=256, description="Who decided (user@host).")
     note: str = Field(default="", max_length=4096)
-    decided_ms: int = Field(default_factory=now_ms)
+    decided_ms: Int64 = Field(default_factory=now_ms)
 
 
 ALL_CONTRACTS: tuple[type[Contract], ...] = (Prompt, RolloutGroup, ScoredGroup, PolicyUpdate, DLQRecord,
