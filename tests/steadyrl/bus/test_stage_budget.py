@@ -96,7 +96,7 @@ def make_stage():
 
     yield make
     for st in made:
-        st._pool.shutdown(wait=False)
+        st.close()
 
 
 def _dlq(batch) -> dict[str, DLQRecord]:
