@@ -6,13 +6,13 @@ Services are started by module name (`python -m services.<name>`): nothing here 
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import time
 from pathlib import Path
 
 from steadyrl.cli.common import CliError, _bootstrap, _local_broker, _require_broker, add_common_options
+from steadyrl.testing.run import run_finished
 
 SERVICE_PORTS = {"reward-server": 8390, "actor": 8100, "rollout": 8200, "reward": 8300, "learner": 8400}
 #: What `steadyrl up` runs, in start order: service -> module. `--scale` applies to rollout and reward.
@@ -133,14 +133,8 @@ def cmd_up(args) -> int:
                 "--topic-prefix", args.prefix, "--instance-id", f"{svc}-{i}", "--metrics-port", str(port),
                 *extra.get(svc, []), *(["--config", args.config] if args.config else [])], port,
                 final=svc == "learner"))
-    def run_finished() -> bool:  # the learner exited 0: done, or only stopped from outside?
-        try:
-            run = (state / "learner" / "CURRENT").read_text().strip()
-            return json.loads((state / "learner" / run / "state.json").read_text())["finished"]
-        except (OSError, ValueError, KeyError):
-            return False
-
-    sup = Supervisor(children, is_done=run_finished)
+    # the learner exited 0: done, or only stopped from outside? (the one reader of a run's files)
+    sup = Supervisor(children, is_done=lambda: run_finished(state / "learner"))
     progress = Progress(url["learner"])
 
     def _stop(signum, frame):
