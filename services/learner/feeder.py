@@ -14,6 +14,8 @@ gate (services/learner/prompt_gate.py) keeps near-duplicates of recent prompts w
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import Counter, Gauge
 
 from services.learner.config import LearnerSection
@@ -30,8 +32,10 @@ PUBLISHED = Counter("steadyrl_learner_prompts_published", "Prompts published to 
 class Feeder:
     """Tops up rl.prompts from the dataset `rows` for the run in `st`."""
 
-    def __init__(self, lc: LearnerSection, rows: list, st: RunState, outbox: Outbox):
+    def __init__(self, lc: LearnerSection, rows: list, st: RunState, outbox: Outbox,
+                 retry_at: dict[str, float] | None = None):
         self.lc, self.rows, self.st, self.outbox = lc, rows, st, outbox
+        self.retry_at = retry_at if retry_at is not None else {}  # prompt id -> monotonic time: wait until
         self.gate = PromptGate(lambda i: "\n".join(m["content"] for m in rows[i].messages),
                                **lc.prompt_gate.model_dump())
         if st.gate:
@@ -65,8 +69,9 @@ class Feeder:
                       min_policy_version=self.st.step)
 
     def top_up(self) -> int:
-        """Publish (and flush) prompts until (max_staleness + 1) x B are in flight and the
-        requeue is empty; returns how many. The caller saves the state when > 0: the gate's
+        """Publish (and flush) prompts until (max_staleness + 1) x B are in flight and no prompt
+        of the requeue is due (`retry_at`: one sent back by rl.dlq waits its backoff); returns
+        how many. The caller saves the state when > 0: the gate's
         wall-clock decisions are not repeatable."""
         st, lc = self.st, self.lc
         cap = (lc.max_staleness + 1) * lc.prompts_per_step
@@ -75,10 +80,13 @@ class Feeder:
         c = st.counts
         total = (lc.steps * lc.prompts_per_step + st.dlq_replaced + c.get(Count.quarantined.value, 0)
                  - c.get(Count.released.value, 0))
-        n = 0
-        while (len(st.in_flight) < cap and st.fed < total) or st.requeue:
-            if st.requeue:
-                pid = st.requeue.pop(0)
+        n, now = 0, time.monotonic()
+        due = [pid for pid in st.requeue if self.retry_at.get(pid, 0.0) <= now]
+        while (len(st.in_flight) < cap and st.fed < total) or due:
+            if due:
+                pid = due.pop(0)
+                st.requeue.remove(pid)
+                self.retry_at.pop(pid, None)
                 f = st.in_flight[pid]
                 PUBLISHED.labels("again").inc()
             else:

@@ -33,7 +33,7 @@ prompt, never the prompt.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
 
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import Counter, Gauge
@@ -42,6 +42,7 @@ from services.learner.buffer import MAX_EVICTIONS, evictions
 from services.learner.config import LearnerSection
 from services.learner.outbox import Outbox
 from services.learner.state import Count, InFlight, Ready, RunState
+from services.learner.tokens import TokenLimits
 from steadyrl import codec
 from steadyrl.bus.kafka import consumer_config
 from steadyrl.contracts import DLQReason, DLQRecord, ScoredGroup
@@ -53,57 +54,6 @@ GROUPS = Counter("steadyrl_learner_groups", "Scored groups read", ["outcome"])
 DLQ_PROMPTS = Counter("steadyrl_learner_dlq_prompts", "Prompts in flight that a record on rl.dlq named, published "
                       "again (same id, a new seed), by the DLQ record's reason (unreadable: the DLQ record itself "
                       "was not)", ["reason"])
-NO_LIMIT = 10 ** 9  # transformers' model_max_length when the tokenizer names none is int(1e30)
-
-
-@dataclass(frozen=True)
-class TokenLimits:
-    """What token ids the model can take: ids in [0, vocab_size) (its embedding rows), and at
-    most `context` tokens of prompt + response (the smaller of the config's
-    max_position_embeddings and the tokenizer's model_max_length, where each names one;
-    None: no limit known). `context_from` names where the limit comes from."""
-
-    vocab_size: int
-    context: int | None = None
-    context_from: str = ""
-
-    @classmethod
-    def of(cls, model, tokenizer) -> "TokenLimits":
-        """The limits of `model` (a transformers causal LM) and its tokenizer."""
-        rows = int(model.get_input_embeddings().weight.shape[0])
-        found = []
-        mpe = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        if isinstance(mpe, int) and mpe > 0:
-            found.append((mpe, "max_position_embeddings"))
-        mml = getattr(tokenizer, "model_max_length", None)
-        if isinstance(mml, int) and 0 < mml < NO_LIMIT:
-            found.append((mml, "the tokenizer's model_max_length"))
-        context, source = min(found) if found else (None, "")
-        return cls(rows, context, source)
-
-    def _outside(self, ids: list[int]) -> tuple[int, int] | None:
-        """(position, id) of the first id outside [0, vocab_size), or None."""
-        if not ids or (min(ids) >= 0 and max(ids) < self.vocab_size):
-            return None
-        return next((i, t) for i, t in enumerate(ids) if not 0 <= t < self.vocab_size)
-
-    def violation(self, sg: ScoredGroup) -> str | None:
-        """Why the model cannot take `sg`'s token ids (naming the id or length and the limit),
-        or None when it can."""
-        prompt = sg.group.prompt_token_ids
-        if not prompt:
-            return "prompt_token_ids is empty (an update needs at least one prompt token)"
-        vocab = f"outside the vocabulary [0, {self.vocab_size}) (the model's embedding rows)"
-        if (bad := self._outside(prompt)) is not None:
-            return f"prompt_token_ids[{bad[0]}] = {bad[1]} is {vocab}"
-        for j, sample in enumerate(sg.group.samples):
-            if (bad := self._outside(sample.token_ids)) is not None:
-                return f"samples[{j}].token_ids[{bad[0]}] = {bad[1]} is {vocab}"
-            n = len(prompt) + len(sample.token_ids)
-            if self.context is not None and n > self.context:
-                return (f"samples[{j}]: prompt {len(prompt)} + response {len(sample.token_ids)} = {n} tokens > "
-                        f"context length {self.context} ({self.context_from})")
-        return None
 BUFFER_SIZE = Gauge("steadyrl_rollout_buffer_size", "Scored groups waiting in a buffer", ["stage"])
 EVICTED = Counter("steadyrl_learner_buffer_evictions", "Groups evicted from the full train buffer (their prompts "
                   "published again)", ["policy"])
@@ -128,6 +78,12 @@ def open_consumer(bootstrap: str, client: str, topics: dict[str, str], st: RunSt
     return c
 
 
+def dlq_backoff_s(attempt: int) -> float:
+    """Seconds before a prompt sent back by rl.dlq for the `attempt`-th time (>= 1) goes out again:
+    1, 2, 4, ... capped at 60."""
+    return float(min(60, 2 ** max(attempt - 1, 0)))
+
+
 class Intake:
     """The train buffer `ready` (prompt id -> Ready) and the rules that fill and empty it."""
 
@@ -137,6 +93,7 @@ class Intake:
         self.ready: dict[str, Ready] = {}
         self._arrivals = 0
         self.dlq_in_a_row = 0  # prompts sent back by rl.dlq since the last step (the loop resets it)
+        self.retry_at: dict[str, float] = {}  # prompt id -> time.monotonic() before which it is not sent again
 
     def saved_offsets(self) -> dict[str, int]:
         """Offsets that re-read every group read but not yet trained (what state.json keeps)."""
@@ -225,6 +182,10 @@ class Intake:
         f.attempt += 1
         f.released = False  # what comes back is a new sample
         st.requeue.append(pid)
+        # Not at once: a configuration that can never work (or a poison record) would cycle the
+        # prompt through rl.dlq as fast as a worker refuses it. 1, 2, 4, ... 60 s (in memory:
+        # a restarted learner sends its requeue at once).
+        self.retry_at[pid] = time.monotonic() + dlq_backoff_s(f.attempt)
         st.count(Count.dlq)
         self.dlq_in_a_row += 1
         GROUPS.labels("dlq").inc()

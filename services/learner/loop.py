@@ -29,7 +29,7 @@ from services.learner import report
 from services.learner.config import LearnerConfig, load_dataset
 from services.learner.drift import ParamDrift
 from services.learner.feeder import IN_FLIGHT, Feeder
-from services.learner.intake import BUFFER_SIZE, Intake, TokenLimits, open_consumer
+from services.learner.intake import BUFFER_SIZE, Intake, open_consumer
 from services.learner.metrics import SAMPLE_AGE, blank_step_gauges, count_trained, export_checkpoints, export_step
 from services.learner.outbox import Outbox
 from services.learner.parts import Weights, append_audit, history_row, open_cache
@@ -37,6 +37,7 @@ from services.learner.policy_store import PolicyStore
 from services.learner.resume import open_run, trim_audit
 from services.learner.screen import Screen
 from services.learner.stall import Stall
+from services.learner.tokens import TokenLimits
 from steadyrl.checkpoint import AsyncCheckpointer, rng_state
 from steadyrl.files import write_atomic
 from steadyrl.models import load_policy
@@ -76,9 +77,9 @@ class Learner:
         self.saver = AsyncCheckpointer(self.run_dir / "checkpoints", {**self.fingerprint, "tokenizer": lc.model},
                                        keep=lc.keep_checkpoints, verified_step=restorer.checkpoint_step)
         self.cache = open_cache(self.run_dir, st, lc.rollout_cache_max_file_bytes)
-        self.feeder = Feeder(lc, self.rows, st, self.outbox)
         self.intake = Intake(lc, st, self.outbox, stage=f"learner/{cfg.instance_id}",
                              limits=TokenLimits.of(self.model, self.tok))
+        self.feeder = Feeder(lc, self.rows, st, self.outbox, retry_at=self.intake.retry_at)
         self.screen = Screen(lc, st, self.outbox)
         self.consumer: Consumer | None = None  # assigned in run(); /readyz's "assignment" check reads it
         self.progress: dict = {"run_id": st.run_id, "steps": lc.steps, "step": st.step,

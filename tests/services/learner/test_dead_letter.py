@@ -28,6 +28,37 @@ def _dlq_prompts(reason: str) -> float:
     return REGISTRY.get_sample_value("steadyrl_learner_dlq_prompts_total", {"reason": reason}) or 0.0
 
 
+def _backoff_passed(lrn) -> None:
+    """As if every prompt sent back by rl.dlq had waited out its backoff."""
+    for pid in lrn.intake.retry_at:
+        lrn.intake.retry_at[pid] = 0.0
+
+
+def test_a_prompt_sent_back_by_the_dlq_waits_its_backoff(make_learner, monkeypatch):
+    """Regression: with the exit gone, a configuration that cannot work sent each prompt through
+    rl.dlq as fast as a worker refused it. Attempt k waits 1, 2, 4, ... 60 s."""
+    import services.learner.feeder as feeder_mod
+    import services.learner.intake as intake_mod
+    from services.learner.intake import dlq_backoff_s
+
+    assert [dlq_backoff_s(k) for k in (1, 2, 3, 7, 8, 20)] == [1.0, 2.0, 4.0, 60.0, 60.0, 60.0]
+    now = [1000.0]
+    monkeypatch.setattr(intake_mod.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(feeder_mod.time, "monotonic", lambda: now[0])
+    lrn = make_learner()
+    lrn.feeder.top_up()
+    pid = next(iter(lrn.state.in_flight))
+    lrn.intake.dead_letter(_dlq(pid))
+    assert lrn.feeder.top_up() == 0 and lrn.state.requeue == [pid]   # not yet: 1 s to wait
+    now[0] += 1.0
+    assert lrn.feeder.top_up() == 1 and lrn.state.requeue == []
+    lrn.intake.dead_letter(_dlq(pid, offset=1))                       # second time: 2 s
+    now[0] += 1.5
+    assert lrn.feeder.top_up() == 0
+    now[0] += 0.5
+    assert lrn.feeder.top_up() == 1
+
+
 def test_every_prompt_on_the_dlq_goes_out_again_with_a_new_seed_and_the_learner_goes_on(make_learner, caplog):
     lrn = make_learner()
     st, before = lrn.state, _dlq_prompts("validation_failed")
@@ -36,6 +67,7 @@ def test_every_prompt_on_the_dlq_goes_out_again_with_a_new_seed_and_the_learner_
     for round_ in range(1, 4):                      # three batches' worth in a row: never a ConfigError
         for i, pid in enumerate(list(st.in_flight)):
             lrn.intake.dead_letter(_dlq(pid, offset=10 * round_ + i))
+        _backoff_passed(lrn)
         assert sorted(st.requeue) == sorted(first) and lrn.feeder.top_up() == 4
         assert {k: v.seed for k, v in lrn.outbox.on("rl.prompts")[-4:]} == {
             k: s + 7919 * round_ for k, s in first.items()}
@@ -72,6 +104,7 @@ def test_a_run_with_dlq_losses_trains_steps_times_b_prompts_each_once(make_learn
     st, lost, offset = lrn.state, set(), 0
     lrn.store.publish(lrn.model, st)
     while st.step < 3:
+        _backoff_passed(lrn)
         lrn.feeder.top_up()
         for pid in [p for p in st.in_flight if p not in lrn.intake.ready]:
             offset += 1
@@ -82,6 +115,7 @@ def test_a_run_with_dlq_losses_trains_steps_times_b_prompts_each_once(make_learn
                 lrn.intake.accept(Msg(scored(st, pid, seed=st.in_flight[pid].attempt), pid, offset=offset))
         if len(lrn.intake.ready) >= 4:
             assert lrn.train_step() is not None
+    _backoff_passed(lrn)
     assert lrn.feeder.top_up() == 0                                  # nothing more to publish
     assert st.fed == 12 and len(st.trained) == len(set(st.trained)) == 12 and not st.in_flight
     assert lost <= set(st.trained) and st.counts["dlq"] == 3 and st.dlq_replaced == 0

@@ -1,4 +1,4 @@
-"""Model-dependent checks of a group (intake.TokenLimits): token ids outside the vocabulary,
+"""Model-dependent checks of a group (tokens.TokenLimits): token ids outside the vocabulary,
 prompt + response above the context length, an empty prompt. A bad group goes to rl.dlq with
 reason invalid_tokens and a message naming the id or length and the limit; reading that
 record back publishes the prompt again (same id, a new seed). Nothing a record holds stops
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from services.learner.intake import TokenLimits
+from services.learner.tokens import TokenLimits
 from steadyrl.contracts import DLQReason, DLQRecord
 from steadyrl.models import load_policy
 from tests.services.learner.conftest import Msg, scored
@@ -49,6 +49,7 @@ def test_a_group_the_model_cannot_take_goes_to_the_dlq_and_its_prompt_goes_out_a
     intake.dead_letter(Msg(rec, pid, offset=0, topic="rl.dlq"))
     intake.dead_letter(Msg(rec, pid, offset=1, topic="rl.dlq"))   # the same record twice: queued already
     assert st.in_flight[pid].attempt == 1 and st.requeue == [pid] and st.counts["dlq"] == 1
+    intake.retry_at[pid] = 0.0                                    # its backoff (1 s) has passed
     assert lrn.feeder.top_up() == 1
     again = lrn.outbox.on("rl.prompts")[-1]
     assert again[0] == pid and again[1].seed == seed0 + 7919 and st.fed == 4
