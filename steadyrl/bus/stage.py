@@ -49,25 +49,37 @@ loop.
 from __future__ import annotations
 
 import logging
-import math
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from steadyrl import codec
+from steadyrl.bus.budget import Budgets
 from steadyrl.bus.kafka import MAX_RECORD_BYTES, consumer_config
+from steadyrl.bus.records import (
+    DLQ_ERROR_CHARS,
+    RECORD_FRAMING_BYTES,
+    BatchHandler,
+    Handler,
+    Held,
+    Meta,
+    Output,
+    Pending,
+    RetryLater,
+    Transformed,
+    record_bytes,
+    refusal_reason,
+)
 from steadyrl.bus.txn import ProducerWedged, TransactionAborted, TransactionalProducer
 from steadyrl.contracts import Contract, DLQReason
 from steadyrl.http import Health
 from steadyrl.topics import load_catalogue, topic_name
 
-__all__ = ["BatchHandler", "Budget", "Handler", "Held", "Meta", "Output", "Pending", "ProducerWedged", "RetryLater",
-           "Stage", "Transformed", "record_bytes", "refusal_reason"]
+__all__ = ["DLQ_ERROR_CHARS", "RECORD_FRAMING_BYTES", "BatchHandler", "Handler", "Held", "Meta", "Output",
+           "Pending", "ProducerWedged", "RetryLater", "Stage", "Transformed", "record_bytes", "refusal_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -80,138 +92,8 @@ LAST_COMMIT = Gauge("steadyrl_stage_last_commit_timestamp_seconds", "Unix time o
 BUSY = Gauge("steadyrl_stage_busy", "1 while a batch is being transformed (partitions paused)", ["stage"])
 RENEWALS = Counter("steadyrl_stage_producer_renewals", "Transactional producers replaced after the broker was lost",
                    ["stage"])
-RETRYING = Gauge("steadyrl_stage_retrying_records", "Records failing while their dependency answers (their tries "
-                 "count against the budget)", ["stage"])
-RETRYING_OLDEST = Gauge("steadyrl_stage_retrying_oldest_seconds", "Time since the first counted failure of the "
-                        "oldest record still retrying", ["stage"])
-
 #: After the first record of a batch, how long to wait for more before starting (seconds).
 FILL_WAIT_S = 0.005
-#: Bytes the broker adds to a record when it checks max.message.bytes (the record batch
-#: header, 61 bytes, and the varints of one record): an output is refused when its value,
-#: key and headers plus this exceed its topic's limit.
-RECORD_FRAMING_BYTES = 256
-#: Longest error text kept in a DLQ record (a handler's message can be anything).
-DLQ_ERROR_CHARS = 4000
-
-_NON_FINITE = re.compile(r"non-finite|not finite|\bnan\b|\binf(inity)?\b", re.IGNORECASE)
-
-
-def refusal_reason(detail: str) -> DLQReason:
-    """The DLQ reason of a refusal by its message: `non_finite` when it names a non-finite
-    value (NaN, Infinity), else `handler_error`."""
-    return DLQReason.non_finite if _NON_FINITE.search(detail) else DLQReason.handler_error
-
-
-def record_bytes(value: bytes, key: str | bytes | None, headers: list[tuple[str, bytes]]) -> int:
-    """Bytes of a record's value, key and headers (what its topic's limit is checked against,
-    with RECORD_FRAMING_BYTES)."""
-    k = key.encode() if isinstance(key, str) else (key or b"")
-    return len(value) + len(k) + sum(len(n.encode()) + len(v or b"") for n, v in headers)
-
-
-class RetryLater(Exception):
-    """A record that cannot be done now: returned by a batch handler as one record's result
-    (that record is held), or raised by a handler (every record of the call is held). Tried
-    again with the next batch, or after `backoff_s` when nothing else moved.
-
-    Args:
-        message: why; a record whose budget runs out goes to rl.dlq with it.
-        backoff_s: wait before the next try when only held records are left (seconds).
-        counts: the dependency answered and failed or refused this record (a 5xx, 503
-            "behind"): the try counts against the record's budget (module doc). False: it
-            did not answer, or is down for everything: held without limit.
-        own: the handler just saw the dependency serve other work, so the failure is this
-            record's own: tried alone from the next try; needs no other record done to be
-            dropped once its budget is spent. Implies counts.
-    """
-
-    def __init__(self, message: str, backoff_s: float = 1.0, *, counts: bool = False, own: bool = False):
-        super().__init__(message)
-        self.backoff_s = backoff_s
-        self.own = own
-        self.counts = counts or own
-
-
-@dataclass(frozen=True)
-class Meta:
-    """Where an input record came from."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    timestamp_ms: int
-
-
-@dataclass
-class Output:
-    """One record to produce: `topic` is the catalogue name (e.g. "rl.scored")."""
-
-    topic: str
-    key: str | bytes | None
-    value: Contract
-
-
-#: A handler turns one accepted input into zero or more outputs. It must be a pure
-#: function of its input (it may run again for the same record after a crash).
-Handler = Callable[[Contract, Meta], list[Output]]
-#: A batch handler does the same for every accepted record of a batch at once (one
-#: result list per record, in order, or a RetryLater to hold that record, or a
-#: codec.Rejected to send it to rl.dlq with its reason); the rollout worker uses it to send
-#: one request and to refuse groups its gate emptied, the reward worker to hold groups it
-#: cannot score yet.
-BatchHandler = Callable[[list[tuple[Contract, Meta]]], "list[list[Output] | RetryLater | codec.Rejected]"]
-
-
-@dataclass(frozen=True)
-class Pending:
-    """One record to produce in a batch's transaction, with the input record it came from."""
-
-    source: tuple[str, int]   # (topic, partition) of the input record
-    offset: int               # the input record's offset
-    topic: str                # full output topic name (prefix included)
-    key: str | bytes | None
-    value: bytes              # an output, or the DLQRecord of a refused input, encoded
-    headers: list[tuple[str, bytes]] = field(default_factory=list)
-
-
-@dataclass
-class Budget:
-    """One record failing while its dependency answers: when it first counted, how many tries
-    counted, the last error, and whether it is tried alone. In memory only."""
-
-    first_s: float            # time.monotonic() of the first counted failure
-    attempts: int = 0
-    error: str = ""
-    alone: bool = False       # an own failure, or its budget spent: tried in a call of its own
-
-
-@dataclass(frozen=True)
-class Held:
-    """A partition's first record the batch handler held (its result was a RetryLater)."""
-
-    offset: int
-    why: RetryLater
-
-
-@dataclass
-class Transformed:
-    """A batch's transform: records to produce, and the held partitions by (topic, partition)."""
-
-    pending: list[Pending] = field(default_factory=list)
-    held: dict[tuple[str, int], Held] = field(default_factory=dict)
-
-    def hold(self, tp: tuple[str, int], offset: int, why: RetryLater) -> None:
-        """Hold partition `tp` from `offset` on (its lowest held offset counts)."""
-        if tp not in self.held or offset < self.held[tp].offset:
-            self.held[tp] = Held(offset, why)
-
-    def is_held(self, tp: tuple[str, int], offset: int) -> bool:
-        """True for a record at or after its partition's first held record."""
-        return tp in self.held and offset >= self.held[tp].offset
-
-
 class Stage:
     """One consumer-group member that transforms `input_topic` records into outputs, exactly once.
 
@@ -261,7 +143,6 @@ class Stage:
         catalogue = load_catalogue()
         self.max_bytes = max_record_bytes or catalogue[input_topic].max_message_bytes
         self._output_limits = {t: spec.max_message_bytes for t, spec in catalogue.items()}
-        self.max_hold_s, self.max_attempts = max_hold_s, max_attempts
         self.batch_size, self.batch_timeout_s = batch_size, batch_timeout_s
         self.pause_after_s = pause_after_s
         self.health = health or Health()
@@ -278,9 +159,7 @@ class Stage:
         self._busy = False
         # Budgets by (topic, partition, offset): written by the transform thread, pruned by the
         # rebalance callbacks and after commits (the loop's thread), hence the lock.
-        self._budgets: dict[tuple[str, int, int], Budget] = {}
-        self._budget_lock = threading.Lock()
-        self._done_s = -math.inf  # time.monotonic() when the handler last did a record
+        self.budgets = Budgets(name, max_hold_s=max_hold_s, max_attempts=max_attempts)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-transform")
         self.health.add_check("assignment", self._check_assignment)
         self.health.add_check("broker", self._check_broker)
@@ -304,14 +183,14 @@ class Stage:
     def _on_assign(self, consumer, partitions) -> None:
         self._assigned |= {(p.topic, p.partition) for p in partitions}
         # a budget from an earlier ownership of these partitions is stale
-        self._forget_partitions({(p.topic, p.partition) for p in partitions})
+        self.budgets.forget_partitions({(p.topic, p.partition) for p in partitions})
         log.info("partitions assigned", extra={"stage": self.stage_id,
                                                "partitions": sorted(p.partition for p in partitions)})
 
     def _on_revoke(self, consumer, partitions) -> None:
         gone = {(p.topic, p.partition) for p in partitions}
         self._assigned -= gone
-        self._forget_partitions(gone)
+        self.budgets.forget_partitions(gone)
         if self._busy:
             self._revoked_during_batch |= gone
         log.info("partitions revoked", extra={"stage": self.stage_id,
@@ -378,14 +257,14 @@ class Stage:
         if {(m.topic(), m.partition()) for m in msgs} & self._revoked_during_batch:
             # Another member owns some of these partitions now: it will redo them.
             log.info("partitions revoked mid-batch; dropping batch", extra={"stage": self.stage_id})
-            self._forget_partitions(self._revoked_during_batch)  # the transform may have noted them again
+            self.budgets.forget_partitions(self._revoked_during_batch)  # the transform may have noted them again
             self._rewind()
             return
         outputs = [p for p in batch.pending if not batch.is_held(p.source, p.offset)]
         offsets, progressed = self._offsets_to_commit(msgs, batch, bool(outputs))
         # a batch held at its very start moves nothing: no empty transaction
         if progressed and self._commit_transaction(outputs, offsets):
-            self._forget_committed(offsets)
+            self.budgets.forget_committed(offsets)
         if batch.held:
             why = next(iter(batch.held.values())).why
             RECORDS.labels(self.name, "held").inc(sum(1 for m in msgs
@@ -499,11 +378,11 @@ class Stage:
         results, alone = self._handler_results(accepted)
         now = time.monotonic()
         if any(not isinstance(r, RetryLater) for r in results):
-            self._done_s = now  # the dependency answers: the evidence a spent budget needs
+            self.budgets.done_s = now  # the dependency answers: the evidence a spent budget needs
         for (_, meta, m), res, solo in zip(accepted, results, alone):
             tp = (meta.topic, meta.partition)
             if isinstance(res, RetryLater):
-                spent = self._count(meta, res, solo, now)
+                spent = self.budgets.count(meta, res, solo, now)
                 if spent is None:
                     batch.hold(tp, meta.offset, res)
                 else:
@@ -513,7 +392,7 @@ class Stage:
                         f"{now - spent.first_s:.0f} s while {seen}; last error: {spent.error}",
                         codec.header_value(m.headers())), meta, m.value()))
                 continue
-            self._forget((meta.topic, meta.partition, meta.offset))
+            self.budgets.forget((meta.topic, meta.partition, meta.offset))
             if not isinstance(res, codec.Rejected):  # outputs: encoded and checked here, before produce
                 res = self._encode(res, tp, meta.offset)
             if isinstance(res, codec.Rejected):  # refused (a data gate), the handler raised, or an output cannot go out
@@ -523,7 +402,7 @@ class Stage:
             else:
                 RECORDS.labels(self.name, "ok").inc()
                 batch.pending.extend(res)
-        self._show_budgets(now)
+        self.budgets.show(now)
         return batch
 
     def _handler_results(self, accepted: list[tuple[Contract, Meta, Any]]) -> tuple[list, list[bool]]:
@@ -532,9 +411,8 @@ class Stage:
         others' call; once a call finds the dependency down (a RetryLater that does not count)
         the rest of them are held with it, untried."""
         now = time.monotonic()
-        with self._budget_lock:
-            budgets = [self._budgets.get((meta.topic, meta.partition, meta.offset)) for _, meta, _ in accepted]
-        alone = [b is not None and (b.alone or self._spent(b, now)) for b in budgets]
+        budgets = [self.budgets.get((meta.topic, meta.partition, meta.offset)) for _, meta, _ in accepted]
+        alone = [b is not None and (b.alone or self.budgets.spent(b, now)) for b in budgets]
         results: list = [None] * len(accepted)
         together = [i for i, solo in enumerate(alone) if not solo]
         down: RetryLater | None = None
@@ -615,48 +493,6 @@ class Stage:
         encoded, headers = codec.encode(rec)
         return Pending((meta.topic, meta.partition), meta.offset, topic_name("rl.dlq", self.prefix), meta.key,
                        encoded, headers)
-
-    # ---- budgets ---------------------------------------------------------------------------
-    def _spent(self, b: Budget, now: float) -> bool:
-        return b.attempts >= self.max_attempts and now - b.first_s >= self.max_hold_s
-
-    def _count(self, meta: Meta, why: RetryLater, alone: bool, now: float) -> Budget | None:
-        """Note a held record's try. Returns its Budget when the record goes to rl.dlq (spent,
-        failing alone, with the evidence that the dependency answers others), else None (held)."""
-        if not why.counts:
-            return None  # the dependency is down: no try counts
-        with self._budget_lock:
-            b = self._budgets.setdefault((meta.topic, meta.partition, meta.offset), Budget(now))
-            b.attempts += 1
-            b.error = str(why)
-            spent = self._spent(b, now)
-            if alone and spent and (why.own or self._done_s >= b.first_s):
-                return b  # forgotten once committed past: a DLQ record a held one before it kept back comes again
-            b.alone = b.alone or why.own or spent
-            return None
-
-    def _forget(self, key: tuple[str, int, int]) -> None:
-        with self._budget_lock:
-            self._budgets.pop(key, None)
-
-    def _forget_partitions(self, tps: set[tuple[str, int]]) -> None:
-        with self._budget_lock:
-            for key in [k for k in self._budgets if (k[0], k[1]) in tps]:
-                del self._budgets[key]
-
-    def _forget_committed(self, offsets: list) -> None:
-        """Drop the budgets of records below the committed offsets."""
-        nxt = {(tp.topic, tp.partition): tp.offset for tp in offsets}
-        with self._budget_lock:
-            for key in [k for k in self._budgets if k[2] < nxt.get((k[0], k[1]), -1)]:
-                del self._budgets[key]
-        self._show_budgets(time.monotonic())
-
-    def _show_budgets(self, now: float) -> None:
-        with self._budget_lock:
-            firsts = [b.first_s for b in self._budgets.values()]
-        RETRYING.labels(self.name).set(len(firsts))
-        RETRYING_OLDEST.labels(self.name).set(now - min(firsts) if firsts else 0)
 
     def _rewind(self) -> None:
         """Seek every assigned partition back to its committed offset."""

@@ -134,11 +134,11 @@ def test_nothing_is_dropped_while_no_record_is_done_then_all_come_out(make_stage
         batch = st._transform(msgs)
         assert _dlq(batch) == {} and set(batch.held) == {(TOPIC, 0), (TOPIC, 1)}
     assert dep.calls[-3:] == [["a"], ["b"], ["c"]]  # spent: alone
-    assert len(st._budgets) == 3
+    assert len(st.budgets._budgets) == 3
     dep.down = False
     batch = st._transform(msgs)
     assert _dlq(batch) == {} and batch.held == {} and _out(batch) == ["a", "b", "c"]
-    assert st._budgets == {}
+    assert st.budgets._budgets == {}
 
 
 def test_a_dependency_that_does_not_answer_spends_no_budget(make_stage):
@@ -147,7 +147,7 @@ def test_a_dependency_that_does_not_answer_spends_no_budget(make_stage):
     for _ in range(5):
         batch = st._transform(_msgs("a", "b"))
         assert _dlq(batch) == {} and batch.held[(TOPIC, 0)].offset == 1
-    assert st._budgets == {} and dep.calls == [["a", "b"]] * 5  # never tried alone
+    assert st.budgets._budgets == {} and dep.calls == [["a", "b"]] * 5  # never tried alone
 
 
 def test_both_limits_must_be_spent(make_stage):
@@ -155,10 +155,10 @@ def test_both_limits_must_be_spent(make_stage):
     st = make_stage(dep, max_hold_s=3600, max_attempts=1)
     for _ in range(20):
         assert _dlq(st._transform(_msgs("a", "poison"))) == {}
-    st.max_hold_s, st.max_attempts = 0, 50
+    st.budgets.max_hold_s, st.budgets.max_attempts = 0, 50
     for _ in range(20):
         assert _dlq(st._transform(_msgs("a", "poison"))) == {}
-    st.max_attempts = 1
+    st.budgets.max_attempts = 1
     assert _dlq(st._transform(_msgs("a", "poison")))["poison"].reason is DLQReason.retries_exhausted
 
 
@@ -185,7 +185,7 @@ def test_a_raised_retry_later_holds_every_record_of_the_call(make_stage):
     st = make_stage(handler, max_hold_s=3600)
     batch = st._transform(_msgs("a", "b") + _msgs("c", partition=1))
     assert batch.pending == [] and {tp: h.offset for tp, h in batch.held.items()} == {(TOPIC, 0): 0, (TOPIC, 1): 0}
-    assert all(b.attempts == 1 for b in st._budgets.values()) and len(st._budgets) == 3
+    assert all(b.attempts == 1 for b in st.budgets._budgets.values()) and len(st.budgets._budgets) == 3
 
 
 def test_a_solo_try_that_finds_the_dependency_down_spares_the_rest(make_stage):
@@ -203,10 +203,10 @@ def test_budgets_go_when_committed_past_or_the_partition_is_revoked(make_stage):
 
     st = make_stage(Dependency(down=True), max_hold_s=0)
     st._transform(_msgs("a", "b") + _msgs("c", partition=1))
-    st._forget_committed([TopicPartition(TOPIC, 0, 1)])
-    assert sorted(st._budgets) == [(TOPIC, 0, 1), (TOPIC, 1, 0)]
+    st.budgets.forget_committed([TopicPartition(TOPIC, 0, 1)])
+    assert sorted(st.budgets._budgets) == [(TOPIC, 0, 1), (TOPIC, 1, 0)]
     st._on_revoke(None, [TopicPartition(TOPIC, 1)])
-    assert sorted(st._budgets) == [(TOPIC, 0, 1)]
+    assert sorted(st.budgets._budgets) == [(TOPIC, 0, 1)]
 
 
 def test_outputs_above_their_topic_limit_or_that_cannot_be_encoded_go_to_the_dlq_before_produce(make_stage):
