@@ -311,6 +311,12 @@ class PolicyFollower:
             POLICY_REJECTED.labels(e.reason).inc()
             log.warning("policy refused", extra={"version": upd.version, "reason": e.reason, "detail": e.detail})
             return False
+        except Exception as e:  # a shard that cannot be read or loaded: refused, the follower goes on
+            # (the record stays on the compacted topic: raising would end the follower on every start)
+            POLICY_REJECTED.labels("load_error").inc()
+            log.warning("policy refused", extra={"version": upd.version, "reason": "load_error",
+                                                 "detail": f"{type(e).__name__}: {e}"})
+            return False
 
 
 def add_routes(app, section: ActorSection, get_actor: Callable[[], "Actor | None"]) -> None:

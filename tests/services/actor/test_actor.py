@@ -139,3 +139,35 @@ def test_an_index_naming_a_file_outside_its_folder_is_refused(tmp_path):
     with pytest.raises(PolicyRefused) as e:
         actor.load_version(1, uri, sha256_file(tmp_path / uri / INDEX), run_id="r20261129T100000-aaaa")
     assert e.value.reason == "bad_index"
+
+
+def test_a_version_that_cannot_be_loaded_is_refused_and_the_follower_goes_on(tmp_path):
+    """Regression: the policy follower caught only PolicyRefused, so a shard whose bytes match
+    the index but are not safetensors raised out of the follower thread, on every start (the
+    record stays on the compacted topic)."""
+    import json
+
+    from prometheus_client import REGISTRY
+
+    from services.actor.server import PolicyFollower
+    from steadyrl.contracts import PolicyUpdate
+    from steadyrl.policy_files import INDEX
+
+    actor = _actor(tmp_path)
+    folder = tmp_path / "r20261129T100000-aaaa" / "v000001"
+    folder.mkdir(parents=True)
+    (folder / "model-00001-of-00001.safetensors").write_bytes(b"not safetensors at all")
+    index = {"metadata": {"sha256": {"model-00001-of-00001.safetensors":
+                                     sha256_file(folder / "model-00001-of-00001.safetensors")}},
+             "weight_map": {"lm_head.weight": "model-00001-of-00001.safetensors"}}
+    (folder / INDEX).write_text(json.dumps(index))
+    cfg = ActorConfig(bootstrap="127.0.0.1:1", actor=ActorSection(model="tiny", policy_root=tmp_path))
+    follower = PolicyFollower(actor, cfg)
+    try:
+        before = REGISTRY.get_sample_value("steadyrl_actor_policy_rejected_total", {"reason": "load_error"}) or 0
+        upd = PolicyUpdate(version=1, step=1, uri="r20261129T100000-aaaa/v000001",
+                           sha256=sha256_file(folder / INDEX), run_id="r20261129T100000-aaaa")
+        assert follower._load(upd) is False and actor.version == 0
+        assert REGISTRY.get_sample_value("steadyrl_actor_policy_rejected_total", {"reason": "load_error"}) == before + 1
+    finally:
+        follower.consumer.close()
