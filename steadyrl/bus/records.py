@@ -18,7 +18,7 @@ RECORD_FRAMING_BYTES = 256
 #: Longest error text kept in a DLQ record (a handler's message can be anything).
 DLQ_ERROR_CHARS = 4000
 
-_NON_FINITE = re.compile(r"non-finite|not finite|\bnan\b|\binf(inity)?\b", re.IGNORECASE)
+_NON_FINITE = re.compile(r"non-finite|not finite|finite number|\bnan\b|\binf(inity)?\b", re.IGNORECASE)
 
 
 def refusal_reason(detail: str) -> DLQReason:

@@ -252,3 +252,13 @@ def test_outputs_above_their_topic_limit_or_that_cannot_be_encoded_go_to_the_dlq
     assert "cannot be encoded: ValueError" in dlq["nan"].error and "non-finite" in dlq["nan"].error  # the codec's
     assert "not a list of Output" in dlq["garbage"].error
     assert dlq["big"].schema_seen == codec.header_value(msgs[2].headers())
+
+
+def test_a_refusal_naming_a_non_finite_value_is_non_finite():
+    """Regression: pydantic's own wording ("Input should be a finite number", raised where a
+    handler builds a contract from NaN) was filed as handler_error."""
+    from steadyrl.bus.records import refusal_reason
+
+    for detail in ("Input should be a finite number", "log-probs not finite", "reward nan", "non-finite grad"):
+        assert refusal_reason(detail) is DLQReason.non_finite, detail
+    assert refusal_reason("actor answered 409: an earlier run") is DLQReason.handler_error
