@@ -81,7 +81,10 @@ class Learner:
                              limits=TokenLimits.of(self.model, self.tok))
         self.feeder = Feeder(lc, self.rows, st, self.outbox, retry_at=self.intake.retry_at)
         self.screen = Screen(lc, st, self.outbox)
-        self.consumer: Consumer | None = None  # assigned in run(); /readyz's "assignment" check reads it
+        self.consumer: Consumer | None = None  # opened in run()
+        # what run() assigned, kept by the loop's thread: /readyz reads this, never the consumer
+        # (consumer.assignment() from the probe thread blocks while the loop polls an idle one)
+        self.assigned: list = []
         self.progress: dict = {"run_id": st.run_id, "steps": lc.steps, "step": st.step,
                                "phase": "starting", "done": False}
         self._last_step_t = time.monotonic()
@@ -196,7 +199,8 @@ class Learner:
         self.store.publish(self.model, st)
         self.save_state()
         self.consumer = consumer = open_consumer(self.cfg.bootstrap, f"learner-{self.cfg.instance_id}", self.topics, st,
-                                      self.cfg.metrics_interval)
+                                                 self.cfg.metrics_interval)
+        self.assigned = consumer.assignment()  # on this thread, before the first poll
         try:
             self.top_up()
             if st.eval_before is None and st.step == 0:
@@ -229,5 +233,6 @@ class Learner:
         finally:
             self.cache.close()
             self.saver.wait()
+            self.assigned = []
             consumer.close()
             self.outbox.close()

@@ -45,14 +45,14 @@ def model_check(learner) -> tuple[bool, str]:
 
 
 def assignment_check(learner) -> tuple[bool, str]:
-    """Ready when the consumer holds every partition of rl.scored (and rl.dlq)."""
-    consumer = learner.consumer
-    if consumer is None:
-        return False, "not reading rl.scored yet"
-    try:
-        parts = consumer.assignment()
-    except RuntimeError as e:  # closed: the run ended or is stopping
-        return False, f"consumer closed: {e}"
+    """Ready when the consumer holds every partition of rl.scored (and rl.dlq): what the loop
+    assigned (`learner.assigned`, kept by the loop's thread; empty before run() and once it
+    ends). Never asks the consumer: `assignment()` from this thread blocks while the loop
+    polls an idle consumer (librdkafka 2.16), which hung /readyz, and /metrics with it, exactly
+    while the learner was starved."""
+    parts = list(learner.assigned)
+    if not parts:
+        return False, "not reading rl.scored" + (" yet" if learner.consumer is None else " (consumer closed)")
     scored = sum(1 for tp in parts if tp.topic == learner.topics["rl.scored"])
     if scored == 0 or scored < len(learner.state.offsets):
         return False, f"{scored} of {len(learner.state.offsets)} partitions of rl.scored assigned"

@@ -9,20 +9,18 @@ from services.learner.main import assignment_check, model_check
 from services.learner.state import RunState
 
 
-class FakeConsumer:
-    def __init__(self, parts, closed=False):
-        self.parts, self.closed = parts, closed
+class NeverAsk:
+    """A consumer whose assignment() must not be called from the probe thread (it blocks while
+    the loop polls: regression, /readyz and /metrics hung while the learner was starved)."""
 
     def assignment(self):
-        if self.closed:
-            raise RuntimeError("Consumer closed")
-        return self.parts
+        raise AssertionError("the readiness check asked the consumer")
 
 
-def learner(consumer=None, policy_uri=""):
+def learner(assigned=(), policy_uri="", consumer=None):
     st = RunState(run_id="r1", step=3, policy_uri=policy_uri, offsets={"0": 5, "1": 7})
     return SimpleNamespace(state=st, lc=SimpleNamespace(model="tiny"), model=object(), consumer=consumer,
-                           topics={"rl.scored": "p.rl.scored"})
+                           assigned=list(assigned), topics={"rl.scored": "p.rl.scored"})
 
 
 def test_model_is_ready_only_once_a_version_is_published():
@@ -32,9 +30,9 @@ def test_model_is_ready_only_once_a_version_is_published():
 
 
 def test_assignment_needs_every_partition_of_rl_scored():
-    assert assignment_check(learner())[0] is False                     # not reading yet
+    assert assignment_check(learner())[0] is False                                  # not reading yet
     one = [TopicPartition("p.rl.scored", 0), TopicPartition("p.rl.dlq", 0)]
-    assert assignment_check(learner(FakeConsumer(one)))[0] is False    # 1 of 2
+    assert assignment_check(learner(one, consumer=NeverAsk()))[0] is False          # 1 of 2
     both = one + [TopicPartition("p.rl.scored", 1)]
-    assert assignment_check(learner(FakeConsumer(both))) == (True, "2 partitions of rl.scored assigned")
-    assert assignment_check(learner(FakeConsumer(both, closed=True)))[0] is False
+    assert assignment_check(learner(both, consumer=NeverAsk())) == (True, "2 partitions of rl.scored assigned")
+    assert assignment_check(learner([], consumer=NeverAsk()))[0] is False           # the run ended: closed
