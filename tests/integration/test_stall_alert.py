@@ -17,7 +17,6 @@ import subprocess
 import time
 
 import httpx
-import pytest
 
 from steadyrl.cli import SERVICE_PORTS
 from tests.deploy.test_prometheus_rules import PROMETHEUS_HINT, RULES
@@ -98,14 +97,9 @@ def test_learner_stalled_fires_while_the_learner_is_alive_but_starved(bootstrap,
         try:
             alert = prom.wait_until("LearnerStalled firing and the learner's /readyz 503", firing, 90, up)
         except AssertionError as e:
-            if last_readyz and "readiness checks did not answer" in last_readyz[1]:
-                # Known: the learner's `assignment` check calls consumer.assignment() on the probe
-                # thread, which blocks for as long as the loop keeps polling an idle consumer
-                # (confluent-kafka 2.16.1 / librdkafka 2.16.0), i.e. exactly while it is starved.
-                # Two such calls hold both probe threads, so /metrics stops answering too: the
-                # learner reads as down (ServiceDown) and LearnerStalled cannot fire.
-                pytest.xfail("learner /readyz hangs in consumer.assignment() while the learner is starved, and "
-                             f"takes /metrics with it: {last_readyz}")
+            # regression: the learner's `assignment` check called consumer.assignment() on the
+            # probe thread, which blocks while the loop polls an idle consumer (librdkafka 2.16):
+            # /readyz, and /metrics with it, hung exactly while the learner was starved
             raise AssertionError(f"{e}\nseen {seen}; last /readyz {last_readyz}; "
                                  f"stalled {prom.query('steadyrl_learner_stalled')}; "
                                  f"in flight {prom.query('steadyrl_learner_prompts_in_flight')}") from None
