@@ -53,7 +53,9 @@ def create_topics(bootstrap: str, prefix: str = "", timeout_s: float = 30.0) -> 
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    # log_level 4 (warning): librdkafka's info lines (e.g. BGQUEUE "Purging 1 unserved events"
+    # when the client is destroyed on a busy machine) went to the CLI's stderr; errors raise here
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
     existing = admin.list_topics(timeout=timeout_s).topics
     result: dict[str, str] = {}
     new, grow = [], []
@@ -90,7 +92,7 @@ def list_topics(bootstrap: str, prefix: str = "", timeout_s: float = 10.0) -> li
     """Catalogue topics as they exist on the broker: name, partitions, present."""
     from confluent_kafka.admin import AdminClient
 
-    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=timeout_s)
+    md = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4}).list_topics(timeout=timeout_s)
     rows = []
     for spec in load_catalogue().values():
         name = topic_name(spec.name, prefix)
