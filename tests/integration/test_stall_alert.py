@@ -17,6 +17,7 @@ import subprocess
 import time
 
 import httpx
+import pytest
 
 from steadyrl.cli import SERVICE_PORTS
 from tests.deploy.test_prometheus_rules import PROMETHEUS_HINT, RULES
@@ -25,7 +26,18 @@ from tests.integration.test_pipeline import Up, _config
 from tests.integration.test_prometheus_scrape import Prometheus
 
 log = logging.getLogger(__name__)  # the timings, in the test log (pytest -rA, or --log-cli-level=INFO)
-logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per probe
+
+
+@pytest.fixture(autouse=True)
+def _quiet_httpx():
+    """Not a log line per probe, in this module's tests only (regression: set at import, it hid
+    httpx's request lines from every later test of the session, failing the alert bridge's
+    secrets test)."""
+    httpx_log = logging.getLogger("httpx")
+    before = httpx_log.level
+    httpx_log.setLevel(logging.WARNING)
+    yield
+    httpx_log.setLevel(before)
 
 #: The learner's stall rule (services/learner/stall.py): stalled once the time since the last step is above
 #: max(STALL_FACTOR x the median of its last 20 step times, STALL_MIN_S). The tiny model steps in
