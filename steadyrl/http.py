@@ -410,3 +410,16 @@ class HealthServer:
         self._server.should_exit = True
         self._thread.join(timeout=5)
         self._sock.close()
+
+
+def response_detail(resp) -> str:
+    """A peer's message from its HTTP answer (an httpx.Response): FastAPI's {"detail": ...}, else
+    the body; 500 characters at most."""
+    import json
+
+    try:
+        d = resp.json()["detail"]
+        text = d if isinstance(d, str) else json.dumps(d)
+    except (ValueError, KeyError, TypeError):
+        text = resp.text
+    return text[:500]

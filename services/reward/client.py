@@ -43,7 +43,6 @@ dropped during an outage.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
@@ -58,6 +57,7 @@ from steadyrl.breaker import CircuitBreaker, State
 from steadyrl.bus.stage import RetryLater, refusal_reason
 from steadyrl.codec import Rejected
 from steadyrl.contracts import DLQReason, RewardSource, RolloutGroup
+from steadyrl.http import response_detail
 
 if TYPE_CHECKING:
     from services.reward.cache import ScoreCache
@@ -101,16 +101,6 @@ def _named_items(resp: httpx.Response) -> dict[int, str]:
         return {int(it["index"]): str(it.get("error", "")) for it in resp.json().get("items", [])}
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}
-
-
-def _detail(resp: httpx.Response) -> str:
-    """The server's message: FastAPI's {"detail": ...}, else the body (500 characters at most)."""
-    try:
-        d = resp.json()["detail"]
-        text = d if isinstance(d, str) else json.dumps(d)
-    except (ValueError, KeyError, TypeError):
-        text = resp.text
-    return text[:500]
 
 
 def _answer_key(g: RolloutGroup) -> tuple:
@@ -304,7 +294,7 @@ class RewardClient:
                              counts=resp.status_code not in UNAVAILABLE)
         if resp.status_code >= 400:
             CALLS.labels("refused").inc()
-            raise Refused(resp.status_code, _detail(resp), _named_items(resp))
+            raise Refused(resp.status_code, response_detail(resp), _named_items(resp))
         try:
             out = resp.json()
             scores, scorer = out["scores"], out["scorer"]

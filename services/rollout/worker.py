@@ -29,14 +29,13 @@ control characters or miss `response_schema`; a group it empties goes to `rl.dlq
 
 from __future__ import annotations
 
-import json
-
 import httpx
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from steadyrl.config import ServiceConfig, load
 from steadyrl.contracts import Prompt, RolloutGroup, Sample
+from steadyrl.http import response_detail
 
 
 class RolloutSection(BaseModel):
@@ -95,16 +94,6 @@ def _request_key(p: Prompt) -> tuple:
 MAX_RETRY_AFTER_S = 60.0
 
 
-def _detail(resp: httpx.Response) -> str:
-    """The actor's message: FastAPI's {"detail": ...}, else the body (500 characters at most)."""
-    try:
-        d = resp.json()["detail"]
-        text = d if isinstance(d, str) else json.dumps(d)
-    except (ValueError, KeyError, TypeError):
-        text = resp.text
-    return text[:500]
-
-
 def _retry_after(resp: httpx.Response, default: float) -> float:
     """Retry-After in seconds (an HTTP date is not followed), within [0.05, MAX_RETRY_AFTER_S]."""
     try:
@@ -137,13 +126,13 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client):
         except httpx.HTTPError as e:  # down: nothing counts
             return RetryLater(f"actor unreachable: {type(e).__name__}: {e}", r.retry_backoff_s)
         if resp.status_code == 503:  # loading, behind the prompt's min_policy_version, or busy
-            return RetryLater(f"actor not ready: {_detail(resp)}", _retry_after(resp, r.behind_backoff_s),
+            return RetryLater(f"actor not ready: {response_detail(resp)}", _retry_after(resp, r.behind_backoff_s),
                               counts=True)
         if resp.status_code >= 500:
-            return RetryLater(f"actor answered {resp.status_code}: {_detail(resp)}",
+            return RetryLater(f"actor answered {resp.status_code}: {response_detail(resp)}",
                               _retry_after(resp, r.retry_backoff_s), counts=True)
         if resp.status_code >= 400:
-            detail = _detail(resp)
+            detail = response_detail(resp)
             return Rejected(refusal_reason(detail), f"actor refused the prompt ({resp.status_code}): {detail}")
         out = resp.json()
         return [RolloutGroup(prompt=p, prompt_token_ids=out["prompt_ids"][i],
