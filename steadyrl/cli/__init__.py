@@ -1,6 +1,6 @@
 """`steadyrl`: the command line for people (`steadyrl --help` lists the commands).
 
-One module per command or group (broker.py: broker, topics, schemas; up.py; ckpt.py;
+One module per command or group (broker.py: broker, topics, schemas; up.py; ckpt.py; export.py;
 quarantine.py; replay.py; eval.py; score.py), each with its `cmd_*` functions and an
 `add_parsers(sub)`; common.py holds what they share. Heavy imports happen inside each command
 so `--help` is instant: the modules import only the standard library at the top. A command that
@@ -14,12 +14,12 @@ import argparse
 import os
 import sys
 
-from steadyrl.cli import broker, ckpt, eval, quarantine, replay, score, up
+from steadyrl.cli import broker, ckpt, eval, export, quarantine, replay, score, up
 
 __all__ = ["BROKER_CHECK_S", "DEFAULT_STATE", "LOCAL_BOOTSTRAP", "SCALABLE", "SCALE_INPUT", "SERVICES",
            "SERVICE_PORTS", "CliError", "Progress", "_bootstrap", "_check_up_args", "_local_broker", "_parse_scale",
-           "_readiness", "_require_broker", "build_parser", "cmd_broker", "cmd_ckpt", "cmd_eval", "cmd_quarantine",
-           "cmd_replay", "cmd_schemas", "cmd_score", "cmd_topics", "cmd_up", "main"]
+           "_readiness", "_require_broker", "build_parser", "cmd_broker", "cmd_ckpt", "cmd_eval", "cmd_export",
+           "cmd_quarantine", "cmd_replay", "cmd_schemas", "cmd_score", "cmd_topics", "cmd_up", "main"]
 
 # Re-exported: tests, bench/ and docs name these as steadyrl.cli.X.
 from steadyrl.cli.broker import cmd_broker, cmd_schemas, cmd_topics
@@ -34,6 +34,7 @@ from steadyrl.cli.common import (
     _require_broker,
 )
 from steadyrl.cli.eval import cmd_eval
+from steadyrl.cli.export import cmd_export
 from steadyrl.cli.quarantine import cmd_quarantine
 from steadyrl.cli.replay import cmd_replay
 from steadyrl.cli.score import cmd_score
@@ -50,7 +51,7 @@ from steadyrl.cli.up import (
 )
 
 #: The command modules, in the order `steadyrl --help` lists their commands.
-COMMANDS = (broker, ckpt, quarantine, replay, eval, score, up)
+COMMANDS = (broker, ckpt, export, quarantine, replay, eval, score, up)
 
 
 def build_parser() -> argparse.ArgumentParser:
