@@ -21,6 +21,9 @@ which never validated as a number; NaN and Infinity are not JSON), so they are n
 major: a reader of any 1.x accepts every record of those minors, and a reader of these
 minors accepts every correct record of an earlier one. Read them with this module's
 minors to have the checks; an older reader still trains what they refuse.
+
+A contract that embeds another moves its minor with the embedded one's (its JSON Schema
+changes with it): rollout_group 1.3 (`engine`) is scored_group 1.3 and quarantined_group 1.2.
 """
 
 from __future__ import annotations
@@ -129,8 +132,9 @@ class RolloutGroup(Contract):
 
     SCHEMA_NAME: ClassVar[str] = "rollout_group"
     # 1.1: rejected; 1.2: token ids in [0, 2**31 - 1], finite log-probs, at most 1024 samples
-    # (Prompt.n_samples' bound), int64 version/time/counts (refuses only what no writer makes)
-    SCHEMA_VERSION: ClassVar[str] = "1.2"
+    # (Prompt.n_samples' bound), int64 version/time/counts (refuses only what no writer makes);
+    # 1.3: engine
+    SCHEMA_VERSION: ClassVar[str] = "1.3"
 
     prompt: Prompt
     prompt_token_ids: list[TokenId] = Field(default_factory=list, description="Tokenized chat, (P,).")
@@ -140,6 +144,10 @@ class RolloutGroup(Contract):
     generated_ms: Int64 = Field(default_factory=now_ms)
     rejected: dict[str, Count64] = Field(default_factory=dict,
                                          description="Samples the rollout gate removed, by reason (too_long, ...).")
+    engine: str = Field(default="", max_length=64,
+                        description="Generation engine that made the samples and their log-probs: torch or vllm "
+                                    "(the learner's TIS correction follows it); empty: unknown (a worker before "
+                                    "1.3).")
 
     @property
     def prompt_id(self) -> str:
@@ -164,8 +172,9 @@ class ScoredGroup(Contract):
 
     SCHEMA_NAME: ClassVar[str] = "scored_group"
     # 1.1: group.rejected (rollout_group 1.1); 1.2: finite rewards and cache_similarity,
-    # rollout_group 1.2's bounds, int64 scored_ms (refuses only what no writer makes)
-    SCHEMA_VERSION: ClassVar[str] = "1.2"
+    # rollout_group 1.2's bounds, int64 scored_ms (refuses only what no writer makes);
+    # 1.3: group.engine (rollout_group 1.3)
+    SCHEMA_VERSION: ClassVar[str] = "1.3"
 
     group: RolloutGroup
     rewards: list[Finite] = Field(description="One scalar reward per sample, (n,); finite.")
@@ -261,8 +270,8 @@ class QuarantinedGroup(Contract):
 
     SCHEMA_NAME: ClassVar[str] = "quarantined_group"
     # 1.1: finite watch figures, int64 step/index/count/time, index < count, scored_group 1.2's
-    # bounds (refuses only what no writer makes)
-    SCHEMA_VERSION: ClassVar[str] = "1.1"
+    # bounds (refuses only what no writer makes); 1.2: group.group.engine (scored_group 1.3)
+    SCHEMA_VERSION: ClassVar[str] = "1.2"
 
     batch_id: str = Field(min_length=1, max_length=256, description="`{run_id}/q{step:06d}-{hash of its prompt ids}`: "
                                                                      "the same groups held again get the same id.")

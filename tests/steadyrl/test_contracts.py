@@ -33,7 +33,7 @@ def test_instance_validates_against_checked_in_schema():
 def test_round_trip_sets_schema_header():
     g = rollout_group(7)
     value, headers = codec.encode(g)
-    assert headers == [("schema", b"rollout_group/v1.2")]
+    assert headers == [("schema", b"rollout_group/v1.3")]
     assert codec.decode(value, headers, RolloutGroup) == g
 
 
@@ -49,7 +49,7 @@ def test_minor_version_is_accepted_and_unknown_fields_ignored():
     (b"\xff\xfe not json", [("schema", b"rollout_group/v1.0")], DLQReason.undecodable, "not UTF-8 JSON"),
     (b"{}", None, DLQReason.missing_schema_header, "got none"),
     (b"{}", [("schema", b"garbage")], DLQReason.missing_schema_header, "malformed"),
-    (b"{}", [("schema", b"prompt/v1.0")], DLQReason.wrong_schema, "expected rollout_group/v1.2, got prompt/v1.0"),
+    (b"{}", [("schema", b"prompt/v1.0")], DLQReason.wrong_schema, "expected rollout_group/v1.3, got prompt/v1.0"),
     (b"{}", [("schema", b"rollout_group/v2.0")], DLQReason.major_version_mismatch,
      "expected rollout_group v1.x, got rollout_group/v2.0"),
     (b'{"prompt": 1}', [("schema", b"rollout_group/v1.0")], DLQReason.validation_failed, "prompt"),
@@ -83,3 +83,30 @@ def test_scored_group_needs_one_reward_per_sample():
 
 def test_prompt_json_schema_has_version():
     assert json_schema(Prompt)["x-schema-version"] == "1.2"
+
+
+@pytest.mark.parametrize("engine", ["vllm", "torch", ""])
+def test_engine_round_trips_through_rollout_and_scored_groups(engine):
+    g = rollout_group(2).model_copy(update={"engine": engine})
+    value, headers = codec.encode(g)
+    assert codec.decode(value, headers, RolloutGroup).engine == engine
+    sg = ScoredGroup(group=g, rewards=[1.0], reward_source="rule", scorer="x")
+    value, headers = codec.encode(sg)
+    assert headers == [("schema", b"scored_group/v1.3")]
+    assert codec.decode(value, headers, ScoredGroup).group.engine == engine
+
+
+def test_a_record_of_an_older_worker_without_engine_reads_as_unknown():
+    obj = json.loads(rollout_group(1).model_dump_json())
+    del obj["engine"]                                   # rollout_group 1.2 had no engine
+    got = codec.decode(json.dumps(obj).encode(), [("schema", b"rollout_group/v1.2")], RolloutGroup)
+    assert got.engine == "" and got == rollout_group(1)
+    sg = json.loads(ScoredGroup(group=rollout_group(1), rewards=[1.0], reward_source="rule",
+                                scorer="x").model_dump_json())
+    del sg["group"]["engine"]
+    assert codec.decode(json.dumps(sg).encode(), [("schema", b"scored_group/v1.2")], ScoredGroup).group.engine == ""
+
+
+def test_engine_is_bounded():
+    with pytest.raises(ValueError, match="at most 64 characters"):
+        RolloutGroup.model_validate({**json.loads(rollout_group(1).model_dump_json()), "engine": "x" * 65})
