@@ -259,7 +259,8 @@ def microbatch_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, mode: L
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 clip_low: float = 0.2, clip_high: float = 0.2, clip_ratio_c: float | None = 3.0,
-                agg: LossAgg = "token-mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                agg: LossAgg = "token-mean",
+                is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate policy loss, with asymmetric clip and dual clip.
 
     ratio    = exp(logp - old_logp)
@@ -267,13 +268,18 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     pg_loss2 = -A * clip(ratio, 1 - clip_low, 1 + clip_high)
     loss     = max(pg_loss1, pg_loss2)                         PPO, Schulman et al. 2017, eq. 7
     where A < 0:  loss = min(loss, -A * clip_ratio_c)          dual clip, Ye et al. 2020, eq. 5
-    Asymmetric (low, high) clip: DAPO "clip-higher", Yu et al. 2025, eq. 10.
+    loss     = w * loss    with is_weights w (`tis_weights`)   TIS, Yao et al. 2025
+    Asymmetric (low, high) clip: DAPO "clip-higher", Yu et al. 2025, eq. 10. The weights
+    multiply the per-token loss after both clips and before the aggregation, as verl's
+    `compute_policy_loss_vanilla` does with `rollout_is_weights`; the clip metrics do not see them.
 
     Args:
         logp, old_logp: (B, T) log-probs of the taken tokens under the current / behaviour policy.
         advantages: (B, T) (a sequence advantage broadcast over its tokens).
         mask: (B, T).
         clip_ratio_c: dual-clip bound (> 1), or None to disable.
+        is_weights: (B, T) detached per-token importance weights, or None (the loss is
+            computed exactly as without them).
     Returns:
         scalar loss, and metrics: clip_frac (share of tokens where the clip was active),
         dual_clip_frac, approx_kl (k1 between behaviour and current, mean over tokens).
@@ -294,12 +300,97 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     else:
         dual_active = torch.zeros_like(clipped)
         pg_losses = clipped
+    if is_weights is not None:
+        pg_losses = pg_losses * is_weights                                    # (B, T)
     loss = aggregate(pg_losses, mask, agg)
     with torch.no_grad():
         metrics = {"clip_frac": masked_mean(clip_active, mask),
                    "dual_clip_frac": masked_mean(dual_active, mask),
                    "approx_kl": masked_mean(-log_ratio, mask)}
     return loss, metrics
+
+
+# ---------------------------------------------------------------- train/inference mismatch
+
+def tis_weights(trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
+                cap: float = 2.0) -> torch.Tensor:
+    """Truncated importance-sampling (TIS) weight of each token, detached.
+
+    w_t = min(exp(log pi_trainer(y_t) - log pi_rollout(y_t)), C) * m_t        token-level truncation
+
+    The rollout engine (vLLM in bf16) sampled y from pi_rollout, but the trainer's log-probs
+    of the same tokens under the same weights are pi_trainer's: the update is off-policy by
+    that gap. TIS reweights each token's policy-gradient loss by pi_trainer / pi_rollout,
+    truncated from above at C so that a token the rollout engine found much less likely
+    cannot dominate the gradient. Truncation is per token (not of the sequence's product of
+    ratios): biased, low variance; there is no lower bound (a weight near 0 just removes the
+    token's share of the gradient).
+
+    Source: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    Training" (https://fengyao.notion.site/off-policy-rl), the TIS correction. verl names it
+    rollout importance sampling: `compute_rollout_importance_weights`
+    (verl/trainer/ppo/mismatch_helper.py) with rollout_is_level="token",
+    rollout_is_mode="truncate" computes exp(old_log_prob - rollout_log_prob), clamped at
+    `rollout_is_threshold` from above and times response_mask; `compute_policy_loss_vanilla`
+    multiplies the per-token PPO loss by it (`policy_loss`'s is_weights). verl first clamps the
+    log-ratio to [-20, 20] against overflow; here exp overflows to inf, which the cap turns
+    into C, and a weight below exp(-20) ~ 2e-9 stays as it is instead of 2e-9.
+
+    Args:
+        trainer_logp: (B, T) the trainer's log-probs of the sampled tokens (the ratio's old
+            log-probs: the behaviour policy as the trainer computes it).
+        rollout_logp: (B, T) the rollout engine's log-probs of the same tokens.
+        mask: (B, T).
+        cap: C (verl's documented example: rollout_is_threshold 2.0).
+    Returns:
+        (B, T) weights in [0, C], no gradient; 0 on padding.
+    """
+    with torch.no_grad():
+        ratio = torch.exp(trainer_logp - rollout_logp)                        # (B, T)
+        return torch.clamp(ratio, max=cap) * mask                             # (B, T)
+
+
+def mismatch_metrics(trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
+                     low: float = 0.5, high: float = 2.0) -> dict[str, float]:
+    """How far the rollout engine's log-probs are from the trainer's, on the sampled tokens.
+
+    d_t = log pi_trainer(y_t) - log pi_rollout(y_t)                 (B, T), y ~ pi_rollout
+    mean_abs_logp_diff = sum_t |d_t| m_t / sum_t m_t                  over every token of the batch
+    kl                 = mean_i ( sum_t k3(d_t) m_t / sum_t m_t )      k3(d) = exp(d) - 1 - d
+    ratio_outside_frac = share of tokens with exp(d_t) < low or > high
+
+    kl estimates KL(pi_rollout || pi_trainer) per token with Schulman's k3 (2020, "Approximating
+    KL Divergence": r - 1 - log r with r = pi_trainer / pi_rollout, unbiased and >= 0 for
+    samples of pi_rollout), averaged over each sequence's tokens, then over the sequences
+    (sequences without tokens are left out). This is prime-rl's `mismatch_kl`
+    (src/prime_rl/trainer/rl/loss.py, `compute_loss`: per sequence,
+    token_mismatch_kl[loss_mask].sum() / loss_mask.sum(), with
+    token_mismatch_kl = exp(log_importance_ratio) - log_importance_ratio - 1). k3 is computed
+    as expm1(d) - d in float64, as prime-rl's `mismatch_diagnostics`
+    (src/prime_rl/trainer/rl/mismatch.py), so that log-prob errors of 1e-6 do not vanish in
+    rounding. verl's `mismatch_k3_kl` (verl/trainer/ppo/mismatch_helper.py,
+    `compute_mismatch_metrics`) is the same k3 averaged over every token of the batch instead,
+    which weighs long responses more. The [0.5, 2] band is the default TIS/masking band of verl
+    (rollout_is_threshold 2, lower bound 1 / 2).
+
+    Args:
+        trainer_logp, rollout_logp: (B, T).
+        mask: (B, T).
+    Returns:
+        {"mean_abs_logp_diff", "kl", "ratio_outside_frac"} as floats; 0.0 each without tokens.
+    """
+    with torch.no_grad():
+        m = mask.double()                                                     # (B, T)
+        d = (trainer_logp.double() - rollout_logp.double()) * m               # (B, T)
+        n_tok = m.sum(dim=1)                                                  # (B,)
+        k3 = (torch.expm1(d) - d) * m                                         # (B, T), >= 0
+        has = n_tok > 0                                                       # (B,)
+        kl_seq = k3.sum(dim=1)[has] / n_tok[has]                              # (B',)
+        ratio = torch.exp(d)                                                  # (B, T)
+        outside = ((ratio < low) | (ratio > high)).double()                  # (B, T)
+        return {"mean_abs_logp_diff": float(masked_mean(d.abs(), m)),
+                "kl": float(kl_seq.mean()) if kl_seq.numel() else 0.0,
+                "ratio_outside_frac": float(masked_mean(outside, m))}
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,

@@ -233,3 +233,73 @@ def test_clip_grad_norm_returns_the_norm_before_clipping():
 def test_kl_with_zero_coefficient_warns():
     with pytest.warns(UserWarning, match="kl_coef is 0.0"):
         core.warn_if_kl_is_off(True, 0.0)
+
+
+# ---------------------------------------------------------------- train/inference mismatch
+
+# log pi_trainer - log pi_rollout per token: ratios 1, 1.5, 3 (row 0), 0.25 then padding (row 1)
+MIS_TRAINER = torch.tensor([[-1.0, -0.5, -2.0], [-3.0, -1.0, -1.0]])
+MIS_DELTA = torch.log(torch.tensor([[1.0, 1.5, 3.0], [0.25, 1.0, 1.0]]))
+MIS_ROLLOUT = MIS_TRAINER - MIS_DELTA
+MIS_MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+
+
+def test_tis_weights_hand_computed_truncated_per_token_and_zero_on_padding():
+    rollout = MIS_ROLLOUT.clone()
+    rollout[1, 1:] = -1000.0                   # padding whose ratio overflows to inf: still 0
+    trainer = MIS_TRAINER.clone().requires_grad_()
+    w = core.tis_weights(trainer, rollout, MIS_MASK, cap=2.0)
+    # min(ratio, 2): 1, 1.5, 2 (3 truncated) | 0.25 (no lower bound), padding 0
+    assert torch.allclose(w, torch.tensor([[1.0, 1.5, 2.0], [0.25, 0.0, 0.0]]), atol=ATOL)
+    assert w[0, 2] == 2.0 and not w.requires_grad   # exactly the cap; detached
+    assert torch.allclose(core.tis_weights(MIS_TRAINER, MIS_ROLLOUT, MIS_MASK, cap=5.0),
+                          torch.tensor([[1.0, 1.5, 3.0], [0.25, 0.0, 0.0]]), atol=ATOL)
+    same = core.tis_weights(MIS_TRAINER, MIS_TRAINER, MIS_MASK, cap=2.0)
+    assert torch.equal(same, MIS_MASK)              # equal log-probs: exactly 1 on every token
+
+
+def test_mismatch_metrics_hand_computed():
+    got = core.mismatch_metrics(MIS_TRAINER, MIS_ROLLOUT, MIS_MASK)
+    # mean |d| over the 4 tokens: (0 + ln 1.5 + ln 3 + ln 4) / 4
+    assert got["mean_abs_logp_diff"] == pytest.approx((math.log(1.5) + math.log(3) + math.log(4)) / 4, abs=1e-6)
+    # k3 = r - 1 - ln r: row 0 (0 + 0.5 - ln 1.5 + 2 - ln 3) / 3, row 1 (0.25 - 1 + ln 4); mean of the rows
+    row0 = (0.0 + (0.5 - math.log(1.5)) + (2.0 - math.log(3))) / 3
+    row1 = 0.25 - 1.0 + math.log(4)
+    assert got["kl"] == pytest.approx((row0 + row1) / 2, abs=1e-6)            # 0.484134
+    assert got["ratio_outside_frac"] == pytest.approx(2 / 4)                   # 3 and 0.25 are outside [0.5, 2]
+
+
+def test_mismatch_metrics_are_zero_for_equal_logprobs_and_skip_empty_sequences():
+    assert core.mismatch_metrics(MIS_TRAINER, MIS_TRAINER, MIS_MASK) == {
+        "mean_abs_logp_diff": 0.0, "kl": 0.0, "ratio_outside_frac": 0.0}
+    # an empty response neither counts as a sequence of KL 0 nor adds tokens
+    pad = torch.cat([MIS_MASK, torch.zeros(1, 3)])
+    wider = core.mismatch_metrics(torch.cat([MIS_TRAINER, torch.zeros(1, 3)]),
+                                  torch.cat([MIS_ROLLOUT, torch.full((1, 3), -5.0)]), pad)
+    assert wider == pytest.approx(core.mismatch_metrics(MIS_TRAINER, MIS_ROLLOUT, MIS_MASK))
+    assert core.mismatch_metrics(MIS_TRAINER, MIS_ROLLOUT, torch.zeros(2, 3)) == {
+        "mean_abs_logp_diff": 0.0, "kl": 0.0, "ratio_outside_frac": 0.0}
+
+
+def test_mismatch_kl_keeps_tiny_logprob_errors():
+    """k3 of d = 1e-6 is d^2 / 2 = 5e-13: expm1 in float64 keeps it, exp(d) - 1 - d in float32 would not."""
+    trainer = torch.full((1, 4), -2.0, dtype=torch.float64)
+    got = core.mismatch_metrics(trainer, trainer - 1e-6, torch.ones(1, 4))
+    assert got["kl"] == pytest.approx(0.5e-12, rel=1e-3)
+    assert got["mean_abs_logp_diff"] == pytest.approx(1e-6, rel=1e-6)
+
+
+def test_policy_loss_with_is_weights_hand_computed():
+    old = torch.zeros(1, 2)
+    logp = torch.zeros(1, 2, requires_grad=True)       # ratio 1
+    A = torch.tensor([[1.0, -1.0]])
+    w = torch.tensor([[0.5, 2.0]])
+    loss, m = core.policy_loss(logp, old, A, torch.ones(1, 2), is_weights=w)
+    # per token -A * ratio (no clip active at ratio 1, dual clip min(1, 3) = 1), times w: -0.5, 2.0
+    assert loss.item() == pytest.approx((-0.5 + 2.0) / 2)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.25, 1.0]]))   # w * (-A) * ratio / 2
+    assert m["clip_frac"].item() == 0.0
+    plain, _ = core.policy_loss(logp.detach(), old, A, torch.ones(1, 2))
+    ones, _ = core.policy_loss(logp.detach(), old, A, torch.ones(1, 2), is_weights=torch.ones(1, 2))
+    assert torch.equal(plain, ones) and plain.item() == 0.0   # weights of 1 change nothing, bit for bit
