@@ -22,6 +22,9 @@ decides, since its loss must use the same temperature) and which policy it wants
   the message names one). A request of several prompts is sent again one prompt at a
   time first, so only the prompts it refuses go.
 
+Each group carries the engine the actor names in its answer (`engine`: torch or vllm; ""
+from an actor that does not say), so the learner knows whose log-probs it trains on.
+
 The rollout gate (`services/rollout/gate.py`) removes samples that are too long, hold
 control characters or miss `response_schema`; a group it empties goes to `rl.dlq`
 (reason `rejected`) with the reasons.
@@ -102,6 +105,14 @@ def _retry_after(resp: httpx.Response, default: float) -> float:
         return default
 
 
+def _engine(answer: dict) -> str:
+    """The actor's generation engine ("torch", "vllm"), which the learner's TIS correction
+    follows; "" (unknown) from an actor that does not say, or says something that is not a
+    short string."""
+    engine = answer.get("engine", "")
+    return engine if isinstance(engine, str) and len(engine) <= 64 else ""
+
+
 def make_handler(cfg: RolloutConfig, client: httpx.Client):
     """[(Prompt, meta)] -> per prompt one [Output(rl.rollouts)], a codec.Rejected (to rl.dlq:
     the actor refused it, or the rollout gate emptied its group) or a RetryLater (held), with
@@ -138,7 +149,7 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client):
         return [RolloutGroup(prompt=p, prompt_token_ids=out["prompt_ids"][i],
                              samples=[Sample(text=c["text"], token_ids=c["token_ids"], logprobs=c["logprobs"],
                                              finish_reason=c["finish_reason"]) for c in out["completions"][i]],
-                             policy_version=out["policy_version"], actor=r.actor_url)
+                             policy_version=out["policy_version"], actor=r.actor_url, engine=_engine(out))
                 for i, p in enumerate(prompts)]
 
     def handle_batch(items) -> list:

@@ -90,3 +90,16 @@ def test_a_500_counts_and_a_bad_retry_after_is_ignored():
     [r] = handle([(prompt(0), None)])
     assert isinstance(r, RetryLater) and r.counts and r.backoff_s == RolloutConfig().rollout.retry_backoff_s
     assert str(r) == "actor answered 500: boom"
+
+
+def test_each_group_carries_the_engine_the_actor_names():
+    def answer_with(engine):
+        def answer(body):
+            resp = ok(body)
+            return httpx.Response(200, json={**resp.json(), **({} if engine is None else {"engine": engine})})
+        return answer
+
+    for engine, want in (("vllm", "vllm"), ("torch", "torch"), (None, ""), (7, ""), ("x" * 65, "")):
+        handle, _ = handler(answer_with(engine))
+        a, b = handle([(prompt(0), None), (prompt(1), None)])
+        assert [o[0].value.engine for o in (a, b)] == [want, want], engine
