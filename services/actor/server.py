@@ -33,10 +33,12 @@ Stateless: a restarted actor rebuilds everything from the model name and `rl.pol
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
 import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -55,11 +57,28 @@ POLICY_LOADS = Counter("steadyrl_actor_policy_loads", "Policy versions loaded")
 POLICY_REJECTED = Counter("steadyrl_actor_policy_rejected", "Policy records refused", ["reason"])
 GEN_SECONDS = Histogram("steadyrl_actor_generate_seconds", "Time of one /generate call",
                         buckets=(0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
+RELOAD_SECONDS = Histogram("steadyrl_actor_policy_reload_seconds",
+                           "Time to load a verified policy version into the served weights (drain included)",
+                           buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300))
 GEN_TOKENS = Counter("steadyrl_actor_generated_tokens", "Completion tokens generated")
 REFUSED_REASONS = ("max_new_tokens", "max_sequences", "token_ids", "prompt_tokens", "context", "non_finite")
 REFUSED = Counter("steadyrl_actor_requests_refused", "/generate calls refused with 422", ["reason"])
 for _r in REFUSED_REASONS:
     REFUSED.labels(_r)
+
+
+class VLLMSection(BaseModel):
+    """The vLLM backend's engine settings (services/actor/vllm_engine.py VLLMSettings)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dtype: Literal["bfloat16", "float32", "float16"] = Field("bfloat16", description="Engine dtype.")
+    max_model_len: int = Field(2048, ge=16, description="Longest prompt + completion the engine plans for.")
+    kv_cache_gib: float | None = Field(1.0, gt=0, description="KV-cache size, GiB (CPU: host memory); "
+                                                              "None: gpu_memory_utilization decides (GPU).")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="GPU: share of its memory vLLM may take.")
+    max_num_seqs: int = Field(256, ge=1, description="Sequences in one engine batch at most.")
+    enforce_eager: bool = Field(True, description="No torch.compile / CUDA graphs (faster start).")
 
 
 class ActorSection(BaseModel):
@@ -68,13 +87,14 @@ class ActorSection(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
     model: str = Field("smollm2-135m-instruct", description="smollm2-135m-instruct, tiny, or a local HF dir.")
-    backend: Literal["torch", "vllm"] = Field("torch",
-                                              description="torch (CPU or GPU), or vllm (GPU, the `gpu` extra).")
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vllm: share of GPU memory it may take.")
+    backend: Literal["torch", "vllm"] = Field(
+        "torch", description="torch (CPU or GPU, this venv), or vllm (vLLM's async engine; the actor runs from "
+                             "the vLLM venv: `make vllm-cpu`, see services/actor/README.md).")
+    vllm: VLLMSection = VLLMSection()
     policy_root: Path = Field(Path(".steadyrl/policies"), description="Only weights under this folder are loaded.")
     max_new_tokens_limit: int = Field(1024, ge=1, description="Largest max_new_tokens a request may ask for.")
     max_sequences: int = Field(512, ge=1, description="Largest prompts x n per request.")
-    batch_size: int = Field(64, ge=1, description="Sequences per generate() call.")
+    batch_size: int = Field(64, ge=1, description="torch: sequences per generate() call.")
     max_prompt_tokens: int = Field(4096, ge=1,
                                    description="Longest prompt, in tokens (its prompt_ids, or its messages through "
                                                "the chat template); longer gets 422. Prompt + max_new_tokens must "
@@ -83,8 +103,9 @@ class ActorSection(BaseModel):
                                 description="Largest POST /generate body, bytes; larger gets 413 (8 MiB: ~100x a "
                                             "batch of 64 chat prompts).")
     max_concurrent: int = Field(16, ge=1,
-                                description="POST /generate calls in progress at once (generation itself is one at "
-                                            "a time; the rest wait their turn); past it 503 with Retry-After.")
+                                description="POST /generate calls in progress at once (torch: generation is one "
+                                            "at a time, the rest wait their turn; vllm: the engine batches them "
+                                            "together); past it 503 with Retry-After.")
     body_timeout_s: float = Field(30.0, gt=0,
                                   description="Seconds a request body may take to arrive; slower gets 408.")
 
@@ -116,29 +137,78 @@ class GenerateRequest(BaseModel):
     min_policy_version: int = Field(0, ge=0, description="Oldest version of run_id acceptable.")
 
 
+class Gate:
+    """Generate calls share it; a policy reload has it alone (a readers-writer gate).
+
+    `shared()` waits while a reload is waiting or running; `exclusive()` holds new calls,
+    waits for the running ones to finish (drain), and keeps them out until it ends. So a
+    call's policy version cannot change while it runs, and a reload never starves.
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._running = 0
+        self._writer = False
+
+    @contextmanager
+    def shared(self):
+        with self._cv:
+            self._cv.wait_for(lambda: not self._writer)
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._running -= 1
+                self._cv.notify_all()
+
+    @contextmanager
+    def exclusive(self):
+        with self._cv:
+            self._cv.wait_for(lambda: not self._writer)
+            self._writer = True
+            self._cv.wait_for(lambda: self._running == 0)
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._writer = False
+                self._cv.notify_all()
+
+
 class Actor:
-    """The model, its tokenizer, the version served, and the lock that serializes them."""
+    """The served model (torch or vLLM), its tokenizer, the version served, and the gate
+    between generation and policy reloads."""
 
     def __init__(self, cfg: ActorConfig):
-        from steadyrl.generation import TorchGenerator
         from steadyrl.models import load_policy
 
         self.cfg = cfg
         self.root = cfg.actor.policy_root.resolve()
-        self.model, self.tok = load_policy(cfg.actor.model)
-        self.model.eval()
-        if cfg.actor.backend == "vllm":  # the torch copy stays for the policy checks
-            from steadyrl.generation import VLLMGenerator
-            from steadyrl.models import SMOLLM2, smollm2_cached
+        self.engine = cfg.actor.backend
+        self.gate = Gate()
+        self.model = None   # torch: the served model; vllm: the engine holds the weights
+        if self.engine == "vllm":
+            from services.actor.vllm_engine import VLLMGenerator, VLLMSettings
+            from steadyrl.models import hf_folder, load_tokenizer, safetensors_shapes
 
-            path = smollm2_cached() if cfg.actor.model == SMOLLM2 else Path(cfg.actor.model)
-            self.gen = VLLMGenerator(str(path), gpu_memory_utilization=cfg.actor.gpu_memory_utilization)
+            folder = hf_folder(cfg.actor.model)
+            self.tok = load_tokenizer(folder)
+            #: name -> shape the policy versions must have (the base folder's tensors)
+            self.shapes, self.tied = safetensors_shapes(folder)
+            self.context = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+            self.gen = VLLMGenerator(VLLMSettings(model_dir=folder, **cfg.actor.vllm.model_dump()))
+            self.serial = nullcontext()   # the engine batches concurrent calls itself
         else:
+            from steadyrl.generation import TorchGenerator
+
+            self.model, self.tok = load_policy(cfg.actor.model)
+            self.model.eval()
             self.gen = TorchGenerator(self.model, self.tok, batch_size=cfg.actor.batch_size)
-        #: positions the model was built for (prompt + completion); None: no limit known
-        self.context = getattr(self.model.config, "max_position_embeddings", None)
+            #: positions the model was built for (prompt + completion); None: no limit known
+            self.context = getattr(self.model.config, "max_position_embeddings", None)
+            self.serial = threading.Lock()   # one generate() on the model at a time
         self.run_id, self.version, self.sha256 = "", 0, ""   # "" / 0: the base weights
-        self.lock = threading.Lock()
         self.caught_up = False
         POLICY_VERSION.set(0)
 
@@ -155,17 +225,21 @@ class Actor:
         if run_id < self.run_id or (run_id, version, sha256) == (self.run_id, self.version, self.sha256):
             raise PolicyRefused("stale", f"run {run_id!r} version {version} is not newer than serving "
                                          f"run {self.run_id!r} version {self.version}")
-        from steadyrl.models import state_dict_mismatch
+        from steadyrl.models import shapes_mismatch, state_dict_mismatch
 
         state = policy_files.read_version(self.root, uri, sha256)  # every byte checked
-        why = state_dict_mismatch(self.model, state)
-        if why:  # refused before the model is touched
+        why = (state_dict_mismatch(self.model, state) if self.model is not None
+               else shapes_mismatch(self.shapes, state, self.tied))
+        if why:  # refused before the served weights are touched
             raise PolicyRefused("wrong_model", why)
-        with self.lock:
-            self.model.load_state_dict(state, strict=False)
-            if hasattr(self.gen, "load_weights"):  # vLLM holds its own copy
-                self.gen.load_weights(self.model.state_dict())
+        t0 = time.perf_counter()
+        with self.gate.exclusive():   # running calls finish on the old weights; new ones wait
+            if self.model is not None:
+                self.model.load_state_dict(state, strict=False)
+            else:
+                self.gen.reload(policy_files.resolve(self.root, uri))
             self.run_id, self.version, self.sha256 = run_id, version, sha256
+        RELOAD_SECONDS.observe(time.perf_counter() - t0)
         POLICY_VERSION.set(version)
         POLICY_LOADS.inc()
         log.info("policy loaded", extra={"run_id": run_id, "version": version, "uri": uri})
@@ -206,14 +280,14 @@ class Actor:
         params = SamplingParams(n=req.n, temperature=req.temperature, top_p=req.top_p,
                                 max_new_tokens=req.max_new_tokens, seed=req.seed)
         t0 = time.perf_counter()
-        with self.lock:
+        with self.gate.shared(), self.serial:
             self.check_version(req.run_id, req.min_policy_version)
             version = self.version
             out = self.gen.generate(ids, params, seeds=seeds)
         GEN_SECONDS.observe(time.perf_counter() - t0)
         GEN_TOKENS.inc(sum(len(c.token_ids) for g in out for c in g))
         self._check_finite(out, req.temperature)
-        return {"policy_version": version, "prompt_ids": ids,
+        return {"policy_version": version, "engine": self.engine, "prompt_ids": ids,
                 "completions": [[c.__dict__ for c in g] for g in out]}
 
     def _check_length(self, i: int, tokens: int, max_new_tokens: int) -> None:

@@ -22,6 +22,30 @@ SERVICES = {"reward-server": "services.reward.server", "actor": "services.actor"
 #: instance beyond them would get no partition).
 SCALE_INPUT = {"rollout": "rl.prompts", "reward": "rl.rollouts"}
 SCALABLE = tuple(SCALE_INPUT)
+#: The actor's interpreter when its backend is vllm (vLLM pins its own torch and transformers,
+#: so it has a virtualenv of its own: `make vllm-cpu`). STEADYRL_VLLM_PYTHON overrides it.
+VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+
+
+def actor_python(config: str | None) -> str:
+    """The interpreter the actor runs in: this one, or the vLLM venv's when `actor.backend`
+    (STEADYRL_ACTOR__BACKEND, else the --config file's) is vllm. Raises CliError (2) when
+    that venv is missing."""
+    import os
+
+    import yaml
+
+    backend = os.environ.get("STEADYRL_ACTOR__BACKEND")
+    if backend is None and config:
+        section = (yaml.safe_load(Path(config).read_text()) or {}).get("actor") or {}
+        backend = section.get("backend") if isinstance(section, dict) else None
+    if backend != "vllm":
+        return sys.executable
+    python = Path(os.environ.get("STEADYRL_VLLM_PYTHON", VLLM_PYTHON))
+    if not os.access(python, os.X_OK):
+        raise CliError(f"actor.backend vllm needs the vLLM virtualenv: {python} is missing (`make vllm-cpu` "
+                       f"builds it; STEADYRL_VLLM_PYTHON names another interpreter)", 2)
+    return str(python)
 
 
 def _parse_scale(items: list[str]) -> dict[str, int]:
@@ -105,6 +129,7 @@ def cmd_up(args) -> int:
     from steadyrl.topics import create_topics
 
     scale = _check_up_args(args)
+    python = {"actor": actor_python(args.config)}
     bootstrap = _bootstrap(args)
     state = Path(args.state_dir)
     lb = None
@@ -129,7 +154,7 @@ def cmd_up(args) -> int:
         for i in range(scale.get(svc, 1)):
             port = SERVICE_PORTS[svc] + args.port_offset + i
             children.append(Child(f"{svc}-{i}", [
-                sys.executable, "-m", module, "--bootstrap", bootstrap,
+                python.get(svc, sys.executable), "-m", module, "--bootstrap", bootstrap,
                 "--topic-prefix", args.prefix, "--instance-id", f"{svc}-{i}", "--metrics-port", str(port),
                 *extra.get(svc, []), *(["--config", args.config] if args.config else [])], port,
                 final=svc == "learner"))

@@ -1,0 +1,170 @@
+"""The actor's vLLM backend: vLLM's async engine (`AsyncLLM`, the V1 engine) behind the same
+`generate()` as steadyrl.generation.TorchGenerator, weights replaced in place.
+
+    gen = VLLMGenerator(VLLMSettings(model_dir="/path/hf-folder"))
+    out = gen.generate([[ids of prompt 1], [ids of prompt 2]], SamplingParams(n=8, max_new_tokens=32), seeds=[1, 2])
+    gen.reload("/path/policy/version-folder")      # in place, between engine steps
+    gen.close()
+
+Runs only in the actor's own virtualenv (`.venv-vllm`, `make vllm-cpu`): vLLM pins its own
+torch and transformers. Importing this module needs no vLLM; building a VLLMGenerator does.
+
+Threads. The engine lives on one asyncio event loop in a thread of its own. `generate()` may
+be called from any number of threads at once (the HTTP server's worker threads, one per
+rollout worker's request): each call adds its requests to the engine, which batches all
+running requests continuously (vLLM's scheduler), and blocks until its own are done.
+
+Weight reload. `reload(dir)` has every engine worker load the folder's safetensors in place
+(`collective_rpc("reload_weights", weights_path=dir)`: vLLM's
+`vllm.model_executor.model_loader.reload.inplace.reload_weights`) and clears the prefix cache
+(its KV entries were computed by the old weights). It must not run while generate() calls
+are running: the actor's gate (services/actor/server.py, `Gate`) drains them first and holds
+new ones, so no sequence mixes two versions. The caller checks the folder (root, sha256,
+keys and shapes) before.
+
+Log-probs. vLLM runs with `logprobs_mode="processed_logprobs"`: the log-prob of each sampled
+token under the distribution it was sampled from, after temperature. With top_p = 1 that is
+log softmax(logits / T), the contract of generation.py; with top_p < 1 vLLM's are
+renormalised over the nucleus, so they differ from the trainer's recomputation (the learner's
+mismatch metrics show it). Sampling uses vLLM's own sampler: for the same seed the samples
+differ from the torch backend's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from steadyrl.generation import Completion, SamplingParams
+
+log = logging.getLogger("steadyrl.actor.vllm")
+
+
+class VLLMSettings(BaseModel):
+    """How the engine is built (the actor's `vllm:` settings, plus the model folder)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_dir: Path = Field(description="A Hugging Face folder: config.json, tokenizer, safetensors.")
+    dtype: Literal["bfloat16", "float32", "float16"] = Field(
+        "bfloat16", description="Engine dtype (bfloat16: what users run; the learner's mismatch metrics show the "
+                                "difference from its float32 recomputation).")
+    max_model_len: int = Field(2048, ge=16, description="Longest prompt + completion the engine plans for, tokens.")
+    kv_cache_gib: float | None = Field(
+        1.0, gt=0, description="KV-cache size, GiB (CPU: host memory). None: gpu_memory_utilization decides.")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1,
+                                          description="Share of GPU memory the engine may take (GPU only).")
+    max_num_seqs: int = Field(256, ge=1, description="Sequences the engine runs in one batch at most.")
+    enforce_eager: bool = Field(True, description="No torch.compile / CUDA graphs: faster start, and on this "
+                                                  "CPU no slower (docs/actor.md).")
+    seed: int = Field(0, description="Engine seed (requests carry their own seeds).")
+
+
+class VLLMGenerator:
+    """vLLM's AsyncLLM, callable from threads; see the module docstring.
+
+    Raises ImportError when vLLM is not installed (run the actor from `.venv-vllm`).
+    """
+
+    def __init__(self, settings: VLLMSettings):
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.settings = settings
+        kv = int(settings.kv_cache_gib * 2**30) if settings.kv_cache_gib else None
+        args = AsyncEngineArgs(model=str(settings.model_dir), dtype=settings.dtype,
+                               max_model_len=settings.max_model_len, kv_cache_memory_bytes=kv,
+                               gpu_memory_utilization=settings.gpu_memory_utilization,
+                               max_num_seqs=settings.max_num_seqs, enforce_eager=settings.enforce_eager,
+                               seed=settings.seed, logprobs_mode="processed_logprobs", max_logprobs=1,
+                               enable_prefix_caching=True, disable_log_stats=True)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="vllm-engine", daemon=True)
+        self.thread.start()
+
+        async def build() -> AsyncLLM:
+            return AsyncLLM.from_engine_args(args)
+
+        t0 = time.perf_counter()
+        self.engine = self._call(build())
+        self.tok = self.engine.tokenizer
+        self.eos_id = self.tok.eos_token_id if self.tok is not None else None
+        self._ids = itertools.count()
+        log.info("vllm engine ready", extra={"model": str(settings.model_dir), "dtype": settings.dtype,
+                                             "seconds": round(time.perf_counter() - t0, 1)})
+
+    def _call(self, coro, timeout: float | None = None):
+        """Run a coroutine on the engine's loop and wait for its result."""
+        fut: Future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return fut.result(timeout)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: list[int | None] | None = None) -> list[list[Completion]]:
+        """params.n completions of each prompt (token ids, (P_i,)); as TorchGenerator.generate.
+
+        seeds: one per prompt (None entries: params.seed, else unseeded). Thread-safe.
+        Returns completions[i][j] for prompt i, sample j.
+        """
+        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        return self._call(self._generate(prompts, params, seeds))
+
+    async def _generate(self, prompts, params: SamplingParams, seeds) -> list[list[Completion]]:
+        return list(await asyncio.gather(*(self._one(p, params, s if s is not None else params.seed)
+                                           for p, s in zip(prompts, seeds))))
+
+    async def _one(self, prompt: list[int], params: SamplingParams, seed: int | None) -> list[Completion]:
+        """The n completions of one prompt: one engine request (vLLM fans out n samples)."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = VLLMSamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                                max_tokens=params.max_new_tokens, seed=seed, logprobs=0,
+                                skip_special_tokens=True)
+        final = None
+        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt), sp,
+                                              request_id=f"steadyrl-{next(self._ids)}"):
+            final = out
+        assert final is not None and final.finished
+        group = []
+        for c in sorted(final.outputs, key=lambda c: c.index):
+            ids = list(c.token_ids)
+            # the sampled token's entry in each step's dict (logprobs=0: only it)
+            lps = [step[t].logprob for step, t in zip(c.logprobs or [], ids)]
+            group.append(Completion(ids, lps, c.text, "stop" if c.finish_reason == "stop" else "length"))
+        return group
+
+    def reload(self, weights_dir: Path) -> None:
+        """Replace the served weights by the safetensors in `weights_dir`, in place (no
+        generate() call may be running: see the module docstring). Raises whatever vLLM
+        raises for weights that do not fit (the caller checks keys and shapes first)."""
+        self._call(self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)}))
+        self._call(self.engine.reset_prefix_cache())
+
+    def close(self) -> None:
+        """Shut the engine (and its worker processes) down and stop the loop."""
+        try:
+            self.engine.shutdown()
+            del self.engine   # its __del__ shuts down again: now, while vLLM's modules are loaded
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+
+
+def vllm_available() -> tuple[bool, str]:
+    """Whether this interpreter can run the vLLM backend, and why not."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install (missing native library)
+        return False, f"vllm does not import here ({type(e).__name__}: {e})"
+    return True, f"vllm {vllm.__version__} ({os.environ.get('VIRTUAL_ENV', 'this interpreter')})"
