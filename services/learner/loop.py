@@ -130,13 +130,16 @@ class Learner:
             SAMPLE_AGE.observe(max(time.time() - sg.group.generated_ms / 1000, 0.0))
         # A group sampled by an older version brings its behaviour log-probs (see Trainer).
         # A cache-scored group (reward server down) weighs cache_scored_weight in the loss.
+        # Every group brings the actor's log-probs and engine: the train/inference mismatch
+        # metrics, and TIS where learner.train.rollout_is says so (auto: vLLM groups).
         self.progress["phase"] = "training"
         t_batch = time.monotonic()
         try:
             metrics = self.trainer.step([
                 Group(sg.group.prompt_token_ids, [s.token_ids for s in sg.group.samples], sg.rewards,
                       [s.logprobs for s in sg.group.samples] if sg.group.policy_version < st.step else None,
-                      weight=lc.cache_scored_weight if sg.reward_source.value == "cache" else 1.0)
+                      weight=lc.cache_scored_weight if sg.reward_source.value == "cache" else 1.0,
+                      rollout_logprobs=[s.logprobs for s in sg.group.samples], engine=sg.group.engine)
                 for sg in groups])
         except NonFiniteStep as e:  # nothing applied: the weights are still version st.step
             self.screen.nonfinite(dict(zip(take, batch)), e)

@@ -1,5 +1,7 @@
 """The learner's per-step figures on /metrics (docs/metrics.md): reward, tokens/s, the
-trainer's metrics under verl's names, phase timings, per-layer drift and the KL trend."""
+trainer's metrics under verl's names (with the train/inference mismatch and TIS figures,
+`steadyrl_learner_train{metric="mismatch/kl"}`, ...), phase timings, per-layer drift and the
+KL trend."""
 
 from __future__ import annotations
 
@@ -34,9 +36,14 @@ LAST_VERIFIED_CHECKPOINT = Gauge("steadyrl_learner_last_verified_checkpoint_step
                                  "resume verified); 0 before the run's first")
 CHECKPOINT_EVERY = Gauge("steadyrl_learner_checkpoint_every", "learner.checkpoint_every: steps between checkpoints")
 
+#: The train/inference mismatch (steadyrl.rl.core.mismatch_metrics, over the step's fresh groups)
+#: and the TIS weights (where TrainConfig.rollout_is weighs): a step without them sets NaN, not
+#: the last step's figure.
+MISMATCH = ("mismatch/mean_abs_logp_diff", "mismatch/kl", "mismatch/ratio_outside_frac",
+            "rollout_is/mean_weight", "rollout_is/clipped_frac")
 EXPORTED = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm",
             "actor/kl_ref", "actor/lr", "critic/advantages/var", "response_length/mean", "critic/vf_loss",
-            "perf/safe_mode")
+            "perf/safe_mode", *MISMATCH)
 
 
 def blank_step_gauges() -> None:
@@ -71,6 +78,8 @@ def export_step(row: dict, metrics: dict, batch: list[ScoredGroup], history: lis
     for k in EXPORTED:
         if k in metrics:
             TRAIN_METRIC.labels(k).set(metrics[k])
+        elif k in MISMATCH:  # not measured this step (only stale groups; TIS off): no value
+            TRAIN_METRIC.labels(k).set(float("nan"))
 
 
 def export_checkpoints(saver, every: int) -> None:

@@ -54,12 +54,15 @@ def evaluate(lc: LearnerSection, model, tok, when: str, beat) -> dict | None:
 
 
 def summary(lc: LearnerSection, st: RunState) -> dict:
-    """The run's summary.json: configuration, counts, reward and seconds per step, evaluation."""
+    """The run's summary.json: configuration, counts, reward, seconds and train/inference
+    mismatch KL (mismatch/kl; None for a step without it, or of a run from before it) per step,
+    evaluation."""
     out = {"run_id": st.run_id, "steps": st.step, "model": lc.model, "data": lc.data,
            "prompts_per_step": lc.prompts_per_step, "group_size": lc.group_size,
            "max_staleness": lc.max_staleness, "lr": lc.train.lr, "counts": st.counts,
            "reward_per_step": [round(h["reward_mean"], 4) for h in st.history],
-           "seconds_per_step": [h["seconds"] for h in st.history]}
+           "seconds_per_step": [h["seconds"] for h in st.history],
+           "mismatch_kl_per_step": [h.get("mismatch/kl") for h in st.history]}
     b, a = st.eval_before, st.eval_after
     if b and a:
         out["eval"] = {"data": lc.eval_data, "before": b["accuracy"], "after": a["accuracy"],
