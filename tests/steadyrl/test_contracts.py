@@ -97,12 +97,12 @@ def test_engine_round_trips_through_rollout_and_scored_groups(engine):
 
 
 def test_a_record_of_an_older_worker_without_engine_reads_as_unknown():
-    obj = json.loads(rollout_group(1).model_dump_json())
+    g = rollout_group(1)
+    obj = json.loads(g.model_dump_json())
     del obj["engine"]                                   # rollout_group 1.2 had no engine
     got = codec.decode(json.dumps(obj).encode(), [("schema", b"rollout_group/v1.2")], RolloutGroup)
-    assert got.engine == "" and got == rollout_group(1)
-    sg = json.loads(ScoredGroup(group=rollout_group(1), rewards=[1.0], reward_source="rule",
-                                scorer="x").model_dump_json())
+    assert got.engine == "" and got == g
+    sg = json.loads(ScoredGroup(group=g, rewards=[1.0], reward_source="rule", scorer="x").model_dump_json())
     del sg["group"]["engine"]
     assert codec.decode(json.dumps(sg).encode(), [("schema", b"scored_group/v1.2")], ScoredGroup).group.engine == ""
 
