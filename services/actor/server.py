@@ -424,7 +424,11 @@ def main(argv: list[str]) -> int:
 
         class Loop:
             def run(self, stop):
-                follower.run(stop, health)
+                try:
+                    follower.run(stop, health)
+                finally:
+                    if actor.engine == "vllm":   # its engine and worker processes stop with it
+                        actor.gen.close()
 
         return Loop()
 

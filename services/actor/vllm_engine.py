@@ -15,9 +15,9 @@ rollout worker's request): each call adds its requests to the engine, which batc
 running requests continuously (vLLM's scheduler), and blocks until its own are done.
 
 Weight reload. `reload(dir)` has every engine worker load the folder's safetensors in place
-(`collective_rpc("reload_weights", weights_path=dir)`: vLLM's
-`vllm.model_executor.model_loader.reload.inplace.reload_weights`) and clears the prefix cache
-(its KV entries were computed by the old weights). It must not run while generate() calls
+(`collective_rpc("steadyrl_reload", ...)`, a method this module mixes into vLLM's workers
+(`WorkerExtension`): vLLM's `reload_weights`, then the tied output head repacked, see there)
+and clears the prefix cache (its KV entries were computed by the old weights). It must not run while generate() calls
 are running: the actor's gate (services/actor/server.py, `Gate`) drains them first and holds
 new ones, so no sequence mixes two versions. The caller checks the folder (root, sha256,
 keys and shapes) before.
@@ -69,6 +69,32 @@ class VLLMSettings(BaseModel):
     seed: int = Field(0, description="Engine seed (requests carry their own seeds).")
 
 
+class WorkerExtension:
+    """Mixed into every vLLM worker (`worker_extension_cls`); its methods are called by name
+    through `collective_rpc`."""
+
+    def steadyrl_reload(self, weights_path: str) -> bool:
+        """Load the safetensors of `weights_path` in place (vLLM's `reload_weights`), then
+        repack a tied output head; returns whether it was tied.
+
+        On the CPU backend every linear layer runs on a packed copy of its weight, made after
+        loading; the output head tied to the input embeddings is not in the checkpoint
+        (one tensor for both), so the reload never re-processes it and it kept computing
+        logits from the old embeddings (measured: log-probs off by up to 0.96 nats after a
+        reload whose only change was the embeddings; tests/integration/test_vllm_actor.py).
+        """
+        self.reload_weights(weights_path=weights_path)          # type: ignore[attr-defined]
+        model = self.model_runner.model                          # type: ignore[attr-defined]
+        config = getattr(model, "config", None)
+        head = getattr(model, "lm_head", None)
+        if head is None or not getattr(config, "tie_word_embeddings", False):
+            return False
+        method = getattr(head, "quant_method", None)
+        if method is not None:
+            method.process_weights_after_loading(head)
+        return True
+
+
 class VLLMGenerator:
     """vLLM's AsyncLLM, callable from threads; see the module docstring.
 
@@ -86,7 +112,8 @@ class VLLMGenerator:
                                gpu_memory_utilization=settings.gpu_memory_utilization,
                                max_num_seqs=settings.max_num_seqs, enforce_eager=settings.enforce_eager,
                                seed=settings.seed, logprobs_mode="processed_logprobs", max_logprobs=1,
-                               enable_prefix_caching=True, disable_log_stats=True)
+                               enable_prefix_caching=True, disable_log_stats=True,
+                               worker_extension_cls=f"{__name__}.WorkerExtension")
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="vllm-engine", daemon=True)
         self.thread.start()
@@ -127,15 +154,18 @@ class VLLMGenerator:
         """The n completions of one prompt: one engine request (vLLM fans out n samples)."""
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
+        # FINAL_ONLY: one output with all n samples (streamed outputs of n > 1 carry only the
+        # samples that changed in that step)
         sp = VLLMSamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
                                 max_tokens=params.max_new_tokens, seed=seed, logprobs=0,
-                                skip_special_tokens=True)
+                                skip_special_tokens=True, output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
         async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt), sp,
                                               request_id=f"steadyrl-{next(self._ids)}"):
             final = out
-        assert final is not None and final.finished
+        assert final is not None and final.finished and len(final.outputs) == params.n
         group = []
         for c in sorted(final.outputs, key=lambda c: c.index):
             ids = list(c.token_ids)
@@ -148,7 +178,7 @@ class VLLMGenerator:
         """Replace the served weights by the safetensors in `weights_dir`, in place (no
         generate() call may be running: see the module docstring). Raises whatever vLLM
         raises for weights that do not fit (the caller checks keys and shapes first)."""
-        self._call(self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)}))
+        self._call(self.engine.collective_rpc("steadyrl_reload", kwargs={"weights_path": str(weights_dir)}))
         self._call(self.engine.reset_prefix_cache())
 
     def close(self) -> None:

@@ -93,15 +93,16 @@ class ServiceProc:
         name: the module under services/ ("reward.server", "rollout", ...).
         args: its command-line flags.
         log_path: where its stderr (JSON logs) is appended.
+        python: the interpreter (default this one; the vLLM actor runs from its own venv).
 
     Raises:
         AssertionError: its first stdout line is not "listening <url>".
     """
 
-    def __init__(self, name: str, args: list[str], log_path: Path):
+    def __init__(self, name: str, args: list[str], log_path: Path, python: str | None = None):
         self.log_path = log_path
         self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", f"services.{name}", *args], cwd=REPO,
+        self.proc = subprocess.Popen([python or sys.executable, "-m", f"services.{name}", *args], cwd=REPO,
                                      stdout=subprocess.PIPE, stderr=self._log,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         line = self.proc.stdout.readline().decode()
