@@ -65,7 +65,7 @@ class VLLMSettings(BaseModel):
                                           description="Share of GPU memory the engine may take (GPU only).")
     max_num_seqs: int = Field(256, ge=1, description="Sequences the engine runs in one batch at most.")
     enforce_eager: bool = Field(True, description="No torch.compile / CUDA graphs: faster start, and on this "
-                                                  "CPU no slower (docs/benchmarks.md, "Actor backends").")
+                                                  "CPU no slower (docs/benchmarks.md, Actor backends).")
     seed: int = Field(0, description="Engine seed (requests carry their own seeds).")
 
 
