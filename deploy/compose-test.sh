@@ -20,7 +20,8 @@
 #   up          `compose up -d --no-build` with configs/tiny.yaml and compose/local.yml (internal
 #               network, no host port, no Grafana)
 #   checks      every service healthy through its HEALTHCHECK (topic-init: exited 0), every
-#               Prometheus target up, the learner's last step and exit 0
+#               Prometheus target up, every alert rule evaluating with health ok, the learner's
+#               last step and exit 0
 #   down        `compose down -v`; no container, network or volume of the project left
 #
 # Exits non-zero on the first failure (the containers' logs go to $WORK/logs first).
@@ -212,6 +213,15 @@ print(f"{len(up)}/{len(t)}", " ".join(sorted(x["labels"]["job"] + ("" if x["heal
 sys.exit(0 if t and len(up) == len(t) else 1)'
 }
 
+prometheus_rules_ok() {  # prints "ok/total" and any rule not ok; true when every rule evaluates ok
+  docker exec "$(container_of prometheus)" wget -qO- http://localhost:9090/api/v1/rules 2>/dev/null | python3 -c '
+import json, sys
+rules = [r for g in json.load(sys.stdin)["data"]["groups"] for r in g["rules"]]
+bad = [f"{r['name']}({r['health']}: {r.get('lastError', '')})" for r in rules if r["health"] != "ok"]
+print(f"{len(rules) - len(bad)}/{len(rules)}", " ".join(bad))
+sys.exit(0 if rules and not bad else 1)'
+}
+
 run_stack() {
   UP_AT=$(date +%s.%N)
   STACK_UP=1
@@ -222,7 +232,7 @@ run_stack() {
 LONG_RUNNING=(kafka reward-server actor rollout reward learner alertbridge prometheus alertmanager)
 wait_stack() {
   declare -A healthy_at=()
-  local deadline=$(( $(date +%s) + WAIT_S )) targets_ok= learner first last stepno status code
+  local deadline=$(( $(date +%s) + WAIT_S )) targets_ok= rules_ok= learner first last stepno status code
   local steps
   steps=$(sed -n 's/^  steps:[[:space:]]*\([0-9]*\).*/\1/p' "$ROOT/configs/tiny.yaml")
   [ -n "$steps" ] || die "no learner.steps in configs/tiny.yaml"
@@ -241,6 +251,10 @@ wait_stack() {
     if [ -z "$targets_ok" ] && [ "${#healthy_at[@]}" = "${#LONG_RUNNING[@]}" ]; then
       local t
       if t=$(prometheus_targets_up); then targets_ok=1; say "prometheus targets all up: $t"; fi
+    fi
+    if [ -n "$targets_ok" ] && [ -z "$rules_ok" ]; then
+      local r
+      if r=$(prometheus_rules_ok); then rules_ok=1; say "prometheus rules all evaluate ok: $r"; fi
     fi
     learner=$(container_of learner)
     status=$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}' "$learner")
@@ -262,6 +276,7 @@ wait_stack() {
     [ -n "${healthy_at[$svc]:-}" ] || die "$svc never became healthy"
   done
   [ -n "$targets_ok" ] || die "Prometheus never had every target up while the stack ran"
+  [ -n "$rules_ok" ] || die "not every alert rule evaluated ok while the stack ran: $(prometheus_rules_ok || true)"
   python3 - "$UP_AT" "$first" "$last" "$stepno" >> "$TIMINGS" <<'EOF'
 import sys
 up, first, last, n = map(float, sys.argv[1:])
