@@ -46,6 +46,7 @@ from fastapi import HTTPException
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from services.actor.vllm_engine import EngineDead
 from steadyrl import policy_files
 from steadyrl.config import ServiceConfig, load
 from steadyrl.policy_files import PolicyRefused
@@ -78,6 +79,8 @@ class VLLMSection(BaseModel):
                                                               "None: gpu_memory_utilization decides (GPU).")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="GPU: share of its memory vLLM may take.")
     max_num_seqs: int = Field(256, ge=1, description="Sequences in one engine batch at most.")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="Tokens in one engine step at most "
+                                                                      "(longer prefills are chunked); None: vLLM's.")
     enforce_eager: bool = Field(True, description="No torch.compile / CUDA graphs (faster start).")
 
 
@@ -291,7 +294,10 @@ class Actor:
         with self.gate.shared(), self.serial:
             self.check_version(req.run_id, req.min_policy_version)
             version = self.version
-            out = self.gen.generate(ids, params, seeds=seeds)
+            try:
+                out = self.gen.generate(ids, params, seeds=seeds)
+            except EngineDead as e:   # the follower sees it too and ends the process
+                raise HTTPException(503, f"{e}; the actor exits and is restarted", headers={"Retry-After": "5"})
         GEN_SECONDS.observe(time.perf_counter() - t0)
         GEN_TOKENS.inc(sum(len(c.token_ids) for g in out for c in g))
         self._check_finite(out, req.temperature)
@@ -359,6 +365,8 @@ class PolicyFollower:
         seen: list[PolicyUpdate] = []   # records read while catching up
         position = 0
         while not stop.is_set():
+            if self.actor.engine == "vllm" and self.actor.gen.dead:
+                raise EngineDead("the vLLM engine died (its log above says why): exiting, to be restarted")
             health.beat()
             msg = self.consumer.poll(0.5)
             if msg is not None and msg.error() is None:

@@ -64,6 +64,9 @@ class VLLMSettings(BaseModel):
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1,
                                           description="Share of GPU memory the engine may take (GPU only).")
     max_num_seqs: int = Field(256, ge=1, description="Sequences the engine runs in one batch at most.")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="Tokens one engine step computes at most; a longer prefill is chunked over "
+                                "several steps. None: vLLM's default.")
     enforce_eager: bool = Field(True, description="No torch.compile / CUDA graphs: faster start, and on this "
                                                   "CPU no slower (docs/benchmarks.md, Actor backends).")
     seed: int = Field(0, description="Engine seed (requests carry their own seeds).")
@@ -95,6 +98,46 @@ class WorkerExtension:
         return True
 
 
+    def steadyrl_seeded_partial_prefill(self) -> bool:
+        """Let seeded requests meet a chunked prefill on the CPU; returns whether it applied.
+
+        A request whose prompt is prefilled over several engine steps gets a token sampled in
+        each step before its last, and vLLM discards it: the model runner then rewinds the
+        request's generator as if nothing had been drawn (`gen.set_offset(gen.get_offset() - 4)`
+        in `_bookkeeping_sync`, a CUDA Philox detail). A CPU generator has no offset, so the
+        worker raised `RuntimeError: CPU Generator does not use offset` and the engine died
+        (measured: 32 SmolLM2 chat prompts x 8 samples; tests/integration/test_vllm_actor.py).
+
+        Here, for each step, the generators of the requests whose token will be discarded are
+        taken out of the batch before sampling and put back after: those rows are drawn from
+        the default generator (the token is thrown away), their own generator is not advanced,
+        so there is nothing to rewind; the state is the one the rewind would have restored.
+        """
+        runner = self.model_runner                                # type: ignore[attr-defined]
+        if runner.device.type != "cpu":
+            return False
+        sample_tokens = runner.sample_tokens
+
+        def sample_tokens_keeping_seeds(*args, **kwargs):
+            batch = runner.input_batch
+            discard = runner.discard_request_mask.np[:batch.num_reqs]
+            held = {int(i): batch.generators.pop(int(i)) for i in discard.nonzero()[0]
+                    if int(i) in batch.generators}
+            try:
+                return sample_tokens(*args, **kwargs)
+            finally:
+                batch.generators.update(held)
+
+        runner.sample_tokens = sample_tokens_keeping_seeds
+        return True
+
+
+class EngineDead(RuntimeError):
+    """The engine's core or worker process is gone (killed, or failed on a step): nothing
+    more can be generated in this process. The actor answers 503 and exits, so whatever
+    started it (`steadyrl up`, compose's restart policy) starts it again."""
+
+
 class VLLMGenerator:
     """vLLM's AsyncLLM, callable from threads; see the module docstring.
 
@@ -110,7 +153,9 @@ class VLLMGenerator:
         args = AsyncEngineArgs(model=str(settings.model_dir), dtype=settings.dtype,
                                max_model_len=settings.max_model_len, kv_cache_memory_bytes=kv,
                                gpu_memory_utilization=settings.gpu_memory_utilization,
-                               max_num_seqs=settings.max_num_seqs, enforce_eager=settings.enforce_eager,
+                               max_num_seqs=settings.max_num_seqs,
+                               max_num_batched_tokens=settings.max_num_batched_tokens,
+                               enforce_eager=settings.enforce_eager,
                                seed=settings.seed, logprobs_mode="processed_logprobs", max_logprobs=1,
                                enable_prefix_caching=True, disable_log_stats=True,
                                worker_extension_cls=f"{__name__}.WorkerExtension")
@@ -123,6 +168,7 @@ class VLLMGenerator:
 
         t0 = time.perf_counter()
         self.engine = self._call(build())
+        self._call(self.engine.collective_rpc("steadyrl_seeded_partial_prefill"))
         self.tok = self.engine.tokenizer
         self.eos_id = self.tok.eos_token_id if self.tok is not None else None
         self._ids = itertools.count()
@@ -139,12 +185,22 @@ class VLLMGenerator:
         """params.n completions of each prompt (token ids, (P_i,)); as TorchGenerator.generate.
 
         seeds: one per prompt (None entries: params.seed, else unseeded). Thread-safe.
-        Returns completions[i][j] for prompt i, sample j.
+        Returns completions[i][j] for prompt i, sample j. Raises EngineDead.
         """
         seeds = list(seeds) if seeds is not None else [None] * len(prompts)
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-        return self._call(self._generate(prompts, params, seeds))
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
+            return self._call(self._generate(prompts, params, seeds))
+        except EngineDeadError as e:
+            raise EngineDead(f"the vLLM engine died ({e}); its log says why") from e
+
+    @property
+    def dead(self) -> bool:
+        """Whether the engine has died (EngineDead)."""
+        return bool(self.engine.errored)
 
     async def _generate(self, prompts, params: SamplingParams, seeds) -> list[list[Completion]]:
         return list(await asyncio.gather(*(self._one(p, params, s if s is not None else params.seed)

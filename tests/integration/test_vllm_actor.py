@@ -99,13 +99,19 @@ def actor(bootstrap, tmp_path_factory):
     svc = ServiceProc("actor", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "vllm-0",
                                 "--actor.model", str(base), "--actor.backend", "vllm",
                                 "--actor.policy-root", str(root), "--actor.vllm.dtype", "float32",
-                                "--actor.vllm.max-model-len", "128", "--actor.vllm.kv-cache-gib", "0.25"],
+                                "--actor.vllm.max-model-len", "128", "--actor.vllm.kv-cache-gib", "0.25",
+                                # a small step budget: prompts over 64 tokens, and many at once, are
+                                # prefilled in chunks over several engine steps
+                                "--actor.vllm.max-num-seqs", "64", "--actor.vllm.max-num-batched-tokens", "64"],
                       tmp / "actor.log", python=python)
+    state = {"svc": svc, "bootstrap": bootstrap, "prefix": prefix, "root": root, "v1": v1, "tmp": tmp}
     try:
         svc.wait_ready(timeout_s=400)
-        yield {"svc": svc, "bootstrap": bootstrap, "prefix": prefix, "root": root, "v1": v1, "tmp": tmp}
+        yield state
     finally:
-        assert svc.stop() == 0, svc.log_path.read_text()[-3000:]
+        code = svc.stop()
+        if not state.get("engine_killed"):
+            assert code == 0, svc.log_path.read_text()[-3000:]
 
 
 def test_generates_with_the_served_versions_log_probs(actor):
@@ -125,6 +131,26 @@ def test_generates_with_the_served_versions_log_probs(actor):
                 logits = v1(torch.tensor([prompt + c["token_ids"]])).logits[:, len(prompt) - 1:-1]
             mine = token_logprobs(logits, torch.tensor([c["token_ids"]]), 1.0)[0]
             assert torch.allclose(mine, torch.tensor(c["logprobs"]), atol=1e-3), (mine, c["logprobs"])
+
+
+def test_seeded_requests_survive_a_chunked_prefill(actor):
+    """A 100-token prompt is prefilled over two engine steps (64 tokens a step): vLLM discards
+    the token sampled after the first and rewinds the request's seeded generator, which a CPU
+    generator cannot do; the engine died ('CPU Generator does not use offset') on 32 SmolLM2
+    chat prompts x 8 before WorkerExtension.steadyrl_seeded_partial_prefill."""
+    svc = actor["svc"]
+    long = [5 + (i % 20) for i in range(100)]
+    body = {"prompts": [{"prompt_ids": long, "seed": 3}, {"prompt_ids": long[:40], "seed": 4}], "n": 4,
+            "max_new_tokens": 12, "temperature": 1.0}
+    out = generate(svc, body)
+    assert [len(g) for g in out["completions"]] == [4, 4]
+    assert generate(svc, body)["completions"] == out["completions"]  # the seeds still decide the samples
+    v1 = actor["v1"]
+    for c in out["completions"][0]:  # and the chunked prefill computed the policy's own log-probs
+        with torch.no_grad():
+            logits = v1(torch.tensor([long + c["token_ids"]])).logits[:, len(long) - 1:-1]
+        mine = token_logprobs(logits, torch.tensor([c["token_ids"]]), 1.0)[0]
+        assert torch.allclose(mine, torch.tensor(c["logprobs"]), atol=1e-3), (mine, c["logprobs"])
 
 
 def test_a_new_version_is_loaded_in_place_and_a_refused_one_keeps_the_old(actor):
@@ -187,6 +213,33 @@ def test_concurrent_requests_are_batched_by_the_engine(actor):
     together = time.perf_counter() - t0
     assert len(results) == 8 and all(len(r["completions"][0]) == 8 for r in results)
     assert together < 0.6 * serial, (together, serial)
+
+
+def test_a_dead_engine_gets_503_and_the_actor_exits_to_be_restarted(actor):
+    """Runs last (it ends the module's actor). The engine's processes are children of the
+    actor process this test started; SIGKILL them all, as the kernel's OOM killer would."""
+    import signal
+
+    svc = actor["svc"]
+    pids = children(svc.proc.pid)
+    pids |= {grandchild for pid in pids for grandchild in children(pid)}
+    assert pids, "no engine processes under the actor"
+    actor["engine_killed"] = True
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    answers = []
+    while svc.proc.poll() is None and time.monotonic() < deadline:
+        try:
+            r = httpx.post(f"{svc.url}/generate", json=GREEDY, timeout=30)
+        except httpx.TransportError:   # the actor has closed its server on the way out
+            time.sleep(0.2)
+            continue
+        answers.append(r.status_code)
+        assert r.status_code == 503 and "engine died" in r.text, r.text
+        time.sleep(0.2)
+    assert svc.proc.wait(timeout=30) == 1, "the actor kept running on a dead engine"
+    assert "the vLLM engine died" in svc.log_path.read_text()
 
 
 def children(pid: int) -> set[int]:
