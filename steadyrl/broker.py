@@ -1,4 +1,5 @@
-"""The embedded single-node Apache Kafka broker (KRaft), started from Maven Central jars.
+"""The embedded Apache Kafka broker (KRaft), started from Maven Central jars: one node by
+default (`make run`, `steadyrl up`), or a local cluster of three (`LocalCluster`).
 
 `LocalBroker` owns one broker process and everything it needs under one state dir:
 
@@ -11,16 +12,26 @@
 The jars come from `broker/pom.xml` (`mvn dependency:copy-dependencies` into `broker/libs/`).
 Guarantees: `start()` returns only once metadata answers on the bootstrap address; `stop()`
 ends only the pid this state dir recorded, SIGTERM first, SIGKILL after a grace period.
+
+`LocalCluster` runs `size` (3) such nodes on 127.0.0.1, each a combined broker+controller of
+one static KRaft quorum (`controller.quorum.voters` names all of them), under
+`<state_dir>/node-<id>/` with one shared `<state_dir>/cluster.id`. Internal topics
+(`__consumer_offsets`, `__transaction_state`, share state) get replication `size` and
+`min.insync.replicas` 2, and so do topics created without explicit settings; one node can be
+SIGKILLed and started again by id (tests/integration/test_replication.py, docs/replication.md).
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import signal
 import socket
 import subprocess
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,21 +114,43 @@ def _cmdline(pid: int) -> str:
 
 @dataclass
 class LocalBroker:
-    """One single-node KRaft broker on 127.0.0.1.
+    """One KRaft node (broker and controller in one JVM) on 127.0.0.1: a single-node broker by
+    default, or one voter of a `LocalCluster`.
 
     Args:
         state_dir: folder for config, data, logs and pid (created if missing).
         port: PLAINTEXT listener port; the controller listens on `controller_port`.
         heap_mb: JVM max heap in MiB (-Xmx); -Xms is half of it.
+        node_id: this node's `node.id` (1 for the single node).
+        voters: node id -> controller port of every voter of a static quorum, this node's among
+            them (`controller.quorum.voters`); None: a single node that is its own quorum
+            (`controller.quorum.bootstrap.servers`, storage formatted `--standalone`).
+        replication_factor: replication of the internal topics; above 1 also the broker's
+            `default.replication.factor`.
+        min_insync_replicas: `min.insync.replicas` of the transaction log and share state; above 1
+            also the broker's default for every topic.
+
+    Raises ValueError when `voters` does not hold this node at `controller_port`, or when not
+    1 <= min_insync_replicas <= replication_factor.
     """
 
     state_dir: Path
     port: int = 9092
     controller_port: int = 9093
     heap_mb: int = 512
+    node_id: int = 1
+    voters: dict[int, int] | None = None
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).resolve()
+        if self.voters is not None and self.voters.get(self.node_id) != self.controller_port:
+            raise ValueError(f"node {self.node_id} with controller port {self.controller_port} is not among "
+                             f"the voters {self.voters}")
+        if not 1 <= self.min_insync_replicas <= self.replication_factor:
+            raise ValueError(f"min_insync_replicas {self.min_insync_replicas} must be between 1 and "
+                             f"replication_factor {self.replication_factor}")
 
     @property
     def bootstrap(self) -> str:
@@ -143,24 +176,28 @@ class LocalBroker:
 
     def _server_properties(self) -> str:
         data = self.state_dir / "data"
+        rf, min_isr = str(self.replication_factor), str(self.min_insync_replicas)
+        quorum = ({"controller.quorum.voters": ",".join(f"{n}@127.0.0.1:{p}" for n, p in sorted(self.voters.items()))}
+                  if self.voters else {"controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}"})
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
+            "node.id": str(self.node_id),
+            **quorum,
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "log.dirs": str(data),
-            # Single node: every internal topic has replication 1.
-            "offsets.topic.replication.factor": "1",
+            # Single node: every internal topic has replication 1. In a cluster: replication_factor,
+            # and a transaction commits once min_insync_replicas copies of its markers are written.
+            "offsets.topic.replication.factor": rf,
             "offsets.topic.num.partitions": "1",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": min_isr,
             "transaction.state.log.num.partitions": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": rf,
+            "share.coordinator.state.topic.min.isr": min_isr,
             # No 3 s wait before the first group rebalance.
             "group.initial.rebalance.delay.ms": "0",
             # KIP-848 groups: a member that dies (kill -9) loses its partitions after 10 s,
@@ -176,6 +213,10 @@ class LocalBroker:
             "message.max.bytes": str(16 * 1024 * 1024),
             "replica.fetch.max.bytes": str(16 * 1024 * 1024),
         }
+        if self.replication_factor > 1:
+            # topics created without their own settings (the catalogue's set both, steadyrl.topics)
+            props["default.replication.factor"] = rf
+            props["min.insync.replicas"] = min_isr
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
     def _java(self, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -194,7 +235,9 @@ class LocalBroker:
             if r.returncode != 0:
                 raise BrokerError(f"StorageTool random-uuid failed: {r.stderr.strip()}")
             cid_file.write_text(r.stdout.strip().splitlines()[-1])
-        r = self._java("kafka.tools.StorageTool", "format", "--standalone", "-t",
+        # a static quorum (voters) is formatted as it is; a single node is its own quorum
+        standalone = [] if self.voters else ["--standalone"]
+        r = self._java("kafka.tools.StorageTool", "format", *standalone, "-t",
                        cid_file.read_text().strip(), "-c", str(cfg), "-g")
         if r.returncode != 0:
             raise BrokerError(f"StorageTool format failed: {r.stdout.strip()} {r.stderr.strip()}")
@@ -209,6 +252,18 @@ class LocalBroker:
         if self.pid() is not None:
             self.wait_ready(timeout_s)
             return False
+        proc = self.spawn()
+        self.wait_ready(timeout_s, proc)
+        log.info("broker started", extra={"pid": proc.pid, "bootstrap": self.bootstrap})
+        return True
+
+    def spawn(self) -> subprocess.Popen:
+        """Format (if needed) and start the JVM without waiting for it; the pid goes to `pid_file`.
+
+        A node of a quorum answers metadata only once a majority of the voters runs, so
+        `LocalCluster` spawns every node before it waits. Raises BrokerError if the jars are
+        missing or formatting fails.
+        """
         if not any(libs_dir().glob("kafka_2.13-*.jar")):
             raise BrokerError(f"no broker jars in {libs_dir()}: run `steadyrl broker fetch` (or `make`)")
         self.format()
@@ -227,9 +282,7 @@ class LocalBroker:
         out.close()
         self.pid_file.write_text(str(proc.pid))
         self._proc = proc
-        self.wait_ready(timeout_s, proc)
-        log.info("broker started", extra={"pid": proc.pid, "bootstrap": self.bootstrap})
-        return True
+        return proc
 
     def wait_ready(self, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
         """Block until the broker answers a metadata request (not merely the port)."""
@@ -269,12 +322,14 @@ class LocalBroker:
         self.pid_file.unlink(missing_ok=True)
         return True
 
-    def kill(self) -> None:
-        """SIGKILL the broker (for crash tests); data stays for a restart."""
+    def kill(self) -> int | None:
+        """SIGKILL the broker (for crash tests); data stays for a restart. Returns the pid
+        killed (None: it was not running); returns once that process is gone (at most 10 s)."""
         pid = self.pid()
         if pid is not None:
             os.kill(pid, signal.SIGKILL)
             self._wait_exit(pid, 10.0)
+        return pid
 
     def _wait_exit(self, pid: int, timeout_s: float) -> bool:
         proc = getattr(self, "_proc", None)
@@ -302,3 +357,174 @@ class LocalBroker:
             except OSError:
                 pass
         return "\n".join(texts)
+
+
+def random_cluster_id() -> str:
+    """A KRaft cluster id as Kafka's `StorageTool random-uuid` makes it (22 URL-safe base64
+    characters of a random UUID, never starting with '-'), without starting a JVM."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cid.startswith("-"):
+            return cid
+
+
+class LocalCluster:
+    """`size` KRaft nodes on 127.0.0.1, each broker and controller, one static quorum.
+
+    Node ids are 1..size; node i lives in `<state_dir>/node-<i>/` (a `LocalBroker`: config, data,
+    logs, pid) and all share `<state_dir>/cluster.id`, made once. Data dirs are kept across
+    restarts, so a node that was killed starts again where it was and catches up.
+
+    Args:
+        state_dir: the cluster's folder (created if missing).
+        size: number of nodes (voters); 3 tolerates the loss of one node.
+        heap_mb: JVM max heap of each node, MiB.
+        replication_factor: of the internal topics and the brokers' default (default: size).
+        min_insync_replicas: of the transaction log and the brokers' default (default: 2, or 1
+            for a cluster of one).
+        ports, controller_ports: PLAINTEXT and controller port of each node (default: free
+            ports on 127.0.0.1, picked now).
+
+    Raises ValueError for a size below 1, port lists of another length, or settings
+    `LocalBroker` refuses.
+    """
+
+    def __init__(self, state_dir: Path, size: int = 3, heap_mb: int = 384, replication_factor: int | None = None,
+                 min_insync_replicas: int | None = None, ports: list[int] | None = None,
+                 controller_ports: list[int] | None = None):
+        if size < 1:
+            raise ValueError(f"a cluster needs at least one node, not {size}")
+        self.state_dir = Path(state_dir).resolve()
+        ports = ports or [free_port() for _ in range(size)]
+        controller_ports = controller_ports or [free_port() for _ in range(size)]
+        if len(ports) != size or len(controller_ports) != size:
+            raise ValueError(f"{size} nodes need {size} ports and {size} controller ports")
+        rf = size if replication_factor is None else replication_factor
+        min_isr = min(2, rf) if min_insync_replicas is None else min_insync_replicas
+        voters = {i + 1: controller_ports[i] for i in range(size)}
+        self.nodes: dict[int, LocalBroker] = {
+            nid: LocalBroker(self.state_dir / f"node-{nid}", port=ports[nid - 1], controller_port=cport,
+                             heap_mb=heap_mb, node_id=nid, voters=voters, replication_factor=rf,
+                             min_insync_replicas=min_isr)
+            for nid, cport in voters.items()}
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's address, comma-separated (a client needs any one of them alive)."""
+        return ",".join(n.bootstrap for n in self.nodes.values())
+
+    def node(self, node_id: int) -> LocalBroker:
+        """The node with `node.id` node_id. Raises KeyError for an unknown id."""
+        return self.nodes[node_id]
+
+    def _cluster_id(self) -> str:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        f = self.state_dir / "cluster.id"
+        if not f.exists():
+            f.write_text(random_cluster_id())
+        return f.read_text().strip()
+
+    def start(self, timeout_s: float = 180.0) -> bool:
+        """Start every node that is not running (all at once: a node waits for a majority of
+        the quorum) and wait until each answers metadata listing every node as a broker.
+
+        Returns True if this call started any node. Raises BrokerError (with the log tail of the
+        node at fault) if a JVM exits or the cluster is not complete within `timeout_s` seconds.
+        """
+        cid = self._cluster_id()
+        down = [n for n in self.nodes.values() if n.pid() is None]
+        for n in down:
+            n.state_dir.mkdir(parents=True, exist_ok=True)
+            (n.state_dir / "cluster.id").write_text(cid)
+        with ThreadPoolExecutor(max_workers=max(len(down), 1)) as pool:  # formatting is a JVM each
+            procs = dict(zip((n.node_id for n in down), pool.map(LocalBroker.spawn, down)))
+        self.wait_ready(timeout_s, procs)
+        if down:
+            log.info("cluster started", extra={"nodes": [n.node_id for n in down], "bootstrap": self.bootstrap})
+        return bool(down)
+
+    def start_node(self, node_id: int, timeout_s: float = 120.0) -> bool:
+        """Start one node again (same ports and data) and wait until the cluster lists it as a
+        broker again. Returns False if it was running. Raises BrokerError as `start`."""
+        node = self.nodes[node_id]
+        if node.pid() is not None:
+            return False
+        proc = node.spawn()
+        self.wait_ready(timeout_s, {node_id: proc}, only=[node_id])
+        return True
+
+    def wait_ready(self, timeout_s: float, procs: dict[int, subprocess.Popen] | None = None,
+                   only: list[int] | None = None) -> None:
+        """Block until each node of `only` (default: all) answers a metadata request on its own
+        address and the cluster's metadata lists every node that runs as a broker.
+
+        Raises BrokerError if a node of `procs` exits, or past `timeout_s` seconds.
+        """
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout_s
+        want = only or list(self.nodes)
+        admins = {nid: AdminClient({"bootstrap.servers": self.nodes[nid].bootstrap, "log_level": 0,
+                                    "logger": logging.getLogger("steadyrl.broker.admin")}) for nid in want}
+        pending, last = set(want), ""
+        while time.monotonic() < deadline:
+            for nid, proc in (procs or {}).items():
+                if proc.poll() is not None:
+                    raise BrokerError(f"node {nid} exited with code {proc.returncode}:\n"
+                                      f"{self.nodes[nid].log_tail()}")
+            for nid in sorted(pending):
+                try:
+                    listed = set(admins[nid].list_topics(timeout=2.0).brokers)
+                except Exception as e:  # KafkaException while the node is coming up
+                    last = f"node {nid}: {e}"
+                    continue
+                running = {i for i, n in self.nodes.items() if n.pid() is not None}
+                if running <= listed:
+                    pending.discard(nid)
+                else:
+                    last = f"node {nid} lists brokers {sorted(listed)}, running {sorted(running)}"
+            if not pending:
+                return
+            time.sleep(0.3)
+        tails = "\n".join(f"--- node {nid}\n{self.nodes[nid].log_tail(15)}" for nid in sorted(pending))
+        raise BrokerError(f"cluster {self.bootstrap} not ready in {timeout_s:.0f}s ({last}):\n{tails}")
+
+    def kill(self, node_id: int) -> int | None:
+        """SIGKILL one node (its data stays); returns its pid, None if it was not running."""
+        return self.nodes[node_id].kill()
+
+    def stop(self, grace_s: float = 30.0) -> bool:
+        """Stop every node at once: SIGTERM, SIGKILL after `grace_s` seconds. Returns True if any
+        node was running."""
+        with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
+            return any(list(pool.map(lambda n: n.stop(grace_s), self.nodes.values())))
+
+    def pids(self) -> dict[int, int | None]:
+        """node id -> pid of its running JVM (None: not running)."""
+        return {nid: n.pid() for nid, n in self.nodes.items()}
+
+    def partitions(self, topic: str, timeout_s: float = 10.0) -> dict[int, dict]:
+        """partition -> {"leader": node id (-1: none), "replicas": [...], "isr": [...]} of
+        `topic`, from a metadata request to any node. Raises KeyError if the topic is absent,
+        confluent_kafka.KafkaException if no node answers."""
+        from confluent_kafka.admin import AdminClient
+
+        md = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0}).list_topics(topic, timeout=timeout_s)
+        t = md.topics[topic]
+        if t.error is not None:
+            raise KeyError(f"{topic}: {t.error}")
+        return {p.id: {"leader": p.leader, "replicas": list(p.replicas), "isr": list(p.isrs)}
+                for p in t.partitions.values()}
+
+    def brokers(self, timeout_s: float = 10.0) -> set[int]:
+        """Node ids the cluster's metadata lists as brokers now (a killed node drops out once
+        the controller fences it: `broker.session.timeout.ms`, 9 s by default)."""
+        from confluent_kafka.admin import AdminClient
+
+        return set(AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+                   .list_topics(timeout=timeout_s).brokers)
+
+    def status(self) -> dict:
+        """`{"bootstrap": str, "state_dir": str, "nodes": {id: LocalBroker.status()}}`."""
+        return {"bootstrap": self.bootstrap, "state_dir": str(self.state_dir),
+                "nodes": {nid: n.status() for nid, n in self.nodes.items()}}

@@ -44,15 +44,30 @@ def topic_name(base: str, prefix: str = "") -> str:
     return f"{prefix}{base}"
 
 
-def create_topics(bootstrap: str, prefix: str = "", timeout_s: float = 30.0) -> dict[str, str]:
+def create_topics(bootstrap: str, prefix: str = "", timeout_s: float = 30.0, replication_factor: int = 1,
+                  min_insync_replicas: int = 1) -> dict[str, str]:
     """Create every catalogue topic that is missing; grow partitions that are too few.
 
-    Idempotent. Returns `{topic: "created" | "exists" | "partitions N->M"}`.
-    Raises confluent_kafka.KafkaException on any other broker error.
+    Args:
+        bootstrap: the cluster; prefix: topic name prefix; timeout_s: per admin call, seconds.
+        replication_factor: copies of each partition a new topic gets (1: the single local
+            broker; 3 on a three-broker cluster, docs/replication.md).
+        min_insync_replicas: the new topics' `min.insync.replicas`, set on each topic (an acks=all
+            write, which every steadyrl producer makes, fails while fewer copies are in sync;
+            with 3 and 2 one broker may be down).
+
+    Idempotent. Returns `{topic: "created" | "exists" | "partitions N->M"}`; an existing topic
+    with fewer copies than asked reads "exists (replication N < M)" (left as it is: changing a
+    topic's replication is a reassignment, not done here). Raises ValueError unless
+    1 <= min_insync_replicas <= replication_factor, confluent_kafka.KafkaException on any other
+    broker error (e.g. fewer brokers than replication_factor).
     """
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
+    if not 1 <= min_insync_replicas <= replication_factor:
+        raise ValueError(f"min_insync_replicas {min_insync_replicas} must be between 1 and replication_factor "
+                         f"{replication_factor}")
     # log_level 4 (warning): librdkafka's info lines (e.g. BGQUEUE "Purging 1 unserved events"
     # when the client is destroyed on a busy machine) went to the CLI's stderr; errors raise here
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
@@ -63,14 +78,17 @@ def create_topics(bootstrap: str, prefix: str = "", timeout_s: float = 30.0) -> 
         name = topic_name(spec.name, prefix)
         if name in existing:
             have = len(existing[name].partitions)
+            copies = min((len(p.replicas) for p in existing[name].partitions.values()), default=replication_factor)
             if have < spec.partitions:
                 grow.append(NewPartitions(name, spec.partitions))
                 result[name] = f"partitions {have}->{spec.partitions}"
+            elif copies < replication_factor:
+                result[name] = f"exists (replication {copies} < {replication_factor})"
             else:
                 result[name] = "exists"
         else:
-            new.append(NewTopic(name, num_partitions=spec.partitions, replication_factor=1,
-                                config=spec.configs()))
+            new.append(NewTopic(name, num_partitions=spec.partitions, replication_factor=replication_factor,
+                                config=spec.configs() | {"min.insync.replicas": str(min_insync_replicas)}))
             result[name] = "created"
     futures = {}
     if new:
@@ -89,7 +107,8 @@ def create_topics(bootstrap: str, prefix: str = "", timeout_s: float = 30.0) -> 
 
 
 def list_topics(bootstrap: str, prefix: str = "", timeout_s: float = 10.0) -> list[dict]:
-    """Catalogue topics as they exist on the broker: name, partitions, present."""
+    """Catalogue topics as they exist on the broker: name, partitions, present, replication
+    (the fewest copies of any partition; 0 when absent)."""
     from confluent_kafka.admin import AdminClient
 
     md = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4}).list_topics(timeout=timeout_s)
@@ -98,7 +117,8 @@ def list_topics(bootstrap: str, prefix: str = "", timeout_s: float = 10.0) -> li
         name = topic_name(spec.name, prefix)
         t = md.topics.get(name)
         rows.append({"topic": name, "present": t is not None,
-                     "partitions": len(t.partitions) if t else 0, "wanted": spec.partitions})
+                     "partitions": len(t.partitions) if t else 0, "wanted": spec.partitions,
+                     "replication": min((len(p.replicas) for p in t.partitions.values()), default=0) if t else 0})
     return rows
 
 

@@ -44,12 +44,18 @@ def cmd_topics(args) -> int:
     _require_broker(bootstrap)
     try:
         if args.action == "create":
-            for name, what in create_topics(bootstrap, args.prefix).items():
+            try:
+                made = create_topics(bootstrap, args.prefix, replication_factor=args.replication_factor,
+                                     min_insync_replicas=args.min_insync_replicas)
+            except ValueError as e:
+                raise CliError(str(e), code=2) from None
+            for name, what in made.items():
                 print(f"{name}\t{what}")
         else:
             for row in list_topics(bootstrap, args.prefix):
                 print(f"{row['topic']}\t{'present' if row['present'] else 'MISSING'}\t"
-                      f"{row['partitions']}/{row['wanted']} partitions")
+                      f"{row['partitions']}/{row['wanted']} partitions"
+                      + (f"\treplication {row['replication']}" if row["replication"] > 1 else ""))
     except KafkaException as e:
         raise CliError(f"topics {args.action} on {bootstrap}: {e}") from None
     return 0
@@ -80,6 +86,10 @@ def add_parsers(sub) -> None:
 
     sp = sub.add_parser("topics", help="create or list the catalogue's topics")
     sp.add_argument("action", choices=["create", "list"])
+    sp.add_argument("--replication-factor", type=int, default=1,
+                    help="create: copies of each new topic's partitions (3 on a three-broker cluster)")
+    sp.add_argument("--min-insync-replicas", type=int, default=1,
+                    help="create: the new topics' min.insync.replicas (2 with replication 3)")
     add_common_options(sp)
     sp.set_defaults(fn=cmd_topics)
 
