@@ -494,7 +494,14 @@ def compose_bind_source(svc: dict, target: str) -> Path | None:
 
 
 def our_compose_services(env=None) -> dict[str, dict]:
-    return {n: s for n, s in compose_services(env).items() if OUR_IMAGES.match(str(s.get("image", "")))}
+    """Our image's services, without the `replicated` profile's (tests/deploy/test_replicated.py)."""
+    return {n: s for n, s in compose_services(env).items() if OUR_IMAGES.match(str(s.get("image", "")))
+            and "replicated" not in s.get("profiles", [])}
+
+
+def default_compose_services() -> set[str]:
+    """The services no profile gates: what `docker compose up` with no profile starts."""
+    return {n for n, s in compose_services().items() if not s.get("profiles")}
 
 
 def test_compose_yaml_has_no_duplicate_keys():
@@ -542,7 +549,7 @@ def test_compose_loads_with_compose_go(composecheck):
     assert project["name"] == "steadyrl"
     services = project["services"]
     assert "actor-gpu" not in services and "actor" in services  # the gpu profile is off by default
-    assert set(services) == set(compose_services()) - {"actor-gpu"}
+    assert set(services) == default_compose_services()
     for name in SCALABLE:
         assert not services[name].get("container_name") and not services[name].get("ports"), name
     assert services["kafka"]["image"] == kafka_image_tag()
@@ -1118,7 +1125,7 @@ def test_compose_local_override_loads_with_compose_go(composecheck):
     project = json.loads(r.stdout)
     services = project["services"]
     assert "grafana" not in services, "Grafana has no Debian package: left out under compose/local.yml"
-    assert set(services) == set(compose_services()) - {"actor-gpu", "grafana"}
+    assert set(services) == default_compose_services() - {"grafana"}
     assert project["networks"]["default"]["internal"] is True
     for name, svc in services.items():
         assert not svc.get("ports"), f"{name}: no host port on the internal test network"
