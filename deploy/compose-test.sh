@@ -17,16 +17,28 @@
 #               from Maven), Prometheus and Alertmanager (Debian's packages), and steadyrl:0.1.0
 #               (target cpu, on the Python base; torch from TORCH_INDEX_URL, default: pip's own
 #               index). The legacy builder, no BuildKit; network only for the package installs.
-#   up          `compose up -d --no-build` with configs/tiny.yaml and compose/local.yml (internal
-#               network, no host port, no Grafana)
-#   checks      every service healthy through its HEALTHCHECK (topic-init: exited 0), every
-#               Prometheus target up, every alert rule evaluating with health ok, the learner's
-#               last step and exit 0
+#   up          `compose up -d --no-build` with configs/tiny.yaml (learner.steps: $COMPOSE_TEST_STEPS,
+#               default 300, so that the run outlasts what follows) and compose/local.yml
+#               (internal network, no host port, no Grafana)
+#   ready       every service healthy through its HEALTHCHECK (topic-init: exited 0), every
+#               Prometheus target up, every alert rule evaluating with health ok
+#   chaos       mid-run (deploy/compose_checks.py chaos): `up -d --scale rollout=3 --scale reward=2`,
+#               each new replica healthy with partitions of its input topic on its /metrics (via
+#               Prometheus) and every replica a target, up; then `kill -9` of the main process
+#               (docker inspect's State.Pid) of a rollout, a reward and the learner container,
+#               each restarted by its restart policy and healthy again, the learner training on
+#   learner     the learner's last step, exit 0, SUMMARY
+#   audit       the exactly-once audit from the topics (steadyrl.testing.audit.audit_pipeline in a
+#               one-off container of the learner's service): every published prompt trained once,
+#               none lost, the DLQ not excused, both stages exactly once
+#   grafana     every Grafana dashboard query over the run through Prometheus' HTTP API: at least
+#               one series, except those compose/grafana/expected-empty.json lists (with why)
 #   down        `compose down -v`; no container, network or volume of the project left
 #
 # Exits non-zero on the first failure (the containers' logs go to $WORK/logs first).
 # Environment: WORK (default /var/tmp/steadyrl-ci), COMPOSE_PROJECT (steadyrl-ci),
-# TORCH_INDEX_URL (empty), WAIT_S (1800: up to the learner's end), KEEP=1 (no down at the end),
+# TORCH_INDEX_URL (empty), WAIT_S (1800: for each wait), KEEP=1 (no down at the end), CHAOS=0 (no
+# scale-up or kills; tiny.yaml's 100 steps), COMPOSE_TEST_STEPS (300), SCALE_AT_STEP (5),
 # DEBIAN_MIRROR (default: the first URI of this machine's apt sources).
 set -euo pipefail
 
@@ -35,6 +47,9 @@ WORK=${WORK:-/var/tmp/steadyrl-ci}
 COMPOSE_VERSION=${COMPOSE_VERSION:-v2.40.3}
 PROJECT=${COMPOSE_PROJECT:-steadyrl-ci}
 WAIT_S=${WAIT_S:-1800}
+CHAOS=${CHAOS:-1}
+STEPS=${COMPOSE_TEST_STEPS:-300}
+SCALE_AT_STEP=${SCALE_AT_STEP:-5}
 RELEASE=$(. /etc/os-release && echo "${VERSION_CODENAME:?no VERSION_CODENAME in /etc/os-release}")
 DEBIAN_IMAGE=steadyrl-base/debian:$RELEASE
 PYTHON_IMAGE=steadyrl-base/python:3.11-$RELEASE
@@ -163,7 +178,20 @@ steadyrl_image() {
 compose() {
   "${COMPOSE[@]}" -p "$PROJECT" -f "$ROOT/compose/docker-compose.yml" -f "$ROOT/compose/local.yml" "$@"
 }
-export STEADYRL_CONFIG=../configs/tiny.yaml STEADYRL_IMAGE STEADYRL_KAFKA_IMAGE=$KAFKA_IMAGE \
+# The stack's config: configs/tiny.yaml with learner.steps = $STEPS, long enough to outlast the
+# scale-up and the kills (CHAOS=0: neither, and tiny.yaml's own steps).
+CONFIG=$WORK/config/steadyrl.yaml
+mkdir -p "$WORK/config" && chmod 755 "$WORK/config"
+if [ "$CHAOS" = 1 ]; then
+  sed "s/^  steps:[[:space:]]*[0-9]*/  steps: $STEPS/" "$ROOT/configs/tiny.yaml" > "$CONFIG"
+else
+  cp "$ROOT/configs/tiny.yaml" "$CONFIG"
+fi
+chmod 644 "$CONFIG"
+STEPS=$(sed -n 's/^  steps:[[:space:]]*\([0-9]*\).*/\1/p' "$CONFIG")
+BATCH=$(sed -n 's/^  prompts_per_step:[[:space:]]*\([0-9]*\).*/\1/p' "$CONFIG")
+[ -n "$STEPS" ] && [ -n "$BATCH" ] || die "no learner.steps or prompts_per_step in $CONFIG"
+export STEADYRL_CONFIG=$CONFIG STEADYRL_IMAGE STEADYRL_KAFKA_IMAGE=$KAFKA_IMAGE \
   STEADYRL_PROMETHEUS_IMAGE=$PROMETHEUS_IMAGE STEADYRL_ALERTMANAGER_IMAGE=$ALERTMANAGER_IMAGE
 # A robot URL, so that the alert bridge is ready; the internal network reaches no robot.
 export STEADYRL_ALERTBRIDGE__DINGTALK_URL="http://robot.invalid/robot/send?access_token=compose-test"
@@ -230,17 +258,15 @@ run_stack() {
 }
 
 LONG_RUNNING=(kafka reward-server actor rollout reward learner alertbridge prometheus alertmanager)
-wait_stack() {
+LEARNER_FIRST= LEARNER_LAST=
+# Every long-running service healthy, every Prometheus target up, every alert rule ok.
+wait_ready() {
   declare -A healthy_at=()
-  local deadline=$(( $(date +%s) + WAIT_S )) targets_ok= rules_ok= learner first last stepno status code
-  local steps
-  steps=$(sed -n 's/^  steps:[[:space:]]*\([0-9]*\).*/\1/p' "$ROOT/configs/tiny.yaml")
-  [ -n "$steps" ] || die "no learner.steps in configs/tiny.yaml"
-  while :; do
-    [ "$(date +%s)" -lt "$deadline" ] || die "the learner did not finish within $WAIT_S s"
+  local deadline=$(( $(date +%s) + WAIT_S )) targets_ok= rules_ok= c
+  while [ "${#healthy_at[@]}" != "${#LONG_RUNNING[@]}" ] || [ -z "$targets_ok" ] || [ -z "$rules_ok" ]; do
+    [ "$(date +%s)" -lt "$deadline" ] || die "the stack was not ready within $WAIT_S s"
     for svc in "${LONG_RUNNING[@]}"; do
       [ -z "${healthy_at[$svc]:-}" ] || continue
-      local c
       c=$(container_of "$svc")
       [ -n "$c" ] || continue
       if [ "$(docker inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{end}}' "$c")" = healthy ]; then
@@ -256,33 +282,99 @@ wait_stack() {
       local r
       if r=$(prometheus_rules_ok); then rules_ok=1; say "prometheus rules all evaluate ok: $r"; fi
     fi
-    learner=$(container_of learner)
-    status=$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}' "$learner")
-    read -r status code restarts <<< "$status"
-    if [ "$status" = exited ]; then break; fi
+    [ "$(docker inspect -f '{{.State.Status}}' "$(container_of learner)")" != exited ] ||
+      die "the learner exited before the stack was ready (too few steps? COMPOSE_TEST_STEPS)"
     sleep 3
   done
-  read -r first last stepno <<< "$(learner_steps "$learner")"
-  [ "$code" = 0 ] || die "the learner exited $code"
-  [ "$restarts" = 0 ] || say "note: the learner was restarted $restarts times"
-  [ "$stepno" = "$steps" ] || die "the learner's last step is $stepno, not $steps"
+  [ "$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}}' "$(container_of topic-init)")" = "exited 0" ] ||
+    die "topic-init did not exit 0"
+}
+
+# Mid-run: --scale rollout=3 --scale reward=2, then SIGKILL of a rollout, a reward and the
+# learner container's main process (deploy/compose_checks.py chaos).
+chaos() {
+  python3 "$ROOT/deploy/compose_checks.py" chaos --project "$PROJECT" --out "$WORK/chaos.json" \
+    --steps "$STEPS" --scale-at-step "$SCALE_AT_STEP" --rollout 3 --reward 2 -- \
+    "${COMPOSE[@]}" -p "$PROJECT" -f "$ROOT/compose/docker-compose.yml" -f "$ROOT/compose/local.yml"
+  python3 - "$WORK/chaos.json" >> "$TIMINGS" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"scale-up at learner step\t{r['scale_up_at_step']}")
+for n in r["new_replicas"]:
+    print(f"new {n['container']}: s to healthy, to partitions {n['partitions']} on /metrics\t{n['healthy_after_s']}, {n['partitions_after_s']}")
+print(f"kills at learner step\t{r['kill_at_step']}")
+for k in r["kills"]:
+    print(f"kill -9 {k['container']}: s to restarted, to healthy\t{k['restarted_after_s']}, {k['healthy_after_s']}")
+f = r["learner_first_step_after_kill"]
+print(f"kills to the restarted learner's first step ({f['step']})\t{f['after_s']}")
+PY
+}
+
+# The learner to its last step: exit 0 (restarts by its policy on the way are waited out).
+wait_learner() {
+  local deadline=$(( $(date +%s) + WAIT_S )) learner status code restarts stepno exited_since=
+  learner=$(container_of learner)
+  while :; do
+    [ "$(date +%s)" -lt "$deadline" ] || die "the learner did not finish within $WAIT_S s"
+    read -r status code restarts <<< "$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}' "$learner")"
+    if [ "$status" = exited ]; then
+      [ "$code" = 0 ] && break
+      # a failure: its restart policy (on-failure) brings it back within seconds
+      exited_since=${exited_since:-$(date +%s)}
+      [ $(( $(date +%s) - exited_since )) -lt 60 ] || die "the learner exited $code and was not restarted"
+    else
+      exited_since=
+    fi
+    sleep 3
+  done
+  read -r LEARNER_FIRST LEARNER_LAST stepno <<< "$(learner_steps "$learner")"
+  say "the learner exited 0 (restarts: $restarts)"
+  [ "$stepno" = "$STEPS" ] || die "the learner's last step is $stepno, not $STEPS"
   # Read once into a file: `docker logs | grep -q` fails under pipefail (SIGPIPE).
   docker logs "$learner" > "$WORK/logs/learner.final.log" 2>&1
   grep '^SUMMARY ' "$WORK/logs/learner.final.log" >&2 || die "no SUMMARY from the learner"
-  local ti
-  ti=$(container_of topic-init)
-  [ "$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}}' "$ti")" = "exited 0" ] || die "topic-init did not exit 0"
-  for svc in "${LONG_RUNNING[@]}"; do
-    [ -n "${healthy_at[$svc]:-}" ] || die "$svc never became healthy"
-  done
-  [ -n "$targets_ok" ] || die "Prometheus never had every target up while the stack ran"
-  [ -n "$rules_ok" ] || die "not every alert rule evaluated ok while the stack ran: $(prometheus_rules_ok || true)"
-  python3 - "$UP_AT" "$first" "$last" "$stepno" >> "$TIMINGS" <<'EOF'
+  printf 'learner restarts\t%s\n' "$restarts" >> "$TIMINGS"
+  python3 - "$UP_AT" "$LEARNER_FIRST" "$LEARNER_LAST" "$stepno" >> "$TIMINGS" <<'PY'
 import sys
 up, first, last, n = map(float, sys.argv[1:])
 print(f"up to first trained step\t{first - up:.1f}")
 print(f"up to last step ({int(n)})\t{last - up:.1f}")
-EOF
+PY
+}
+
+# The exactly-once audit from the topics, in a one-off container of the learner's service
+# (the image, the learner-state volume, the internal network): every published prompt trained
+# exactly once, none lost (the DLQ not excused), both stages exactly once.
+audit() {
+  compose run --rm --no-deps -T learner python - audit --steps "$STEPS" --batch "$BATCH" \
+    < "$ROOT/deploy/compose_checks.py" > "$WORK/audit.json" 2> "$WORK/logs/audit.log" || true
+  python3 - "$WORK/audit.json" >> "$TIMINGS" <<'PY' || { tail -20 "$WORK/logs/audit.log" >&2; die "the exactly-once audit failed ($WORK/audit.json)"; }
+import json, sys
+lines = open(sys.argv[1]).read().strip().splitlines()
+r = json.loads(lines[-1]) if lines else {"ok": False, "explain": "no report"}
+print(f"audit: ok\t{r['ok']}")
+if "checks" in r:
+    print(f"audit: published ids, publish records, republished ids\t{r['published_ids']}, {r['publish_records']}, {r['republished_ids']}")
+    print(f"audit: trained groups, trained twice, lost\t{r['trained']}, {len(r['trained_twice'])}, {r['lost_count']}")
+    print(f"audit: dlq records, quarantined\t{r['dlq_records']}, {r['quarantined']}")
+    for s in r["stages"]:
+        print(f"audit: {s['stage']} stage committed inputs, outputs, duplicated, missing\t{s['inputs_committed']}, {s['outputs']}, {s['duplicated_outputs']}, {s['missing_outputs']}")
+print(r.get("explain", ""), file=sys.stderr)
+sys.exit(0 if r["ok"] else 1)
+PY
+  say "exactly-once audit passed"
+  grep '^audit' "$TIMINGS" >&2
+}
+
+# Every Grafana dashboard query over the run's time range through the real Prometheus.
+grafana_queries() {
+  python3 "$ROOT/deploy/compose_checks.py" grafana --project "$PROJECT" --out "$WORK/grafana.json" \
+    --start "$UP_AT" --end "$LEARNER_LAST"
+  python3 - "$WORK/grafana.json" >> "$TIMINGS" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"grafana queries: queried, non-empty, expected-empty\t{r['queried']}, {r['non_empty']}, {r['expected_empty']}")
+PY
 }
 
 take_down() {
@@ -312,7 +404,11 @@ step "alertmanager image" build "$ALERTMANAGER_IMAGE" "$ROOT/compose/local/alert
 step "steadyrl image" steadyrl_image
 image_sizes
 step "compose up" run_stack
-step "stack run (healthy, learner to its last step)" wait_stack
+step "stack ready (healthy, targets, rules)" wait_ready
+if [ "$CHAOS" = 1 ]; then step "scale-up and SIGKILLs mid-run" chaos; fi
+step "learner to its last step" wait_learner
+step "exactly-once audit" audit
+step "grafana queries" grafana_queries
 step "compose down -v" take_down
 say "PASS"
 column -t -s $'\t' "$TIMINGS" >&2 || cat "$TIMINGS" >&2
