@@ -505,14 +505,20 @@ class LocalCluster:
 
     def partitions(self, topic: str, timeout_s: float = 10.0) -> dict[int, dict]:
         """partition -> {"leader": node id (-1: none), "replicas": [...], "isr": [...]} of
-        `topic`, from a metadata request to any node. Raises KeyError if the topic is absent,
-        confluent_kafka.KafkaException if no node answers."""
+        `topic`, from a metadata request to any node. A node may not know a topic created a
+        moment ago: asked again for up to `timeout_s` seconds, then KeyError (the topic is
+        absent); confluent_kafka.KafkaException if no node answers."""
         from confluent_kafka.admin import AdminClient
 
-        md = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0}).list_topics(topic, timeout=timeout_s)
-        t = md.topics[topic]
-        if t.error is not None:
-            raise KeyError(f"{topic}: {t.error}")
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        deadline = time.monotonic() + timeout_s
+        while True:
+            t = admin.list_topics(topic, timeout=timeout_s).topics[topic]
+            if t.error is None:
+                break
+            if time.monotonic() > deadline:
+                raise KeyError(f"{topic}: {t.error}")
+            time.sleep(0.2)
         return {p.id: {"leader": p.leader, "replicas": list(p.replicas), "isr": list(p.isrs)}
                 for p in t.partitions.values()}
 
