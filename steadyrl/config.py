@@ -20,7 +20,7 @@ import socket
 from pathlib import Path
 from typing import ClassVar, Literal, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 
@@ -69,6 +69,32 @@ class ServiceConfig(BaseSettings):
                                     description="Seconds between librdkafka statistics and process metrics.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
+    http_token_file: Path | None = Field(
+        None, description="A file holding the stack's HTTP bearer token (a secret: never in the repo). When set, "
+                          "the work routes (actor /generate, reward server /score, alert bridge /alert/*) answer "
+                          "401 without `Authorization: Bearer <token>`, and the rollout and reward workers send "
+                          "it; /livez, /readyz and /metrics stay open. None: no HTTP authentication (loopback).")
+
+    @field_validator("http_token_file")
+    @classmethod
+    def _token_file_readable(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            try:
+                token = path.read_text().strip()
+            except OSError as e:
+                raise ValueError(f"cannot read the token file: {e.strerror}") from None
+            if not token:
+                raise ValueError("the token file is empty")
+        return path
+
+    def http_token(self) -> str | None:
+        """The bearer token of `http_token_file` (None: no HTTP authentication)."""
+        return self.http_token_file.read_text().strip() if self.http_token_file is not None else None
+
+    def http_auth_headers(self) -> dict[str, str]:
+        """The headers a client of the stack's HTTP services sends: the bearer token, if any."""
+        token = self.http_token()
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     yaml_file: ClassVar[Path | None] = None  # set by load() on a subclass; read by the source hook
 

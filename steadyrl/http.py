@@ -19,6 +19,7 @@ bounded pool of their own (`max_concurrent` threads); a call past `max_concurren
 
     413  body above max_body_bytes (Content-Length or counted)   connection closed
     408  body not received within body_timeout_s                   connection closed
+    401  a token is configured and the call lacks `Authorization: Bearer <it>` (before all else)
     503  max_concurrent calls already in progress; Retry-After     (the body is not read)
     422  body is not valid JSON for the route's model (FastAPI's `detail` list), or the
          answer cannot be sent as finite JSON (NaN, Infinity: `detail` says so)
@@ -32,6 +33,7 @@ keep-alive `KEEP_ALIVE_S`, a request head within `HEAD_TIMEOUT_S` and at most
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import queue
@@ -76,7 +78,7 @@ REFUSED = Counter("steadyrl_http_requests_refused", "Heavy-route calls refused b
                   ["route", "reason"])  # busy, too_large, body_timeout, invalid, not_json
 IN_FLIGHT = Gauge("steadyrl_http_requests_in_flight", "Heavy-route calls holding one of max_concurrent slots",
                   ["route"])
-REFUSED_REASONS = ("busy", "too_large", "body_timeout", "invalid", "not_json")
+REFUSED_REASONS = ("busy", "too_large", "body_timeout", "invalid", "not_json", "unauthorized")
 HEAD_TIMEOUTS = Counter("steadyrl_http_head_timeouts", "Connections closed: request head not received in time")
 
 
@@ -236,14 +238,28 @@ def _validation_detail(e: ValidationError, limit: int = 20) -> list[dict]:
     return out
 
 
+def unauthorized(request: Request, token: str | None) -> JSONResponse | None:
+    """The 401 answer for a request without `Authorization: Bearer <token>`, or None when it has
+    it (or `token` is None: no authentication). Compared in constant time (hmac.compare_digest)."""
+    if token is None:
+        return None
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+        return None
+    why = "no bearer token" if scheme.lower() != "bearer" else "wrong bearer token"
+    return JSONResponse({"detail": f"{request.url.path}: {why} (Authorization: Bearer <the stack's token>; "
+                                   f"http_token_file)"}, 401, headers={"WWW-Authenticate": "Bearer"})
+
+
 def add_work_route(app: FastAPI, path: str, model: type[BaseModel], handler: Callable[[Any], Any], *,
                    max_concurrent: int, max_body_bytes: int, body_timeout_s: float,
-                   retry_after_s: int = RETRY_AFTER_S) -> None:
+                   retry_after_s: int = RETRY_AFTER_S, token: str | None = None) -> None:
     """`POST path` on `app`: the body, at most `max_body_bytes`, arrives within `body_timeout_s`;
     then, on a pool of `max_concurrent` threads, it is validated as `model`, `handler(request)`
     runs and its answer (a JSON-able value) is serialised. A call that finds `max_concurrent`
     calls in progress gets 503 with Retry-After. `handler` raises HTTPException (or HTTPError)
-    to refuse; any other exception is a 500 with its type and message. See the module doc."""
+    to refuse; any other exception is a 500 with its type and message. With `token`, a call
+    without `Authorization: Bearer <token>` gets 401 before anything else. See the module doc."""
     pool = DaemonPool(max_concurrent, f"http{path.replace('/', '-')}")
     slots = threading.BoundedSemaphore(max_concurrent)
     in_flight = IN_FLIGHT.labels(path)
@@ -279,6 +295,10 @@ def add_work_route(app: FastAPI, path: str, model: type[BaseModel], handler: Cal
             release()  # here, not in the endpoint: a cancelled endpoint must not free a running slot
 
     async def endpoint(request: Request) -> Response:
+        refusal = unauthorized(request, token)
+        if refusal is not None:
+            refused["unauthorized"].inc()
+            return refusal
         if not slots.acquire(blocking=False):
             refused["busy"].inc()
             return JSONResponse({"detail": f"{path} busy: {max_concurrent} calls in progress (max_concurrent "

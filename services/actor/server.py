@@ -413,7 +413,7 @@ class PolicyFollower:
             return False
 
 
-def add_routes(app, section: ActorSection, get_actor: Callable[[], "Actor | None"]) -> None:
+def add_routes(app, section: ActorSection, get_actor: Callable[[], "Actor | None"], token: str | None = None) -> None:
     """`POST /generate` on `app`, answered by `get_actor()` once it is built and caught up
     (503 with Retry-After before), with the section's body, time and concurrency limits."""
     from steadyrl.http import add_work_route
@@ -425,7 +425,7 @@ def add_routes(app, section: ActorSection, get_actor: Callable[[], "Actor | None
         return actor.generate(req)
 
     add_work_route(app, "/generate", GenerateRequest, generate, max_concurrent=section.max_concurrent,
-                   max_body_bytes=section.max_body_bytes, body_timeout_s=section.body_timeout_s)
+                   max_body_bytes=section.max_body_bytes, body_timeout_s=section.body_timeout_s, token=token)
 
 
 def main(argv: list[str]) -> int:
@@ -452,5 +452,5 @@ def main(argv: list[str]) -> int:
 
         return Loop()
 
-    return run_service("actor", cfg, build, extra_routes=lambda app: add_routes(app, cfg.actor,
-                                                                                lambda: state.get("actor")))
+    return run_service("actor", cfg, build, extra_routes=lambda app: add_routes(
+        app, cfg.actor, lambda: state.get("actor"), token=cfg.http_token()))

@@ -274,12 +274,20 @@ class Bridge:
 
 # ---------------------------------------------------------------------------- HTTP, main
 
-def add_routes(app, bridge: Bridge) -> None:
-    """`POST /alert/dingtalk` and `POST /alert/wecom` on `app`, answered by `bridge`."""
+def add_routes(app, bridge: Bridge, token: str | None = None) -> None:
+    """`POST /alert/dingtalk` and `POST /alert/wecom` on `app`, answered by `bridge`; with
+    `token`, 401 without `Authorization: Bearer <token>` (Alertmanager's webhook_configs
+    `http_config.authorization.credentials_file` sends it)."""
+    from steadyrl.http import unauthorized
+
     limit = bridge.section.max_webhook_bytes
 
     def route(robot: str):
         async def receive(request: Request) -> JSONResponse:
+            refusal = unauthorized(request, token)
+            if refusal is not None:
+                log.warning("webhook refused", extra={"robot": robot, "status": 401})
+                return refusal
             chunks, size = [], 0
             async for chunk in request.stream():
                 size += len(chunk)
@@ -325,7 +333,8 @@ def main(argv: list[str]) -> int:
         return Idle()
 
     try:
-        return run_service("alertbridge", cfg, build, extra_routes=lambda app: add_routes(app, bridge))
+        token = cfg.http_token()
+        return run_service("alertbridge", cfg, build, extra_routes=lambda app: add_routes(app, bridge, token))
     finally:
         bridge.close()
 

@@ -132,14 +132,18 @@ class RewardClient:
         cache: the cached-score fallback (services.reward.cache.ScoreCache); None: no
             fallback (groups are held while the breaker is open).
         probe_interval_s: seconds between probes while open (0: no probe thread); see probe_once.
+        headers: sent with every call (the stack's bearer token: ServiceConfig.http_auth_headers).
+            A 401 or 403 is the worker's credentials, not the group's fault: retried, never
+            dead-lettered.
     """
 
     def __init__(self, url: str, scorer: str | None = None, timeout_s: float = 30.0,
                  retry_backoff_s: float = 2.0, breaker: CircuitBreaker | None = None,
-                 cache: ScoreCache | None = None, probe_interval_s: float = 5.0):
+                 cache: ScoreCache | None = None, probe_interval_s: float = 5.0,
+                 headers: dict[str, str] | None = None):
         self.url, self.scorer = url.rstrip("/"), scorer
         self.timeout_s, self.retry_backoff_s = timeout_s, retry_backoff_s
-        self.http = httpx.Client()
+        self.http = httpx.Client(headers=headers)  # the bearer token, when the stack has one
         self.breaker = breaker or CircuitBreaker("reward-server", 3, 30.0)
         prev = self.breaker.on_change
         self.breaker.on_change = lambda old, new, why: (self._on_change(new), prev and prev(old, new, why))
@@ -288,6 +292,10 @@ class RewardClient:
             raise RetryLater(f"reward server unreachable: {type(e).__name__}: {e}", self.retry_backoff_s) from None
         finally:
             CALL_SECONDS.observe(time.perf_counter() - t0)
+        if resp.status_code in (401, 403):  # our token, not the group: held, and the breaker counts it
+            CALLS.labels("server_error").inc()
+            raise RetryLater(f"reward server refused this worker's credentials ({resp.status_code}: "
+                             f"{response_detail(resp)}); check http_token_file", self.retry_backoff_s)
         if resp.status_code >= 500 or resp.status_code in UNAVAILABLE:
             CALLS.labels("server_error").inc()
             raise RetryLater(f"reward server answered {resp.status_code}: {resp.text[:200]}", self.retry_backoff_s,

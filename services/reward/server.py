@@ -199,14 +199,14 @@ def _not_finite(result: dict) -> str | None:
     return None
 
 
-def add_routes(app, server: RewardServer) -> None:
+def add_routes(app, server: RewardServer, token: str | None = None) -> None:
     """`POST /score` on `app`, answered by `server`, with the section's body, time and
     concurrency limits."""
     from steadyrl.http import add_work_route
 
     s = server.section
     add_work_route(app, "/score", ScoreRequest, server.score, max_concurrent=s.max_concurrent,
-                   max_body_bytes=s.max_body_bytes, body_timeout_s=s.body_timeout_s)
+                   max_body_bytes=s.max_body_bytes, body_timeout_s=s.body_timeout_s, token=token)
 
 
 def main(argv: list[str]) -> int:
@@ -233,7 +233,8 @@ def main(argv: list[str]) -> int:
         health.beat()
         return Idle()
 
-    return run_service("reward-server", cfg, build, extra_routes=lambda app: add_routes(app, server))
+    token = cfg.http_token()
+    return run_service("reward-server", cfg, build, extra_routes=lambda app: add_routes(app, server, token))
 
 
 if __name__ == "__main__":

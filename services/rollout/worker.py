@@ -139,6 +139,9 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client):
         if resp.status_code == 503:  # loading, behind the prompt's min_policy_version, or busy
             return RetryLater(f"actor not ready: {response_detail(resp)}", _retry_after(resp, r.behind_backoff_s),
                               counts=True)
+        if resp.status_code in (401, 403):  # this worker's token, not the prompts': retried, never dead-lettered
+            return RetryLater(f"actor refused this worker's credentials ({resp.status_code}: {response_detail(resp)}); "
+                              f"check http_token_file", r.retry_backoff_s, counts=True)
         if resp.status_code >= 500:
             return RetryLater(f"actor answered {resp.status_code}: {response_detail(resp)}",
                               _retry_after(resp, r.retry_backoff_s), counts=True)
@@ -195,7 +198,7 @@ def main(argv: list[str]) -> int:
     from steadyrl.service import run_service
 
     def build(health):
-        client = httpx.Client()
+        client = httpx.Client(headers=cfg.http_auth_headers())
         return Stage(name="rollout", bootstrap=cfg.bootstrap, topic_prefix=cfg.topic_prefix,
                      instance_id=cfg.instance_id, input_topic="rl.prompts", input_contract=Prompt,
                      group_id=cfg.rollout.group_id, handle_batch=make_handler(cfg, client),

@@ -117,3 +117,50 @@ def test_a_prompt_whose_policy_never_comes_leaves_once_its_budget_is_spent(boots
     finally:
         assert rollout.stop() == 0
         assert actor.stop() == 0
+
+
+def test_with_a_token_the_actor_serves_only_workers_that_send_it(bootstrap, prefix, tmp_path):
+    """http_token_file on both sides: a worker with a wrong token is refused (401) and holds its
+    prompts (a credentials problem, not bad prompts: nothing dead-lettered); one with the right
+    token gets every group; the actor's probes answer without a token."""
+    import httpx
+
+    token, wrong = tmp_path / "token", tmp_path / "wrong"
+    token.write_text("right-token\n")
+    wrong.write_text("wrong-token\n")
+    port = free_port()
+    prompts = [_prompt(i) for i in range(4)]
+    produce_all(bootstrap, f"{prefix}rl.prompts", [(p.prompt_id, *codec.encode(p)) for p in prompts])
+    actor = ServiceProc("actor", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "a0",
+                                  "--actor.model", "tiny", "--actor.policy-root", str(tmp_path),
+                                  "--metrics-port", str(port), "--http-token-file", str(token)],
+                        tmp_path / "actor.log")
+
+    def rollout(name, token_file):
+        return ServiceProc("rollout", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", name,
+                                       "--rollout.actor-url", f"http://127.0.0.1:{port}",
+                                       "--rollout.retry-backoff-s", "0.5", "--http-token-file", str(token_file)],
+                           tmp_path / f"{name}.log")
+
+    workers = []
+    try:
+        actor.wait_ready()
+        assert httpx.get(f"{actor.url}/readyz").status_code == 200
+        assert httpx.post(f"{actor.url}/generate", json={"prompts": [{"prompt_ids": [5]}]}).status_code == 401
+        workers.append(rollout("r-wrong", wrong))
+        workers[0].wait_ready()
+        deadline = time.monotonic() + 60
+        while "credentials (401" not in workers[0].log_path.read_text():
+            assert time.monotonic() < deadline, "the worker with the wrong token was never refused"
+            time.sleep(0.5)
+        assert read_all(bootstrap, f"{prefix}rl.rollouts", expect=0, settle_s=0.5) == []
+        assert read_all(bootstrap, f"{prefix}rl.dlq", expect=0, settle_s=0.5) == []
+        assert workers.pop().stop() == 0   # its prompts go back to the group, uncommitted
+        workers.append(rollout("r-right", token))
+        groups = decode_all(read_all(bootstrap, f"{prefix}rl.rollouts", expect=4, timeout_s=120), RolloutGroup)
+        assert sorted(g.prompt_id for g in groups) == sorted(p.prompt_id for p in prompts)
+        assert read_all(bootstrap, f"{prefix}rl.dlq", expect=0, settle_s=0.5) == []
+    finally:
+        for w in workers:
+            assert w.stop() == 0
+        assert actor.stop() == 0

@@ -105,3 +105,18 @@ def test_a_config_error_never_echoes_what_may_be_a_secret(tmp_path, monkeypatch)
     msg = str(exc.value)
     assert "dingtalk_secert" in msg and "SECf00dcafe" not in msg
     assert "svc.batch_size" in msg and "(got 0)" in msg     # an ordinary value is still shown
+
+
+def test_http_token_file_is_read_and_checked_at_start(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("abc123\n")
+    cfg = load(Cfg, ["--http-token-file", str(token)])
+    assert cfg.http_token() == "abc123" and cfg.http_auth_headers() == {"Authorization": "Bearer abc123"}
+    assert load(Cfg, []).http_auth_headers() == {}
+    for bad, why in ((tmp_path / "missing", "cannot read the token file"), (tmp_path / "empty", "empty")):
+        if bad.name == "empty":
+            bad.write_text("  \n")
+        with pytest.raises(ConfigError) as exc:
+            load(Cfg, ["--http-token-file", str(bad)])
+        assert "http_token_file" in str(exc.value) and why in str(exc.value)
+        assert "abc123" not in str(exc.value)

@@ -305,3 +305,26 @@ def test_readyz_answers_503_when_a_check_hangs_and_livez_is_unaffected(monkeypat
     finally:
         release.set()
         server.stop()
+
+
+def test_with_a_token_work_routes_need_it_and_probes_do_not():
+    from steadyrl.http import REFUSED
+
+    _, server = _work_server(token="s3cret-token")
+    try:
+        url = f"{server.url}/work"
+        before = REFUSED.labels("/work", "unauthorized")._value.get()
+        r = httpx.post(url, json={"n": 1})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert "no bearer token" in r.json()["detail"]
+        r = httpx.post(url, json={"n": 1}, headers={"Authorization": "Bearer s3cret-tokeN"})
+        assert r.status_code == 401 and "wrong bearer token" in r.json()["detail"]
+        r = httpx.post(url, json={"n": 1}, headers={"Authorization": "Basic s3cret-token"})
+        assert r.status_code == 401
+        r = httpx.post(url, json={"n": 1}, headers={"Authorization": "Bearer s3cret-token"})
+        assert r.status_code == 200, r.text
+        assert REFUSED.labels("/work", "unauthorized")._value.get() == before + 3
+        for probe in ("/livez", "/readyz", "/metrics"):   # Prometheus and the orchestrator need no token
+            assert httpx.get(f"{server.url}{probe}").status_code == 200, probe
+    finally:
+        server.stop()
