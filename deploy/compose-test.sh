@@ -18,7 +18,7 @@
 #               (target cpu, on the Python base; torch from TORCH_INDEX_URL, default: pip's own
 #               index). The legacy builder, no BuildKit; network only for the package installs.
 #   up          `compose up -d --no-build` with configs/tiny.yaml (learner.steps: $COMPOSE_TEST_STEPS,
-#               default 300, so that the run outlasts what follows) and compose/local.yml
+#               default 200, so that the run outlasts what follows) and compose/local.yml
 #               (internal network, no host port, no Grafana)
 #   ready       every service healthy through its HEALTHCHECK (topic-init: exited 0), every
 #               Prometheus target up, every alert rule evaluating with health ok
@@ -38,7 +38,7 @@
 # Exits non-zero on the first failure (the containers' logs go to $WORK/logs first).
 # Environment: WORK (default /var/tmp/steadyrl-ci), COMPOSE_PROJECT (steadyrl-ci),
 # TORCH_INDEX_URL (empty), WAIT_S (1800: for each wait), KEEP=1 (no down at the end), CHAOS=0 (no
-# scale-up or kills; tiny.yaml's 100 steps), COMPOSE_TEST_STEPS (300), SCALE_AT_STEP (5),
+# scale-up or kills; tiny.yaml's 100 steps), COMPOSE_TEST_STEPS (200), SCALE_AT_STEP (5),
 # DEBIAN_MIRROR (default: the first URI of this machine's apt sources).
 set -euo pipefail
 
@@ -48,7 +48,7 @@ COMPOSE_VERSION=${COMPOSE_VERSION:-v2.40.3}
 PROJECT=${COMPOSE_PROJECT:-steadyrl-ci}
 WAIT_S=${WAIT_S:-1800}
 CHAOS=${CHAOS:-1}
-STEPS=${COMPOSE_TEST_STEPS:-300}
+STEPS=${COMPOSE_TEST_STEPS:-200}
 SCALE_AT_STEP=${SCALE_AT_STEP:-5}
 RELEASE=$(. /etc/os-release && echo "${VERSION_CODENAME:?no VERSION_CODENAME in /etc/os-release}")
 DEBIAN_IMAGE=steadyrl-base/debian:$RELEASE
@@ -66,7 +66,8 @@ TIMINGS=$WORK/timings.tsv
 
 say() { printf '[compose-test %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { say "FAIL: $*"; exit 1; }
-# step NAME CMD...: run, time it, record it.
+# step NAME CMD...: run, time it, record it. CMD runs on the left of `||`, where `set -e` is off:
+# every check in it dies (or returns non-zero) itself.
 step() {
   local name=$1 t0 rc=0
   shift
@@ -295,7 +296,8 @@ wait_ready() {
 chaos() {
   python3 "$ROOT/deploy/compose_checks.py" chaos --project "$PROJECT" --out "$WORK/chaos.json" \
     --steps "$STEPS" --scale-at-step "$SCALE_AT_STEP" --rollout 3 --reward 2 -- \
-    "${COMPOSE[@]}" -p "$PROJECT" -f "$ROOT/compose/docker-compose.yml" -f "$ROOT/compose/local.yml"
+    "${COMPOSE[@]}" -p "$PROJECT" -f "$ROOT/compose/docker-compose.yml" -f "$ROOT/compose/local.yml" ||
+    die "the scale-up and SIGKILL checks failed ($WORK/chaos.json)"
   python3 - "$WORK/chaos.json" >> "$TIMINGS" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -369,7 +371,7 @@ PY
 # Every Grafana dashboard query over the run's time range through the real Prometheus.
 grafana_queries() {
   python3 "$ROOT/deploy/compose_checks.py" grafana --project "$PROJECT" --out "$WORK/grafana.json" \
-    --start "$UP_AT" --end "$LEARNER_LAST"
+    --start "$UP_AT" --end "$LEARNER_LAST" || die "a Grafana query returned no series ($WORK/grafana.json)"
   python3 - "$WORK/grafana.json" >> "$TIMINGS" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
