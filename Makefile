@@ -69,10 +69,12 @@ clean: stop
 	rm -rf $(VENV) $(VLLM_VENV) broker/libs .steadyrl
 
 # compose-test (issue 20): every image built from Debian's packages (debootstrap, docker import;
-# no image registry), the compose stack run with configs/tiny.yaml on an internal network, every
-# health check, the learner to its last step, then `compose down -v`. Needs root (or a running
-# Docker engine), docker.io, debootstrap, Go, Maven; ~13 min cold here plus ~8.5 min to build compose
-# once, ~14 GB of engine storage; timings in /var/tmp/steadyrl-ci/timings.tsv (docs/deploy.md).
+# no image registry), the compose stack run with configs/tiny.yaml (300 steps) on an internal
+# network, every health check, mid-run `--scale rollout=3 --scale reward=2` and a SIGKILL of a
+# rollout, a reward and the learner container, the exactly-once audit from the topics, every
+# Grafana query against the real Prometheus, then `compose down -v`. Needs root (or a running
+# Docker engine), docker.io, debootstrap, Go, Maven; ~14 GB of engine storage; run by .ci/run.
+# Times in /var/tmp/steadyrl-ci/timings.tsv (docs/deploy.md).
 .PHONY: compose-test
 compose-test:
 	deploy/compose-test.sh
