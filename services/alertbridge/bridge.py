@@ -13,7 +13,8 @@ no robot is configured) and `/metrics`, like every steadyrl service (steadyrl.se
 Routes
     `POST /alert/dingtalk`, `POST /alert/wecom`: body = Alertmanager webhook JSON, version
     "4" (`Webhook`). Answers
-      200  {"robot", "outcome": "sent", "alerts", "shown", "omitted", "truncated", "bytes", "attempts"}
+      200  {"robot", "outcome": "sent", "alerts", "shown", "omitted", "truncated", "bytes", "attempts"},
+           or {"robot", "outcome": "held", "alerts", "critical", "held"} over the quota (Quota)
       400  body is not JSON                       413  body above `max_webhook_bytes`
       404  that robot is not configured           422  not a version-4 webhook (fields named)
       500  a template failed to render
@@ -28,7 +29,20 @@ Rendering
     the same names). They show the group's status (FIRING:n / RESOLVED), alertname and
     severity, then each alert: status, alertname, severity, the `summary` and `description`
     annotations, `job` and `instance`, startsAt (endsAt when resolved, both UTC) and the
-    generatorURL as a link (only http/https URLs).
+    generatorURL as a link (only http/https URLs). Alert-supplied text is shown as text:
+    its markdown characters become their full-width forms (render.py `md_text`), so an
+    alert cannot post a link, an image, a heading or HTML to the chat.
+
+Quota
+    A robot takes `dingtalk_per_minute` / `wecom_per_minute` messages a minute (20: both
+    robots' documented limit; DingTalk throttles a robot for 10 minutes past it). The bridge
+    counts its sends in a sliding 60 s window and never exceeds it: the last
+    `critical_reserve` (5) messages of a window go only to critical notifications (an alert
+    whose severity label is in `critical_severities`: critical, P0, page). A notification
+    that finds no message for it is held (answered 200 `"outcome": "held"`, so Alertmanager
+    does not retry it) and counted per (severity, alertname, status); every second the
+    service sends what is held as one summary, critical first, as soon as the window allows.
+    So a flood of alerts costs at most the quota, and critical alerts still get through.
 
 Limits
     DingTalk `markdown.text` ≤ `dingtalk_max_bytes` (20000 UTF-8 bytes) and WeCom
@@ -68,7 +82,7 @@ Secrets
 
 Metrics
     `steadyrl_alertbridge_notifications_total{robot,outcome}` (outcome: sent, robot_error,
-    http_error, timeout), `steadyrl_alertbridge_send_seconds{robot}` (one notification, all
+    http_error, timeout, held), `steadyrl_alertbridge_send_seconds{robot}` (one notification, all
     attempts and waits included), `steadyrl_alertbridge_truncated_total{robot}`.
 
 Modules
@@ -116,6 +130,8 @@ from services.alertbridge.robots import (  # noqa: F401
     RATE_LIMIT_CODES,
     REDACTOR,
     ROBOTS,
+    Held,
+    Quota,
     Robot,
     SendError,
     _check_url,
@@ -128,7 +144,7 @@ from steadyrl.config import load
 
 log = logging.getLogger("steadyrl.alertbridge")
 
-OUTCOMES = ("sent", "robot_error", "http_error", "timeout")
+OUTCOMES = ("sent", "robot_error", "http_error", "timeout", "held")
 
 NOTIFICATIONS = Counter("steadyrl_alertbridge_notifications", "Alert notifications by robot and outcome",
                         ["robot", "outcome"])
@@ -154,9 +170,12 @@ class Bridge:
             set without its URL, or a template does not compile.
     """
 
-    def __init__(self, section: AlertBridgeSection):
+    def __init__(self, section: AlertBridgeSection, clock=time.monotonic):
         self.section = section
         self.robots: dict[str, Robot] = {}
+        self.quotas = {name: Quota(getattr(section, f"{name}_per_minute"), clock) for name in ROBOTS}
+        self.held = {name: Held() for name in ROBOTS}
+        self.lock = threading.Lock()   # quotas and held: notify runs on several threads
         dt_url = section.dingtalk_url.get_secret_value() if section.dingtalk_url else None
         dt_secret = section.dingtalk_secret.get_secret_value() if section.dingtalk_secret else None
         wc_url = section.wecom_url.get_secret_value() if section.wecom_url else None
@@ -190,11 +209,39 @@ class Bridge:
         return True, "robots: " + ", ".join(f"{r.name}{' (signed)' if r.secret else ''}"
                                             for r in self.robots.values())
 
+    def critical(self, hook: Webhook) -> bool:
+        """Whether `hook` carries an alert of a critical severity (`critical_severities`)."""
+        levels = set(self.section.critical_severities)
+        return hook.common_labels.get("severity") in levels or any(a.labels.get("severity") in levels
+                                                                    for a in hook.alerts)
+
+    def _admit(self, robot_name: str, critical: bool) -> bool:
+        """Take one of the robot's messages this minute, if this notification may have it: the
+        last `critical_reserve` of them only for critical ones. Caller holds the lock."""
+        free = self.quotas[robot_name].available()
+        if free > self.section.critical_reserve or (critical and free > 0):
+            self.quotas[robot_name].take()
+            return True
+        return False
+
     def notify(self, robot_name: str, hook: Webhook) -> tuple[int, dict]:
-        """Render `hook` for the robot and deliver it. Returns (HTTP status, JSON answer)."""
+        """Render `hook` for the robot and deliver it, or hold it (module doc, Quota). Returns
+        (HTTP status, JSON answer)."""
         robot = self.robots.get(robot_name)
         if robot is None:
             return 404, {"detail": f"robot {robot_name!r} is not configured (set alertbridge.{robot_name}_url)"}
+        critical = self.critical(hook)
+        with self.lock:
+            admitted = self._admit(robot_name, critical)
+            if not admitted:
+                self.held[robot_name].add(hook, critical)
+                held = self.held[robot_name].notifications
+        if not admitted:   # 200: Alertmanager must not retry it; the summary will carry it
+            NOTIFICATIONS.labels(robot_name, "held").inc()
+            log.warning("alert notification held: over the robot's quota",
+                        extra={"robot": robot_name, "critical": critical, "alerts": len(hook.alerts), "held": held})
+            return 200, {"robot": robot_name, "outcome": "held", "alerts": len(hook.alerts), "critical": critical,
+                         "held": held}
         try:
             payload, rendered = robot.payload(self.renderer, hook)
         except jinja2.TemplateError as e:
@@ -205,6 +252,36 @@ class Bridge:
             log.info("message shortened to the robot's limit",
                      extra={"robot": robot_name, "alerts": len(hook.alerts), "shown": rendered.shown,
                             "omitted": rendered.omitted, "bytes": rendered.bytes, "max_bytes": robot.max_bytes})
+        status, answer = self._deliver(robot, payload, len(hook.alerts))
+        if status != 200:
+            return status, answer
+        answer = {"robot": robot_name, "outcome": "sent", "alerts": len(hook.alerts), "shown": rendered.shown,
+                  "omitted": rendered.omitted, "truncated": rendered.truncated, "bytes": rendered.bytes,
+                  "attempts": answer["attempts"]}
+        log.info("alert notification sent", extra={"url": robot.masked_url, "status": hook.status, **answer})
+        return 200, answer
+
+    def flush(self) -> tuple[int, dict] | None:
+        """Send each robot's held notifications as one summary when its quota allows (critical
+        ones may use the reserve). Called every second by the service loop; returns the last
+        delivery's (status, answer), or None when nothing was sent."""
+        result = None
+        for name, robot in self.robots.items():
+            with self.lock:
+                held = self.held[name]
+                if not held.notifications or not self._admit(name, held.critical):
+                    continue
+                self.held[name] = Held()
+            payload = held.summary(robot, self.quotas[name].per_minute, self.section.critical_severities)
+            result = self._deliver(robot, payload, sum(held.counts.values()))
+            log.info("held notifications sent as a summary",
+                     extra={"robot": name, "notifications": held.notifications, "status": result[0]})
+        return result
+
+    def _deliver(self, robot: Robot, payload: dict, alerts: int) -> tuple[int, dict]:
+        """POST `payload` with the retry policy (module doc, Delivery); (200, {"attempts"}) or
+        the failure's (status, answer)."""
+        robot_name = robot.name
         body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
         attempts = 0
         t0 = time.perf_counter()
@@ -231,16 +308,12 @@ class Bridge:
             NOTIFICATIONS.labels(robot_name, e.outcome).inc()
             log.warning("alert notification failed",
                         extra={"robot": robot_name, "url": robot.masked_url, "outcome": e.outcome,
-                               "attempts": attempts, "error": e.message, "alerts": len(hook.alerts)})
+                               "attempts": attempts, "error": e.message, "alerts": alerts})
             return e.status, {"detail": e.message, "robot": robot_name, "outcome": e.outcome, "attempts": attempts}
         finally:
             SEND_SECONDS.labels(robot_name).observe(time.perf_counter() - t0)
         NOTIFICATIONS.labels(robot_name, "sent").inc()
-        answer = {"robot": robot_name, "outcome": "sent", "alerts": len(hook.alerts), "shown": rendered.shown,
-                  "omitted": rendered.omitted, "truncated": rendered.truncated, "bytes": rendered.bytes,
-                  "attempts": attempts}
-        log.info("alert notification sent", extra={"url": robot.masked_url, "status": hook.status, **answer})
-        return 200, answer
+        return 200, {"attempts": attempts}
 
     def _post(self, robot: Robot, body: bytes) -> None:
         """One attempt. Raises SendError (module doc, Delivery: what is retried)."""
@@ -328,6 +401,7 @@ def main(argv: list[str]) -> int:
             def run(self, stop: threading.Event) -> None:
                 while not stop.wait(1.0):
                     health.beat()
+                    bridge.flush()   # held notifications, once the quota allows
 
         health.beat()
         return Idle()

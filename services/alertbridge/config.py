@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from steadyrl.config import ServiceConfig
 
@@ -37,6 +37,24 @@ class AlertBridgeSection(BaseModel):
     retry_backoff_max_s: float = Field(10.0, ge=0, le=300, description="Longest wait between two attempts.")
     templates_dir: Path | None = Field(None, description="Folder with replacement templates (same file names).")
     max_webhook_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest webhook body accepted (413 above).")
+    dingtalk_per_minute: int = Field(20, ge=1, le=600, description="Messages a DingTalk robot takes per minute "
+                                                                 "(DingTalk documents 20; past it the robot is "
+                                                                 "throttled for 10 minutes).")
+    wecom_per_minute: int = Field(20, ge=1, le=600, description="Messages a WeCom robot takes per minute "
+                                                              "(WeCom documents 20).")
+    critical_reserve: int = Field(5, ge=0, description="Of each minute's messages, how many only critical "
+                                                       "notifications may use; the others are held and sent "
+                                                       "as one summary when the quota allows.")
+    critical_severities: list[str] = Field(["critical", "P0", "page"], description="severity label values that "
+                                                                                 "make a notification critical.")
+
+    @model_validator(mode="after")
+    def _reserve_below_quota(self):
+        for robot in ("dingtalk", "wecom"):
+            if self.critical_reserve >= getattr(self, f"{robot}_per_minute"):
+                raise ValueError(f"critical_reserve {self.critical_reserve} >= {robot}_per_minute "
+                                 f"{getattr(self, f'{robot}_per_minute')}: nothing else could ever be sent")
+        return self
 
 
 class AlertBridgeConfig(ServiceConfig):

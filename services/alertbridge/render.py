@@ -3,6 +3,7 @@ message into a robot's byte limit (services.alertbridge.bridge, Rendering and Li
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -66,6 +67,36 @@ def _link(url: str) -> str:
     return url.replace(" ", "%20").replace("(", "%28").replace(")", "%29")
 
 
+#: Characters that make markdown structure (links, images, emphasis, headings, quotes, HTML, code,
+#: tables), and the full-width forms alert text shows instead: read the same, render as text in
+#: any robot's markdown (neither DingTalk nor WeCom documents backslash escapes).
+_FULL_WIDTH = str.maketrans({"[": "［", "]": "］", "(": "（", ")": "）", "<": "＜", ">": "＞", "*": "＊",
+                             "#": "＃", "`": "｀", "~": "～", "|": "｜", "!": "！", "\\": "＼"})
+_EMPHASIS_UNDERSCORE = re.compile(r"(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")   # not inside snake_case
+_LINE_MARKER = re.compile(r"^(\s*)([-+=]|\d+\.)", re.M)                      # list items, setext headings
+
+
+def md_text(value: str, multiline: bool = False) -> str:
+    """`value` (alert-supplied: a label, an annotation) as markdown that renders as this text:
+    structure characters become their full-width forms, an emphasis underscore ＿, a line
+    opening a list or heading gets a full-width marker; single-line values lose their newlines."""
+    text = _EMPHASIS_UNDERSCORE.sub("＿", str(value).translate(_FULL_WIDTH))
+    if not multiline:
+        return " ".join(text.split("\n"))
+    return _LINE_MARKER.sub(lambda m: m.group(1) + m.group(2).translate(_MARKERS), text)
+
+
+_MARKERS = str.maketrans({"-": "－", "+": "＋", "=": "＝", ".": "．"})
+
+
+def _md_labels(labels: dict[str, str]) -> dict[str, str]:
+    return {k: md_text(v) for k, v in labels.items()}
+
+
+def _md_annotations(annotations: dict[str, str]) -> dict[str, str]:
+    return {k: md_text(v, multiline=True) for k, v in annotations.items()}
+
+
 def render_context(hook: Webhook, alerts: list[WebhookAlert]) -> dict[str, Any]:
     """What the templates see.
 
@@ -74,18 +105,20 @@ def render_context(hook: Webhook, alerts: list[WebhookAlert]) -> dict[str, Any]:
     whole group), receiver, group_labels, common_labels, common_annotations, external_url.
     alerts: the alerts shown, each {status, labels, annotations, startsAt, endsAt (UTC text,
     "" while firing), generatorURL ("" unless http/https), fingerprint}.
+    Every alert-supplied text (names, labels, annotations, receiver) is `md_text`: markdown in
+    an alert is shown as text, never rendered (a link, an image, a heading).
     """
     names = sorted({a.labels.get("alertname", "") for a in hook.alerts} - {""})
     alertname = hook.common_labels.get("alertname") or hook.group_labels.get("alertname") or ", ".join(names)
     return {
-        "status": hook.status, "alertname": alertname or "alert",
-        "severity": hook.common_labels.get("severity", ""),
+        "status": hook.status, "alertname": md_text(alertname or "alert"),
+        "severity": md_text(hook.common_labels.get("severity", "")),
         "firing": sum(a.status == "firing" for a in hook.alerts),
         "resolved": sum(a.status == "resolved" for a in hook.alerts),
-        "total": len(hook.alerts) + hook.truncated_alerts, "receiver": hook.receiver,
-        "group_labels": hook.group_labels, "common_labels": hook.common_labels,
-        "common_annotations": hook.common_annotations, "external_url": hook.external_url,
-        "alerts": [{"status": a.status, "labels": a.labels, "annotations": a.annotations,
+        "total": len(hook.alerts) + hook.truncated_alerts, "receiver": md_text(hook.receiver),
+        "group_labels": _md_labels(hook.group_labels), "common_labels": _md_labels(hook.common_labels),
+        "common_annotations": _md_annotations(hook.common_annotations), "external_url": _link(hook.external_url),
+        "alerts": [{"status": a.status, "labels": _md_labels(a.labels), "annotations": _md_annotations(a.annotations),
                     "startsAt": _time(a.starts_at), "endsAt": _time(a.ends_at) if a.status == "resolved" else "",
                     "generatorURL": _link(a.generator_url), "fingerprint": a.fingerprint} for a in alerts],
     }

@@ -12,6 +12,7 @@ import re
 import threading
 import time
 import urllib.parse
+from collections import deque
 from dataclasses import dataclass
 
 from services.alertbridge.config import Webhook
@@ -132,6 +133,59 @@ class Robot:
             return {"msgtype": "markdown", "markdown": {"title": r.title, "text": r.text}}, r
         r = renderer.fit("wecom.md.j2", hook, self.max_bytes)
         return {"msgtype": "markdown", "markdown": {"content": r.text}}, r
+
+
+class Quota:
+    """A robot's published rate: at most `per_minute` messages in any 60 s (a sliding window
+    of the send times). `clock`: seconds, monotonic. Not thread-safe (the bridge locks)."""
+
+    WINDOW_S = 60.0
+
+    def __init__(self, per_minute: int, clock=time.monotonic):
+        self.per_minute, self.clock = per_minute, clock
+        self.sent: deque[float] = deque()
+
+    def available(self) -> int:
+        """Messages that may be sent now."""
+        now = self.clock()
+        while self.sent and now - self.sent[0] >= self.WINDOW_S:
+            self.sent.popleft()
+        return self.per_minute - len(self.sent)
+
+    def take(self) -> None:
+        self.sent.append(self.clock())
+
+
+class Held:
+    """Notifications held back by the quota, summarised: (severity, alertname, status) -> count
+    of alerts, and whether any was critical. Not thread-safe (the bridge locks)."""
+
+    def __init__(self):
+        self.counts: dict[tuple[str, str, str], int] = {}
+        self.notifications = 0
+        self.critical = False
+
+    def add(self, hook: Webhook, critical: bool) -> None:
+        self.notifications += 1
+        self.critical |= critical
+        for a in hook.alerts:
+            key = (a.labels.get("severity", ""), a.labels.get("alertname", "alert"), a.status)
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+    def summary(self, robot: "Robot", per_minute: int, critical_severities: list[str]) -> dict:
+        """One markdown message of what was held (critical first), as `robot`'s payload."""
+        from services.alertbridge.render import md_text
+
+        alerts = sum(self.counts.values())
+        head = (f"### ⚠️ {self.notifications} notifications held ({alerts} alerts): over the robot's quota of "
+                f"{per_minute} per minute")
+        order = sorted(self.counts.items(), key=lambda kv: (kv[0][0] not in critical_severities, -kv[1], kv[0]))
+        lines = [f"- {'**' + md_text(sev) + '** ' if sev else ''}{md_text(name)} · {status} × {n}"
+                 for (sev, name, status), n in order]
+        text = cut_utf8("\n\n".join([head, "\n".join(lines)]), robot.max_bytes)
+        if robot.name == "dingtalk":
+            return {"msgtype": "markdown", "markdown": {"title": f"{alerts} alerts held (quota)", "text": text}}
+        return {"msgtype": "markdown", "markdown": {"content": text}}
 
 
 class SendError(Exception):
