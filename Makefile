@@ -69,7 +69,7 @@ clean: stop
 	rm -rf $(VENV) $(VLLM_VENV) broker/libs .steadyrl
 
 # compose-test (issue 20): every image built from Debian's packages (debootstrap, docker import;
-# no image registry), the compose stack run with configs/tiny.yaml (300 steps) on an internal
+# no image registry), the compose stack run with configs/tiny.yaml (200 steps) on an internal
 # network, every health check, mid-run `--scale rollout=3 --scale reward=2` and a SIGKILL of a
 # rollout, a reward and the learner container, the exactly-once audit from the topics, every
 # Grafana query against the real Prometheus, then `compose down -v`. Needs root (or a running

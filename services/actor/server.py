@@ -14,6 +14,10 @@ whose shards have the index's (steadyrl/policy_files.py; a legacy single file: i
 otherwise the actor keeps serving the version it has, logs the refusal and counts it
 (`steadyrl_actor_policy_rejected_total{reason}`). Weights are safetensors only.
 
+With `http_token_file` set (every service's common setting), a call without `Authorization:
+Bearer <token>` gets 401 (`WWW-Authenticate: Bearer`) before anything else; the probes and
+/metrics stay open. A dead vLLM engine: 503, and the actor exits to be restarted.
+
 Limits (`actor:` section): a body above `max_body_bytes` gets 413, one that takes longer than
 `body_timeout_s` to arrive 408, a call past `max_concurrent` in progress 503 with
 Retry-After (steadyrl/http.py `add_work_route`: the probes never wait behind /generate);
