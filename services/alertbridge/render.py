@@ -73,6 +73,7 @@ def _link(url: str) -> str:
 _FULL_WIDTH = str.maketrans({"[": "［", "]": "］", "(": "（", ")": "）", "<": "＜", ">": "＞", "*": "＊",
                              "#": "＃", "`": "｀", "~": "～", "|": "｜", "!": "！", "\\": "＼"})
 _EMPHASIS_UNDERSCORE = re.compile(r"(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")   # not inside snake_case
+_MARKERS = str.maketrans({"-": "－", "+": "＋", "=": "＝", ".": "．"})
 _LINE_MARKER = re.compile(r"^(\s*)([-+=]|\d+\.)", re.M)                      # list items, setext headings
 
 
@@ -84,9 +85,6 @@ def md_text(value: str, multiline: bool = False) -> str:
     if not multiline:
         return " ".join(text.split("\n"))
     return _LINE_MARKER.sub(lambda m: m.group(1) + m.group(2).translate(_MARKERS), text)
-
-
-_MARKERS = str.maketrans({"-": "－", "+": "＋", "=": "＝", ".": "．"})
 
 
 def _md_labels(labels: dict[str, str]) -> dict[str, str]:

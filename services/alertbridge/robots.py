@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from services.alertbridge.config import Webhook
-from services.alertbridge.render import Rendered, Renderer, cut_utf8
+from services.alertbridge.render import Rendered, Renderer, cut_utf8, md_text
 
 ROBOTS = ("dingtalk", "wecom")
 #: errcode each robot answers when it throttles a webhook; retried with backoff.
@@ -174,8 +174,6 @@ class Held:
 
     def summary(self, robot: "Robot", per_minute: int, critical_severities: list[str]) -> dict:
         """One markdown message of what was held (critical first), as `robot`'s payload."""
-        from services.alertbridge.render import md_text
-
         alerts = sum(self.counts.values())
         head = (f"### ⚠️ {self.notifications} notifications held ({alerts} alerts): over the robot's quota of "
                 f"{per_minute} per minute")
