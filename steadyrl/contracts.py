@@ -168,7 +168,8 @@ class RewardSource(str, Enum):
 
 
 class ScoredGroup(Contract):
-    """A rollout group with one reward per sample, on `rl.scored` (key: prompt_id)."""
+    """A rollout group with one reward per sample, on `rl.scored` (key: prompt_id), and on
+    `rl.releases` when `steadyrl quarantine release` puts a held group back."""
 
     SCHEMA_NAME: ClassVar[str] = "scored_group"
     # 1.1: group.rejected (rollout_group 1.1); 1.2: finite rewards and cache_similarity,
@@ -265,8 +266,8 @@ class DLQRecord(Contract):
 class QuarantinedGroup(Contract):
     """One group of a batch the learner's reward watch held back instead of training, on
     `rl.quarantine` (key: batch_id). A batch of n groups is n records (index 0..n-1), so a
-    record stays within one group's size. `steadyrl quarantine release` puts them back on
-    rl.scored."""
+    record stays within one group's size. `steadyrl quarantine release` puts them on
+    rl.releases."""
 
     SCHEMA_NAME: ClassVar[str] = "quarantined_group"
     # 1.1: finite watch figures, int64 step/index/count/time, index < count, scored_group 1.2's
@@ -294,7 +295,7 @@ class QuarantinedGroup(Contract):
 
 
 class QuarantineAction(str, Enum):
-    release = "release"   # its groups go back to rl.scored and are trained
+    release = "release"   # its groups go to rl.releases and are trained
     drop = "drop"         # never trained (the learner already published other prompts in their place)
 
 

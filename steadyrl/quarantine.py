@@ -8,17 +8,24 @@ looks:
 
     steadyrl quarantine list                 every batch: step, rules, figures, status
     steadyrl quarantine show BATCH           its groups: prompt, rewards, responses
-    steadyrl quarantine release BATCH        its groups go back to rl.scored and are trained
+    steadyrl quarantine release BATCH        its groups go to rl.releases and are trained
     steadyrl quarantine drop BATCH           never trained
 
-A decision is a `QuarantineDecision` record on the same topic; a batch has at most one.
-`release` writes the groups to rl.scored, each with the header `steadyrl-release: <batch id>`,
+A decision is a `QuarantineDecision` record on the same topic; a batch has at most one. It
+records who made it (`by`: user@host of the command, and the note given).
+`release` writes the groups to rl.releases, each with the header `steadyrl-release: <batch id>`,
 and the decision, in one Kafka transaction, so either all land or none does. Its
 transactional id is fixed per batch, so of two people deciding at once the later fences the
-earlier (whose commit fails), and it reads the topic again after fencing. The learner trains
-a group with that header as it is (its behaviour log-probs make the importance ratio right
-however old it is), once; a held group read again without the header (after a restart) stays
-held. A run that has finished no longer trains what is released.
+earlier (whose commit fails), and it reads the topic again after fencing.
+
+Kafka does not tell a consumer who produced a record, so a release's authorship comes from its
+topic: rl.releases is written by this command alone (with Kafka ACLs, only the quarantine
+principal may write it), never by the reward workers that write rl.scored. The learner treats
+only rl.releases records as releases: it trains such a group as it is (its behaviour log-probs
+make the importance ratio right however old it is), once. A group on rl.scored is an ordinary
+group whatever its headers (one carrying the release header is counted, `release_on_scored`,
+and logged), so a held group read again there stays held, and nobody who may write rl.scored
+can release one. A run that has finished no longer trains what is released.
 """
 
 from __future__ import annotations
@@ -104,12 +111,12 @@ def _add(entries: dict[str, Entry], m) -> None:
 def decide(bootstrap: str, batch: str, action: QuarantineAction, note: str = "", prefix: str = "") -> Entry:
     """Release or drop a held batch; returns its entry with the decision.
 
-    release: the groups go to rl.scored (key: prompt_id, header steadyrl-release) and the
-    decision to rl.quarantine, in one transaction (aborted, and the error raised, if any part
-    fails; steadyrl.bus.txn.TransactionalProducer). Raises QuarantineError for an unknown,
-    incomplete or already decided batch, KafkaException on a broker error (e.g. fenced by
-    another decision on the same batch; TransactionAborted, a KafkaException, when the
-    transaction failed and was aborted).
+    release: the groups go to rl.releases (key: prompt_id, header steadyrl-release) and the
+    decision (`by`: user@host, `note`) to rl.quarantine, in one transaction (aborted, and the
+    error raised, if any part fails; steadyrl.bus.txn.TransactionalProducer). Raises
+    QuarantineError for an unknown, incomplete or already decided batch, KafkaException on a
+    broker error (e.g. fenced by another decision on the same batch; TransactionAborted, a
+    KafkaException, when the transaction failed and was aborted).
     """
     from steadyrl.bus.txn import TransactionalProducer
 
@@ -133,7 +140,7 @@ def decide(bootstrap: str, batch: str, action: QuarantineAction, note: str = "",
                 for i in sorted(entry.groups):
                     g = entry.groups[i].group
                     value, headers = codec.encode(g)
-                    p.produce(f"{prefix}rl.scored", value, g.prompt_id, headers + [(RELEASE_HEADER, batch.encode())])
+                    p.produce(f"{prefix}rl.releases", value, g.prompt_id, headers + [(RELEASE_HEADER, batch.encode())])
             value, headers = codec.encode(decision)
             p.produce(f"{prefix}rl.quarantine", value, batch, headers)
     finally:

@@ -1,11 +1,13 @@
-"""Reading rl.scored (and rl.dlq) into the train buffer.
+"""Reading rl.scored and rl.releases (and rl.dlq) into the train buffer.
 
-rl.scored is read with `assign()` (no consumer group: the learner is the only reader that
-matters and keeps its own offsets, in state.json) and read_committed. A new run starts at the
-end of each partition: older runs' records are not its. Each group read is one of
+rl.scored and rl.releases are read with `assign()` (no consumer group: the learner is the only
+reader that matters and keeps its own offsets, in state.json: `offsets`, `release_offsets`)
+and read_committed. A new run starts at the end of each partition: older runs' records are not
+its. A run saved before rl.releases existed reads rl.releases from the start (what is there
+can only be releases made since). Each group read is one of
 
     accepted            one of our prompts in flight: waits in the buffer for an update
-    released            `steadyrl quarantine release` put it back: trained as it is
+    released            on rl.releases: `steadyrl quarantine release` put it back: trained as it is
     released_in_flight  ... reaching a learner resumed from before the hold (replaces the original)
     duplicate           trained already, waiting, or held (a held group read again stays held)
     foreign             another run's
@@ -13,6 +15,11 @@ end of each partition: older runs' records are not its. Each group read is one o
     invalid_tokens      one of ours whose token ids the model cannot take (`TokenLimits`: an id
                         outside the vocabulary, prompt + response above the context length, an
                         empty prompt): sent to rl.dlq with reason invalid_tokens, never trained
+
+Only rl.releases records are releases: Kafka does not say who produced a record, so authorship
+comes from the topic, and rl.releases is written by the quarantine command alone (rl.scored by
+the reward workers). A group on rl.scored carrying the release header (`steadyrl-release`) is
+read as any other (a held one stays held); it is counted (`release_on_scored`) and logged.
 
 Waiting groups leave the buffer when their policy version is older than max_staleness
 allows (stale) or newer than the learner's (from weights a crash threw away): the prompt is
@@ -61,19 +68,29 @@ EVICTED = Counter("steadyrl_learner_buffer_evictions", "Groups evicted from the 
 
 def open_consumer(bootstrap: str, client: str, topics: dict[str, str], st: RunState,
                   stats_interval_s: float) -> Consumer:
-    """A consumer assigned to every partition of rl.scored at the run's offsets, and rl.dlq.
-    A new run's offsets are set to the partitions' ends."""
+    """A consumer assigned to every partition of rl.scored and rl.releases at the run's offsets,
+    and rl.dlq. A new run's offsets are set to the partitions' ends; a run saved before
+    rl.releases existed (no `release_offsets`) reads rl.releases from each partition's start."""
     conf = consumer_config(bootstrap, client, f"learner-{st.run_id}", stats_interval_s)
     conf.pop("group.protocol", None)
     c = Consumer(conf)
-    topic, dlq = topics["rl.scored"], topics["rl.dlq"]
-    parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
-    if not st.offsets:
-        for p in parts:
+    topic, releases, dlq = topics["rl.scored"], topics["rl.releases"], topics["rl.dlq"]
+    parts = {t: sorted(c.list_topics(t, timeout=30).topics[t].partitions) for t in (topic, releases)}
+    if not parts[releases]:  # an older deployment's topics: releases would go unread
+        c.close()
+        raise RuntimeError(f"topic {releases} is missing at {bootstrap}: create it (`steadyrl topics create`)")
+    new_run = not st.offsets
+    if new_run:
+        for p in parts[topic]:
             st.offsets[str(p)] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+    if not st.release_offsets:
+        for p in parts[releases]:
+            low, high = c.get_watermark_offsets(TopicPartition(releases, p), timeout=30)
+            st.release_offsets[str(p)] = high if new_run else low
     if st.dlq_offset < 0:
         st.dlq_offset = c.get_watermark_offsets(TopicPartition(dlq, 0), timeout=30)[1]
-    c.assign([TopicPartition(topic, p, st.offsets.get(str(p), 0)) for p in parts]
+    c.assign([TopicPartition(topic, p, st.offsets.get(str(p), 0)) for p in parts[topic]]
+             + [TopicPartition(releases, p, st.release_offsets.get(str(p), 0)) for p in parts[releases]]
              + [TopicPartition(dlq, 0, st.dlq_offset)])
     return c
 
@@ -95,23 +112,27 @@ class Intake:
         self.dlq_in_a_row = 0  # prompts sent back by rl.dlq since the last step (the loop resets it)
         self.retry_at: dict[str, float] = {}  # prompt id -> time.monotonic() before which it is not sent again
 
-    def saved_offsets(self) -> dict[str, int]:
-        """Offsets that re-read every group read but not yet trained (what state.json keeps)."""
-        saved = dict(self.st.offsets)
+    def saved_offsets(self) -> dict[str, dict[str, int]]:
+        """What state.json keeps as `offsets` (rl.scored) and `release_offsets` (rl.releases):
+        offsets that re-read every group read but not yet trained."""
+        saved = {"offsets": dict(self.st.offsets), "release_offsets": dict(self.st.release_offsets)}
         for r in self.ready.values():
-            saved[str(r.partition)] = min(saved.get(str(r.partition), r.offset), r.offset)
+            at = saved["release_offsets" if r.topic == "rl.releases" else "offsets"]
+            at[str(r.partition)] = min(at.get(str(r.partition), r.offset), r.offset)
         return saved
 
-    def _wait(self, pid: str, sg: ScoredGroup, msg) -> None:
+    def _wait(self, pid: str, sg: ScoredGroup, msg, topic: str) -> None:
         old = self.ready.get(pid)
         if old is None:
             self._arrivals += 1
-        self.ready[pid] = Ready(sg, msg.partition(), msg.offset(), old.arrival if old else self._arrivals)
+        self.ready[pid] = Ready(sg, msg.partition(), msg.offset(), old.arrival if old else self._arrivals, topic)
 
-    def accept(self, msg) -> None:
-        """One record of rl.scored (see the module doc for the outcomes)."""
+    def accept(self, msg, releases: bool = False) -> None:
+        """One record of rl.scored, or of rl.releases (`releases`: the only records that are
+        releases); see the module doc for the outcomes."""
         st = self.st
-        st.offsets[str(msg.partition())] = msg.offset() + 1
+        topic = "rl.releases" if releases else "rl.scored"
+        (st.release_offsets if releases else st.offsets)[str(msg.partition())] = msg.offset() + 1
         try:
             sg = codec.decode(msg.value(), msg.headers(), ScoredGroup)
         except codec.Rejected as rej:
@@ -121,8 +142,12 @@ class Intake:
             return
         pid = sg.prompt_id
         released_from = codec.header_value(msg.headers(), RELEASE_HEADER)
-        release = released_from is not None and (pid in st.quarantined or (pid in st.in_flight and
-                                                                          not st.in_flight[pid].released))
+        if released_from is not None and not releases:
+            GROUPS.labels("release_on_scored").inc()
+            st.count(Count.release_on_scored)
+            log.warning("a group on rl.scored carries the release header: not a release (only rl.releases' "
+                        "groups are); read as any other", extra={"prompt_id": pid, "batch_id": released_from})
+        release = releases and (pid in st.quarantined or (pid in st.in_flight and not st.in_flight[pid].released))
         takes = sg.group.prompt.run_id == st.run_id and (release or (pid in st.in_flight and pid not in self.ready))
         why = self.limits.violation(sg) if takes and self.limits is not None else None
         if sg.group.prompt.run_id != st.run_id:
@@ -144,19 +169,19 @@ class Intake:
             outcome = Count.released if held is not None else Count.released_in_flight
             base = held if held is not None else st.in_flight[pid]
             st.in_flight[pid] = InFlight.model_validate(base.model_dump(exclude={"batch_id"}) | {"released": True})
-            self._wait(pid, sg, msg)
+            self._wait(pid, sg, msg, topic)
             log.info("quarantined group released", extra={"prompt_id": pid, "batch_id": released_from})
         elif pid not in st.in_flight or pid in self.ready:  # incl. a held group read again: stays held
             outcome = Count.duplicate
         else:
-            self._wait(pid, sg, msg)
+            self._wait(pid, sg, msg, topic)
             outcome = None
         GROUPS.labels(outcome.value if outcome else "accepted").inc()
         if outcome is not None:
             st.count(outcome)
 
     def _dead_letter_out(self, msg, rej: codec.Rejected) -> None:
-        """Send the rl.scored record `msg` to rl.dlq (flushed: on the topic before the offset
+        """Send the rl.scored (or rl.releases) record `msg` to rl.dlq (flushed: on the topic before the offset
         past it can be saved, so a crash cannot lose both the group and the record of it)."""
         self.outbox.produce("rl.dlq", msg.key(), codec.dlq_record(
             rej, stage=self.stage, topic=msg.topic(), partition=msg.partition(),

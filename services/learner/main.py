@@ -1,7 +1,7 @@
 """`python -m services.learner`: the learner process, its probes and `GET /progress`.
 
 /readyz checks real things: `model` (the weights are loaded and version `step` is in the
-policy store), `assignment` (the consumer holds every partition of rl.scored) and `progress`
+policy store), `assignment` (the consumer holds every partition of rl.scored and rl.releases) and `progress`
 (not stalled: services/learner/stall.py, the rule behind `steadyrl_learner_stalled`).
 """
 
@@ -45,7 +45,7 @@ def model_check(learner) -> tuple[bool, str]:
 
 
 def assignment_check(learner) -> tuple[bool, str]:
-    """Ready when the consumer holds every partition of rl.scored (and rl.dlq): what the loop
+    """Ready when the consumer holds every partition of rl.scored and rl.releases (and rl.dlq): what the loop
     assigned (`learner.assigned`, kept by the loop's thread; empty before run() and once it
     ends). Never asks the consumer: `assignment()` from this thread blocks while the loop
     polls an idle consumer (librdkafka 2.16), which hung /readyz, and /metrics with it, exactly
@@ -56,7 +56,10 @@ def assignment_check(learner) -> tuple[bool, str]:
     scored = sum(1 for tp in parts if tp.topic == learner.topics["rl.scored"])
     if scored == 0 or scored < len(learner.state.offsets):
         return False, f"{scored} of {len(learner.state.offsets)} partitions of rl.scored assigned"
-    return True, f"{scored} partitions of rl.scored assigned"
+    releases = sum(1 for tp in parts if tp.topic == learner.topics["rl.releases"])
+    if releases == 0 or releases < len(learner.state.release_offsets):
+        return False, f"{releases} of {len(learner.state.release_offsets)} partitions of rl.releases assigned"
+    return True, f"{scored} partitions of rl.scored and {releases} of rl.releases assigned"
 
 
 def progress_check(learner) -> tuple[bool, str]:

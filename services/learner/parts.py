@@ -68,11 +68,13 @@ def history_row(step: int, metrics: dict, groups: list[ScoredGroup], seconds: fl
 
 def append_audit(run_dir: Path, step: int, batch: list[Ready]) -> None:
     """Append the groups trained by `step` to consumed.jsonl (the audit log of exactly-once:
-    step, prompt_id, partition, offset, policy_version, reward_mean), fsynced."""
+    step, prompt_id, topic (where the trained copy was read: rl.scored, or rl.releases for a
+    released group), partition, offset, policy_version, reward_mean), fsynced."""
     with open(run_dir / "consumed.jsonl", "a") as f:
         for r in batch:
-            f.write(json.dumps({"step": step, "prompt_id": r.group.prompt_id, "partition": r.partition,
-                                "offset": r.offset, "policy_version": r.group.group.policy_version,
+            f.write(json.dumps({"step": step, "prompt_id": r.group.prompt_id, "topic": r.topic,
+                                "partition": r.partition, "offset": r.offset,
+                                "policy_version": r.group.group.policy_version,
                                 "reward_mean": sum(r.group.rewards) / len(r.group.rewards)}) + "\n")
         f.flush()
         os.fsync(f.fileno())

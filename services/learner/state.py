@@ -33,6 +33,7 @@ class Count(str, Enum):
     duplicate = "duplicate"                      # a group already trained, held, or waiting
     released = "released"                        # a quarantined group a person let through
     released_in_flight = "released_in_flight"    # ... reaching a learner resumed from before the hold
+    release_on_scored = "release_on_scored"      # an rl.scored group with the release header: not a release
     quarantined = "quarantined"                  # groups held on rl.quarantine
     quarantined_batches = "quarantined_batches"
     evicted = "evicted"                          # groups evicted from the full train buffer
@@ -72,6 +73,9 @@ class RunState(_Saved):
     policy_uri: str = ""
     policy_sha256: str = ""
     offsets: dict[str, int] = Field(default_factory=dict)       # partition -> next offset of rl.scored
+    # partition -> next offset of rl.releases ({}: a new run's, set to the ends; a state written
+    # before rl.releases, read from each partition's start)
+    release_offsets: dict[str, int] = Field(default_factory=dict)
     dlq_offset: int = -1                                         # next offset of rl.dlq (-1: not set)
     feeder_position: int = 0                                     # prompts pulled from the dataset order
     fed: int = -1                                                # new prompts published (-1: = feeder_position)
@@ -112,12 +116,13 @@ class RunState(_Saved):
 
 @dataclass
 class Ready:
-    """A scored group read from rl.scored, waiting in the train buffer for an update."""
+    """A scored group read from rl.scored (or rl.releases), waiting in the train buffer for an update."""
 
     group: ScoredGroup
     partition: int
     offset: int
-    arrival: int = 0   # arrival number (fifo eviction: services/learner/buffer.py)
+    arrival: int = 0           # arrival number (fifo eviction: services/learner/buffer.py)
+    topic: str = "rl.scored"   # where it was read (catalogue name): rl.scored or rl.releases
 
 
 def new_run_id() -> str:

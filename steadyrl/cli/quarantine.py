@@ -29,7 +29,7 @@ def cmd_quarantine(args) -> int:
         except (QuarantineError, RuntimeError, KafkaException) as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
-        what = (f"{len(e.groups)} groups back on {args.prefix}rl.scored" if args.action == "release"
+        what = (f"{len(e.groups)} groups on {args.prefix}rl.releases, to be trained" if args.action == "release"
                 else "it will not be trained")
         print(f"{'released' if args.action == 'release' else 'dropped'} {args.batch}: {what}")
         return 0

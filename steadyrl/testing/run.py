@@ -4,10 +4,11 @@ A learner keeps each run in `<state_dir>/<run_id>/` (`state_dir` is the learner'
 `--learner.state-dir`; under `steadyrl up` it is `<up state dir>/learner`):
 
     state.json       RunState: run_id, config, step, policy_uri, policy_sha256, offsets,
-                     dlq_offset, feeder_position, fed, gate, in_flight, requeue, quarantined,
+                     release_offsets, dlq_offset, feeder_position, fed, gate, in_flight, requeue, quarantined,
                      watch, trained, counts, history, eval_before, eval_after, finished
-    consumed.jsonl   the audit log: one line per trained group (step, prompt_id, partition,
-                     offset, policy_version, reward_mean)
+    consumed.jsonl   the audit log: one line per trained group (step, prompt_id, topic,
+                     partition, offset, policy_version, reward_mean; topic rl.scored or, for a
+                     released group, rl.releases: absent in lines written before rl.releases)
     summary.json     written at the end of the run (reward per step, counts, evaluation)
     curve.png, checkpoints/, rollout-cache/
 
@@ -26,8 +27,8 @@ from pathlib import Path
 #: Every key the learner writes into `state.json`'s "counts" (its `_count` calls). A name
 #: outside this list read through `Counts` raises instead of reading as 0.
 COUNT_KEYS = ("stale_dropped", "future_dropped", "dlq", "rejected", "foreign", "duplicate", "released",
-              "released_in_flight", "quarantined", "quarantined_batches", "evicted", "cache_scored",
-              "oom_fallback", "reward_watch_alerts", "reward_watch_rebaselined")
+              "released_in_flight", "release_on_scored", "quarantined", "quarantined_batches", "evicted",
+              "cache_scored", "oom_fallback", "reward_watch_alerts", "reward_watch_rebaselined")
 
 
 def _name(key) -> str:

@@ -24,7 +24,8 @@ from steadyrl.rl.trainer import Trainer
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "run-4bba081"
 RUN = "r20261201T075848-5c73"
 # Keys of state.json added since 4bba081, with the value an old state reads back as
-ADDED = {"dlq_replaced": 0}   # issue 18: the fixture lost no prompt to rl.dlq (counts.dlq absent)
+ADDED = {"dlq_replaced": 0,   # issue 18: the fixture lost no prompt to rl.dlq (counts.dlq absent)
+         "release_offsets": {}}  # issue 21: rl.releases (open_consumer reads it from the start)
 
 
 @pytest.fixture
@@ -36,7 +37,8 @@ def old_run(tmp_path):
     torch.manual_seed(lc.seed)
     model, tok = load_policy(lc.model, seed=lc.seed)
     trainer = Trainer(model, tok.pad_token_id, lc.train)
-    store = PolicyStore(lc.policy_root, outbox=None, keep=lc.keep_policies)
+    store = PolicyStore(lc.policy_root, outbox=None, keep=lc.keep_policies,
+                        keep_runs=lc.keep_earlier_runs)
     parts = SimpleNamespace(model=model, trainer=trainer, store=store)
     saved = json.loads((lc.state_dir / RUN / "state.json").read_text())
     return lc, parts, saved

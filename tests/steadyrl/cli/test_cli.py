@@ -94,7 +94,7 @@ def test_stack_up_only_when_every_service_is_ready():
 
 # ---------------------------------------------------------------------------- quarantine decisions
 
-@pytest.mark.parametrize("action, says", [("release", "released b1: 2 groups back on p.rl.scored"),
+@pytest.mark.parametrize("action, says", [("release", "released b1: 2 groups on p.rl.releases, to be trained"),
                                           ("drop", "dropped b1: it will not be trained")])
 def test_quarantine_decision_says_released_or_dropped(monkeypatch, capsys, action, says):
     from steadyrl import quarantine
