@@ -118,7 +118,8 @@ def export_version(run_dir: str | Path, version: int | str, out: str | Path, *,
         if v != 0:
             raise ExportError(f"{where} has no policy version {v} under {root} (kept there: "
                               f"{', '.join(map(str, kept)) or 'none'}; the learner keeps the newest keep_policies "
-                              f"versions; --policy-root names another store)")
+                              f"versions, and of an earlier run only the newest, for keep_earlier_runs runs; "
+                              f"--policy-root names another store)")
         base, _ = _load_base(name, seed)  # version 0 was pruned: the learner's initial weights again
         weights = _unique(base.state_dict())
         info.update(source=f"base model {name} (seed {seed})", checked="rebuilt")

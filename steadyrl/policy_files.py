@@ -17,16 +17,24 @@ readers see a whole version or none.
 Before this layout (main up to 4bba081) a version was one file `<run_id>/v000007.safetensors`
 and `sha256` was that file's: `read_version` still accepts such a record (a resumed run's
 first announcement, an old record on the compacted topic).
+
+The folder names the run and the version: `check_run` is how the actor knows a record's
+weights are that run's (an earlier run's folder cannot be announced under a later run id),
+and `prune` is the one rule by which the learner deletes versions.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 INDEX = "model.safetensors.index.json"
+#: the learner's run ids (services/learner/state.py `new_run_id`: UTC start time to the second,
+#: then 16 random bits); they sort by start time. Only folders so named are pruned.
+RUN_ID = re.compile(r"r\d{8}T\d{6}-[0-9a-f]{4}")
 
 
 class PolicyRefused(Exception):
@@ -94,6 +102,31 @@ def resolve(root: Path, uri: str) -> Path:
     return p
 
 
+def check_run(root: Path, uri: str, run_id: str, version: int) -> Path:
+    """The version `uri` names (see resolve), checked to be version `version` of run `run_id`:
+    after resolving links it must be `root/<run_id>/v{version:06d}` (or that name plus
+    `.safetensors`, a legacy file), which is where the learner writes it (`version_dir`).
+
+    A record names its run and version, but whoever can write `rl.policy` can name any; the
+    folder the learner created cannot be renamed by a record. So an earlier run's weights
+    cannot be announced under a later run id (which would make the actor serve them as the
+    newest run and answer the real run's prompts 409), nor one version's as another's.
+
+    Raises PolicyRefused: those of resolve; no_run (`run_id` empty: a record written before
+    PolicyUpdate 1.1, which named no run); wrong_run (the path is not that run's version).
+    """
+    root = root.resolve()
+    path = resolve(root, uri)
+    if not run_id:
+        raise PolicyRefused("no_run", f"{uri}: the record names no run_id (PolicyUpdate before 1.1); "
+                                      f"a version is loaded only from its run's folder <run_id>/v{{version:06d}}")
+    want = root / version_dir(run_id, version)
+    if path not in (want, want.with_name(want.name + ".safetensors")):
+        raise PolicyRefused("wrong_run", f"{uri} resolves to {path}, not version {version} of run {run_id!r} "
+                                         f"({want.relative_to(root)}): a record cannot move weights to another run")
+    return path
+
+
 def read_version(root: Path, uri: str, sha256: str) -> dict:
     """The tensors (name -> torch.Tensor) of the version `uri`, every byte checked against
     `sha256` (the index's, or a legacy file's). Raises PolicyRefused (see resolve;
@@ -126,17 +159,56 @@ def read_version(root: Path, uri: str, sha256: str) -> dict:
     return tensors
 
 
-def prune(run_dir: Path, current: int, keep: int) -> None:
-    """Keep the newest `keep` versions up to `current` in `run_dir`; drop later ones (weights a
-    crash threw away: the learner resumed from an earlier checkpoint). Legacy files too."""
+def _versions(run_dir: Path) -> dict[int, list[Path]]:
+    """version -> its folder and/or legacy file in `run_dir` (hidden write leftovers excluded)."""
     found: dict[int, list[Path]] = {}
     for p in run_dir.glob("v*"):
         stem = p.name.removesuffix(".safetensors")
         if stem[1:].isdigit():
             found.setdefault(int(stem[1:]), []).append(p)
-    later = [v for v in found if v > current]
+    return found
+
+
+def _remove(p: Path) -> None:
+    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+
+
+def prune(root: Path, run_id: str, current: int, keep: int, keep_runs: int) -> list[Path]:
+    """The policy files' pruning rule; the learner applies it after each publish of version
+    `current` of run `run_id` (a run's first publish is at its start: version 0, or the
+    version a resume continues from). Under `root`:
+
+    1. run `run_id`: versions after `current` are deleted (weights a crash threw away: the
+       learner resumed from an earlier checkpoint); of the others the newest `keep`
+       (>= 1, `learner.keep_policies`) stay, `current` (what the newest `rl.policy` record
+       names) among them.
+    2. earlier runs (folders named like a learner run id, RUN_ID, that sort before `run_id`,
+       i.e. started earlier): ended, since one learner owns a policy root and the actor never
+       goes back to an earlier run once a later one is announced. The newest `keep_runs`
+       (`learner.keep_earlier_runs`) keep only their newest version (what `steadyrl export
+       RUN latest` reads); older runs are deleted whole.
+    3. anything else is left alone: later runs, folders not named like a run id, a run's
+       hidden write leftovers (`.v000007.tmp-PID`) unless its whole folder goes.
+
+    Legacy `.safetensors` files count as their version. Returns the paths deleted (for the
+    log); raises OSError when the disk refuses.
+    """
+    gone: list[Path] = []
+    found = _versions(root / run_id)
     kept = sorted(v for v in found if v <= current)[-keep:]
     for v, paths in found.items():
-        if v in later or v not in kept:
-            for p in paths:
-                shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+        if v not in kept:
+            gone += paths
+    earlier = sorted((p for p in root.iterdir() if p.is_dir() and not p.is_symlink()
+                      and RUN_ID.fullmatch(p.name) and p.name < run_id), key=lambda p: p.name)
+    recent = earlier[len(earlier) - keep_runs:] if keep_runs else []
+    for run in earlier:
+        if run not in recent:
+            gone.append(run)
+            continue
+        versions = _versions(run)
+        newest = max(versions, default=None)
+        gone += [p for v, paths in versions.items() if v != newest for p in paths]
+    for p in gone:
+        _remove(p)
+    return gone

@@ -9,10 +9,13 @@ afterwards every new record is loaded as it
 arrives. A later learner run (run ids sort by start time) replaces whatever an earlier run
 left; within a run the newest record wins, even a lower version (a learner that resumed
 from a checkpoint redoes the steps since). A version is loaded only if its `uri`
-resolves to a version folder under `policy_root` whose index has the record's sha256 and
-whose shards have the index's (steadyrl/policy_files.py; a legacy single file: its sha256);
-otherwise the actor keeps serving the version it has, logs the refusal and counts it
-(`steadyrl_actor_policy_rejected_total{reason}`). Weights are safetensors only.
+resolves to the folder `<policy_root>/<run_id>/v{version:06d}` of the record's own run and
+version (the folder the learner wrote, so a record cannot announce an earlier run's weights
+under a later run id and pin the actor on them: `policy_files.check_run`), whose index has
+the record's sha256 and whose shards have the index's (steadyrl/policy_files.py; a legacy
+single file `v{version:06d}.safetensors`: its sha256); otherwise the actor keeps serving the
+version it has, logs the refusal and counts it (`steadyrl_actor_policy_rejected_total{reason}`:
+wrong_run, no_run for a record without a run id, ...). Weights are safetensors only.
 
 With `http_token_file` set (every service's common setting), a call without `Authorization:
 Bearer <token>` gets 401 (`WWW-Authenticate: Bearer`) before anything else; the probes and
@@ -237,15 +240,20 @@ class Actor:
         return policy_files.resolve(self.root, uri)
 
     def load_version(self, version: int, uri: str, sha256: str, run_id: str = "") -> None:
-        """Verify and load one policy version. Raises PolicyRefused (and keeps the old one)."""
+        """Verify and load one policy version: `uri` must be version `version` of run `run_id`
+        under the policy root (policy_files.check_run), its bytes the record's `sha256`, its
+        tensors the served model's names and shapes. Raises PolicyRefused (stale, wrong_run,
+        no_run, those of policy_files.read_version, wrong_model) and keeps the old weights."""
         # Within one run the learner is the only writer and its newest record is the truth,
         # even a lower version or the same version with other bytes: after a crash it goes
-        # on from a checkpoint and redoes the steps since. Across runs, a later run wins.
+        # on from a checkpoint and redoes the steps since. Across runs, a later run wins; the
+        # run id is the one of the folder the learner wrote (check_run), not the record's word.
         if run_id < self.run_id or (run_id, version, sha256) == (self.run_id, self.version, self.sha256):
             raise PolicyRefused("stale", f"run {run_id!r} version {version} is not newer than serving "
                                          f"run {self.run_id!r} version {self.version}")
         from steadyrl.models import shapes_mismatch, state_dict_mismatch
 
+        policy_files.check_run(self.root, uri, run_id, version)
         state = policy_files.read_version(self.root, uri, sha256)  # every byte checked
         why = (state_dict_mismatch(self.model, state) if self.model is not None
                else shapes_mismatch(self.shapes, state, self.tied))

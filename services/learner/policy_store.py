@@ -2,9 +2,10 @@
 announces them on rl.policy (like prime-rl's `broadcast/filesystem.py`). Layout and checks:
 steadyrl/policy_files.py.
 
-Version k is the weights after k steps (version 0: the initial ones). The newest
-`keep_policies` versions of a run stay; versions after the current one are weights a crash
-threw away (the learner resumed from an earlier checkpoint) and are removed.
+Version k is the weights after k steps (version 0: the initial ones). After each publish
+the store prunes by `policy_files.prune`'s rule: the run's newest `keep_policies` versions
+up to the current one stay (later ones are weights a crash threw away), the newest
+`keep_earlier_runs` earlier runs keep their newest version, older runs go.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ STEP = Gauge("steadyrl_learner_step", "Learner global step (= policy version pub
 class PolicyStore:
     """Writes, announces and reads back the run's policy versions under `root`."""
 
-    def __init__(self, root: Path, outbox: Outbox, keep: int):
-        self.root, self.outbox, self.keep = root.resolve(), outbox, keep
+    def __init__(self, root: Path, outbox: Outbox, keep: int, keep_runs: int = 1):
+        """`keep`: versions of the run kept (learner.keep_policies); `keep_runs`: earlier runs
+        that keep their newest version (learner.keep_earlier_runs, whose default is 1)."""
+        self.root, self.outbox, self.keep, self.keep_runs = root.resolve(), outbox, keep, keep_runs
 
     def publish(self, model, st: RunState) -> None:
         """Write `model`'s weights as version `st.step` of run `st.run_id`, record its uri and
@@ -46,7 +49,10 @@ class PolicyStore:
         self.outbox.produce("rl.policy", "policy", PolicyUpdate(
             version=st.step, step=st.step, uri=st.policy_uri, sha256=st.policy_sha256, run_id=st.run_id))
         self.outbox.flush()
-        policy_files.prune(self.root / st.run_id, st.step, self.keep)
+        gone = policy_files.prune(self.root, st.run_id, st.step, self.keep, self.keep_runs)
+        if any(p.parent == self.root for p in gone):
+            log.info("policy files of earlier runs pruned", extra={
+                "runs": sorted(p.name for p in gone if p.parent == self.root)})
         STEP.set(st.step)
         log.info("policy published", extra={"version": st.step, "uri": str(rel)})
 

@@ -1,27 +1,28 @@
-"""The actor over HTTP, following rl.policy with sha256 and policy-root checks."""
+"""The actor over HTTP, following rl.policy with sha256, policy-root and run checks."""
 
 import time
 
 import httpx
-from safetensors.torch import save_model
 
-from steadyrl import codec
+from steadyrl import codec, policy_files
+from steadyrl.checkpoint import unique_tensors
 from steadyrl.contracts import PolicyUpdate
-from steadyrl.files import sha256_file
 from steadyrl.models import load_policy
 from tests.helpers import ServiceProc, produce_all
+
+RUN = "r20261129T100000-aaaa"
 
 
 def _publish(bootstrap, prefix, upd):
     produce_all(bootstrap, f"{prefix}rl.policy", [("policy", *codec.encode(upd))])
 
 
-def _weights(root, name, seed):
+def _weights(root, version, seed, run=RUN) -> PolicyUpdate:
+    """The tiny model with `seed` as version `version` of `run` under `root`, and its record."""
     model, _ = load_policy("tiny", seed=seed)
-    path = root / name / "model.safetensors"
-    path.parent.mkdir(parents=True)
-    save_model(model, str(path))
-    return path
+    rel = policy_files.version_dir(run, version)
+    sha = policy_files.write_version(root, rel, unique_tensors(model.state_dict()))
+    return PolicyUpdate(version=version, step=version, uri=str(rel), sha256=sha, run_id=run)
 
 
 def _version(svc, expect, timeout_s=30.0):
@@ -33,12 +34,22 @@ def _version(svc, expect, timeout_s=30.0):
     raise AssertionError(f"actor never served version {expect}")
 
 
+def _refusals(svc, reason, at_least, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while (svc.metric("steadyrl_actor_policy_rejected_total", {"reason": reason}) or 0) < at_least:
+        assert time.monotonic() < deadline, f"refusal {reason} not counted"
+        time.sleep(0.2)
+
+
+def _actor(bootstrap, prefix, root, tmp_path, instance):
+    return ServiceProc("actor", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", instance,
+                                 "--actor.model", "tiny", "--actor.policy-root", str(root)], tmp_path / "actor.log")
+
+
 def test_actor_serves_and_follows_only_verified_policies(bootstrap, prefix, tmp_path):
     root = tmp_path / "policies"
-    v1 = _weights(root, "v1", seed=5)
-    _publish(bootstrap, prefix, PolicyUpdate(version=1, step=1, uri="v1/model.safetensors", sha256=sha256_file(v1)))
-    svc = ServiceProc("actor", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "a0",
-                                "--actor.model", "tiny", "--actor.policy-root", str(root)], tmp_path / "actor.log")
+    _publish(bootstrap, prefix, _weights(root, 1, seed=5))
+    svc = _actor(bootstrap, prefix, root, tmp_path, "a0")
     try:
         svc.wait_ready()
         body = {"prompts": [{"messages": [{"role": "user", "content": "7"}]}, {"prompt_ids": [5, 6]}],
@@ -52,22 +63,18 @@ def test_actor_serves_and_follows_only_verified_policies(bootstrap, prefix, tmp_
         assert len(c["token_ids"]) == len(c["logprobs"]) <= 4 and c["finish_reason"] in ("stop", "length")
 
         # refused: wrong sha256, a path outside the root; the actor keeps serving version 1
-        v2 = _weights(root, "v2", seed=6)
-        _publish(bootstrap, prefix, PolicyUpdate(version=2, step=2, uri="v2/model.safetensors", sha256="0" * 64))
-        outside = _weights(tmp_path, "elsewhere", seed=7)
-        _publish(bootstrap, prefix, PolicyUpdate(version=3, step=3, uri="../elsewhere/model.safetensors",
-                                                 sha256=sha256_file(outside)))
-        deadline = time.monotonic() + 30
-        while (svc.metric("steadyrl_actor_policy_rejected_total", {"reason": "outside_root"}) or 0) < 1:
-            assert time.monotonic() < deadline, "refusals not counted"
-            time.sleep(0.2)
+        v2 = _weights(root, 2, seed=6)
+        _publish(bootstrap, prefix, v2.model_copy(update={"sha256": "0" * 64}))
+        outside = _weights(tmp_path / "elsewhere", 3, seed=7)
+        _publish(bootstrap, prefix, outside.model_copy(update={"uri": f"../elsewhere/{outside.uri}"}))
+        _refusals(svc, "outside_root", 1)
         assert svc.metric("steadyrl_actor_policy_rejected_total", {"reason": "sha256_mismatch"}) == 1
         assert httpx.post(f"{svc.url}/generate", json=body, timeout=30).json()["policy_version"] == 1
 
         # accepted: the right sha256 under the root
-        _publish(bootstrap, prefix, PolicyUpdate(version=4, step=4, uri="v2/model.safetensors", sha256=sha256_file(v2)))
-        _version(svc, 4)
-        assert httpx.post(f"{svc.url}/generate", json=body, timeout=30).json()["policy_version"] == 4
+        _publish(bootstrap, prefix, v2)
+        _version(svc, 2)
+        assert httpx.post(f"{svc.url}/generate", json=body, timeout=30).json()["policy_version"] == 2
 
         # bad requests get 4xx with a message
         r = httpx.post(f"{svc.url}/generate", json={"prompts": [{}]}, timeout=10)
@@ -81,14 +88,46 @@ def test_actor_serves_and_follows_only_verified_policies(bootstrap, prefix, tmp_
 def test_a_restarted_actor_loads_the_newest_version(bootstrap, prefix, tmp_path):
     root = tmp_path / "policies"
     for v, seed in ((1, 1), (2, 2)):
-        p = _weights(root, f"v{v}", seed=seed)
-        _publish(bootstrap, prefix,
-                 PolicyUpdate(version=v, step=v, uri=f"v{v}/model.safetensors", sha256=sha256_file(p)))
-    svc = ServiceProc("actor", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "a1",
-                                "--actor.model", "tiny", "--actor.policy-root", str(root)], tmp_path / "actor.log")
+        _publish(bootstrap, prefix, _weights(root, v, seed=seed))
+    svc = _actor(bootstrap, prefix, root, tmp_path, "a1")
     try:
         svc.wait_ready()
         assert svc.metric("steadyrl_actor_policy_version") == 2
         assert svc.metric("steadyrl_actor_policy_loads_total") == 1  # only the newest is loaded
+    finally:
+        assert svc.stop() == 0
+
+
+def test_a_forged_record_of_a_later_run_id_does_not_take_the_actor_over(bootstrap, prefix, tmp_path):
+    """Regression: a record whose run id sorts last, naming an earlier run's (never pruned)
+    file, pinned the actor on those weights as the newest run, and every prompt of the real
+    run got 409 and went to rl.dlq. Now the record is refused (the folder names its run), at
+    start and while following, and the real run's prompts keep being answered."""
+    root = tmp_path / "policies"
+    earlier = _weights(root, 4, seed=3, run="r20261128T000000-0001")   # an ended run's file
+    _publish(bootstrap, prefix, _weights(root, 1, seed=5))
+    forged = earlier.model_copy(update={"run_id": "r20991231T235959-ffff", "version": 9})
+    _publish(bootstrap, prefix, forged)   # the newest record when the actor starts
+    svc = _actor(bootstrap, prefix, root, tmp_path, "a2")
+    body = {"prompts": [{"prompt_ids": [5, 6]}], "n": 2, "max_new_tokens": 3, "temperature": 1.0, "seed": 1,
+            "run_id": RUN, "min_policy_version": 1}
+    try:
+        svc.wait_ready()
+        assert svc.metric("steadyrl_actor_policy_version") == 1            # the real run, not the forgery
+        assert svc.metric("steadyrl_actor_policy_rejected_total", {"reason": "wrong_run"}) == 1
+        r = httpx.post(f"{svc.url}/generate", json=body, timeout=30)
+        assert r.status_code == 200 and r.json()["policy_version"] == 1, r.text
+
+        _publish(bootstrap, prefix, forged.model_copy(update={"version": 10}))  # again, while following
+        _refusals(svc, "wrong_run", 2)
+        r = httpx.post(f"{svc.url}/generate", json=body, timeout=30)
+        assert r.status_code == 200 and r.json()["policy_version"] == 1, r.text
+        old = httpx.post(f"{svc.url}/generate", json={**body, "run_id": earlier.run_id}, timeout=30)
+        assert old.status_code == 409, old.text                            # an earlier run's prompt: refused
+
+        _publish(bootstrap, prefix, _weights(root, 2, seed=6))             # the real run goes on
+        _version(svc, 2)
+        r = httpx.post(f"{svc.url}/generate", json={**body, "min_policy_version": 2}, timeout=30)
+        assert r.status_code == 200 and r.json()["policy_version"] == 2, r.text
     finally:
         assert svc.stop() == 0

@@ -11,12 +11,23 @@ def _actor(root):
     return Actor(ActorConfig(actor=ActorSection(model="tiny", policy_root=root)))
 
 
+RUN = "r20261129T100000-aaaa"
+
+
+def _legacy(root, run: str, version: int, model) -> tuple[str, str]:
+    """`model`'s weights as the legacy one-file version `run/v{version:06d}.safetensors`; (uri, sha256)."""
+    path = root / run / f"v{version:06d}.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_model(model, str(path))
+    return str(path.relative_to(root)), sha256_file(path)
+
+
 def test_a_policy_of_another_shape_is_refused_before_touching_the_model(tmp_path):
     actor = _actor(tmp_path)
     before = {k: v.clone() for k, v in actor.model.state_dict().items()}
-    save_model(tiny_model(len(actor.tok), hidden=32), str(tmp_path / "small.safetensors"))
+    uri, sha = _legacy(tmp_path, RUN, 1, tiny_model(len(actor.tok), hidden=32))
     with pytest.raises(PolicyRefused) as e:
-        actor.load_version(1, "small.safetensors", sha256_file(tmp_path / "small.safetensors"))
+        actor.load_version(1, uri, sha, run_id=RUN)
     assert e.value.reason == "wrong_model" and actor.version == 0
     assert all(torch.equal(before[k], v) for k, v in actor.model.state_dict().items())
 
@@ -33,31 +44,59 @@ def test_uris_are_checked(tmp_path, uri, reason):
 
 def test_stale_versions_are_refused(tmp_path):
     actor = _actor(tmp_path)
-    save_model(tiny_model(len(actor.tok), seed=3), str(tmp_path / "v.safetensors"))
-    actor.load_version(2, "v.safetensors", sha256_file(tmp_path / "v.safetensors"))
+    uri, sha = _legacy(tmp_path, RUN, 2, tiny_model(len(actor.tok), seed=3))
+    actor.load_version(2, uri, sha, run_id=RUN)
     with pytest.raises(PolicyRefused, match="stale"):
-        actor.load_version(2, "v.safetensors", sha256_file(tmp_path / "v.safetensors"))
+        actor.load_version(2, uri, sha, run_id=RUN)
 
 
 def test_a_later_run_replaces_any_version_of_an_earlier_one(tmp_path):
     from fastapi import HTTPException
 
     actor = _actor(tmp_path)
-    save_model(tiny_model(len(actor.tok), seed=3), str(tmp_path / "v.safetensors"))
-    sha = sha256_file(tmp_path / "v.safetensors")
-    actor.load_version(7, "v.safetensors", sha, run_id="r20261129T100000-aaaa")
-    actor.load_version(0, "v.safetensors", sha, run_id="r20261129T110000-bbbb")  # a new run's version 0
-    assert (actor.run_id, actor.version) == ("r20261129T110000-bbbb", 0)
+    a, b = "r20261129T100000-aaaa", "r20261129T110000-bbbb"
+    model = tiny_model(len(actor.tok), seed=3)
+    actor.load_version(7, *_legacy(tmp_path, a, 7, model), run_id=a)
+    actor.load_version(0, *_legacy(tmp_path, b, 0, model), run_id=b)  # a new run's version 0
+    assert (actor.run_id, actor.version) == (b, 0)
     with pytest.raises(PolicyRefused, match="stale"):  # the earlier run cannot come back
-        actor.load_version(8, "v.safetensors", sha, run_id="r20261129T100000-aaaa")
+        actor.load_version(8, *_legacy(tmp_path, a, 8, model), run_id=a)
     actor.check_version("", 5)  # no run named: anything goes
-    actor.check_version("r20261129T110000-bbbb", 0)
-    for run, version, status in [("r20261129T110000-bbbb", 1, 503),   # behind: retry soon
+    actor.check_version(b, 0)
+    for run, version, status in [(b, 1, 503),                         # behind: retry soon
                                  ("r20261129T120000-cccc", 0, 503),   # a run not loaded yet
-                                 ("r20261129T100000-aaaa", 0, 409)]:  # an earlier run: refused
+                                 (a, 0, 409)]:                        # an earlier run: refused
         with pytest.raises(HTTPException) as e:
             actor.check_version(run, version)
         assert e.value.status_code == status, (run, version)
+
+
+@pytest.mark.parametrize("run,version", [
+    ("r20991231T235959-ffff", 3),                  # a run id that sorts last, the served run's file
+    ("r20261129T100000-aaaa/../r20261129T100000-aaaa", 3),  # the same folder by a longer road
+    ("r20261129T100000-aaaa", 9)])                 # the served run, another version's file
+def test_a_record_cannot_pass_a_file_off_as_another_runs_or_versions(tmp_path, run, version):
+    """Regression: a record whose run id sorted last, naming an earlier run's file, was
+    loaded: the actor then served old weights as the newest run, and every prompt of the
+    real run got 409 (an earlier run) and went to rl.dlq."""
+    actor = _actor(tmp_path)
+    model = tiny_model(len(actor.tok), seed=3)
+    actor.load_version(3, *_legacy(tmp_path, RUN, 3, model), run_id=RUN)
+    uri, sha = _legacy(tmp_path, RUN, 3, model)
+    with pytest.raises(PolicyRefused) as e:
+        actor.load_version(version, uri, sha, run_id=run)
+    assert e.value.reason == "wrong_run" and f"not version {version} of run" in e.value.detail
+    assert (actor.run_id, actor.version) == (RUN, 3)
+    actor.check_version(RUN, 3)   # the served run's prompts are still answered (no raise)
+
+
+def test_a_record_without_a_run_id_is_refused_by_name(tmp_path):
+    """PolicyUpdate before 1.1 named no run; its version lies in no run's folder."""
+    actor = _actor(tmp_path)
+    uri, sha = _legacy(tmp_path, RUN, 1, tiny_model(len(actor.tok), seed=3))
+    with pytest.raises(PolicyRefused) as e:
+        actor.load_version(1, uri, sha)
+    assert e.value.reason == "no_run" and "PolicyUpdate before 1.1" in e.value.detail and actor.version == 0
 
 
 def test_seeded_samples_do_not_depend_on_the_batch(tmp_path):
@@ -73,29 +112,23 @@ def test_seeded_samples_do_not_depend_on_the_batch(tmp_path):
     assert [x.token_ids for x in other] != [x.token_ids for x in alone]
 
 
-def _actor_with_two_policies(tmp_path):
-    """An actor and two tiny policies v3/v4.safetensors (seeds 3, 4) under its root; and a run id."""
-    actor = _actor(tmp_path)
-    for seed in (3, 4):
-        save_model(tiny_model(len(actor.tok), seed=seed), str(tmp_path / f"v{seed}.safetensors"))
-    return actor, "r20261129T100000-aaaa"
-
-
 def test_the_same_version_with_other_bytes_is_a_redone_step(tmp_path):
-    actor, run = _actor_with_two_policies(tmp_path)
-    actor.load_version(5, "v3.safetensors", sha256_file(tmp_path / "v3.safetensors"), run_id=run)
+    actor = _actor(tmp_path)
+    uri, sha3 = _legacy(tmp_path, RUN, 5, tiny_model(len(actor.tok), seed=3))
+    actor.load_version(5, uri, sha3, run_id=RUN)
     with pytest.raises(PolicyRefused, match="stale"):  # the same bytes again: nothing to do
-        actor.load_version(5, "v3.safetensors", sha256_file(tmp_path / "v3.safetensors"), run_id=run)
-    actor.load_version(5, "v4.safetensors", sha256_file(tmp_path / "v4.safetensors"), run_id=run)
+        actor.load_version(5, uri, sha3, run_id=RUN)
+    _, sha4 = _legacy(tmp_path, RUN, 5, tiny_model(len(actor.tok), seed=4))  # step 5 redone
+    actor.load_version(5, uri, sha4, run_id=RUN)
     want = tiny_model(len(actor.tok), seed=4).state_dict()
     assert all(torch.equal(want[k], v) for k, v in actor.model.state_dict().items())
 
 
 def test_within_a_run_the_newest_record_wins_even_a_lower_version(tmp_path):
     """A learner resumed from its step-10 checkpoint after reaching 13 announces 10 again."""
-    actor, run = _actor_with_two_policies(tmp_path)
-    actor.load_version(13, "v3.safetensors", sha256_file(tmp_path / "v3.safetensors"), run_id=run)
-    actor.load_version(10, "v4.safetensors", sha256_file(tmp_path / "v4.safetensors"), run_id=run)
+    actor = _actor(tmp_path)
+    actor.load_version(13, *_legacy(tmp_path, RUN, 13, tiny_model(len(actor.tok), seed=3)), run_id=RUN)
+    actor.load_version(10, *_legacy(tmp_path, RUN, 10, tiny_model(len(actor.tok), seed=4)), run_id=RUN)
     assert actor.version == 10
 
 

@@ -1,0 +1,72 @@
+"""The policy files' run binding (`check_run`) and pruning rule (`prune`), on plain folders."""
+
+from pathlib import Path
+
+import pytest
+
+from steadyrl import policy_files
+from steadyrl.policy_files import PolicyRefused, check_run, prune
+
+A, B, C, D = ("r20261101T000000-aaaa", "r20261102T000000-bbbb", "r20261103T000000-cccc",
+              "r20261104T000000-dddd")
+
+
+def _tree(root: Path, layout: dict[str, list[int]]) -> None:
+    """Version folders (an index file each; legacy files for negative numbers: -3 is v000003.safetensors)."""
+    for run, versions in layout.items():
+        for v in versions:
+            if v < 0:
+                (root / run).mkdir(parents=True, exist_ok=True)
+                (root / run / f"v{-v:06d}.safetensors").write_bytes(b"x")
+            else:
+                (root / run / f"v{v:06d}").mkdir(parents=True)
+                (root / run / f"v{v:06d}" / policy_files.INDEX).write_text("{}")
+
+
+def _left(root: Path) -> dict[str, list[str]]:
+    return {p.name: sorted(q.name for q in p.iterdir()) for p in sorted(root.iterdir()) if p.is_dir()}
+
+
+def test_prune_keeps_the_runs_newest_versions_and_the_newest_of_recent_earlier_runs(tmp_path):
+    _tree(tmp_path, {A: [0, 1, 2], B: [3, 4], C: [0, 5, -5], D: [0, 1, 2, 3, 7, 8]})
+    (tmp_path / "base-model").mkdir()                 # not a run id: left alone
+    (tmp_path / D / ".v000009.tmp-123").mkdir()       # a write in progress: left alone
+    gone = prune(tmp_path, D, current=3, keep=2, keep_runs=2)
+    assert _left(tmp_path) == {
+        B: ["v000004"],                                # earlier, recent: its newest version only
+        C: ["v000005", "v000005.safetensors"],         # both forms of its newest version
+        D: [".v000009.tmp-123", "v000002", "v000003"],  # 7, 8: thrown away by a resume; 0, 1: beyond keep
+        "base-model": []}
+    assert tmp_path / A in gone and tmp_path / D / "v000008" in gone  # A, the oldest run: deleted whole
+
+
+def test_prune_leaves_later_runs_and_can_keep_no_earlier_run(tmp_path):
+    _tree(tmp_path, {A: [0, 1], B: [0, 1], C: [0, 1, 2]})
+    prune(tmp_path, B, current=1, keep=2, keep_runs=0)
+    assert _left(tmp_path) == {B: ["v000000", "v000001"], C: ["v000000", "v000001", "v000002"]}
+
+
+@pytest.mark.parametrize("uri,run,version,reason", [
+    (f"{A}/v000001", A, 1, None),
+    (f"{A}/v000002.safetensors", A, 2, None),                   # a legacy file
+    (f"{A}/v000001", D, 1, "wrong_run"),                        # an earlier run's folder, a later run id
+    (f"{D}/../{A}/v000001", f"{D}/../{A}", 1, "wrong_run"),     # the run id itself walks out
+    (f"{A}/v000001", A, 2, "wrong_run"),                        # another version's folder
+    (f"{A}/v000001", "", 1, "no_run"),
+    (f"{D}/v000001", D, 1, "missing")])
+def test_check_run(tmp_path, uri, run, version, reason):
+    _tree(tmp_path, {A: [1, -2], D: []})
+    if reason is None:
+        assert check_run(tmp_path, uri, run, version) == (tmp_path / uri).resolve()
+    else:
+        with pytest.raises(PolicyRefused) as e:
+            check_run(tmp_path, uri, run, version)
+        assert e.value.reason == reason, e.value.detail
+
+
+def test_check_run_follows_links_to_where_they_lead(tmp_path):
+    _tree(tmp_path, {A: [1]})
+    (tmp_path / D).symlink_to(tmp_path / A)           # D/v000001 is A's folder
+    with pytest.raises(PolicyRefused) as e:
+        check_run(tmp_path, f"{D}/v000001", D, 1)
+    assert e.value.reason == "wrong_run"
