@@ -19,7 +19,8 @@ can only be releases made since). Each group read is one of
 Only rl.releases records are releases: Kafka does not say who produced a record, so authorship
 comes from the topic, and rl.releases is written by the quarantine command alone (rl.scored by
 the reward workers). A group on rl.scored carrying the release header (`steadyrl-release`) is
-read as any other (a held one stays held); it is counted (`release_on_scored`) and logged.
+read as any other (a held one stays held); it is counted (`counts.release_on_scored`,
+`steadyrl_learner_release_on_scored_total`) and logged.
 
 Waiting groups leave the buffer when their policy version is older than max_staleness
 allows (stale) or newer than the learner's (from weights a crash threw away): the prompt is
@@ -61,6 +62,8 @@ GROUPS = Counter("steadyrl_learner_groups", "Scored groups read", ["outcome"])
 DLQ_PROMPTS = Counter("steadyrl_learner_dlq_prompts", "Prompts in flight that a record on rl.dlq named, published "
                       "again (same id, a new seed), by the DLQ record's reason (unreadable: the DLQ record itself "
                       "was not)", ["reason"])
+RELEASE_ON_SCORED = Counter("steadyrl_learner_release_on_scored", "Groups on rl.scored carrying the release "
+                            "header: not releases (only rl.releases' groups are), read as any other")
 BUFFER_SIZE = Gauge("steadyrl_rollout_buffer_size", "Scored groups waiting in a buffer", ["stage"])
 EVICTED = Counter("steadyrl_learner_buffer_evictions", "Groups evicted from the full train buffer (their prompts "
                   "published again)", ["policy"])
@@ -143,7 +146,7 @@ class Intake:
         pid = sg.prompt_id
         released_from = codec.header_value(msg.headers(), RELEASE_HEADER)
         if released_from is not None and not releases:
-            GROUPS.labels("release_on_scored").inc()
+            RELEASE_ON_SCORED.inc()
             st.count(Count.release_on_scored)
             log.warning("a group on rl.scored carries the release header: not a release (only rl.releases' "
                         "groups are); read as any other", extra={"prompt_id": pid, "batch_id": released_from})

@@ -3,6 +3,8 @@ a held group read again after a restart stays held; only a copy on rl.releases (
 `steadyrl quarantine release` alone writes) is trained, once; the release header on rl.scored
 releases nothing."""
 
+from prometheus_client import REGISTRY
+
 from services.learner.intake import Intake
 from services.learner.state import Held, InFlight, RunState
 from steadyrl import codec
@@ -69,7 +71,10 @@ def test_the_release_header_on_rl_scored_releases_nothing():
     the header there is counted and the group read as any other (a held one stays held)."""
     bid = batch_id("r1", 5, ["r1/e0-i1"])
     lrn = learner(held_state())
+    metric = lambda: REGISTRY.get_sample_value("steadyrl_learner_release_on_scored_total") or 0.0
+    before = metric()
     lrn.accept(Msg(group("r1/e0-i1", 9.0), offset=11, release=bid))
+    assert metric() == before + 1
     assert "r1/e0-i1" in lrn.st.quarantined and lrn.ready == {} and "r1/e0-i1" not in lrn.st.in_flight
     assert lrn.st.counts == {"release_on_scored": 1, "duplicate": 1}
     assert lrn.st.offsets == {"0": 12} and lrn.st.release_offsets == {}
