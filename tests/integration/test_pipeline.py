@@ -378,8 +378,8 @@ def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(boo
     """The reward server starts adding 4.0 to every reward (64 items: one batch's worth) at
     step 40 of 80. The batch holding them trips the watch and goes to rl.quarantine instead of
     training; training goes on, also after the learner is killed while the batch is held (its
-    groups, read again, stay held); `steadyrl quarantine release` puts it back and the learner
-    trains its groups once; `drop` marks another and it is never trained."""
+    groups, read again, stay held); `steadyrl quarantine release` puts it back (on rl.releases) and
+    the learner trains its groups once; `drop` marks another and it is never trained."""
     steps = 80
     # rebaseline_after 6: a few legit holds (this task learns fast) plus the inflated ones must
     # not make the inflated rewards the new normal (rebaselining has its own unit tests)
@@ -438,6 +438,8 @@ def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(boo
     assert run.counts["released"] == len(released) and not released & held
     for pid in released:  # trained once, after the release, with the rewards it was held with
         assert trained[pid]["step"] > entries[release].first.step
+        assert trained[pid]["topic"] == "rl.releases"  # the command's copy, read from its own topic
+    assert run.counts["release_on_scored"] == 0  # the command wrote nothing with the header to rl.scored
     assert max(trained[pid]["reward_mean"] for pid in released) > 1.0
     scored = [codec.decode(m.value(), m.headers(), ScoredGroup)
               for m in read_all(bootstrap, f"{up.prefix}rl.scored", expect=steps * 8)]
