@@ -35,6 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from steadyrl.bus.kafka import client_config
+
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -112,6 +114,20 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def ensure_password(secrets_dir: Path, principal: str) -> Path:
+    """`secrets_dir/kafka-<principal>`, created (mode 0600, 32 random URL-safe characters) if
+    missing; returns its path."""
+    import secrets
+
+    path = Path(secrets_dir) / f"kafka-{principal}"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(24) + "\n")
+    return path
+
+
 @dataclass
 class LocalBroker:
     """One KRaft node (broker and controller in one JVM) on 127.0.0.1: a single-node broker by
@@ -129,6 +145,11 @@ class LocalBroker:
             `default.replication.factor`.
         min_insync_replicas: `min.insync.replicas` of the transaction log and share state; above 1
             also the broker's default for every topic.
+        sasl: clients must log in (SASL_PLAINTEXT, SCRAM-SHA-512) and the StandardAuthorizer
+            allows only what ACLs grant (steadyrl/acl.py); `admin` is the super user, its password
+            generated once into `secrets_dir/kafka-admin` and its credential written at format
+            time. The controller listener stays PLAINTEXT on 127.0.0.1 (its anonymous principal,
+            the broker itself, is a super user: only this host reaches it). Off by default.
 
     Raises ValueError when `voters` does not hold this node at `controller_port`, or when not
     1 <= min_insync_replicas <= replication_factor.
@@ -142,6 +163,7 @@ class LocalBroker:
     voters: dict[int, int] | None = None
     replication_factor: int = 1
     min_insync_replicas: int = 1
+    sasl: bool = False
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).resolve()
@@ -159,6 +181,21 @@ class LocalBroker:
     @property
     def pid_file(self) -> Path:
         return self.state_dir / "broker.pid"
+
+    @property
+    def secrets_dir(self) -> Path:
+        """Password files of a `sasl` broker (`kafka-<principal>`, mode 0600)."""
+        return self.state_dir / "secrets"
+
+    def admin_auth(self):
+        """The KafkaAuth the broker's own admin calls use: the `admin` super user of a `sasl`
+        broker (its password file created on first use), else PLAINTEXT."""
+        from steadyrl.bus.kafka import KafkaAuth
+
+        if not self.sasl:
+            return KafkaAuth()
+        return KafkaAuth(security_protocol="SASL_PLAINTEXT", username="admin",
+                         password_file=ensure_password(self.secrets_dir, "admin"))
 
     @property
     def log_file(self) -> Path:
@@ -183,11 +220,11 @@ class LocalBroker:
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
             **quorum,
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "listeners": f"{self._listener}://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"{self._listener}://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "inter.broker.listener.name": self._listener,
+            "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{self._listener}:{self._listener}",
             "log.dirs": str(data),
             # Single node: every internal topic has replication 1. In a cluster: replication_factor,
             # and a transaction commits once min_insync_replicas copies of its markers are written.
@@ -213,11 +250,29 @@ class LocalBroker:
             "message.max.bytes": str(16 * 1024 * 1024),
             "replica.fetch.max.bytes": str(16 * 1024 * 1024),
         }
+        if self.sasl:
+            # SCRAM-SHA-512 logins; the broker's own inter-broker connections log in as admin.
+            password = ensure_password(self.secrets_dir, "admin").read_text().strip()
+            props |= {
+                "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+                "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+                "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config":
+                    f'org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" '
+                    f'password="{password}";',
+                # Nothing without an ACL; admin (and the loopback controller listener) may do all.
+                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                "allow.everyone.if.no.acl.found": "false",
+                "super.users": "User:admin;User:ANONYMOUS",
+            }
         if self.replication_factor > 1:
             # topics created without their own settings (the catalogue's set both, steadyrl.topics)
             props["default.replication.factor"] = rf
             props["min.insync.replicas"] = min_isr
         return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    @property
+    def _listener(self) -> str:
+        return "SASL_PLAINTEXT" if self.sasl else "PLAINTEXT"
 
     def _java(self, *args: str, **kw) -> subprocess.CompletedProcess:
         cp = f"{libs_dir()}/*"
@@ -228,6 +283,7 @@ class LocalBroker:
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.state_dir / "data").mkdir(parents=True, exist_ok=True)
         cfg = self.state_dir / "server.properties"
+        cfg.touch(mode=0o600)  # the admin's password, with sasl
         cfg.write_text(self._server_properties())
         cid_file = self.state_dir / "cluster.id"
         if not cid_file.exists():
@@ -237,6 +293,9 @@ class LocalBroker:
             cid_file.write_text(r.stdout.strip().splitlines()[-1])
         # a static quorum (voters) is formatted as it is; a single node is its own quorum
         standalone = [] if self.voters else ["--standalone"]
+        if self.sasl:  # the super user's credential, in the metadata log from the start
+            password = ensure_password(self.secrets_dir, "admin").read_text().strip()
+            standalone += ["--add-scram", f"SCRAM-SHA-512=[name=admin,password={password}]"]
         r = self._java("kafka.tools.StorageTool", "format", *standalone, "-t",
                        cid_file.read_text().strip(), "-c", str(cfg), "-g")
         if r.returncode != 0:
@@ -289,7 +348,7 @@ class LocalBroker:
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + timeout_s
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0,
+        admin = AdminClient(client_config(self.bootstrap, self.admin_auth()) | {"log_level": 0,
                              "logger": logging.getLogger("steadyrl.broker.admin")})
         last_err: Exception | None = None
         while time.monotonic() < deadline:
@@ -464,7 +523,7 @@ class LocalCluster:
 
         deadline = time.monotonic() + timeout_s
         want = only or list(self.nodes)
-        admins = {nid: AdminClient({"bootstrap.servers": self.nodes[nid].bootstrap, "log_level": 0,
+        admins = {nid: AdminClient(client_config(self.nodes[nid].bootstrap) | {"log_level": 0,
                                     "logger": logging.getLogger("steadyrl.broker.admin")}) for nid in want}
         pending, last = set(want), ""
         while time.monotonic() < deadline:
@@ -510,7 +569,7 @@ class LocalCluster:
         absent); confluent_kafka.KafkaException if no node answers."""
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        admin = AdminClient(client_config(self.bootstrap) | {"log_level": 0})
         deadline = time.monotonic() + timeout_s
         while True:
             t = admin.list_topics(topic, timeout=timeout_s).topics[topic]
@@ -527,7 +586,7 @@ class LocalCluster:
         the controller fences it: `broker.session.timeout.ms`, 9 s by default)."""
         from confluent_kafka.admin import AdminClient
 
-        return set(AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        return set(AdminClient(client_config(self.bootstrap) | {"log_level": 0})
                    .list_topics(timeout=timeout_s).brokers)
 
     def status(self) -> dict:

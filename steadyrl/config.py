@@ -23,6 +23,8 @@ from typing import ClassVar, Literal, TypeVar
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
+from steadyrl.bus.kafka import KafkaAuth
+
 
 class ConfigError(SystemExit):
     """Bad configuration; the message names each offending field. Exits with status 2."""
@@ -60,6 +62,10 @@ class ServiceConfig(BaseSettings):
                                       nested_model_default_partial_update=True)
 
     bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers (host:port,...).")
+    kafka: KafkaAuth = Field(default_factory=KafkaAuth,
+                             description="This process's Kafka credentials (steadyrl.bus.kafka.KafkaAuth): "
+                                         "PLAINTEXT by default; SASL_PLAINTEXT/SASL_SSL with a SCRAM username "
+                                         "and password_file under ACLs (docs/deploy.md, Trust).")
     topic_prefix: str = Field("", description="Prefix of every topic name (isolates runs and tests).")
     instance_id: str = Field(default_factory=_default_instance,
                              description="Stable id of this instance; transactional.id derives from it.")

@@ -32,6 +32,9 @@ def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
                 extra_routes: Callable | None = None) -> int:
     """Run one service process until SIGTERM/SIGINT. Returns the exit status."""
     logs.setup(name, cfg.log_level, cfg.log_format)
+    from steadyrl.bus import kafka
+
+    kafka.use_auth(cfg.kafka)  # one process, one principal: every client it builds logs in as it
     from steadyrl import hardware
 
     hardware.register()  # steadyrl_gpu_available, GPU memory/temperature/utilisation/PCIe, host cores

@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from steadyrl.broker import PROJECT_ROOT
+from steadyrl.bus.kafka import client_config
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def create_topics(bootstrap: str, prefix: str = "", timeout_s: float = 30.0, rep
                          f"{replication_factor}")
     # log_level 4 (warning): librdkafka's info lines (e.g. BGQUEUE "Purging 1 unserved events"
     # when the client is destroyed on a busy machine) went to the CLI's stderr; errors raise here
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
+    admin = AdminClient(client_config(bootstrap) | {"log_level": 4})
     existing = admin.list_topics(timeout=timeout_s).topics
     result: dict[str, str] = {}
     new, grow = [], []
@@ -111,7 +112,7 @@ def list_topics(bootstrap: str, prefix: str = "", timeout_s: float = 10.0) -> li
     (the fewest copies of any partition; 0 when absent)."""
     from confluent_kafka.admin import AdminClient
 
-    md = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4}).list_topics(timeout=timeout_s)
+    md = AdminClient(client_config(bootstrap) | {"log_level": 4}).list_topics(timeout=timeout_s)
     rows = []
     for spec in load_catalogue().values():
         name = topic_name(spec.name, prefix)
@@ -132,7 +133,7 @@ def topic_id(bootstrap: str, topic: str, health=None, timeout_s: float = 300.0) 
     from confluent_kafka import KafkaException, TopicCollection
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient(client_config(bootstrap) | {"log_level": 0})
     deadline = time.monotonic() + timeout_s
     while True:
         try:

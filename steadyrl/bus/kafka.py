@@ -10,11 +10,13 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterator, TypeVar
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal, TypeVar
 
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,99 @@ MAX_RECORD_BYTES = 16 * 1024 * 1024
 #: send_offsets_to_transaction for the same time (plus a grace) before it calls the producer
 #: wedged, so both read this one value.
 TXN_TIMEOUT_S = 30.0
+
+
+class KafkaAuth(BaseModel):
+    """How this process authenticates to the brokers: one process, one principal.
+
+    PLAINTEXT (the default) is the local broker on loopback. With SASL_PLAINTEXT or SASL_SSL the
+    client logs in with SCRAM as `username`, the password read from `password_file` (a secret:
+    never in the repo or the config file); the principal's ACLs (steadyrl/acl.py) decide what it
+    may read and write. A service reads it from its config's `kafka:` section or the environment
+    (`STEADYRL_KAFKA__USERNAME`, `STEADYRL_KAFKA__PASSWORD_FILE`, ...); a command (`steadyrl
+    topics`, `quarantine`, `replay`, `acl`) from the environment (`KafkaAuth.from_env`).
+
+    Raises pydantic.ValidationError (ConfigError at a service's start) when a SASL protocol lacks
+    a username or a readable, non-empty password file, when credentials are given to PLAINTEXT,
+    or when the CA file is unreadable.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="security.protocol of every Kafka client of this process.")
+    sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256"] = Field("SCRAM-SHA-512",
+                                                                       description="SASL mechanism (SCRAM).")
+    username: str | None = Field(None, description="The principal (User:<username>) this process acts as.")
+    password_file: Path | None = Field(None, description="File holding the SCRAM password (a secret).")
+    ssl_ca_file: Path | None = Field(None, description="CA bundle that signed the brokers' certificates "
+                                                       "(SASL_SSL; None: the system's).")
+
+    @model_validator(mode="after")
+    def _credentials(self) -> "KafkaAuth":
+        if self.security_protocol == "PLAINTEXT":
+            if self.username is not None or self.password_file is not None:
+                raise ValueError("username/password_file are set but security_protocol is PLAINTEXT "
+                                 "(set security_protocol: SASL_PLAINTEXT or SASL_SSL)")
+        else:
+            if not self.username:
+                raise ValueError(f"security_protocol {self.security_protocol} needs username")
+            if self.password_file is None:
+                raise ValueError(f"security_protocol {self.security_protocol} needs password_file")
+            try:
+                if not self.password_file.read_text().strip():
+                    raise ValueError(f"password_file {self.password_file} is empty")
+            except OSError as e:
+                raise ValueError(f"cannot read password_file {self.password_file}: {e.strerror}") from None
+        if self.ssl_ca_file is not None and not self.ssl_ca_file.is_file():
+            raise ValueError(f"ssl_ca_file {self.ssl_ca_file} is not a file")
+        return self
+
+    @classmethod
+    def from_env(cls) -> "KafkaAuth":
+        """Read from `STEADYRL_KAFKA__<FIELD>` (upper case) environment variables."""
+        import os
+
+        return cls.model_validate({name: os.environ[f"STEADYRL_KAFKA__{name.upper()}"]
+                                   for name in cls.model_fields if f"STEADYRL_KAFKA__{name.upper()}" in os.environ})
+
+    def librdkafka(self) -> dict[str, Any]:
+        """The librdkafka settings (security.protocol, sasl.*, ssl.ca.location); {} for PLAINTEXT."""
+        if self.security_protocol == "PLAINTEXT":
+            return {}
+        cfg: dict[str, Any] = {"security.protocol": self.security_protocol.lower(),
+                               "sasl.mechanism": self.sasl_mechanism,
+                               "sasl.username": self.username,
+                               "sasl.password": self.password_file.read_text().strip()}
+        if self.ssl_ca_file is not None:
+            cfg["ssl.ca.location"] = str(self.ssl_ca_file)
+        return cfg
+
+
+_auth: KafkaAuth | None = None
+
+
+def use_auth(auth: KafkaAuth) -> None:
+    """Make `auth` the credentials of every Kafka client this process builds from now on (a
+    service calls it once at start, with its config's `kafka` section)."""
+    global _auth
+    _auth = auth
+
+
+def current_auth() -> KafkaAuth:
+    """The process's credentials: those given to `use_auth`, else the environment's (read once).
+
+    Raises pydantic.ValidationError if the environment's are invalid."""
+    global _auth
+    if _auth is None:
+        _auth = KafkaAuth.from_env()
+    return _auth
+
+
+def client_config(bootstrap: str, auth: KafkaAuth | None = None) -> dict[str, Any]:
+    """The base of every librdkafka client config (producer, consumer, AdminClient):
+    `bootstrap.servers` and the credentials (`auth`, default `current_auth()`)."""
+    return {"bootstrap.servers": bootstrap, **(auth if auth is not None else current_auth()).librdkafka()}
 
 
 class KafkaStats(Collector):
@@ -127,8 +222,7 @@ def producer_config(bootstrap: str, client: str, transactional_id: str | None = 
     transactional producer; build those with steadyrl.bus.txn.TransactionalProducer, which
     keeps its own deadlines equal to it.
     """
-    cfg: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
+    cfg: dict[str, Any] = client_config(bootstrap) | {
         "client.id": client,
         # No duplicates or reordering from retries; acks=all is implied.
         "enable.idempotence": True,
@@ -158,8 +252,7 @@ def producer_config(bootstrap: str, client: str, transactional_id: str | None = 
 def consumer_config(bootstrap: str, client: str, group_id: str, stats_interval_s: float = 5.0,
                     max_poll_interval_s: float = 300.0) -> dict[str, Any]:
     """Config of a consumer-group member whose offsets are committed by the application."""
-    return {
-        "bootstrap.servers": bootstrap,
+    return client_config(bootstrap) | {
         "client.id": client,
         "group.id": group_id,
         # KIP-848 group protocol (Kafka >= 4.0): incremental, broker-driven rebalances.
@@ -190,8 +283,7 @@ def reader_config(bootstrap: str, client: str) -> dict[str, Any]:
     Its group id is `{client}-{random hex}`, so no two readers share offsets, and it commits
     and stores none. Fetch sizes cover the largest record (MAX_RECORD_BYTES).
     """
-    return {
-        "bootstrap.servers": bootstrap,
+    return client_config(bootstrap) | {
         "client.id": client,
         "group.id": f"{client}-{uuid.uuid4().hex}",
         "isolation.level": "read_committed",

@@ -1,4 +1,5 @@
-"""`steadyrl broker`, `topics` and `schemas`: the local broker, the topic catalogue, the JSON Schemas."""
+"""`steadyrl broker`, `topics`, `acl` and `schemas`: the local broker, the topic catalogue, the
+principals' credentials and ACLs (steadyrl/acl.py), the JSON Schemas."""
 
 from __future__ import annotations
 
@@ -61,6 +62,34 @@ def cmd_topics(args) -> int:
     return 0
 
 
+def cmd_acl(args) -> int:
+    """`steadyrl acl apply`: each principal's SCRAM credential and ACLs; `acl show`: the table."""
+    from steadyrl import acl
+
+    if args.action == "show":
+        for principal, grant in acl.PRINCIPALS.items():
+            print(f"{principal}\twrites {' '.join(grant.writes) or '-'}\treads {' '.join(grant.reads) or '-'}\t"
+                  f"groups {' '.join(g + '*' for g in grant.groups) or '-'}\t"
+                  f"transactional ids {' '.join(t + '*' for t in grant.txn_ids) or '-'}")
+        return 0
+    from confluent_kafka import KafkaException
+
+    if not args.secrets_dir:
+        raise CliError("acl apply needs --secrets-dir DIR (the kafka-<principal> password files)", code=2)
+    bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
+    _require_broker(bootstrap)
+    try:
+        done = acl.apply(bootstrap, args.secrets_dir, args.prefix)
+    except ValueError as e:
+        raise CliError(str(e), code=2) from None
+    except KafkaException as e:
+        raise CliError(f"acl apply on {bootstrap} (run it as a super user, e.g. STEADYRL_KAFKA__USERNAME=admin): "
+                       f"{e}") from None
+    for principal, n in done.items():
+        print(f"{principal}\t{n} ACLs\tcredential SCRAM-SHA-512")
+    return 0
+
+
 def cmd_schemas(args) -> int:
     from steadyrl.schemas import check_schemas, export_schemas
 
@@ -92,6 +121,12 @@ def add_parsers(sub) -> None:
                     help="create: the new topics' min.insync.replicas (2 with replication 3)")
     add_common_options(sp)
     sp.set_defaults(fn=cmd_topics)
+
+    sp = sub.add_parser("acl", help="apply (as a super user) or show each service principal's credential and ACLs")
+    sp.add_argument("action", choices=["apply", "show"])
+    sp.add_argument("--secrets-dir", help="apply: folder of kafka-<principal> password files")
+    add_common_options(sp)
+    sp.set_defaults(fn=cmd_acl)
 
     sp = sub.add_parser("schemas", help="export or check the JSON Schemas in schemas/")
     sp.add_argument("action", choices=["export", "check"])

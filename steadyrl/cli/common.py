@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from steadyrl.bus.kafka import client_config
+
 DEFAULT_STATE = Path(".steadyrl")
 LOCAL_BOOTSTRAP = "127.0.0.1:9092"
 #: How long the Kafka-facing commands wait for the broker to answer before giving up.
@@ -38,7 +40,7 @@ def _require_broker(bootstrap: str, timeout_s: float = BROKER_CHECK_S) -> None:
     from confluent_kafka.admin import AdminClient
 
     try:
-        AdminClient({"bootstrap.servers": bootstrap, "log_level": 0}).list_topics(timeout=timeout_s)
+        AdminClient(client_config(bootstrap) | {"log_level": 0}).list_topics(timeout=timeout_s)
     except KafkaException:
         raise CliError(f"cannot reach the Kafka broker at {bootstrap} (start one with `steadyrl broker start`, "
                        f"or pass --bootstrap)") from None
@@ -48,7 +50,7 @@ def _local_broker(args):
     from steadyrl.broker import LocalBroker
 
     return LocalBroker(Path(args.state_dir) / "broker", port=args.port, controller_port=args.port + 1,
-                       heap_mb=args.heap_mb)
+                       heap_mb=args.heap_mb, sasl=args.sasl)
 
 
 def add_common_options(sp, broker_opts: bool = False) -> None:
@@ -62,3 +64,6 @@ def add_common_options(sp, broker_opts: bool = False) -> None:
                              "(runs, checkpoints, rollout cache)")
         sp.add_argument("--port", type=int, default=9092, help="broker port (controller: port+1)")
         sp.add_argument("--heap-mb", type=int, default=512, help="broker JVM heap, MiB")
+        sp.add_argument("--sasl", action="store_true",
+                        help="the local broker with SCRAM logins and ACLs (steadyrl/acl.py); passwords in "
+                             "<state-dir>/broker/secrets/kafka-<principal>")

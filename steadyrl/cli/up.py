@@ -21,6 +21,9 @@ SERVICES = {"reward-server": "services.reward.server", "actor": "services.actor"
 #: The services `--scale` applies to, and the topic each consumes: its partitions bound N (an
 #: instance beyond them would get no partition).
 SCALE_INPUT = {"rollout": "rl.prompts", "reward": "rl.rollouts"}
+#: The Kafka principal (steadyrl/acl.py) each service logs in as under `--sasl`; the reward
+#: server talks to no broker.
+PRINCIPAL = {"actor": "actor", "rollout": "rollout", "reward": "reward", "learner": "learner"}
 SCALABLE = tuple(SCALE_INPUT)
 #: The actor's interpreter when its backend is vllm (vLLM pins its own torch and transformers,
 #: so it has a virtualenv of its own: `make vllm-cpu`). STEADYRL_VLLM_PYTHON overrides it.
@@ -130,6 +133,42 @@ class Progress:
         self.out.flush()
 
 
+def _kafka_secrets(args, lb) -> Path | None:
+    """Under `--sasl`: the folder of the principals' password files (the local broker's, with
+    every principal's file made if missing; or `--kafka-secrets`), after making this process
+    log in as `admin` from it. None without `--sasl`. Raises CliError when `--sasl` meets an
+    existing cluster without `--kafka-secrets`."""
+    if not args.sasl:
+        return None
+    from steadyrl import acl
+    from steadyrl import broker as b
+    from steadyrl.bus import kafka
+
+    if args.kafka_secrets:
+        secrets = Path(args.kafka_secrets)
+    elif lb is not None:
+        secrets = lb.secrets_dir
+        for principal in (acl.ADMIN, *PRINCIPAL.values()):
+            b.ensure_password(secrets, principal)
+    else:
+        raise CliError("--sasl with --bootstrap (or a broker already running) needs --kafka-secrets DIR", code=2)
+    try:
+        kafka.use_auth(acl.auth_for(acl.ADMIN, secrets))
+    except ValueError as e:
+        raise CliError(f"--kafka-secrets {secrets}: {e}", code=2) from None
+    return secrets
+
+
+def _login(svc: str, secrets: Path | None) -> list[str]:
+    """The `--kafka.*` flags that make `svc` log in as its principal (none without secrets)."""
+    if secrets is None or svc not in PRINCIPAL:
+        return []
+    from steadyrl import acl
+
+    return ["--kafka.security-protocol", "SASL_PLAINTEXT", "--kafka.username", PRINCIPAL[svc],
+            "--kafka.password-file", str(acl.password_file(secrets, PRINCIPAL[svc]))]
+
+
 def cmd_up(args) -> int:
     from steadyrl import broker as b
     from steadyrl.supervisor import Child, Supervisor
@@ -148,8 +187,13 @@ def cmd_up(args) -> int:
         if not lb.start():
             print("a broker was already running there: using it, and leaving it running", flush=True)
             lb = None  # not ours to stop
+    secrets = _kafka_secrets(args, lb)
     _require_broker(bootstrap)
     print(f"broker {bootstrap}: topics {create_topics(bootstrap, args.prefix)}", flush=True)
+    if secrets is not None:
+        from steadyrl import acl
+
+        print(f"principals {acl.apply(bootstrap, secrets, args.prefix)}", flush=True)
     url = {svc: f"http://127.0.0.1:{SERVICE_PORTS[svc] + args.port_offset}" for svc in SERVICES}
     policies = str(state / "policies")
     extra = {"actor": ["--actor.policy-root", policies],
@@ -163,7 +207,7 @@ def cmd_up(args) -> int:
             children.append(Child(f"{svc}-{i}", [
                 python.get(svc, sys.executable), "-m", module, "--bootstrap", bootstrap,
                 "--topic-prefix", args.prefix, "--instance-id", f"{svc}-{i}", "--metrics-port", str(port),
-                *extra.get(svc, []), *(["--config", args.config] if args.config else [])], port,
+                *extra.get(svc, []), *_login(svc, secrets), *(["--config", args.config] if args.config else [])], port,
                 final=svc == "learner"))
     # the learner exited 0: done, or only stopped from outside? (the one reader of a run's files)
     sup = Supervisor(children, is_done=lambda: run_finished(state / "learner"))
@@ -206,6 +250,9 @@ def add_parsers(sub) -> None:
     sp.add_argument("--scale", action="append", default=[], metavar="SERVICE=N")
     sp.add_argument("--config", help="YAML config passed to every service")
     sp.add_argument("--exit-when-ready", action="store_true", help="stop everything once all are ready")
+    sp.add_argument("--kafka-secrets", metavar="DIR",
+                    help="with --sasl on an existing cluster: the kafka-<principal> password files (kafka-admin "
+                         "among them); up logs in as admin, applies the ACLs, and each service logs in as its own")
     sp.add_argument("--port-offset", type=int, default=0,
                     help="added to every service's HTTP port (actor 8100, rollout 8200+i, reward 8300+i, "
                          "reward-server 8390, learner 8400)")

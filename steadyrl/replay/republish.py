@@ -6,6 +6,7 @@ import uuid
 from typing import Sequence
 
 from steadyrl import codec
+from steadyrl.bus.kafka import client_config
 from steadyrl.contracts import ScoredGroup
 from steadyrl.replay.window import Record
 
@@ -18,7 +19,7 @@ def ensure_topic(bootstrap: str, topic: str, like: str = "rl.scored", timeout_s:
 
     from steadyrl.topics import load_catalogue
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(client_config(bootstrap))
     if topic in admin.list_topics(timeout=timeout_s).topics:
         return "exists"
     spec = load_catalogue()[like]

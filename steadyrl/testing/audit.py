@@ -24,6 +24,7 @@ import base64
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+from steadyrl.bus.kafka import client_config
 from steadyrl.testing.run import RunDir
 
 #: The consumer groups of the two stages (the services' default `group_id`).
@@ -105,7 +106,7 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dic
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
+    admin = AdminClient(client_config(bootstrap) | {"log_level": 4})
     req = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
     res = admin.list_consumer_group_offsets(req)[group].result(60)
     return {tp.partition: tp.offset for tp in res.topic_partitions}

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from steadyrl import codec
+from steadyrl.bus.kafka import client_config
 
 #: The checkout this package runs from (an editable install): where services are started, so
 #: that `-m services.<name>` and scorer specs such as `tests.helpers:slow_numeric` import.
@@ -32,7 +33,7 @@ def producer(bootstrap: str):
     """An idempotent confluent_kafka Producer that takes records up to 16 MiB."""
     from confluent_kafka import Producer
 
-    return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
+    return Producer(client_config(bootstrap) | {"enable.idempotence": True, "linger.ms": 5,
                      "message.max.bytes": 16 * 1024 * 1024})
 
 
@@ -61,7 +62,7 @@ def read_all(bootstrap: str, topic: str, expect: int, timeout_s: float = 60.0, s
     """
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"audit-{uuid.uuid4().hex}",
+    c = Consumer(client_config(bootstrap) | {"group.id": f"audit-{uuid.uuid4().hex}",
                   "isolation.level": "read_committed", "enable.auto.commit": False,
                   "auto.offset.reset": "earliest", "fetch.max.bytes": 33554432,
                   "max.partition.fetch.bytes": 16777216, "receive.message.max.bytes": 34603008})
