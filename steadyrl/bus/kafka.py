@@ -87,7 +87,7 @@ class KafkaAuth(BaseModel):
 
     def librdkafka(self) -> dict[str, Any]:
         """The librdkafka settings (security.protocol, sasl.*, ssl.ca.location); {} for PLAINTEXT."""
-        if self.security_protocol == "PLAINTEXT":
+        if self.security_protocol == "PLAINTEXT" or self.password_file is None:  # (validated: never None here)
             return {}
         cfg: dict[str, Any] = {"security.protocol": self.security_protocol.lower(),
                                "sasl.mechanism": self.sasl_mechanism,
