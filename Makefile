@@ -78,3 +78,12 @@ clean: stop
 .PHONY: compose-test
 compose-test:
 	deploy/compose-test.sh
+
+# The stack's secrets (issue 21, docs/deploy.md "Trust"): a random SCRAM password per Kafka
+# principal and the HTTP bearer token, one file each; existing files are kept. Gitignored folders.
+.PHONY: compose-secrets k8s-secrets
+compose-secrets:
+	deploy/secrets.sh compose/secrets
+
+k8s-secrets:
+	deploy/secrets.sh deploy/k8s/base/secrets

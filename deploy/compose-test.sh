@@ -17,6 +17,8 @@
 #               from Maven), Prometheus and Alertmanager (Debian's packages), and steadyrl:0.1.0
 #               (target cpu, on the Python base; torch from TORCH_INDEX_URL, default: pip's own
 #               index). The legacy builder, no BuildKit; network only for the package installs.
+#   secrets     deploy/secrets.sh $WORK/secrets (STEADYRL_SECRETS_DIR): every Kafka principal's
+#               password and the HTTP token, kept across runs (issue 21: authentication is on)
 #   up          `compose up -d --no-build` with configs/tiny.yaml (learner.steps: $COMPOSE_TEST_STEPS,
 #               default 200, so that the run outlasts what follows) and compose/local.yml
 #               (internal network, no host port, no Grafana)
@@ -27,10 +29,17 @@
 #               Prometheus) and every replica a target, up; then `kill -9` of the main process
 #               (docker inspect's State.Pid) of a rollout, a reward and the learner container,
 #               each restarted by its restart policy and healthy again, the learner training on
+#   forge       mid-run (deploy/compose_checks.py forge, in a one-off container of topic-init):
+#               a forged group on rl.scored and a policy record on rl.policy from the rollout
+#               principal, a DLQ record on rl.dlq from the actor principal: TOPIC_AUTHORIZATION_FAILED;
+#               the same from a wrong password, an unknown user, no credentials: login refused;
+#               none of them on the topics (read as admin); POST /generate, /score, /alert/* 401
+#               without a token and with a wrong one, /livez 200 without one
 #   learner     the learner's last step, exit 0, SUMMARY
 #   audit       the exactly-once audit from the topics (steadyrl.testing.audit.audit_pipeline in a
-#               one-off container of the learner's service): every published prompt trained once,
-#               none lost, the DLQ not excused, both stages exactly once
+#               one-off container of the learner's service, as the admin principal): every
+#               published prompt trained once (none of the forged ones), none lost, the DLQ not
+#               excused, both stages exactly once
 #   grafana     every Grafana dashboard query over the run through Prometheus' HTTP API: at least
 #               one series, except those compose/grafana/expected-empty.json lists (with why)
 #   down        `compose down -v`; no container, network or volume of the project left
@@ -194,6 +203,9 @@ BATCH=$(sed -n 's/^  prompts_per_step:[[:space:]]*\([0-9]*\).*/\1/p' "$CONFIG")
 [ -n "$STEPS" ] && [ -n "$BATCH" ] || die "no learner.steps or prompts_per_step in $CONFIG"
 export STEADYRL_CONFIG=$CONFIG STEADYRL_IMAGE STEADYRL_KAFKA_IMAGE=$KAFKA_IMAGE \
   STEADYRL_PROMETHEUS_IMAGE=$PROMETHEUS_IMAGE STEADYRL_ALERTMANAGER_IMAGE=$ALERTMANAGER_IMAGE
+# The stack's secrets (deploy/secrets.sh): kept under $WORK across runs, never in the repository.
+SECRETS=$WORK/secrets
+export STEADYRL_SECRETS_DIR=$SECRETS
 # A robot URL, so that the alert bridge is ready; the internal network reaches no robot.
 export STEADYRL_ALERTBRIDGE__DINGTALK_URL="http://robot.invalid/robot/send?access_token=compose-test"
 
@@ -344,11 +356,39 @@ print(f"up to last step ({int(n)})\t{last - up:.1f}")
 PY
 }
 
+# Forged records from principals that may not write them, and from clients that cannot log in,
+# mid-run: every one refused by the broker, none on the topics; the HTTP work routes refuse a
+# missing or wrong token (deploy/compose_checks.py forge, in a one-off container of topic-init,
+# which has every password file).
+forge() {
+  compose run --rm --no-deps -T topic-init python - forge < "$ROOT/deploy/compose_checks.py" \
+    > "$WORK/forge.json" 2> "$WORK/logs/forge.log" || true
+  python3 - "$WORK/forge.json" >> "$TIMINGS" <<'PY' || { tail -30 "$WORK/logs/forge.log" >&2; die "forged records or tokenless HTTP calls were not refused ($WORK/forge.json)"; }
+import json, sys
+lines = open(sys.argv[1]).read().strip().splitlines()
+r = json.loads(lines[-1]) if lines else {"failures": ["no report"]}
+for a in r.get("attempts", []):
+    print(f"forge: {a['who']} -> {a['topic']}\t{'refused' if a['ok'] else 'NOT REFUSED'} ({a['error']})")
+for t, n in r.get("scanned", {}).items():
+    print(f"forge: {t} records read as admin, forged among them\t{n['records']}, {n['forged']}")
+for h in r.get("http", []):
+    print(f"forge: HTTP {h['service']} no token, wrong token, /livez\t{h['no_token']}, {h['wrong_token']}, {h['livez_no_token']}")
+for f in r.get("failures", []):
+    print(f, file=sys.stderr)
+sys.exit(1 if r.get("failures") else 0)
+PY
+  say "every forged record and tokenless call refused"
+  grep '^forge' "$TIMINGS" >&2
+}
+
 # The exactly-once audit from the topics, in a one-off container of the learner's service
-# (the image, the learner-state volume, the internal network): every published prompt trained
-# exactly once, none lost (the DLQ not excused), both stages exactly once.
+# (the image, the learner-state volume, the internal network), as the admin principal (its
+# password file mounted beside the learner's): every published prompt trained exactly once, none
+# lost (the DLQ not excused), both stages exactly once.
 audit() {
-  compose run --rm --no-deps -T learner python - audit --steps "$STEPS" --batch "$BATCH" \
+  compose run --rm --no-deps -T -v "$SECRETS/kafka-admin:/run/secrets/kafka-admin:ro" \
+    -e STEADYRL_KAFKA__USERNAME=admin -e STEADYRL_KAFKA__PASSWORD_FILE=/run/secrets/kafka-admin \
+    learner python - audit --steps "$STEPS" --batch "$BATCH" \
     < "$ROOT/deploy/compose_checks.py" > "$WORK/audit.json" 2> "$WORK/logs/audit.log" || true
   python3 - "$WORK/audit.json" >> "$TIMINGS" <<'PY' || { tail -20 "$WORK/logs/audit.log" >&2; die "the exactly-once audit failed ($WORK/audit.json)"; }
 import json, sys
@@ -405,8 +445,10 @@ step "prometheus image" build "$PROMETHEUS_IMAGE" "$ROOT/compose/local/prometheu
 step "alertmanager image" build "$ALERTMANAGER_IMAGE" "$ROOT/compose/local/alertmanager" --build-arg "DEBIAN_IMAGE=$DEBIAN_IMAGE"
 step "steadyrl image" steadyrl_image
 image_sizes
+step "secrets (deploy/secrets.sh)" "$ROOT/deploy/secrets.sh" "$SECRETS"
 step "compose up" run_stack
 step "stack ready (healthy, targets, rules)" wait_ready
+step "forged records and tokenless HTTP refused" forge
 if [ "$CHAOS" = 1 ]; then step "scale-up and SIGKILLs mid-run" chaos; fi
 step "learner to its last step" wait_learner
 step "exactly-once audit" audit

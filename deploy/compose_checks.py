@@ -7,6 +7,7 @@ file piped to `python -`), where the project is installed.
     compose_checks.py chaos   --project P --out F [options] -- COMPOSE...   (host)
     compose_checks.py grafana --project P --out F --start T0 --end T1         (host)
     compose_checks.py audit   --steps N --batch B                             (in the image)
+    compose_checks.py forge   [--secrets-dir /run/secrets]                    (in the image)
 
 chaos: `COMPOSE up -d --no-build --scale rollout=R --scale reward=W` mid-run; each new replica
   must turn healthy (its own /readyz, which needs a partition) and its /metrics, scraped by the
@@ -25,8 +26,20 @@ grafana: every query of compose/grafana/dashboards/*.json, over the run's time r
   dashboard fails, one that returned series is reported.
 
 audit: steadyrl.testing.audit.audit_pipeline on the run of the learner-state volume against
-  kafka:9092: every published prompt trained exactly once, none lost (DLQ not excused), both
-  stages exactly once.
+  kafka:9092, as the admin principal (the script passes its credentials): every published prompt
+  trained exactly once, none lost (DLQ not excused), both stages exactly once.
+
+forge (issue 21, mid-run, in a one-off container of topic-init, which has every password file):
+  records no principal may write, sent the way an attacker on the network would, each refused by
+  the broker: a forged group on rl.scored and a forged policy record on rl.policy from the rollout
+  principal (plain and transactional, with a transactional id of its own prefix: refused with
+  TOPIC_AUTHORIZATION_FAILED), a forged DLQ record on rl.dlq from the actor principal (which may
+  write nothing), and all three from a client with a wrong password, an unknown user and no
+  credentials at all (the SASL listener refuses the login: nothing delivered). Then, as admin,
+  every record of the three topics is read (read_uncommitted: aborted ones too): none carries the
+  forgery's nonce. HTTP: the actor's POST /generate, the reward server's POST /score and the
+  alert bridge's POST /alert/dingtalk answer 401 without a token and with a wrong one, while
+  /livez answers 200 without one.
 
 Each command prints what it saw, writes a JSON report (--out), and exits 1 on a failed check.
 """
@@ -322,6 +335,179 @@ def grafana(args) -> dict:
     return rep
 
 
+# ---------------------------------------------------------------------------- forge (in the image)
+FORGE_HEADER = "steadyrl-forged"
+
+
+def _kafka_conf(bootstrap: str, username: str | None, password: str | None) -> dict:
+    conf = {"bootstrap.servers": bootstrap, "log_level": 0, "socket.timeout.ms": 10000}
+    if username is not None:
+        conf |= {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+                 "sasl.username": username, "sasl.password": password or ""}
+    return conf
+
+
+def forge_produce(conf: dict, topic: str, value: bytes, nonce: str, *, transactional_id: str | None = None,
+                  timeout_s: float = 15.0) -> dict:
+    """Try to write one record; what the client saw: delivered or not, the delivery/transaction
+    error, and the client's own errors (a refused login: _AUTHENTICATION)."""
+    from confluent_kafka import KafkaException, Producer
+
+    seen: list[str] = []
+    out: dict = {"topic": topic, "delivered": False, "error": None}
+
+    def on_error(err):
+        seen.append(f"{err.name()}: {err.str()}")
+
+    def on_delivery(err, msg):
+        if err is None:
+            out["delivered"] = True
+        else:
+            out["error"] = err.name()
+            out["error_text"] = err.str()
+
+    pconf = conf | {"error_cb": on_error, "message.timeout.ms": int(timeout_s * 1000),
+                    "enable.idempotence": transactional_id is not None}
+    if transactional_id:
+        pconf |= {"transactional.id": transactional_id, "transaction.timeout.ms": 30000}
+    p = Producer(pconf)
+    headers = [(FORGE_HEADER, nonce.encode())]
+    try:
+        if transactional_id:
+            p.init_transactions(timeout_s)
+            p.begin_transaction()
+        p.produce(topic, value, key=f"forged-{nonce}".encode(), headers=headers, on_delivery=on_delivery)
+        if transactional_id:
+            p.commit_transaction(timeout_s)
+            out["delivered"] = out["delivered"] or out["error"] is None
+        p.flush(timeout_s + 5)
+    except KafkaException as e:
+        err = e.args[0]
+        out["delivered"] = False
+        out["error"] = out["error"] or err.name()
+        out["error_text"] = err.str()
+    out["client_errors"] = sorted(set(seen))[:5]
+    return out
+
+
+def read_all(conf: dict, topic: str, timeout_s: float = 60.0) -> list:
+    """Every record of the topic, aborted ones too (read_uncommitted), as admin."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(conf | {"group.id": f"compose-test-forge-{os.getpid()}", "enable.auto.commit": False,
+                         "isolation.level": "read_uncommitted", "auto.offset.reset": "earliest"})
+    try:
+        md = c.list_topics(topic, timeout=timeout_s).topics[topic]
+        if md.error is not None:
+            raise Failed(f"{topic}: {md.error}")
+        parts = [TopicPartition(topic, p, 0) for p in md.partitions]
+        ends = {tp.partition: c.get_watermark_offsets(tp, timeout=timeout_s)[1] for tp in parts}
+        c.assign(parts)
+        got, deadline = [], time.time() + timeout_s
+        pos = {p: 0 for p in ends}
+        while any(pos[p] < ends[p] for p in ends) and time.time() < deadline:
+            for m in c.consume(500, timeout=1.0):
+                if m.error():
+                    continue
+                got.append(m)
+                pos[m.partition()] = m.offset() + 1
+        if any(pos[p] < ends[p] for p in ends):
+            raise Failed(f"{topic}: could not read to the end within {timeout_s:.0f} s")
+        return got
+    finally:
+        c.close()
+
+
+def http_status(url: str, *, token: str | None = None, method: str = "GET", body: bytes | None = None) -> int:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": "application/json"})
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, OSError) as e:  # not reached at all: a failed check, not a crash
+        say(f"{method} {url}: {e}")
+        return 0
+
+
+def forge(args) -> dict:
+    import uuid
+
+    secrets = Path(args.secrets_dir)
+    pw = lambda who: (secrets / f"kafka-{who}").read_text().strip()  # noqa: E731
+    nonce = uuid.uuid4().hex
+    topic = lambda t: f"{args.prefix}{t}"  # noqa: E731
+    group = json.dumps({"prompt_id": f"forged-{nonce}", "rewards": [1.0] * 8, "note": "forged group"}).encode()
+    policy = json.dumps({"version": 10**9, "path": "/tmp/evil", "sha256": "0" * 64, "note": "forged policy"}).encode()
+    dlq = json.dumps({"stage": "forged", "reason": "forged", "note": "forged DLQ record"}).encode()
+    b = args.bootstrap
+    wrong = "wrong-" + uuid.uuid4().hex
+    attempts = [
+        # (who, conf, topic, value, transactional id, what the broker must answer)
+        ("rollout", _kafka_conf(b, "rollout", pw("rollout")), "rl.scored", group, None, "TOPIC_AUTHORIZATION_FAILED"),
+        ("rollout", _kafka_conf(b, "rollout", pw("rollout")), "rl.policy", policy, None, "TOPIC_AUTHORIZATION_FAILED"),
+        ("rollout (transactional)", _kafka_conf(b, "rollout", pw("rollout")), "rl.scored", group,
+         f"steadyrl-rollout-forge-{nonce[:8]}", "TOPIC_AUTHORIZATION_FAILED"),
+        ("actor", _kafka_conf(b, "actor", pw("actor")), "rl.dlq", dlq, None, "TOPIC_AUTHORIZATION_FAILED"),
+    ]
+    for t, v in (("rl.scored", group), ("rl.policy", policy), ("rl.dlq", dlq)):
+        attempts += [("rollout, wrong password", _kafka_conf(b, "rollout", wrong), t, v, None, "login refused"),
+                     ("unknown user", _kafka_conf(b, "mallory", wrong), t, v, None, "login refused"),
+                     ("no credentials", _kafka_conf(b, None, None), t, v, None, "not delivered")]
+    rep: dict = {"nonce": nonce, "attempts": [], "failures": []}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(attempts)) as pool:  # a refused login waits out its timeout: all at once
+        results = list(pool.map(lambda a: forge_produce(a[1], topic(a[2]), a[3], nonce, transactional_id=a[4],
+                                                        timeout_s=args.timeout_s), attempts))
+    for (who, conf, t, value, txn, want), r in zip(attempts, results):
+        r["who"], r["want"] = who, want
+        ok = not r["delivered"]
+        if want == "TOPIC_AUTHORIZATION_FAILED":
+            ok = ok and r["error"] == want
+        elif want == "login refused":
+            ok = ok and any("_AUTHENTICATION" in e or "uthentication failed" in e for e in r["client_errors"])
+        r["ok"] = ok
+        rep["attempts"].append(r)
+        say(f"{'refused' if ok else 'NOT AS WANTED'}: {who} -> {t}: delivered={r['delivered']} error={r['error']} "
+            f"client errors={r['client_errors'][:2]}")
+        if not ok:
+            rep["failures"].append(f"{who} -> {t}: want {want}, got delivered={r['delivered']} error={r['error']} "
+                                   f"{r['client_errors']}")
+    admin = _kafka_conf(b, "admin", pw("admin"))
+    rep["scanned"] = {}
+    for t in ("rl.scored", "rl.policy", "rl.dlq"):
+        msgs = read_all(admin, topic(t))
+        forged = [m for m in msgs if nonce.encode() in (m.value() or b"") or
+                  any(k == FORGE_HEADER for k, _ in (m.headers() or []))]
+        rep["scanned"][t] = {"records": len(msgs), "forged": len(forged)}
+        say(f"{t}: {len(msgs)} records read as admin, {len(forged)} forged")
+        if forged:
+            rep["failures"].append(f"{t}: {len(forged)} forged records are on the topic")
+
+    token = (secrets / "http-token").read_text().strip() if (secrets / "http-token").exists() else None
+    rep["http"] = []
+    routes = (("actor", args.actor_url, "/generate"), ("reward-server", args.reward_server_url, "/score"),
+              ("alertbridge", args.alertbridge_url, "/alert/dingtalk"))
+    for name, base, path in routes:
+        row = {"service": name,
+               "no_token": http_status(base + path, method="POST", body=b"{}"),
+               "wrong_token": http_status(base + path, token="wrong-" + nonce, method="POST", body=b"{}"),
+               "livez_no_token": http_status(base + "/livez")}
+        rep["http"].append(row)
+        say(f"HTTP {name}: POST {path} without a token {row['no_token']}, with a wrong one {row['wrong_token']}; "
+            f"GET /livez without one {row['livez_no_token']}")
+        if row["no_token"] != 401 or row["wrong_token"] != 401 or row["livez_no_token"] != 200:
+            rep["failures"].append(f"HTTP {name}: {row}")
+    rep["http_token_known"] = token is not None
+    return rep
+
+
 # ---------------------------------------------------------------------------- audit (in the image)
 def audit(args) -> dict:
     from steadyrl.testing.audit import audit_pipeline, explain
@@ -358,6 +544,14 @@ def main(argv=None) -> int:
     a.add_argument("--bootstrap", default="kafka:9092")
     a.add_argument("--prefix", default="")
     a.add_argument("--state-dir", default="/var/lib/steadyrl/learner")
+    f = sub.add_parser("forge")
+    f.add_argument("--bootstrap", default="kafka:9092")
+    f.add_argument("--prefix", default="")
+    f.add_argument("--secrets-dir", default="/run/secrets")
+    f.add_argument("--actor-url", default="http://actor:8100")
+    f.add_argument("--reward-server-url", default="http://reward-server:8390")
+    f.add_argument("--alertbridge-url", default="http://alertbridge:8500")
+    f.add_argument("--timeout-s", type=float, default=15.0, help="per forged record")
     args = ap.parse_args(argv)
     if args.cmd == "chaos":
         if args.compose[:1] == ["--"]:
@@ -375,12 +569,21 @@ def main(argv=None) -> int:
                 say(f"FAIL: {f}")
             say(f"grafana: {rep['queried']} queries, {rep['non_empty']} non-empty, {rep['expected_empty']} "
                 f"expected-empty, {len(rep['failures'])} failures")
+        elif args.cmd == "forge":
+            rep = forge(args)
+            for f in rep["failures"]:
+                say(f"FAIL: {f}")
+            print(json.dumps(rep, default=str))  # noqa: T201  the report, for the script
+            return 0 if not rep["failures"] else 1
         else:
             rep = audit(args)
             print(json.dumps(rep, default=str))  # noqa: T201  the report, for the script
             return 0 if rep["ok"] else 1
     except Failed as e:
         say(f"FAIL: {e}")
+        if args.cmd in ("audit", "forge"):  # in the image: the report goes to stdout
+            print(json.dumps({"ok": False, "error": str(e), "failures": [str(e)]}))  # noqa: T201
+            return 1
         rep, ok = {"error": str(e)}, False
     Path(args.out).write_text(json.dumps(rep, indent=1, default=str))
     return 0 if ok else 1

@@ -312,7 +312,8 @@ def test_alertmanager_config_is_valid():
 
 def test_alertmanager_config_holds_no_secret():
     """Robot URLs and secrets live in the bridge's environment: every receiver posts to the
-    bridge or the generic webhook, with no credentials."""
+    bridge or the generic webhook, with no credentials in the file (the webhooks to the bridge
+    name the file of the stack's HTTP token, a compose secret: issue 21)."""
     cfg = yaml.safe_load(AM_CONFIG.read_text())
     urls = [w["url"] for r in cfg["receivers"] for w in r.get("webhook_configs", [])]
     assert {"http://alertbridge:8500/alert/dingtalk", "http://alertbridge:8500/alert/wecom"} <= set(urls)
@@ -321,7 +322,11 @@ def test_alertmanager_config_holds_no_secret():
         for w in r["webhook_configs"]:
             allowed = r"http://(alertbridge:8500/alert/(dingtalk|wecom)|alert-webhook:9000/alerts)"
             assert re.fullmatch(allowed, w["url"]), w
-            assert "http_config" not in w, w
+            if w["url"].startswith("http://alertbridge:"):
+                assert w["http_config"] == {"authorization": {"type": "Bearer",
+                                                              "credentials_file": "/run/secrets/http-token"}}, w
+            else:
+                assert "http_config" not in w, w
     assert not re.search(r"access_token|oapi\.dingtalk|qyapi\.weixin", AM_CONFIG.read_text())
 
 
