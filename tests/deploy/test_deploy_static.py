@@ -65,6 +65,13 @@ SCALABLE = set(cli.SCALABLE)
 #: Kubernetes releases the manifests must be valid for (kubernetes-validate bundles 1.25+).
 K8S_VERSIONS = ("1.29.0", "latest")
 IN_CONTAINER_CONFIG = "/etc/steadyrl/steadyrl.yaml"
+#: The Kafka principal (steadyrl/acl.py) each deployed steadyrl service logs in as (issue 21). The
+#: reward server and the alert bridge have none: they use no Kafka client, so they get no password.
+KAFKA_PRINCIPAL = {"actor": "actor", "actor-gpu": "actor", "rollout": "rollout", "reward": "reward",
+                   "learner": "learner", "topic-init": "admin", "ops": "replay"}
+#: The services that serve (actor, reward server, alert bridge) or send (rollout, reward) the HTTP
+#: bearer token; the learner and the one-shot jobs call no work route, so they do not get it.
+HTTP_TOKEN_SERVICES = {"actor", "actor-gpu", "reward-server", "alertbridge", "rollout", "reward"}
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -159,13 +166,38 @@ def unknown_env_vars(cls: type[ServiceConfig], env: dict[str, str]) -> list[str]
     return bad
 
 
+#: Where compose and Kubernetes mount the secrets (deploy/secrets.sh's files) in our containers.
+SECRETS_MOUNT = "/run/secrets"
+_SECRET_STANDINS: dict[str, Path] = {}
+
+
+def secret_standin(container_path: str) -> Path:
+    """A temporary file standing in for a mounted secret (the configs check at start that their
+    password and token files exist and are not empty): same name, a dummy value, mode 0600."""
+    import tempfile
+
+    if container_path not in _SECRET_STANDINS:
+        folder = Path(tempfile.mkdtemp(prefix="steadyrl-secrets-"))
+        path = folder / Path(container_path).name
+        path.write_text("test-only-not-a-secret\n")
+        path.chmod(0o600)
+        _SECRET_STANDINS[container_path] = path
+    return _SECRET_STANDINS[container_path]
+
+
+def with_secret_standins(env: dict[str, str]) -> dict[str, str]:
+    """`env` with every value under /run/secrets/ replaced by its stand-in file."""
+    return {k: str(secret_standin(v)) if v.startswith(SECRETS_MOUNT + "/") else v for k, v in env.items()}
+
+
 def load_service_config(module: str, argv: list[str], env: dict[str, str], config_file: Path | None,
                         monkeypatch) -> ServiceConfig:
     """The config a service would build from `argv` and `env` (container paths of the YAML
-    config replaced by its source in the repository), from the repository root like the image's
-    WORKDIR (/app) with data/ in it."""
+    config replaced by its source in the repository, mounted secrets by stand-in files), from the
+    repository root like the image's WORKDIR (/app) with data/ in it."""
     cls = config_class(module)
     assert not unknown_env_vars(cls, env), f"{module}: unknown STEADYRL_ variables {unknown_env_vars(cls, env)}"
+    env = with_secret_standins(env)
     argv = [str(config_file) if a == IN_CONTAINER_CONFIG else a for a in argv]
     if "--config" in argv:
         assert config_file is not None and Path(argv[argv.index("--config") + 1]).is_file(), argv
@@ -177,9 +209,27 @@ def load_service_config(module: str, argv: list[str], env: dict[str, str], confi
     return load(cls, argv)
 
 
+def shell_commands(argv: list[str]) -> list[list[str]]:
+    """The commands of `argv`: itself, or those of `sh -c "A && B"` (a one-shot job that runs two
+    steadyrl commands in order: nothing but `&&` between plain words is accepted)."""
+    if argv[:2] != ["sh", "-c"]:
+        return [argv]
+    assert len(argv) == 3, argv
+    script = argv[2]
+    assert not re.search(r"[;|&<>`$()\\]", script.replace("&&", " ")), f"`sh -c {script}`: only `A && B` is allowed"
+    parts = [shlex.split(p) for p in script.split("&&")]
+    assert all(parts), script
+    return parts
+
+
 def check_command(argv: list[str], where: str) -> None:
-    """Fail unless `argv` starts a real entry point of this repository."""
+    """Fail unless `argv` starts a real entry point of this repository (every one of a
+    `sh -c "A && B"`)."""
     assert argv, f"{where}: empty command"
+    if argv[:2] == ["sh", "-c"]:
+        for part in shell_commands(argv):
+            check_command(part, where)
+        return
     if argv[:2] == ["python", "-m"]:
         module = argv[2]
         path = ROOT.joinpath(*module.split("."))
@@ -229,11 +279,12 @@ def stage_input_topic(module: str) -> str:
     return topics.pop()
 
 
-def broker_properties(tmp_path: Path) -> dict[str, str]:
-    """The embedded broker's server.properties (steadyrl/broker.py), as a dict."""
+def broker_properties(tmp_path: Path, sasl: bool = True) -> dict[str, str]:
+    """The embedded broker's server.properties (steadyrl/broker.py), as a dict; by default with
+    SASL/SCRAM and ACLs, as compose and Kubernetes run it (issue 21)."""
     from steadyrl.broker import LocalBroker
 
-    text = LocalBroker(tmp_path)._server_properties()
+    text = LocalBroker(tmp_path, sasl=sasl)._server_properties()
     return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
 
 
@@ -246,12 +297,17 @@ def kafka_env_name(prop: str) -> str:
 #: (addresses, listeners, paths).
 BROKER_LOCAL_ONLY = {"listeners", "advertised.listeners", "controller.quorum.bootstrap.servers", "log.dirs",
                      "listener.security.protocol.map"}
+#: The listeners' JAAS lines hold the admin's password: containers get them from run-kafka.sh,
+#: which reads the password from a file (KAFKA_SCRAM_ADMIN_PASSWORD_FILE), never from the environment.
+JAAS = re.compile(r"listener\.name\.[a-z_]+\.scram-sha-512\.sasl\.jaas\.config")
+ADMIN_PASSWORD_FILE = f"{SECRETS_MOUNT}/kafka-admin"
 
 
-def check_kafka_env(env: dict[str, str], tmp_path: Path, where: str) -> None:
+def check_kafka_env(env: dict[str, str], tmp_path: Path, where: str, controller_on_loopback: bool = True) -> None:
     props = broker_properties(tmp_path)
+    assert props.get("allow.everyone.if.no.acl.found") == "false", "the embedded broker's SASL settings"
     for prop, value in props.items():
-        if prop in BROKER_LOCAL_ONLY:
+        if prop in BROKER_LOCAL_ONLY or JAAS.fullmatch(prop):
             continue
         name = kafka_env_name(prop)
         assert str(env.get(name)) == value, f"{where}: {name} is {env.get(name)!r}, the embedded broker has {value!r}"
@@ -265,6 +321,33 @@ def check_kafka_env(env: dict[str, str], tmp_path: Path, where: str) -> None:
     advertised = [lst.split("://")[0] for lst in env["KAFKA_ADVERTISED_LISTENERS"].split(",")]
     assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] not in advertised, f"{where}: the controller is not advertised"
     assert set(advertised) <= set(listeners)
+    check_kafka_sasl(env, where, controller_on_loopback)
+
+
+def check_kafka_sasl(env: dict[str, str], where: str, controller_on_loopback: bool = True) -> None:
+    """Every client listener SASL (SCRAM-SHA-512), the controller's PLAINTEXT on 127.0.0.1 (its
+    ANONYMOUS principal is a super user), the authorizer on, nothing allowed without an ACL, the
+    admin's password from a file only (no JAAS line, no password in the environment)."""
+    names = dict(kv.split(":") for kv in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    controller = env["KAFKA_CONTROLLER_LISTENER_NAMES"]
+    for lst in env["KAFKA_LISTENERS"].split(","):
+        name, addr = lst.split("://")
+        if name == controller:
+            assert names[name] == "PLAINTEXT"
+            if controller_on_loopback:
+                assert addr.startswith("127.0.0.1:"), f"{where}: the controller listener must be loopback-only ({lst})"
+        else:
+            assert names[name] == "SASL_PLAINTEXT", f"{where}: listener {name} is {names[name]}, not SASL"
+    assert env["KAFKA_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-512"
+    assert env["KAFKA_SASL_MECHANISM_INTER_BROKER_PROTOCOL"] == "SCRAM-SHA-512"
+    assert names[env["KAFKA_INTER_BROKER_LISTENER_NAME"]] == "SASL_PLAINTEXT"
+    assert env["KAFKA_AUTHORIZER_CLASS_NAME"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    assert env["KAFKA_SUPER_USERS"] == "User:admin;User:ANONYMOUS"
+    assert env["KAFKA_SCRAM_ADMIN_PASSWORD_FILE"] == ADMIN_PASSWORD_FILE
+    for k, v in env.items():
+        assert "JAAS" not in k and "password=" not in v.lower(), f"{where}: {k}: a password in the environment"
+        assert "PASSWORD" not in k or k.endswith("_FILE"), f"{where}: {k}: a password in the environment"
 
 
 def kafka_image_tag() -> str:
@@ -614,7 +697,8 @@ def test_compose_has_every_piece_the_issue_names():
                  "alertbridge", "prometheus", "alertmanager", "grafana"):
         assert name in services, name
     assert services["kafka"]["image"] == kafka_image_tag()
-    assert services["topic-init"]["command"][:3] == ["steadyrl", "topics", "create"]
+    init = shell_commands(services["topic-init"]["command"])
+    assert [c[:3] for c in init] == [["steadyrl", "topics", "create"], ["steadyrl", "acl", "apply"]], init
     assert services["topic-init"]["restart"] == "no"
     assert services["actor-gpu"]["profiles"] == ["gpu"]
     assert compose_env(services["actor-gpu"])["STEADYRL_ACTOR__BACKEND"] == "vllm"
@@ -640,15 +724,20 @@ def test_compose_commands_probes_and_ports(monkeypatch):
     routes = app_routes()
     assert {"/livez", "/readyz", "/metrics"} <= routes
     ours = our_compose_services()
-    assert set(MODULE_OF) | {"topic-init", "actor-gpu"} == set(ours)
+    assert set(MODULE_OF) | {"topic-init", "actor-gpu", "ops"} == set(ours)
     for name, svc in ours.items():
         check_command(svc["command"], f"compose {name}")
         env = compose_env(svc)
         assert env["STEADYRL_BOOTSTRAP"] == "kafka:9092"
         if name == "topic-init":
-            assert svc["command"][svc["command"].index("--bootstrap") + 1] == env["STEADYRL_BOOTSTRAP"]
+            for part in shell_commands(svc["command"]):
+                assert part[part.index("--bootstrap") + 1] == env["STEADYRL_BOOTSTRAP"], part
             assert svc["healthcheck"] == {"disable": True}
             assert svc["depends_on"]["kafka"]["condition"] == "service_healthy"
+            continue
+        if name == "ops":  # one-off commands (`compose run --rm ops steadyrl ...`), never started by `up`
+            assert svc["profiles"] == ["tools"] and svc["restart"] == "no" and svc["command"][0] == "steadyrl"
+            assert svc["healthcheck"] == {"disable": True}
             continue
         service = name.removesuffix("-gpu")
         assert svc["command"][:3] == ["python", "-m", MODULE_OF[service]], f"{name}: {svc['command']}"
@@ -709,7 +798,7 @@ def test_compose_kafka_matches_the_embedded_broker(tmp_path):
     kafka = compose_services()["kafka"]
     env = compose_env(kafka)
     check_kafka_env(env, tmp_path, "compose kafka")
-    assert "PLAINTEXT://kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    assert "SASL_PLAINTEXT://kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
     assert env["KAFKA_LOG_DIRS"].startswith("/var/lib/kafka/data")  # the image's VOLUME, owned by its user
     assert any(v.endswith(":/var/lib/kafka/data") for v in kafka["volumes"])
 
@@ -720,7 +809,7 @@ def test_compose_service_configs_load(config_env, monkeypatch):
     """Each service's configuration, built the way the container builds it (its command line,
     its environment, the mounted YAML file), loads and says what compose means."""
     for name, svc in our_compose_services(config_env).items():
-        if name == "topic-init":
+        if name in ("topic-init", "ops"):
             continue
         module = svc["command"][2]
         env = compose_env(svc)
@@ -728,6 +817,17 @@ def test_compose_service_configs_load(config_env, monkeypatch):
                                   monkeypatch)
         assert cfg.bootstrap == "kafka:9092" and cfg.metrics_host == "0.0.0.0"
         assert cfg.metrics_port == int(env["STEADYRL_METRICS_PORT"])
+        principal = KAFKA_PRINCIPAL.get(name)
+        if principal:  # logs in as its own principal, its password from its own file
+            assert (cfg.kafka.security_protocol, cfg.kafka.sasl_mechanism) == ("SASL_PLAINTEXT", "SCRAM-SHA-512")
+            assert cfg.kafka.username == principal, name
+            assert cfg.kafka.password_file == secret_standin(f"{SECRETS_MOUNT}/kafka-{principal}"), name
+        else:
+            assert cfg.kafka.security_protocol == "PLAINTEXT" and cfg.kafka.username is None, name
+        if name in HTTP_TOKEN_SERVICES:
+            assert cfg.http_token_file == secret_standin(f"{SECRETS_MOUNT}/http-token"), name
+        else:
+            assert cfg.http_token_file is None, name
         if name == "actor-gpu":
             assert cfg.actor.backend == "vllm"
 
@@ -762,6 +862,243 @@ def test_compose_policy_store_is_shared_at_one_path():
     assert f"learner-state:{state}" in services["learner"]["volumes"]
 
 
+# ------------------------------------------------------------------------------- authentication (issue 21)
+
+SECRETS_SH = ROOT / "deploy" / "secrets.sh"
+RUN_KAFKA = ROOT / "compose" / "local" / "kafka" / "run-kafka.sh"
+
+
+def all_principals() -> list[str]:
+    from steadyrl import acl
+
+    return [acl.ADMIN, *acl.PRINCIPALS]
+
+
+def secret_names() -> set[str]:
+    """Every file deploy/secrets.sh writes: kafka-<principal> for each principal, and the token."""
+    return {f"kafka-{p}" for p in all_principals()} | {"http-token"}
+
+
+def test_secrets_script_names_every_principal():
+    m = re.search(r"^PRINCIPALS=\(([^)]*)\)", SECRETS_SH.read_text(), re.MULTILINE)
+    assert m, "deploy/secrets.sh: no PRINCIPALS=(...)"
+    assert sorted(m.group(1).split()) == sorted(all_principals()), "deploy/secrets.sh and steadyrl/acl.py disagree"
+
+
+def test_secrets_script_writes_random_files_and_keeps_existing_ones(tmp_path):
+    folder = tmp_path / "secrets"
+    r = subprocess.run(["bash", str(SECRETS_SH), str(folder)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    files = {f.name: f for f in folder.iterdir()}
+    assert set(files) == secret_names()
+    assert folder.stat().st_mode & 0o777 == 0o700, "the folder keeps other host users out"
+    values = {}
+    for name, f in files.items():
+        # readable by the containers' users (none of them the file's owner), written by no one else
+        assert f.stat().st_mode & 0o777 == 0o644, f"{name}: {oct(f.stat().st_mode)}"
+        values[name] = f.read_text()
+        assert re.fullmatch(r"[0-9a-f]{64}", values[name]), name
+    assert len(set(values.values())) == len(values), "every secret is its own"
+    assert not r.stdout.count(next(iter(values.values()))), "the script never prints a secret"
+    # a second run keeps every file, and fills in a missing one
+    (folder / "kafka-actor").unlink()
+    r = subprocess.run(["bash", str(SECRETS_SH), str(folder)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "created " + str(folder / "kafka-actor") in r.stdout
+    for name, value in values.items():
+        if name != "kafka-actor":
+            assert (folder / name).read_text() == value, f"{name} was overwritten"
+    assert re.fullmatch(r"[0-9a-f]{64}", (folder / "kafka-actor").read_text())
+    # an empty one is an error, not silently kept
+    (folder / "http-token").write_text("")
+    r = subprocess.run(["bash", str(SECRETS_SH), str(folder)], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "empty" in r.stderr
+
+
+def test_secrets_are_gitignored_and_none_is_tracked():
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    for folder in ("compose/secrets/", "deploy/k8s/base/secrets/"):
+        assert folder in ignored, f"{folder} is not gitignored"
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    assert not [t for t in tracked if t.startswith(("compose/secrets/", "deploy/k8s/base/secrets/"))]
+    # and no value of a local secrets folder appears in a tracked file of the deployment
+    values = {f.read_text().strip() for d in ("compose/secrets", "deploy/k8s/base/secrets")
+              for f in (ROOT / d).glob("*") if f.is_file() and len(f.read_text().strip()) >= 16}
+    for t in tracked:
+        if t.startswith(("compose/", "deploy/", "docs/")) and (ROOT / t).is_file():
+            text = (ROOT / t).read_text(errors="replace")
+            assert not [v for v in values if v in text], f"{t} holds a secret of the local secrets folder"
+
+
+def test_no_secret_literal_in_the_deployment():
+    """No password, JAAS line or token in the compose files, the Kafka start script, the
+    Kubernetes manifests or Alertmanager's config: only paths of files that hold them."""
+    files = [*ROOT.joinpath("compose").rglob("*.yml"), *ROOT.joinpath("compose").rglob("*.yaml"),
+             *ROOT.joinpath("deploy", "k8s").rglob("*.yaml")]
+    literal = re.compile(r"(password|passwd|secret|token)\s*[=:]\s*[\"']?(?!\$|/|\{|\[)[A-Za-z0-9+/_.~-]{12,}",
+                         re.IGNORECASE)
+    for f in files:
+        if "secrets" in f.relative_to(ROOT).parts:
+            continue
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            if line.lstrip().startswith("#"):
+                continue
+            assert not literal.search(line), f"{f.relative_to(ROOT)}:{n}: {line.strip()}"
+            assert "ScramLoginModule" not in line, f"{f.relative_to(ROOT)}:{n}: a JAAS line (run-kafka.sh writes it)"
+
+
+def compose_secret_refs(svc: dict) -> set[str]:
+    return {x if isinstance(x, str) else x["source"] for x in svc.get("secrets", [])}
+
+
+def test_compose_secrets_are_files_of_the_secrets_folder():
+    doc = compose_raw()
+    secrets = doc["secrets"]
+    assert set(secrets) == secret_names()
+    for name, spec in secrets.items():
+        assert spec == {"file": f"${{STEADYRL_SECRETS_DIR:-./secrets}}/{name}"}, name
+    assert (COMPOSE.parent / "secrets") == ROOT / "compose" / "secrets"
+    # every service's secrets are defined ones, mounted where the env says (compose's default target)
+    for name, svc in compose_services().items():
+        refs = compose_secret_refs(svc)
+        assert refs <= set(secrets), f"{name}: undefined secrets {refs - set(secrets)}"
+        for x in svc.get("secrets", []):
+            assert isinstance(x, str), f"{name}: {x}: the short form (target /run/secrets/<name>)"
+
+
+def test_compose_every_service_logs_in_as_its_own_principal():
+    """Each steadyrl service: SASL_PLAINTEXT, SCRAM-SHA-512, its own principal and password file,
+    that one secret only (topic-init, which applies every principal's credential, has them all;
+    the alert bridge and the reward server, with no Kafka client, none); the HTTP token where a
+    work route is served or called."""
+    services = compose_services()
+    for name, svc in our_compose_services().items():
+        env, refs = compose_env(svc), compose_secret_refs(svc)
+        principal = KAFKA_PRINCIPAL.get(name)
+        kafka_refs = {r for r in refs if r.startswith("kafka-")}
+        if principal is None:
+            assert not [k for k in env if k.startswith("STEADYRL_KAFKA__")] and not kafka_refs, name
+        else:
+            assert env["STEADYRL_KAFKA__SECURITY_PROTOCOL"] == "SASL_PLAINTEXT", name
+            assert env["STEADYRL_KAFKA__SASL_MECHANISM"] == "SCRAM-SHA-512", name
+            assert env["STEADYRL_KAFKA__USERNAME"] == principal, name
+            assert env["STEADYRL_KAFKA__PASSWORD_FILE"] == f"{SECRETS_MOUNT}/kafka-{principal}", name
+            want = {f"kafka-{p}" for p in all_principals()} if name == "topic-init" else \
+                {"kafka-replay", "kafka-quarantine"} if name == "ops" else {f"kafka-{principal}"}
+            assert kafka_refs == want, f"{name}: {kafka_refs}"
+        if name in HTTP_TOKEN_SERVICES:
+            assert env["STEADYRL_HTTP_TOKEN_FILE"] == f"{SECRETS_MOUNT}/http-token" and "http-token" in refs, name
+        else:
+            assert "STEADYRL_HTTP_TOKEN_FILE" not in env and "http-token" not in refs, name
+    assert KAFKA_PRINCIPAL.keys() | HTTP_TOKEN_SERVICES <= set(our_compose_services())
+    # topic-init applies every principal's ACLs from those files, as admin
+    acl_cmd = shell_commands(services["topic-init"]["command"])[1]
+    args = cli.build_parser().parse_args(acl_cmd[1:])
+    assert Path(args.secrets_dir) == Path(SECRETS_MOUNT)
+    # the broker reads the admin's password from its own secret; Alertmanager has the token
+    assert compose_secret_refs(services["kafka"]) == {"kafka-admin"}
+    assert compose_secret_refs(services["alertmanager"]) == {"http-token"}
+    for name in ("prometheus", "grafana"):
+        assert not compose_secret_refs(services[name]), f"{name}: scrapes and dashboards need no secret"
+
+
+def test_compose_kafka_authenticates_with_the_start_script_of_the_local_image():
+    kafka = compose_services()["kafka"]
+    env = compose_env(kafka)
+    check_kafka_sasl(env, "compose kafka")
+    # apache/kafka's start script cannot add a SCRAM credential at format time: run-kafka.sh, mounted
+    assert kafka["command"] == ["bash", "/opt/steadyrl/run-kafka.sh"]
+    assert compose_bind_source(kafka, "/opt/steadyrl/run-kafka.sh") == RUN_KAFKA
+    assert any(v == "./local/kafka/run-kafka.sh:/opt/steadyrl/run-kafka.sh:ro" for v in kafka["volumes"])
+    # the health check logs in (the client properties run-kafka.sh writes)
+    test = kafka["healthcheck"]["test"]
+    assert test[0] == "CMD-SHELL" and "--command-config /opt/kafka/config/admin-client.properties" in test[1]
+    assert "--bootstrap-server localhost:9092" in test[1]
+    # the local image runs the same script by default
+    dockerfile = (ROOT / "compose" / "local" / "kafka" / "Dockerfile").read_text()
+    assert "COPY run-kafka.sh" in dockerfile and "admin-client.properties" in dockerfile
+
+
+def test_compose_alertmanager_sends_the_token_to_the_bridge_only():
+    am = load_yaml(ROOT / "compose" / "alertmanager" / "alertmanager.yml")
+    to_bridge = 0
+    for receiver in am["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            auth = (hook.get("http_config") or {}).get("authorization")
+            if hook["url"].startswith("http://alertbridge:"):
+                to_bridge += 1
+                assert auth == {"type": "Bearer", "credentials_file": f"{SECRETS_MOUNT}/http-token"}, hook["url"]
+            else:
+                assert auth is None, f"{hook['url']}: the bridge's token must not go to another receiver"
+    assert to_bridge >= 2
+    # Prometheus scrapes stay open: /metrics is not authenticated
+    prom = load_yaml(ROOT / "compose" / "prometheus" / "prometheus.yml")
+    for job in prom["scrape_configs"]:
+        assert not {"authorization", "basic_auth", "bearer_token_file"} & set(job), job["job_name"]
+
+
+def run_kafka_script(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, Path, list[str]]:
+    """run-kafka.sh with a stand-in `java` on PATH that records its arguments (no JVM here)."""
+    conf = tmp_path / "conf"
+    conf.mkdir(parents=True)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "java.args"
+    (bindir / "java").write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" >> {log}\necho ---- >> {log}\n')
+    (bindir / "java").chmod(0o755)
+    base = {"PATH": f"{bindir}:/usr/bin:/bin", "KAFKA_CONF_DIR": str(conf), "CLUSTER_ID": "fqh4mL3-R3qo79K44gxhXg",
+            "KAFKA_LOG_DIRS": str(tmp_path / "data")}
+    r = subprocess.run(["bash", str(RUN_KAFKA)], env=base | env, capture_output=True, text=True, timeout=60)
+    calls = log.read_text().split("----\n")[:-1] if log.exists() else []
+    return r, conf, calls
+
+
+def test_run_kafka_writes_the_jaas_lines_and_the_admin_credential_from_a_file(tmp_path):
+    secret = tmp_path / "kafka-admin"
+    secret.write_text("0123456789abcdef" * 4 + "\n")
+    kafka = compose_env(compose_services()["kafka"])
+    env = {k: v for k, v in kafka.items() if k.startswith("KAFKA_") and k != "KAFKA_LOG_DIRS"}
+    env["KAFKA_SCRAM_ADMIN_PASSWORD_FILE"] = str(secret)
+    r, conf, calls = run_kafka_script(tmp_path, env)
+    assert r.returncode == 0, r.stderr
+    assert len(calls) == 2, calls  # storage format, then the broker
+    fmt, broker = (c.splitlines() for c in calls)
+    assert "kafka.tools.StorageTool" in fmt and "format" in fmt
+    assert fmt[fmt.index("--add-scram") + 1] == f"SCRAM-SHA-512=[name=admin,password={'0123456789abcdef' * 4}]"
+    assert broker[-2:] == ["kafka.Kafka", str(conf / "server.properties")]
+    props = dict(line.split("=", 1) for line in (conf / "server.properties").read_text().splitlines())
+    jaas = ('org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" '
+            f'password="{"0123456789abcdef" * 4}";')
+    # a JAAS line for each SASL listener (internal and host), none for the controller's
+    assert {k for k in props if JAAS.fullmatch(k)} == {"listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config",
+                                                       "listener.name.host.scram-sha-512.sasl.jaas.config"}
+    assert all(props[k] == jaas for k in props if JAAS.fullmatch(k))
+    assert props["super.users"] == "User:admin;User:ANONYMOUS" and props["allow.everyone.if.no.acl.found"] == "false"
+    assert "scram.admin.password.file" not in props, "the script's own variable is no broker property"
+    client = dict(line.split("=", 1) for line in (conf / "admin-client.properties").read_text().splitlines())
+    assert client == {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+                      "sasl.jaas.config": jaas}
+    for f in ("server.properties", "admin-client.properties"):
+        assert (conf / f).stat().st_mode & 0o777 == 0o600, f"{f} holds the password: 0600"
+    # a password that would need quoting is refused; a missing file too
+    secret.write_text('bad"password,]0123456789')
+    r, _, calls = run_kafka_script(tmp_path / "bad", env)
+    assert r.returncode != 0 and not calls and "admin password" in r.stderr
+    r, _, calls = run_kafka_script(tmp_path / "missing", env | {"KAFKA_SCRAM_ADMIN_PASSWORD_FILE": "/nonexistent"})
+    assert r.returncode != 0 and not calls
+
+
+def test_run_kafka_without_sasl_is_as_before(tmp_path):
+    r, conf, calls = run_kafka_script(tmp_path, {"KAFKA_NODE_ID": "1", "KAFKA_LISTENERS": "PLAINTEXT://:9092"})
+    assert r.returncode == 0, r.stderr
+    fmt = calls[0].splitlines()
+    assert "--add-scram" not in fmt
+    assert not (conf / "admin-client.properties").exists()
+    assert not [line for line in (conf / "server.properties").read_text().splitlines() if "jaas" in line]
+
+
 # ------------------------------------------------------------------------------- Kubernetes
 
 def kustomize_cmd() -> list[str]:
@@ -775,11 +1112,27 @@ def kustomize_cmd() -> list[str]:
     return ["go", "run", "sigs.k8s.io/kustomize/kustomize/v5@v5.5.0", "build"]
 
 
+def k8s_with_secrets(tmp: Path) -> Path:
+    """A copy of deploy/k8s whose base/secrets/ deploy/secrets.sh has filled (the secretGenerator
+    needs the files; the repository never holds them)."""
+    copy_root = tmp / "k8s"
+    shutil.copytree(K8S, copy_root, ignore=shutil.ignore_patterns("secrets"))
+    r = subprocess.run(["bash", str(ROOT / "deploy" / "secrets.sh"), str(copy_root / "base" / "secrets")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return copy_root
+
+
 @pytest.fixture(scope="session")
-def rendered() -> dict[str, list[dict]]:
+def k8s_copy(tmp_path_factory) -> Path:
+    return k8s_with_secrets(tmp_path_factory.mktemp("k8s"))
+
+
+@pytest.fixture(scope="session")
+def rendered(k8s_copy) -> dict[str, list[dict]]:
     """`kubectl kustomize` of deploy/k8s (CPU) and deploy/k8s/overlays/gpu."""
     out = {}
-    for name, path in (("cpu", K8S), ("gpu", K8S / "overlays" / "gpu")):
+    for name, path in (("cpu", k8s_copy), ("gpu", k8s_copy / "overlays" / "gpu")):
         r = subprocess.run([*kustomize_cmd(), str(path)], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         out[name] = load_yaml_all(r.stdout)
@@ -801,6 +1154,10 @@ def unrendered() -> list[dict]:
             k, v = lit.split("=", 1)
             data[k] = v
         docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": gen["name"]}, "data": data})
+    for gen in kz.get("secretGenerator", []):  # the keys only: the files are not in the repository
+        data = {Path(f).name: "c3RhbmQtaW4=" for f in gen.get("files", [])}
+        docs.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": gen["name"]}, "type": gen["type"],
+                     "data": data})
     for d in docs:
         if d["kind"] != "Namespace":
             d["metadata"]["namespace"] = kz["namespace"]
@@ -839,6 +1196,50 @@ def container_env(docs, c: dict, pod_name: str) -> dict[str, str]:
     return env
 
 
+def secret_keys_mounted(docs: list[dict], obj: dict, c: dict) -> set[str]:
+    """The keys of the Secret steadyrl-secrets a container mounts, at /run/secrets (each a file
+    of its own name, readable by the pod's fsGroup only)."""
+    volumes = {v["name"]: v for v in obj["spec"]["template"]["spec"].get("volumes", [])}
+    keys: set[str] = set()
+    for m in c.get("volumeMounts", []):
+        sec = volumes.get(m["name"], {}).get("secret")  # (a claim template: no secret)
+        if sec is None:
+            continue
+        assert sec["secretName"] == "steadyrl-secrets" and sec["secretName"] in by_kind(docs, "Secret")
+        assert m["mountPath"] == SECRETS_MOUNT and m.get("readOnly") is True, m
+        assert sec["defaultMode"] == 0o440, f"{sec['defaultMode']:o}: owner and group (fsGroup) only"
+        assert all(i["key"] == i["path"] for i in sec["items"]), "each key a file of its own name"
+        keys |= {i["key"] for i in sec["items"]}
+    return keys
+
+
+def check_setup_init_container(docs: list[dict], obj: dict, c: dict) -> None:
+    """The `topics` init container: as admin, the catalogue's topics then every principal's
+    credential and ACLs (`steadyrl acl apply`) from the Secret's files; the only container with
+    the admin's password."""
+    parts = shell_commands(c["command"])
+    assert [p[:3] for p in parts] == [["steadyrl", "topics", "create"], ["steadyrl", "acl", "apply"]], parts
+    args = cli.build_parser().parse_args(parts[1][1:])
+    assert Path(args.secrets_dir) == Path(SECRETS_MOUNT)
+    env = container_env(docs, c, "init")
+    assert env["STEADYRL_KAFKA__SECURITY_PROTOCOL"] == "SASL_PLAINTEXT"
+    assert (env["STEADYRL_KAFKA__USERNAME"], env["STEADYRL_KAFKA__PASSWORD_FILE"]) == \
+        ("admin", f"{SECRETS_MOUNT}/kafka-admin")
+    assert secret_keys_mounted(docs, obj, c) == {f"kafka-{p}" for p in all_principals()}
+
+
+def check_k8s_kafka_start(docs: list[dict], kafka: dict, kc: dict) -> None:
+    """apache/kafka started by run-kafka.sh (a ConfigMap of the copy in base/kafka/, the same as
+    compose's), the admin's password its only secret."""
+    assert kc["command"] == ["bash", "/opt/steadyrl/run-kafka.sh"]
+    volumes = {v["name"]: v for v in kafka["spec"]["template"]["spec"]["volumes"]}
+    mount = next(m for m in kc["volumeMounts"] if m["mountPath"] == "/opt/steadyrl")
+    maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    cm = maps[volumes[mount["name"]]["configMap"]["name"]]
+    assert cm["data"]["run-kafka.sh"] == RUN_KAFKA.read_text(), "deploy/k8s/base/kafka/run-kafka.sh is not compose's"
+    assert secret_keys_mounted(docs, kafka, kc) == {"kafka-admin"}
+
+
 def check_manifests(docs: list[dict], monkeypatch, tmp_path: Path) -> None:
     """Everything about the objects that does not need kustomize's own output format."""
     routes = app_routes()
@@ -865,7 +1266,7 @@ def check_manifests(docs: list[dict], monkeypatch, tmp_path: Path) -> None:
                 continue
             check_command(c["command"], f"k8s {name}/{c['name']}")
             if c in spec.get("initContainers", []):
-                assert c["command"][:3] == ["steadyrl", "topics", "create"]
+                check_setup_init_container(docs, obj, c)
                 continue
             steadyrl_pods[name] = (obj, c)
     assert set(steadyrl_pods) == set(MODULE_OF), set(steadyrl_pods) ^ set(MODULE_OF)
@@ -903,6 +1304,20 @@ def check_manifests(docs: list[dict], monkeypatch, tmp_path: Path) -> None:
         cfg = load_service_config(MODULE_OF[name], argv, env, config_file, monkeypatch)
         assert cfg.bootstrap == env["STEADYRL_BOOTSTRAP"] and cfg.metrics_host == "0.0.0.0"
         assert cfg.metrics_port == port and cfg.instance_id == f"{name}-0"
+        # its own Kafka principal and password file, the token where a work route is served or
+        # called: files of the Secret, this service's keys only (deploy/secrets.sh's files)
+        principal = KAFKA_PRINCIPAL.get(name)
+        own = {f"kafka-{principal}"} if principal else set()
+        own |= {"http-token"} if name in HTTP_TOKEN_SERVICES else set()
+        mounted = secret_keys_mounted(docs, obj, c)
+        assert mounted == own, f"k8s {name}: mounts {mounted}"
+        if principal:
+            assert (cfg.kafka.security_protocol, cfg.kafka.username) == ("SASL_PLAINTEXT", principal), name
+            assert cfg.kafka.password_file == secret_standin(f"{SECRETS_MOUNT}/kafka-{principal}"), name
+        else:
+            assert cfg.kafka.security_protocol == "PLAINTEXT" and not [k for k in env if "KAFKA__" in k], name
+        token = secret_standin(f"{SECRETS_MOUNT}/http-token") if name in HTTP_TOKEN_SERVICES else None
+        assert cfg.http_token_file == token, name
         # its Service: selects these pods, on the named port
         svc = services[name]
         assert svc["spec"]["selector"].items() <= obj["spec"]["template"]["metadata"]["labels"].items(), name
@@ -947,7 +1362,8 @@ def check_manifests(docs: list[dict], monkeypatch, tmp_path: Path) -> None:
     kc = kafka["spec"]["template"]["spec"]["containers"][0]
     assert kc["image"] == kafka_image_tag()
     kenv = {e["name"]: str(e["value"]) for e in kc["env"] if "value" in e}
-    check_kafka_env(kenv, tmp_path, "k8s kafka")
+    check_kafka_env(kenv, tmp_path, "k8s kafka", controller_on_loopback=kafka["spec"]["replicas"] == 1)
+    check_k8s_kafka_start(docs, kafka, kc)
     host, port = learner_env["STEADYRL_BOOTSTRAP"].split(":")
     assert host == "kafka" and services["kafka"]["spec"]["ports"][0]["port"] == int(port)
     assert services["kafka"]["spec"]["publishNotReadyAddresses"] is True
@@ -966,8 +1382,18 @@ def check_manifests(docs: list[dict], monkeypatch, tmp_path: Path) -> None:
         assert target["name"] == name and target.get("kind", "Deployment") == wl[name]["kind"] == "Deployment"
         module = MODULE_OF[name]
         section = config_class(module).model_fields[name].default  # RolloutSection(), RewardSection()
+        auths = by_kind(docs, "TriggerAuthentication")
         for trig in so["spec"]["triggers"]:
             md = trig["metadata"]
+            # the scaler logs in as the stage's own principal (its Deployment's username, its password)
+            assert md["sasl"] == "scram_sha512", name
+            auth = auths[trig["authenticationRef"]["name"]]["spec"]
+            user = next(e for e in auth["env"] if e["parameter"] == "username")
+            assert user["containerName"] == name and user["name"] == "STEADYRL_KAFKA__USERNAME"
+            assert container_env(docs, steadyrl_pods[name][1], name)[user["name"]] == KAFKA_PRINCIPAL[name]
+            pw = next(e for e in auth["secretTargetRef"] if e["parameter"] == "password")
+            assert (pw["name"], pw["key"]) == ("steadyrl-secrets", f"kafka-{KAFKA_PRINCIPAL[name]}")
+            assert pw["name"] in by_kind(docs, "Secret")
             assert md["consumerGroup"] == section.group_id, f"{name}: group {md['consumerGroup']}"
             assert md["topic"] == stage_input_topic(module), f"{name}: topic {md['topic']}"
             assert md["offsetResetPolicy"] == "earliest"  # as steadyrl.bus.kafka.consumer_config
@@ -999,7 +1425,7 @@ def validate_k8s_schemas(docs: list[dict]) -> None:
 def test_kustomizations_list_every_manifest():
     kz = load_yaml(K8S_BASE / "kustomization.yaml")
     listed = set(kz["resources"])
-    generated = {f for g in kz.get("configMapGenerator", []) for f in g.get("files", [])}
+    generated = {f for g in kz.get("configMapGenerator", []) for f in g.get("files", []) if "/" not in f}
     on_disk = {p.name for p in K8S_BASE.glob("*.yaml")} - {"kustomization.yaml"}
     assert listed | generated == on_disk, f"not listed: {on_disk - listed - generated}; missing: {listed - on_disk}"
     assert not listed & generated
@@ -1025,13 +1451,71 @@ def test_k8s_rendered_cpu(rendered, monkeypatch, tmp_path):
     check_manifests(docs, monkeypatch, tmp_path)
     kinds = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
     assert {d["kind"] for d in docs} == {"Namespace", "ConfigMap", "Service", "Deployment", "StatefulSet",
-                                         "PersistentVolumeClaim", "ScaledObject"}, kinds
+                                         "PersistentVolumeClaim", "ScaledObject", "TriggerAuthentication", "Secret",
+                                         "NetworkPolicy"}, kinds
     for d in docs:
         if d["kind"] != "Namespace":
             assert d["metadata"]["namespace"] == "steadyrl", d["metadata"]["name"]
     # kustomize renamed the generated ConfigMaps (hash suffix) and every reference followed
     names = {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
-    assert all(re.fullmatch(r"steadyrl-(config|env)-[a-z0-9]{10}", n) for n in names), names
+    assert all(re.fullmatch(r"(steadyrl-(config|env|kafka-auth)|kafka-scripts)-[a-z0-9]{10}", n) for n in names), names
+    # the Secret: every file deploy/secrets.sh wrote, under its fixed name (KEDA's references)
+    secret = by_kind(docs, "Secret")["steadyrl-secrets"]
+    assert set(secret["data"]) == secret_names() and secret["type"] == "Opaque"
+
+
+def policy_sources(policy: dict, port: int) -> list[dict]:
+    """The `from` peers of a NetworkPolicy's rules that admit `port`."""
+    out = []
+    for rule in policy["spec"].get("ingress", []):
+        if any(p["port"] == port and p.get("protocol", "TCP") == "TCP" for p in rule["ports"]):
+            out += rule["from"]
+    return out
+
+
+def pod_peer(name: str) -> dict:
+    return {"podSelector": {"matchLabels": {"app.kubernetes.io/name": name}}}
+
+
+PROMETHEUS_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                   "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+ALERTMANAGER_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "alertmanager"}}}
+
+
+def test_k8s_network_policies(rendered):
+    """Ingress denied by default in the namespace; each workload admits exactly its callers:
+    Kafka the pods that use it (and KEDA's operator), the actor the rollout workers, the reward
+    server the reward workers, the alert bridge Alertmanager; every HTTP port Prometheus too."""
+    docs = rendered["cpu"]
+    policies = by_kind(docs, "NetworkPolicy")
+    deny = policies["default-deny-ingress"]["spec"]
+    assert deny == {"podSelector": {}, "policyTypes": ["Ingress"]}, "no ingress rule: everything denied"
+    wl = workloads(docs)
+    for name, obj in wl.items():
+        labels = obj["spec"]["template"]["metadata"]["labels"]
+        mine = [n for n, pol in policies.items() if n != "default-deny-ingress"
+                and pol["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
+        assert mine == [name], f"{name}: policies {mine}"
+        assert policies[name]["spec"]["policyTypes"] == ["Ingress"]
+    callers = {"actor": ["rollout"], "reward-server": ["reward"], "rollout": [], "reward": [], "learner": []}
+    for name, port in ((n, cli.SERVICE_PORTS[n]) for n in callers):
+        assert policy_sources(policies[name], port) == [pod_peer(c) for c in callers[name]] + [PROMETHEUS_PEER], name
+        ports = {p["port"] for r in policies[name]["spec"]["ingress"] for p in r["ports"]}
+        assert ports == {port}, f"{name}: {ports}"
+    bridge_port = config_class(MODULE_OF["alertbridge"]).model_fields["metrics_port"].default
+    assert policy_sources(policies["alertbridge"], bridge_port) == [ALERTMANAGER_PEER, PROMETHEUS_PEER]
+    # Kafka: 9092 from the pods that use Kafka (their init containers make the topics) and KEDA's
+    # namespace; 9093 (the controllers') from Kafka's own pods only
+    kafka_from = policy_sources(policies["kafka"], 9092)
+    users = next(p for p in kafka_from if "podSelector" in p)["podSelector"]["matchExpressions"]
+    assert users == [{"key": "app.kubernetes.io/name", "operator": "In",
+                      "values": ["actor", "rollout", "reward", "learner", "kafka"]}]
+    assert set(users[0]["values"]) == {n for n in KAFKA_PRINCIPAL if n in wl} | {"kafka"}
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}} in kafka_from
+    assert len(kafka_from) == 2
+    assert policy_sources(policies["kafka"], 9093) == [pod_peer("kafka")]
+    assert set(policies) == set(wl) | {"default-deny-ingress"}
 
 
 def test_k8s_rendered_gpu_overlay(rendered, monkeypatch, tmp_path):

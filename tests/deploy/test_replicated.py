@@ -105,7 +105,9 @@ def test_compose_nodes_have_the_local_clusters_settings(tmp_path):
         assert env["KAFKA_LISTENERS"] == "PLAINTEXT://:9092,CONTROLLER://:9093"
         assert svc["volumes"] == [f"{name}-data:/var/lib/kafka/data"]
         assert env["KAFKA_LOG_DIRS"].startswith("/var/lib/kafka/data")
-        assert svc["healthcheck"]["test"] == services["kafka"]["healthcheck"]["test"]
+        # PLAINTEXT (docs/replication.md: no SASL on the three nodes): the check needs no login
+        assert svc["healthcheck"]["test"] == ["CMD-SHELL", "/opt/kafka/bin/kafka-broker-api-versions.sh "
+                                              "--bootstrap-server localhost:9092 >/dev/null 2>&1"]
         assert "ports" not in svc
     ids = {e["CLUSTER_ID"] for e in envs.values()}
     assert len(ids) == 1 and ids != {compose_env(services["kafka"])["CLUSTER_ID"]}, "one cluster, not the single one"
@@ -131,8 +133,8 @@ def test_compose_topic_init_replicated_makes_replicated_topics():
     assert args.bootstrap.split(",") == advertised
     assert svc["depends_on"] == {n: {"condition": "service_healthy"} for n in NODES}
     assert svc["healthcheck"] == {"disable": True}
-    # the single broker's topic-init stays as it was
-    assert topics_args(services["topic-init"]["command"]).replication_factor == 1
+    # the single broker's topic-init stays as it was (then applies the ACLs: issue 21)
+    assert topics_args(static.shell_commands(services["topic-init"]["command"])[0]).replication_factor == 1
 
 
 def test_compose_default_project_has_no_replicated_service(composecheck):  # noqa: F811
@@ -191,9 +193,15 @@ def test_compose_override_with_the_local_images(composecheck):  # noqa: F811
 # ------------------------------------------------------------------------------- Kubernetes
 
 @pytest.fixture(scope="module")
-def replicated_docs() -> list[dict]:
+def k8s_tree(tmp_path_factory) -> Path:
+    """A copy of deploy/k8s with the secrets its secretGenerator needs (deploy/secrets.sh)."""
+    return static.k8s_with_secrets(tmp_path_factory.mktemp("k8s-replicated"))
+
+
+@pytest.fixture(scope="module")
+def replicated_docs(k8s_tree) -> list[dict]:
     """`kubectl kustomize deploy/k8s/overlays/replicated` (or kustomize)."""
-    r = subprocess.run([*kustomize_cmd(), str(K8S / "overlays" / "replicated")], capture_output=True, text=True,
+    r = subprocess.run([*kustomize_cmd(), str(k8s_tree / "overlays" / "replicated")], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
     return load_yaml_all(r.stdout)
@@ -209,13 +217,17 @@ def test_k8s_replicated_kustomizations():
     assert set(component["resources"]) == on_disk
 
 
-def test_k8s_replicated_renders_valid_and_keeps_every_base_check(replicated_docs, monkeypatch, tmp_path):
+def test_k8s_replicated_renders_valid_and_keeps_every_base_check(replicated_docs, k8s_tree, monkeypatch, tmp_path):
     validate_k8s_schemas(replicated_docs)
     props = {k: v for k, v in cluster_properties(tmp_path).items() if k not in PER_NODE}
+    # ... with SASL and ACLs, as the base's single broker (issue 21): the settings a SASL broker adds
+    plain = static.broker_properties(tmp_path / "plain", sasl=False)
+    props |= {k: v for k, v in static.broker_properties(tmp_path / "sasl").items() if plain.get(k) != v
+              and k not in PER_NODE}
     # test_deploy_static's checks of the whole stack, with the cluster's broker settings
     monkeypatch.setattr(static, "broker_properties", lambda _tmp: props)
     check_manifests(replicated_docs, monkeypatch, tmp_path)
-    r = subprocess.run([*kustomize_cmd(), str(K8S)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([*kustomize_cmd(), str(k8s_tree)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     cpu = {f"{d['kind']}/{d['metadata']['name']}" for d in load_yaml_all(r.stdout)}
     assert {f"{d['kind']}/{d['metadata']['name']}" for d in replicated_docs} == cpu | {"PodDisruptionBudget/kafka"}
@@ -254,8 +266,9 @@ def test_k8s_every_topic_creation_is_replicated(replicated_docs):
     assert {n for n, _ in inits} == set(MODULE_OF) - {"reward-server", "alertbridge"}, inits
     for name, c in inits:
         check_command(c["command"], f"k8s {name}/{c['name']}")
-        args = topics_args(c["command"])
+        args = topics_args(static.shell_commands(c["command"])[0])
         assert (args.replication_factor, args.min_insync_replicas) == (3, 2), name
+        assert static.shell_commands(c["command"])[1][:3] == ["steadyrl", "acl", "apply"], name
         env = container_env(replicated_docs, c, f"{name}-0")
         assert env["STEADYRL_BOOTSTRAP"] == "kafka:9092"  # the headless Service: every node's pod
 
