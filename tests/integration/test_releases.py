@@ -42,6 +42,15 @@ def _poll_until(lrn: loop.Learner, done, timeout_s: float = 30.0) -> None:
         lrn.poll()
 
 
+def _until(read, ok, timeout_s: float = 30.0):
+    """read() until ok(what it returned); that value."""
+    deadline = time.monotonic() + timeout_s
+    while not ok(got := read()):
+        assert time.monotonic() < deadline, got
+        time.sleep(0.2)
+    return got
+
+
 def _produce(bootstrap: str, topic: str, key: str, value: bytes, headers: list) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     p.produce(topic, value, key.encode(), headers=headers)
@@ -74,10 +83,10 @@ def test_only_rl_releases_releases_a_held_group(bootstrap, prefix, tmp_path, mon
         # the command: the group on rl.releases, the decision (who made it) on rl.quarantine
         entry = decide(bootstrap, bid, QuarantineAction.release, note="looked fine", prefix=prefix)
         assert entry.decision.by == f"{getpass.getuser()}@{socket.gethostname()}"
-        decided = read_quarantine(bootstrap, prefix)[bid]
-        assert decided.status == "released" and decided.decision.by == entry.decision.by
-        assert decided.decision.note == "looked fine"
-        on_releases = read_topic(bootstrap, f"{prefix}rl.releases", "test-releases")
+        # committed; read_committed readers see it once the commit markers are written
+        decided = _until(lambda: read_quarantine(bootstrap, prefix)[bid], lambda e: e.status == "released")
+        assert decided.decision.by == entry.decision.by and decided.decision.note == "looked fine"
+        on_releases = _until(lambda: read_topic(bootstrap, f"{prefix}rl.releases", "test-releases"), bool)
         assert [(m.key().decode(), codec.header_value(m.headers(), RELEASE_HEADER)) for m in on_releases] == [
             (pid, bid)]
         assert len(read_topic(bootstrap, f"{prefix}rl.scored", "test-releases")) == 1  # only the forged one

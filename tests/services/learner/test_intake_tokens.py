@@ -79,9 +79,9 @@ def test_a_released_copy_the_model_cannot_take_stays_held(make_learner):
     pid = next(iter(st.in_flight))
     bad = scored(st, pid, prompt_ids=[5, 500])
     lrn.screen.quarantine([pid], {pid: type("R", (), {"group": bad})()}, ["variance"], {})
-    msg = Msg(bad, pid, offset=3)
+    msg = Msg(bad, pid, offset=3, topic="rl.releases")
     msg._h = msg._h + [(RELEASE_HEADER, b"r/q1-x")]
-    lrn.intake.accept(msg)
+    lrn.intake.accept(msg, releases=True)
     assert pid in st.quarantined and pid not in st.in_flight and lrn.intake.ready == {}
     assert "released" not in st.counts and lrn.outbox.on("rl.dlq")[0][1].reason == DLQReason.invalid_tokens
     lrn.intake.dead_letter(Msg(lrn.outbox.on("rl.dlq")[0][1], pid, topic="rl.dlq"))   # not in flight: nothing
