@@ -173,3 +173,29 @@ def test_a_service_with_a_wrong_password_fails_at_start_naming_the_field(tmp_pat
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "kafka" in r.stderr and "cannot read password_file" in r.stderr
+
+
+def test_the_commands_principals_replay_to_replay_topics_and_quarantine_writes_releases(as_admin):
+    """The replay principal creates and fills a `replay.*` topic but not rl.scored; the
+    quarantine principal commits a transaction to rl.releases (the release path)."""
+    from steadyrl.replay.republish import ensure_topic, republish
+
+    broker, prefix = as_admin, unique_prefix()
+    create_topics(broker.bootstrap, prefix)
+    acl.apply(broker.bootstrap, broker.secrets_dir, prefix)
+    group = ScoredGroup(group=rollout_group(0), rewards=[1.0], reward_source="rule", scorer="replayed@1")
+    kafka.use_auth(_as(broker, "replay"))
+    assert ensure_topic(broker.bootstrap, f"{prefix}replay.drift") == "created"
+    assert republish(broker.bootstrap, f"{prefix}replay.drift", [group], timeout_s=30) == 1
+    with pytest.raises(KafkaException):  # the transaction fails (TOPIC_AUTHORIZATION_FAILED, in the log)
+        republish(broker.bootstrap, f"{prefix}rl.scored", [group], timeout_s=30)
+    kafka.use_auth(broker.admin_auth())
+    assert _count(broker, f"{prefix}replay.drift") >= 1 and _count(broker, f"{prefix}rl.scored") == 0
+    value, headers = codec.encode(group)
+    p = Producer(client_config(broker.bootstrap, _as(broker, "quarantine")) |
+                 {"transactional.id": f"quarantine-{uuid.uuid4().hex}", "log_level": 0})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(f"{prefix}rl.releases", value, group.prompt_id, headers=headers)
+    p.commit_transaction(30)
+    assert _count(broker, f"{prefix}rl.releases") >= 1
