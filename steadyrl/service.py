@@ -54,6 +54,9 @@ def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
     signal.signal(signal.SIGINT, _on_signal)
     try:
         loop = build(health)
+        from steadyrl import placement
+
+        placement.report(name)  # what this process got (threads, CPUs, devices), once its libraries are loaded
         loop.run(stop)
     except Exception:
         log.exception("service failed")

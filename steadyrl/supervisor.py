@@ -39,6 +39,8 @@ class Child:
     port: int
     proc: subprocess.Popen | None = None
     final: bool = False      # exit status 0 means "done": stop the whole stack
+    env: dict[str, str] = field(default_factory=dict)   # added to the environment (placement's threads)
+    cpus: frozenset[int] | None = None                   # CPU affinity, set before exec (None: any)
     restarts: int = 0
     backoff_s: float = 1.0
     started_at: float = 0.0
@@ -77,8 +79,10 @@ class Supervisor:
         self._prefix = {c.name: c.name.ljust(width) for c in children}
 
     def _start(self, c: Child) -> None:
+        cpus = c.cpus
         c.proc = subprocess.Popen(c.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                  stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1", **c.env},
+                                  preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         c.started_at = time.monotonic()
         c.threads = [threading.Thread(target=_pump, args=(self._prefix[c.name], s, self.out), daemon=True)
                      for s in (c.proc.stdout, c.proc.stderr)]

