@@ -285,7 +285,7 @@ def trace(lc, consumed, t, logs, metrics, phase_samples, codec, Prompt, RolloutG
 def kafka_summary(rounds: list[dict]) -> dict:
     """Median over rounds of each pipeline arm's per-record figures."""
     out = {}
-    for arm in ("pipeline-s0", "pipeline-s2"):
+    for arm in ("pipeline-s0", "pipeline-s2", "pipeline-s0-unplaced", "pipeline-s2-unplaced"):
         ks = [r["arms"][arm]["kafka"] for r in rounds if arm in r["arms"]]
         if not ks:
             continue
@@ -369,7 +369,8 @@ def tables(res: dict, ko: dict | None) -> str:
     lines += ["", "| ratio (within a round) | samples/s, steady | tokens/s, steady | samples/s, end-to-end |",
               "|---|---|---|---|"]
     want = ["pipeline-s0 / loop", "pipeline-s2 / loop", "pipeline-s2 / pipeline-s0", "trl / loop", "pipeline-s0 / trl",
-            "pipeline-s2 / trl", "loop / trl"]
+            "pipeline-s2 / trl", "loop / trl", "pipeline-s2 / pipeline-s2-unplaced", "pipeline-s0 / pipeline-s0-unplaced",
+            "pipeline-s2-unplaced / pipeline-s0-unplaced"]
     for k in want:
         r = s["ratios"].get(k)
         if r:

@@ -10,6 +10,10 @@ section, `--steps` steps, no evaluation):
   pipeline-s0  `steadyrl up --bootstrap <bench broker>` at max_staleness 0: five service
                processes (reward server, actor, rollout, reward, learner) over Kafka
   pipeline-s2  the same at max_staleness 2
+  pipeline-s0-unplaced, pipeline-s2-unplaced
+               the same without placement (every `placement:` field null: each process
+               starts torch's default threads, one per core, on any CPU), i.e. as before
+               steadyrl/placement.py
   loop         steadyrl.rl.loop.run_loop in one process (bench/_throughput_arms.py loop)
   trl          trl.GRPOTrainer in one process, from bench/.venv-trl (bench/_throughput_arms.py trl);
                the bench creates that venv on first use (trl over the project's .venv, which
@@ -81,6 +85,15 @@ from steadyrl.testing.run import RunDir  # noqa: E402
 PY = ROOT / ".venv" / "bin" / "python"
 TRL_PY = ROOT / "bench" / ".venv-trl" / "bin" / "python"
 ARMS = ("pipeline-s0", "pipeline-s2", "loop", "trl")
+#: Arms beyond the default set (`--arms`): the pipeline without placement.
+EXTRA_ARMS = ("pipeline-s0-unplaced", "pipeline-s2-unplaced")
+#: A placement section that limits nothing (steadyrl/placement.py): the stack as before it.
+UNPLACED = {svc: {"threads": None, "cpus": None} for svc in ("actor", "rollout", "reward", "reward_server", "learner")}
+
+
+def arm_config_key(arm: str) -> tuple[int, bool]:
+    """(max_staleness, placed) of a pipeline arm (`pipeline-s2`, `pipeline-s0-unplaced`)."""
+    return int(arm.split("-")[1][1:]), not arm.endswith("-unplaced")
 CLK = os.sysconf("SC_CLK_TCK")
 
 # Differences between the arms that the bench does not remove (written into the JSON).
@@ -195,11 +208,13 @@ class Meter:
 
 
 # ---- configs ------------------------------------------------------------------------------
-def make_config(path: Path, steps: int, staleness: int) -> Path:
+def make_config(path: Path, steps: int, staleness: int, placed: bool = True) -> Path:
     import yaml
 
     cfg = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     cfg["learner"].update(steps=steps, max_staleness=staleness, eval_data=None)
+    if not placed:
+        cfg["placement"] = UNPLACED
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -463,7 +478,9 @@ def main() -> None:
         setup_trl_venv()
     work = Path(args.state_dir)
     work.mkdir(parents=True, exist_ok=True)
-    cfg = {s: make_config(work / f"steps{args.steps}-s{s}.yaml", args.steps, s) for s in (0, 2)}
+    keys = [(s, placed) for s in (0, 2) for placed in (True, False)]
+    cfg = {k: make_config(work / f"steps{args.steps}-s{k[0]}{'' if k[1] else '-unplaced'}.yaml", args.steps, *k)
+           for k in keys}
     from steadyrl import broker as b
 
     lb = None
@@ -485,10 +502,10 @@ def main() -> None:
             ci_waited += wait_for_ci()
         t0 = time.time()
         if arm.startswith("pipeline"):
-            r = run_pipeline(tag, steps_cfg[int(arm[-1])], bootstrap, args.port_offset, work, broker_pid,
+            r = run_pipeline(tag, steps_cfg[arm_config_key(arm)], bootstrap, args.port_offset, work, broker_pid,
                              args.arm_timeout)
         else:
-            r = run_inproc(arm, steps_cfg[0], min_s, work, broker_pid, args.arm_timeout)
+            r = run_inproc(arm, steps_cfg[(0, True)], min_s, work, broker_pid, args.arm_timeout)
         r["started"] = time.strftime("%H:%M:%S", time.gmtime(t0))
         print(f"  {tag}: {r['samples_per_s']:.1f} samples/s, {r['tokens_per_s']:.1f} tokens/s, "
               f"{r['s_per_step'] * 1000:.1f} ms/step, e2e {r['e2e_s']:.1f} s, arm wall {r['meter']['wall_s']:.1f} s, "
@@ -498,7 +515,8 @@ def main() -> None:
     max_rounds = args.max_rounds or 2 * args.rounds + 2
     try:
         if args.warmup_steps:
-            wcfg = {s: make_config(work / f"warm-s{s}.yaml", args.warmup_steps, s) for s in (0, 2)}
+            wcfg = {k: make_config(work / f"warm-s{k[0]}{'' if k[1] else '-unplaced'}.yaml", args.warmup_steps, *k)
+                    for k in keys}
             print(f"warm-up round ({args.warmup_steps} steps, not recorded)", flush=True)
             for arm in arms:
                 run_arm(arm, wcfg, 0.0, f"warmup-{arm}")
