@@ -368,7 +368,9 @@ import json, sys
 lines = open(sys.argv[1]).read().strip().splitlines()
 r = json.loads(lines[-1]) if lines else {"failures": ["no report"]}
 for a in r.get("attempts", []):
-    print(f"forge: {a['who']} -> {a['topic']}\t{'refused' if a['ok'] else 'NOT REFUSED'} ({a['error']})")
+    why = ("SASL authentication failed" if a.get("login_refused") else
+           a["error"] if a["error"] == "TOPIC_AUTHORIZATION_FAILED" else f"not delivered: {a['error']}")
+    print(f"forge: {a['who']} -> {a['topic']}\t{'refused' if a['ok'] else 'NOT REFUSED'} ({why})")
 for t, n in r.get("scanned", {}).items():
     print(f"forge: {t} records read as admin, forged among them\t{n['records']}, {n['forged']}")
 for h in r.get("http", []):

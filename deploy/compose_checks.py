@@ -467,11 +467,12 @@ def forge(args) -> dict:
                                                         timeout_s=args.timeout_s), attempts))
     for (who, conf, t, value, txn, want), r in zip(attempts, results):
         r["who"], r["want"] = who, want
+        r["login_refused"] = any("_AUTHENTICATION" in e or "uthentication failed" in e for e in r["client_errors"])
         ok = not r["delivered"]
         if want == "TOPIC_AUTHORIZATION_FAILED":
             ok = ok and r["error"] == want
         elif want == "login refused":
-            ok = ok and any("_AUTHENTICATION" in e or "uthentication failed" in e for e in r["client_errors"])
+            ok = ok and r["login_refused"]
         r["ok"] = ok
         rep["attempts"].append(r)
         say(f"{'refused' if ok else 'NOT AS WANTED'}: {who} -> {t}: delivered={r['delivered']} error={r['error']} "
