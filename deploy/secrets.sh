@@ -34,7 +34,8 @@ random_hex() { od -An -N32 -tx1 /dev/urandom | tr -d ' \n'; }
 
 write_secret() {  # write_secret NAME: DIR/NAME with a fresh random value, unless it exists
   local path=$DIR/$1 tmp
-  if [ -e "$path" ]; then
+  if [ -e "$path" ] || [ -L "$path" ]; then
+    [ -f "$path" ] || { echo "secrets.sh: $path exists but is not a regular file" >&2; exit 1; }
     [ -s "$path" ] || { echo "secrets.sh: $path exists but is empty (delete it to make a new one)" >&2; exit 1; }
     chmod 644 "$path"
     echo "kept    $path"

@@ -909,10 +909,15 @@ def test_secrets_script_writes_random_files_and_keeps_existing_ones(tmp_path):
         if name != "kafka-actor":
             assert (folder / name).read_text() == value, f"{name} was overwritten"
     assert re.fullmatch(r"[0-9a-f]{64}", (folder / "kafka-actor").read_text())
-    # an empty one is an error, not silently kept
+    # an empty one is an error, not silently kept; so is a folder in a file's place (what an engine
+    # that creates missing bind sources would leave)
     (folder / "http-token").write_text("")
     r = subprocess.run(["bash", str(SECRETS_SH), str(folder)], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "empty" in r.stderr
+    (folder / "http-token").unlink()
+    (folder / "http-token").mkdir()
+    r = subprocess.run(["bash", str(SECRETS_SH), str(folder)], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "not a regular file" in r.stderr
 
 
 def test_secrets_are_gitignored_and_none_is_tracked():
