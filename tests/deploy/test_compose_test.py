@@ -61,7 +61,7 @@ def test_the_stack_config_is_tiny_yaml_with_more_steps(tmp_path):
     assert a == b
 
 
-@pytest.mark.parametrize("cmd", ["chaos", "grafana", "audit"])
+@pytest.mark.parametrize("cmd", ["chaos", "grafana", "audit", "forge"])
 def test_the_checks_cli(cmd):
     mod = checks()
     with pytest.raises(SystemExit) as e:
