@@ -43,10 +43,14 @@
 #   grafana     every Grafana dashboard query over the run through Prometheus' HTTP API: at least
 #               one series, except those compose/grafana/expected-empty.json lists (with why)
 #   down        `compose down -v`; no container, network or volume of the project left
+#   replicated  (REPLICATED=1) the same stack on the three Kafka nodes (compose/replicated.yml),
+#               tiny.yaml's 100 steps: ready, the forgeries against the three nodes, the
+#               controllers' listener out of reach from the default network, the learner's last
+#               step, the audit as admin, down
 #
 # Exits non-zero on the first failure (the containers' logs go to $WORK/logs first).
 # Environment: WORK (default /var/tmp/steadyrl-ci), COMPOSE_PROJECT (steadyrl-ci),
-# TORCH_INDEX_URL (empty), WAIT_S (1800: for each wait), KEEP=1 (no down at the end), CHAOS=0 (no
+# TORCH_INDEX_URL (empty), WAIT_S (1800: for each wait), KEEP=1 (no down at the end), REPLICATED=1, CHAOS=0 (no
 # scale-up or kills; tiny.yaml's 100 steps), COMPOSE_TEST_STEPS (200), SCALE_AT_STEP (5),
 # DEBIAN_MIRROR (default: the first URI of this machine's apt sources).
 set -euo pipefail
@@ -185,8 +189,12 @@ steadyrl_image() {
 }
 
 # ------------------------------------------------------------------ the stack
+COMPOSE_FILES=(-f "$ROOT/compose/docker-compose.yml" -f "$ROOT/compose/local.yml")
+TOPIC_INIT=topic-init      # the one-shot job of the phase (REPLICATED: topic-init-replicated)
+BOOT=kafka:9092            # the phase's bootstrap servers
+PHASE=                     # prefix of the phase's report files
 compose() {
-  "${COMPOSE[@]}" -p "$PROJECT" -f "$ROOT/compose/docker-compose.yml" -f "$ROOT/compose/local.yml" "$@"
+  "${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" "$@"
 }
 # The stack's config: configs/tiny.yaml with learner.steps = $STEPS, long enough to outlast the
 # scale-up and the kills (CHAOS=0: neither, and tiny.yaml's own steps).
@@ -299,8 +307,8 @@ wait_ready() {
       die "the learner exited before the stack was ready (too few steps? COMPOSE_TEST_STEPS)"
     sleep 3
   done
-  [ "$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}}' "$(container_of topic-init)")" = "exited 0" ] ||
-    die "topic-init did not exit 0"
+  [ "$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}}' "$(container_of "$TOPIC_INIT")")" = "exited 0" ] ||
+    die "$TOPIC_INIT did not exit 0"
 }
 
 # Mid-run: --scale rollout=3 --scale reward=2, then SIGKILL of a rollout, a reward and the
@@ -361,9 +369,9 @@ PY
 # missing or wrong token (deploy/compose_checks.py forge, in a one-off container of topic-init,
 # which has every password file).
 forge() {
-  compose run --rm --no-deps -T topic-init python - forge < "$ROOT/deploy/compose_checks.py" \
-    > "$WORK/forge.json" 2> "$WORK/logs/forge.log" || true
-  python3 - "$WORK/forge.json" >> "$TIMINGS" <<'PY' || { tail -30 "$WORK/logs/forge.log" >&2; die "forged records or tokenless HTTP calls were not refused ($WORK/forge.json)"; }
+  compose run --rm --no-deps -T "$TOPIC_INIT" python - forge --bootstrap "$BOOT" < "$ROOT/deploy/compose_checks.py" \
+    > "$WORK/${PHASE}forge.json" 2> "$WORK/logs/${PHASE}forge.log" || true
+  python3 - "$WORK/${PHASE}forge.json" >> "$TIMINGS" <<'PY' || { tail -30 "$WORK/logs/${PHASE}forge.log" >&2; die "forged records or tokenless HTTP calls were not refused ($WORK/${PHASE}forge.json)"; }
 import json, sys
 lines = open(sys.argv[1]).read().strip().splitlines()
 r = json.loads(lines[-1]) if lines else {"failures": ["no report"]}
@@ -390,9 +398,9 @@ PY
 audit() {
   compose run --rm --no-deps -T -v "$SECRETS/kafka-admin:/run/secrets/kafka-admin:ro" \
     -e STEADYRL_KAFKA__USERNAME=admin -e STEADYRL_KAFKA__PASSWORD_FILE=/run/secrets/kafka-admin \
-    learner python - audit --steps "$STEPS" --batch "$BATCH" \
-    < "$ROOT/deploy/compose_checks.py" > "$WORK/audit.json" 2> "$WORK/logs/audit.log" || true
-  python3 - "$WORK/audit.json" >> "$TIMINGS" <<'PY' || { tail -20 "$WORK/logs/audit.log" >&2; die "the exactly-once audit failed ($WORK/audit.json)"; }
+    learner python - audit --steps "$STEPS" --batch "$BATCH" --bootstrap "$BOOT" \
+    < "$ROOT/deploy/compose_checks.py" > "$WORK/${PHASE}audit.json" 2> "$WORK/logs/${PHASE}audit.log" || true
+  python3 - "$WORK/${PHASE}audit.json" >> "$TIMINGS" <<'PY' || { tail -20 "$WORK/logs/${PHASE}audit.log" >&2; die "the exactly-once audit failed ($WORK/${PHASE}audit.json)"; }
 import json, sys
 lines = open(sys.argv[1]).read().strip().splitlines()
 r = json.loads(lines[-1]) if lines else {"ok": False, "explain": "no report"}
@@ -431,6 +439,42 @@ take_down() {
   [ "$left" = 0 ] || die "$left containers, networks or volumes of $PROJECT left after down -v"
 }
 
+# REPLICATED: the controllers' listener (PLAINTEXT, ANONYMOUS a super user) is on the internal
+# network kafka-quorum only: from the default network kafka-1:9093 refuses and kafka-1-controller
+# does not resolve; from kafka-2 (on kafka-quorum) kafka-1-controller:9093 answers.
+quorum_fenced() {
+  compose run --rm --no-deps -T "$TOPIC_INIT" python - > "$WORK/logs/quorum.log" 2>&1 <<'PY' || { cat "$WORK/logs/quorum.log" >&2; return 1; }
+import socket, sys
+bad = []
+for host in ("kafka-1", "kafka-2", "kafka-3"):
+    try:
+        socket.create_connection((host, 9093), timeout=5).close()
+        bad.append(f"{host}:9093 reachable from the default network")
+    except OSError as e:
+        print(f"{host}:9093 from the default network: {e}")
+    try:
+        socket.getaddrinfo(f"{host}-controller", 9093)
+        bad.append(f"{host}-controller resolves on the default network")
+    except OSError as e:
+        print(f"{host}-controller from the default network: {e}")
+print("\n".join(bad), file=sys.stderr)
+sys.exit(1 if bad else 0)
+PY
+  compose exec -T kafka-2 bash -c 'exec 3<>/dev/tcp/kafka-1-controller/9093' ||
+    { echo "kafka-2 cannot reach kafka-1-controller:9093" >&2; return 1; }
+  printf 'replicated: controllers listener from the default network\t%s\n' "refused, name unknown" >> "$TIMINGS"
+  say "the controllers' listener: out of reach from the default network, reachable on kafka-quorum"
+}
+
+replicated_phase() {
+  COMPOSE_FILES+=(-f "$ROOT/compose/replicated.yml")
+  TOPIC_INIT=topic-init-replicated BOOT=kafka-1:9092,kafka-2:9092,kafka-3:9092 PHASE=replicated-
+  LONG_RUNNING=(kafka-1 kafka-2 kafka-3 reward-server actor rollout reward learner alertbridge prometheus alertmanager)
+  cp "$ROOT/configs/tiny.yaml" "$CONFIG" && chmod 644 "$CONFIG"
+  STEPS=$(sed -n 's/^  steps:[[:space:]]*\([0-9]*\).*/\1/p' "$CONFIG")
+  printf 'replicated (three Kafka nodes, %s steps)\t-\n' "$STEPS" >> "$TIMINGS"
+}
+
 image_sizes() {
   for i in "$DEBIAN_IMAGE" "$PYTHON_IMAGE" "$KAFKA_IMAGE" "$PROMETHEUS_IMAGE" "$ALERTMANAGER_IMAGE" "$STEADYRL_IMAGE"; do
     printf 'size %s\t%s MB\n' "$i" "$(docker image inspect -f '{{.Size}}' "$i" | awk '{printf "%.0f", $1 / 1e6}')"
@@ -456,5 +500,15 @@ step "learner to its last step" wait_learner
 step "exactly-once audit" audit
 step "grafana queries" grafana_queries
 step "compose down -v" take_down
+if [ "${REPLICATED:-0}" = 1 ]; then
+  replicated_phase
+  step "replicated: compose up" run_stack
+  step "replicated: stack ready (healthy, targets, rules)" wait_ready
+  step "replicated: forged records and tokenless HTTP refused" forge
+  step "replicated: controllers' listener fenced" quorum_fenced
+  step "replicated: learner to its last step" wait_learner
+  step "replicated: exactly-once audit" audit
+  step "replicated: compose down -v" take_down
+fi
 say "PASS"
 column -t -s $'\t' "$TIMINGS" >&2 || cat "$TIMINGS" >&2

@@ -495,7 +495,7 @@ def forge(args) -> dict:
     rep["http"] = []
     routes = (("actor", args.actor_url, "/generate"), ("reward-server", args.reward_server_url, "/score"),
               ("alertbridge", args.alertbridge_url, "/alert/dingtalk"))
-    for name, base, path in routes:
+    for name, base, path in () if args.skip_http else routes:
         row = {"service": name,
                "no_token": http_status(base + path, method="POST", body=b"{}"),
                "wrong_token": http_status(base + path, token="wrong-" + nonce, method="POST", body=b"{}"),
@@ -553,6 +553,7 @@ def main(argv=None) -> int:
     f.add_argument("--reward-server-url", default="http://reward-server:8390")
     f.add_argument("--alertbridge-url", default="http://alertbridge:8500")
     f.add_argument("--timeout-s", type=float, default=15.0, help="per forged record")
+    f.add_argument("--skip-http", action="store_true", help="Kafka only (no pipeline running)")
     args = ap.parse_args(argv)
     if args.cmd == "chaos":
         if args.compose[:1] == ["--"]:

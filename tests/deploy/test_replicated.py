@@ -61,6 +61,14 @@ def cluster_properties(tmp_path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
 
 
+def sasl_properties(tmp_path: Path) -> dict[str, str]:
+    """What SASL adds to a broker's settings (the embedded broker with and without `sasl`), the
+    JAAS lines aside (run-kafka.sh writes them from the password file)."""
+    plain = static.broker_properties(tmp_path / "plain", sasl=False)
+    return {k: v for k, v in static.broker_properties(tmp_path / "sasl").items()
+            if plain.get(k) != v and k not in PER_NODE and not static.JAAS.fullmatch(k)}
+
+
 def topics_args(argv: list[str]):
     """`steadyrl topics create ...` parsed by steadyrl's own parser."""
     assert argv[:3] == ["steadyrl", "topics", "create"], argv
@@ -86,6 +94,7 @@ def test_compose_nodes_have_the_local_clusters_settings(tmp_path):
     props = cluster_properties(tmp_path)
     assert props["default.replication.factor"] == "3" and props["min.insync.replicas"] == "2"
     assert props["transaction.state.log.min.isr"] == "2" and props["offsets.topic.replication.factor"] == "3"
+    props |= sasl_properties(tmp_path)  # authenticated as the single broker (issue 21)
     envs = {}
     for i, name in enumerate(NODES, start=1):
         svc = services[name]
@@ -96,19 +105,30 @@ def test_compose_nodes_have_the_local_clusters_settings(tmp_path):
             if prop not in PER_NODE:
                 var = kafka_env_name(prop)
                 assert env.get(var) == value, f"{name}: {var} is {env.get(var)!r}, the local cluster has {value!r}"
-        # nothing beyond the local cluster's settings (the image's JVM options aside)
-        known = {kafka_env_name(p) for p in props} | {"KAFKA_HEAP_OPTS", "CLUSTER_ID"}
+        # nothing beyond the local cluster's settings (the image's JVM options and run-kafka.sh's
+        # password file aside)
+        known = {kafka_env_name(p) for p in props} | {"KAFKA_HEAP_OPTS", "CLUSTER_ID",
+                                                      "KAFKA_SCRAM_ADMIN_PASSWORD_FILE"}
         assert set(env) <= known, f"{name}: {set(env) - known}"
         assert env["KAFKA_NODE_ID"] == str(i)
-        assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == ",".join(f"{n}@kafka-{n}:9093" for n in (1, 2, 3))
-        assert env["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://{name}:9092"
-        assert env["KAFKA_LISTENERS"] == "PLAINTEXT://:9092,CONTROLLER://:9093"
-        assert svc["volumes"] == [f"{name}-data:/var/lib/kafka/data"]
+        # the controllers on the quorum network only, under names that exist there only
+        assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == ",".join(f"{n}@kafka-{n}-controller:9093" for n in (1, 2, 3))
+        assert env["KAFKA_ADVERTISED_LISTENERS"] == f"SASL_PLAINTEXT://{name}:9092"
+        assert env["KAFKA_LISTENERS"] == f"SASL_PLAINTEXT://:9092,CONTROLLER://{name}-controller:9093"
+        assert svc["networks"] == {"default": {}, "kafka-quorum": {"aliases": [f"{name}-controller"]}}
+        static.check_kafka_sasl(env, name, controller_on_loopback=False)
+        # started and checked as the single broker is
+        single = services["kafka"]
+        assert svc["command"] == single["command"] and svc["secrets"] == single["secrets"] == ["kafka-admin"]
+        assert svc["volumes"] == [f"{name}-data:/var/lib/kafka/data",
+                                  "./local/kafka/run-kafka.sh:/opt/steadyrl/run-kafka.sh:ro"]
         assert env["KAFKA_LOG_DIRS"].startswith("/var/lib/kafka/data")
-        # PLAINTEXT (docs/replication.md: no SASL on the three nodes): the check needs no login
-        assert svc["healthcheck"]["test"] == ["CMD-SHELL", "/opt/kafka/bin/kafka-broker-api-versions.sh "
-                                              "--bootstrap-server localhost:9092 >/dev/null 2>&1"]
+        assert svc["healthcheck"]["test"] == single["healthcheck"]["test"]
         assert "ports" not in svc
+    # no one else joins the quorum network, and it reaches nothing outside
+    assert compose_raw_networks()["kafka-quorum"] == {"internal": True}
+    others = [n for n, svc in services.items() if n not in NODES and "kafka-quorum" in (svc.get("networks") or {})]
+    assert not others, others
     ids = {e["CLUSTER_ID"] for e in envs.values()}
     assert len(ids) == 1 and ids != {compose_env(services["kafka"])["CLUSTER_ID"]}, "one cluster, not the single one"
     assert re.fullmatch(r"[A-Za-z0-9_-]{22}", ids.pop())
@@ -120,16 +140,29 @@ def test_compose_nodes_have_the_local_clusters_settings(tmp_path):
     assert {swapped[n]["image"] for n in NODES} == {"steadyrl-local/kafka:x"}
 
 
+def compose_raw_networks() -> dict:
+    return load_yaml(COMPOSE)["networks"]
+
+
 def test_compose_topic_init_replicated_makes_replicated_topics():
     services = compose_services()
     svc = services["topic-init-replicated"]
     assert svc["profiles"] == ["replicated"] and svc["restart"] == "no"
     assert OUR_IMAGES.match(svc["image"]) and svc["build"]["target"] == "cpu"
     check_command(svc["command"], "compose topic-init-replicated")
-    args = topics_args(svc["command"])
+    create, apply = static.shell_commands(svc["command"])
+    args = topics_args(create)
     assert (args.replication_factor, args.min_insync_replicas) == (3, 2)
     assert args.bootstrap == compose_env(svc)["STEADYRL_BOOTSTRAP"] == NODES_BOOTSTRAP
-    advertised = [compose_env(services[n])["KAFKA_ADVERTISED_LISTENERS"].removeprefix("PLAINTEXT://") for n in NODES]
+    # then the ACLs, as admin, as topic-init does
+    assert apply[:3] == ["steadyrl", "acl", "apply"]
+    assert cli.build_parser().parse_args(apply[1:]).bootstrap == NODES_BOOTSTRAP
+    env, single = compose_env(svc), compose_env(services["topic-init"])
+    for k in ("STEADYRL_KAFKA__SECURITY_PROTOCOL", "STEADYRL_KAFKA__USERNAME", "STEADYRL_KAFKA__PASSWORD_FILE"):
+        assert env[k] == single[k], k
+    assert svc["secrets"] == services["topic-init"]["secrets"]
+    advertised = [compose_env(services[n])["KAFKA_ADVERTISED_LISTENERS"].removeprefix("SASL_PLAINTEXT://")
+                  for n in NODES]
     assert args.bootstrap.split(",") == advertised
     assert svc["depends_on"] == {n: {"condition": "service_healthy"} for n in NODES}
     assert svc["healthcheck"] == {"disable": True}
