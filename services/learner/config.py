@@ -66,6 +66,21 @@ class LearnerSection(BaseModel):
                                                        "evicts one (its prompt is published again).")
     buffer_eviction: Literal["fifo", "priority"] = Field(
         "fifo", description="fifo: the oldest goes; priority: the least mean |advantage| (no learning signal) goes.")
+    trackers: list[Literal["console", "tensorboard", "mlflow", "wandb", "jsonl"]] = Field(
+        ["jsonl"], description="Experiment trackers for the per-step metrics under verl's names (docs/trackers.md): "
+                               "jsonl (<run>/metrics.jsonl), console, tensorboard, mlflow, wandb (the last three "
+                               "need the `trackers` extra). One that fails logs one error and is off; training "
+                               "goes on.")
+    tensorboard_dir: Path | None = Field(None, description="TensorBoard event files go in <tensorboard_dir>/<run_id> "
+                                                            "(None: <run folder>/tensorboard).")
+    mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI (None: a local SQLite store, "
+                                                               "<state_dir>/mlflow.db with artifacts in "
+                                                               "<state_dir>/mlartifacts, every run of this state dir).")
+    mlflow_experiment: str = Field("steadyrl", min_length=1, description="MLflow experiment of the runs.")
+    wandb_project: str = Field("steadyrl", min_length=1, description="W&B project of the runs.")
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="offline: files under <run folder>/wandb (`wandb sync` uploads them); online only "
+                               "with WANDB_API_KEY set (else offline, with a warning).")
     reward_watch: WatchConfig = WatchConfig()
     prompt_gate: PromptGateConfig = PromptGateConfig()
     train: TrainConfig = TrainConfig(lr=1e-5, temperature=0.8, total_steps=20)
@@ -86,6 +101,11 @@ class LearnerSection(BaseModel):
         if not p.is_file():
             raise ValueError(f"{v}: no such file (relative paths start at {Path.cwd()})")
         return v
+
+    @field_validator("trackers")
+    @classmethod
+    def _once_each(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
 
     @model_validator(mode="after")
     def _buffer_holds_a_batch(self) -> "LearnerSection":

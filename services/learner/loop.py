@@ -38,6 +38,7 @@ from services.learner.resume import open_run, trim_audit
 from services.learner.screen import Screen
 from services.learner.stall import Stall
 from services.learner.tokens import TokenLimits
+from services.learner.trackers import Trackers, provenance
 from steadyrl.checkpoint import AsyncCheckpointer, rng_state
 from steadyrl.files import write_atomic
 from steadyrl.models import load_policy
@@ -72,8 +73,13 @@ class Learner:
         restorer = Weights(self)
         self.state = st = open_run(lc.state_dir, lc.resume, self.fingerprint, restorer)
         self.run_dir = lc.state_dir / st.run_id
+        # a continued run's folder has its state already (a new run's folder is made just now)
+        self.resumed: int | None = st.step if (self.run_dir / "state.json").exists() else None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         trim_audit(self.run_dir, st.step)
+        self.trackers = Trackers.of(lc, self.run_dir, {"steadyrl.run_id": st.run_id, "steadyrl.model": lc.model,
+                                                       "steadyrl.algorithm": lc.train.algorithm,
+                                                       **provenance(lc.data)})
         self.saver = AsyncCheckpointer(self.run_dir / "checkpoints", {**self.fingerprint, "tokenizer": lc.model},
                                        keep=lc.keep_checkpoints, verified_step=restorer.checkpoint_step)
         self.cache = open_cache(self.run_dir, st, lc.rollout_cache_max_file_bytes)
@@ -93,6 +99,13 @@ class Learner:
         self.stall.export(lambda: self.progress["phase"], lambda: len(self.state.in_flight))
         export_checkpoints(self.saver, lc.checkpoint_every)
         blank_step_gauges()  # NaN, not 0 (a p-value of 0 reads as "significant"), until a step sets them
+
+    def tracker_config(self) -> dict:
+        """What the experiment trackers record as the run's config (params): the learner
+        section, the run id, the topic prefix and the id of rl.scored; no service secrets."""
+        return {"run_id": self.state.run_id, "topic_prefix": self.cfg.topic_prefix,
+                "scored_topic_id": self.fingerprint.get("scored_topic_id"),
+                "learner": self.lc.model_dump(mode="json")}
 
     # ---- saving ---------------------------------------------------------------------------
     def _state_json(self) -> str:
@@ -160,13 +173,15 @@ class Learner:
         now = time.monotonic()
         seconds, self._last_step_t = now - self._last_step_t, now
         self.stall.stepped(seconds)
-        row = history_row(st.step, metrics, groups, seconds)
+        wait_s = t_batch - (now - seconds)
+        row = history_row(st.step, metrics, groups, seconds,
+                          {"timing_s/wait": wait_s, "timing_s/publish_policy": publish_s})
         st.history.append(row)
         self.save_state()
         if st.step % lc.checkpoint_every == 0:
             self.checkpoint()
-        export_step(row, metrics, groups, st.history, self.drift, self.model,
-                    wait_s=t_batch - (now - seconds), publish_s=publish_s)
+        self.trackers.log(st.step, row)  # after the save: a resume hands them the history it restored
+        export_step(row, metrics, groups, st.history, self.drift, self.model, wait_s=wait_s, publish_s=publish_s)
         self.progress.update({"step": st.step, "reward_mean": row["reward_mean"],
                               "tokens_per_s": row["tokens_per_s"], "phase": "waiting"})
         log.info("step", extra={k: v for k, v in row.items() if not k.startswith(("actor/", "critic/"))})
@@ -202,6 +217,7 @@ class Learner:
         # actor may hold later versions that a crash threw away: it follows the newest record).
         self.store.publish(self.model, st)
         self.save_state()
+        self.trackers.start(st.run_id, self.tracker_config(), self.resumed, st.history)
         self.consumer = consumer = open_consumer(self.cfg.bootstrap, f"learner-{self.cfg.instance_id}", self.topics, st,
                                                  self.cfg.metrics_interval)
         self.assigned = consumer.assignment()  # on this thread, before the first poll
@@ -225,6 +241,8 @@ class Learner:
                 self.progress["phase"] = "eval after"
                 st.eval_after = report.evaluate(lc, self.model, self.tok, "after", self.health.beat)
                 report.write_summary(lc, st, self.run_dir)
+                for name in ("summary.json", "curve.png"):
+                    self.trackers.artifact(self.run_dir / name)
                 st.finished = True
                 self.save_state()
                 self.progress.update({"phase": "done", "done": True, "summary": str(self.run_dir / "summary.json")})
@@ -235,6 +253,7 @@ class Learner:
                 while not stop.wait(self.cfg.metrics_interval):
                     self.health.beat()
         finally:
+            self.trackers.close()
             self.cache.close()
             self.saver.wait()
             self.assigned = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 from services.learner.metrics import EXPORTED
@@ -54,16 +55,34 @@ def open_cache(run_dir: Path, st: RunState, max_file_bytes: int) -> RolloutCache
     return cache
 
 
-def history_row(step: int, metrics: dict, groups: list[ScoredGroup], seconds: float) -> dict:
-    """One step of `state.json`'s history: reward mean/std, response tokens, wall seconds since
-    the last step, tokens/s, the policy versions trained on, cache-scored groups, and the
-    trainer metrics exported under verl's names."""
-    tokens = sum(len(s.token_ids) for sg in groups for s in sg.group.samples)
+#: Trainer metrics kept in the history beside EXPORTED (/metrics'): what the experiment
+#: trackers show (services/learner/trackers.py), under verl's names.
+TRACKED = ("critic/advantages/mean", "actor/kl_loss", "actor/pg_clipfrac_lower", "critic/vf_clipfrac",
+           "perf/train_tokens_per_s", "perf/oom_fallback")
+
+
+def history_row(step: int, metrics: dict, groups: list[ScoredGroup], seconds: float,
+                phases: dict[str, float] | None = None) -> dict:
+    """One step of `state.json`'s history: reward mean/std, response tokens (and prompt +
+    response tokens), wall seconds since the last step, tokens/s, the policy versions trained
+    on, cache-scored groups, the unix time, the trainer metrics under verl's names (EXPORTED,
+    TRACKED, timing_s/*) and the loop's `phases` (timing_s/wait, timing_s/publish_policy)."""
+    lengths = [len(s.token_ids) for sg in groups for s in sg.group.samples]
+    prompts = [len(sg.group.prompt_token_ids) for sg in groups for _ in sg.group.samples]
+    rewards = [r for sg in groups for r in sg.rewards]
+    tokens, total = sum(lengths), sum(lengths) + sum(prompts)
+    spread = {"critic/score/max": max(rewards), "critic/score/min": min(rewards),   # verl's, per sample
+              "response_length/max": max(lengths), "response_length/min": min(lengths),
+              "prompt_length/mean": sum(prompts) / len(prompts), "prompt_length/max": max(prompts),
+              "prompt_length/min": min(prompts)} if lengths else {}
     return {"step": step, "reward_mean": metrics["critic/score/mean"], "reward_std": metrics["critic/score/std"],
-            "tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": tokens / max(seconds, 1e-9),
+            "tokens": tokens, "total_tokens": total, "seconds": round(seconds, 3),
+            "tokens_per_s": tokens / max(seconds, 1e-9),
             "policy_versions": sorted({sg.group.policy_version for sg in groups}),
             "cache_scored": sum(1 for sg in groups if sg.reward_source.value == "cache"),
-            **{k: v for k, v in metrics.items() if k in EXPORTED}}
+            "time": round(time.time(), 3),
+            **{k: v for k, v in metrics.items() if k in EXPORTED or k in TRACKED or k.startswith("timing_s/")},
+            **spread, **{k: round(v, 6) for k, v in (phases or {}).items()}}
 
 
 def append_audit(run_dir: Path, step: int, batch: list[Ready]) -> None:

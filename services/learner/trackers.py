@@ -1,0 +1,416 @@
+"""Experiment trackers: the learner's per-step metrics, under verl's names, in the trackers
+people compare runs with (`learner.trackers`: console, tensorboard, mlflow, wandb, jsonl).
+
+Each tracker is one small class behind one interface (`Tracker`): `start(run_id, config,
+resumed)`, `log(step, metrics)`, `artifact(path)`, `close()`, each through the tracker's own
+library. `Trackers` holds the configured ones and never lets one stop training: a tracker
+whose call raises (an import error, an unwritable folder, a bad URI, a full disk) logs one
+error line and is off for the rest of the process.
+
+What a tracker gets is `tracked(row)`: the history row of a step (parts.history_row, saved in
+state.json) under verl's names (`RENAME`; docs/trackers.md has the table). Because the
+history is saved with the run state and restored with a checkpoint, a resumed run hands each
+tracker the history it continues from, and each tracker makes its record equal to it, each
+step once:
+
+- jsonl: `metrics.jsonl` in the run folder is rewritten from the history on resume;
+- tensorboard: the same log dir, opened with `purge_step=0` (TensorBoard's readers drop
+  everything logged before that point) and the history logged again: a step redone after a
+  crash, or one lost in the writer's buffer by a SIGKILL, appears once;
+- mlflow: the same MLflow run (default store: `<state_dir>/mlflow.db`, SQLite; the run's id
+  in `<run_dir>/trackers.json`); the steps the store already holds (read back from it) are not
+  logged again, missing ones are (MLflow cannot delete a point: a redone step keeps its first
+  values);
+- wandb: the same run id (the learner's run id) with `resume="allow"`; the last step logged
+  is kept in `trackers.json` and steps up to it are not logged again (W&B refuses a step below
+  its last);
+- console: one line per step, as verl's console logger prints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from steadyrl.files import sha256_file, write_atomic
+
+log = logging.getLogger("steadyrl.learner")
+
+NAMES = ("console", "tensorboard", "mlflow", "wandb", "jsonl")
+
+#: Keys of the history row that are not verl's, and the name a tracker shows them under: verl's
+#: where it has one (docs/trackers.md); steadyrl's own in verl's style otherwise.
+RENAME = {
+    "reward_mean": "critic/score/mean",          # verl: mean sequence score of the batch
+    "reward_std": "critic/score/std",            # verl logs mean/max/min; std in its style
+    "seconds": "timing_s/step",                  # verl: wall time of one step
+    "tokens": "response_length/total",           # response tokens trained this step
+    "tokens_per_s": "perf/response_tokens_per_s",
+    "total_tokens": "perf/total_num_tokens",     # verl: prompt + response tokens of the batch
+    "cache_scored": "steadyrl/cache_scored_groups",
+}
+#: Row keys that are bookkeeping, not figures.
+SKIP = ("step", "policy_versions", "time")
+#: The one key every step has: MLflow reads it back to know which steps its store holds.
+STEP_KEY = "training/global_step"
+
+
+def tracked(row: dict) -> dict[str, float]:
+    """A history row as a tracker logs it: verl's names, finite-or-NaN floats, plus the derived
+    figures verl has (`perf/throughput`, `perf/time_per_step`) and the staleness of the batch.
+    Rows of older runs (fewer keys) give fewer figures; none is invented."""
+    out: dict[str, float] = {}
+    for k, v in row.items():
+        if k in SKIP or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        out[RENAME.get(k, k)] = float(v)
+    step = int(row["step"])
+    out[STEP_KEY] = float(step)
+    seconds = row.get("seconds")
+    if isinstance(seconds, (int, float)) and seconds > 0:
+        out["perf/time_per_step"] = float(seconds)
+        if isinstance(row.get("total_tokens"), (int, float)):
+            # verl: tokens / (step time x GPUs); the learner trains on one device
+            out["perf/throughput"] = row["total_tokens"] / seconds
+    versions = row.get("policy_versions")
+    if versions:  # the update making version `step` from groups of older versions
+        out["steadyrl/staleness/max"] = float(step - 1 - min(versions))
+        out["steadyrl/staleness/min"] = float(step - 1 - max(versions))
+    return out
+
+
+def flat(d: dict, prefix: str = "") -> dict[str, str]:
+    """A nested config as dotted keys with string values (MLflow params, TensorBoard text)."""
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flat(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, (list, tuple)) else str(v)
+    return out
+
+
+class Tracker(Protocol):
+    """One experiment tracker. `resumed`: the step a continued run goes on from (None: a new run);
+    `history`: the run's rows up to it (the tracker's record is made equal to them)."""
+
+    name: str
+
+    def start(self, run_id: str, config: dict, resumed: int | None, history: list[dict]) -> None: ...
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+    def artifact(self, path: Path) -> None: ...
+    def close(self) -> None: ...
+
+
+class _Ids:
+    """`<run_dir>/trackers.json`: what a tracker needs to find its run again (MLflow's run id,
+    W&B's last step), read and written whole."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / "trackers.json"
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return json.loads(self.path.read_text()).get(key, default)
+        except (OSError, ValueError):
+            return default
+
+    def set(self, key: str, value: Any) -> None:
+        try:
+            d = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            d = {}
+        d[key] = value
+        write_atomic(self.path, json.dumps(d, indent=2))
+
+
+class Console:
+    """verl's console logger: `step:N - name:value - ...` on stdout."""
+
+    name = "console"
+
+    def start(self, run_id: str, config: dict, resumed: int | None, history: list[dict]) -> None:
+        pass
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        items = " - ".join(f"{k}:{v:.4g}" for k, v in sorted(metrics.items()) if k != STEP_KEY)
+        print(f"step:{step} - {items}", flush=True)  # noqa: T201  the console tracker: for the person
+
+    def artifact(self, path: Path) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Jsonl:
+    """`<run_dir>/metrics.jsonl`: one line per step ({"step": N, name: value, ...}), fsynced;
+    rewritten from the history on resume, so a redone step appears once (verl's `file` logger)."""
+
+    name = "jsonl"
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / "metrics.jsonl"
+
+    @staticmethod
+    def _line(step: int, metrics: dict[str, float]) -> str:
+        return json.dumps({"step": step, **{k: (None if math.isnan(v) else v) for k, v in metrics.items()}}) + "\n"
+
+    def start(self, run_id: str, config: dict, resumed: int | None, history: list[dict]) -> None:
+        if resumed is not None or self.path.exists():
+            write_atomic(self.path, "".join(self._line(int(h["step"]), tracked(h)) for h in history))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        with open(self.path, "a") as f:
+            f.write(self._line(step, metrics))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def artifact(self, path: Path) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoard:
+    """TensorBoard event files through torch's SummaryWriter, in `log_dir` (one per run). A
+    resumed run opens the same dir with purge_step=0 and logs its history again."""
+
+    name = "tensorboard"
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.writer: Any = None
+
+    def start(self, run_id: str, config: dict, resumed: int | None, history: list[dict]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        again = resumed is not None or self.log_dir.exists()
+        self.writer = SummaryWriter(str(self.log_dir), purge_step=0 if again else None, flush_secs=30)
+        self.writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in sorted(flat(config).items())), 0)
+        for h in history:
+            self._add(int(h["step"]), tracked(h), h.get("time"))
+        self.writer.flush()
+
+    def _add(self, step: int, metrics: dict[str, float], walltime: float | None = None) -> None:
+        for k, v in metrics.items():
+            self.writer.add_scalar(k, v, step, walltime=walltime)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._add(step, metrics)
+        self.writer.flush()
+
+    def artifact(self, path: Path) -> None:
+        if path.suffix == ".json":  # no artifact store: the summary as text
+            self.writer.add_text(path.stem, "    " + path.read_text().replace("\n", "\n    "), 0)
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class MLflow:
+    """An MLflow run (MlflowClient) in `tracking_uri` (default: a local SQLite store beside the
+    run folders, artifacts in `artifact_location`), experiment `experiment`; its id kept in
+    trackers.json. Params: the config (dotted keys); tags: run id, model, data and its
+    provenance."""
+
+    name = "mlflow"
+
+    def __init__(self, tracking_uri: str, experiment: str, ids: _Ids, tags: dict[str, str],
+                 artifact_location: str | None = None):
+        self.uri, self.experiment, self.ids, self.tags = tracking_uri, experiment, ids, tags
+        self.artifact_location = artifact_location
+        self.client: Any = None
+        self.run_id = ""
+        self.logged: set[int] = set()
+
+    def start(self, run_id: str, config: dict, resumed: int | None, history: list[dict]) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.client = client = MlflowClient(tracking_uri=self.uri)
+        exp = client.get_experiment_by_name(self.experiment)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(
+            self.experiment, artifact_location=self.artifact_location)
+        saved = self.ids.get("mlflow_run_id")
+        run = None
+        if saved:
+            try:
+                run = client.get_run(saved)
+            except Exception:  # another store, or the run was deleted: a new MLflow run
+                run = None
+        if run is None:
+            run = client.create_run(exp_id, run_name=run_id, tags={"steadyrl.run_id": run_id, **self.tags})
+            self.ids.set("mlflow_run_id", run.info.run_id)
+        else:
+            client.update_run(run.info.run_id, status="RUNNING")
+        self.run_id = run.info.run_id
+        have = run.data.params
+        params = {k: v[:6000] for k, v in flat(config).items() if k not in have}  # a param never changes
+        from mlflow.entities import Metric, Param
+
+        for i in range(0, len(params), 100):
+            chunk = list(params.items())[i:i + 100]
+            client.log_batch(self.run_id, params=[Param(k, v) for k, v in chunk])
+        self.logged = {int(m.step) for m in client.get_metric_history(self.run_id, STEP_KEY)}
+        self._metric = Metric
+        for h in history:
+            if int(h["step"]) not in self.logged:
+                self.log(int(h["step"]), tracked(h), h.get("time"))
+
+    def log(self, step: int, metrics: dict[str, float], walltime: float | None = None) -> None:
+        if step in self.logged:  # already in the store (a step redone after a crash): once
+            return
+        ms = int((walltime or time.time()) * 1000)
+        rest = [self._metric(k, v, ms, step) for k, v in metrics.items() if k != STEP_KEY]
+        for i in range(0, len(rest), 1000):
+            self.client.log_batch(self.run_id, metrics=rest[i:i + 1000])
+        # last: its presence in the store says the step is complete
+        self.client.log_batch(self.run_id, metrics=[self._metric(STEP_KEY, float(step), ms, step)])
+        self.logged.add(step)
+
+    def artifact(self, path: Path) -> None:
+        self.client.log_artifact(self.run_id, str(path))
+
+    def close(self) -> None:
+        if self.client is not None and self.run_id:
+            self.client.set_terminated(self.run_id, status="FINISHED")
+
+
+class WandB:
+    """A W&B run with the learner's run id as its id (`resume="allow"`: a resumed run continues
+    it). Offline (files under `dir`, `wandb sync` uploads them) unless `mode` is online and
+    WANDB_API_KEY is set."""
+
+    name = "wandb"
+
+    def __init__(self, dir: Path, project: str, mode: str, ids: _Ids, tags: dict[str, str]):
+        self.dir, self.project, self.mode, self.ids, self.tags = dir, project, mode, ids, tags
+        self.run: Any = None
+        self.last = 0
+
+    def start(self, run_id: str, config: dict, resumed: int | None, history: list[dict]) -> None:
+        import wandb
+
+        mode: Literal["online", "offline"] = (
+            "online" if self.mode == "online" and os.environ.get("WANDB_API_KEY") else "offline")
+        if self.mode == "online" and mode == "offline":
+            log.warning("learner.wandb_mode is online but WANDB_API_KEY is not set: W&B runs offline",
+                        extra={"dir": str(self.dir)})
+        self.dir.mkdir(parents=True, exist_ok=True)
+        settings = wandb.Settings(console="off", silent=True, save_code=False, disable_git=True,
+                                  x_disable_stats=True, x_disable_meta=True)
+        self.run = wandb.init(project=self.project, id=run_id, name=run_id, resume="allow", mode=mode,
+                              dir=str(self.dir), config=config, tags=[f"{k}={v}"[:64] for k, v in self.tags.items()],
+                              settings=settings)
+        self.last = int(self.ids.get("wandb_last_step", 0))
+        for h in history:
+            if int(h["step"]) > self.last:
+                self.log(int(h["step"]), tracked(h))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if step <= self.last:  # logged before a crash; W&B refuses a step below its last
+            return
+        self.run.log(metrics, step=step)
+        self.last = step
+        self.ids.set("wandb_last_step", step)
+
+    def artifact(self, path: Path) -> None:
+        self.run.save(str(path), base_path=str(path.parent), policy="now")
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+
+
+def mlflow_uri(state_dir: Path) -> str:
+    """The default MLflow store: one SQLite file for every run of the state dir (MLflow 3.13 and
+    later refuse the filesystem store `./mlruns` unless MLFLOW_ALLOW_FILE_STORE is set)."""
+    return f"sqlite:///{(Path(state_dir) / 'mlflow.db').resolve()}"
+
+
+class Trackers:
+    """The configured trackers; a call that raises turns that tracker off with one error line."""
+
+    def __init__(self, trackers: list[Tracker]):
+        self.on: list[Tracker] = list(trackers)
+
+    @classmethod
+    def of(cls, lc, run_dir: Path, tags: dict[str, str]) -> "Trackers":
+        """The trackers `lc.trackers` names (lc: a LearnerSection), for the run in `run_dir`."""
+        ids = _Ids(run_dir)
+        made: dict[str, Any] = {
+            "console": lambda: Console(),
+            "jsonl": lambda: Jsonl(run_dir),
+            "tensorboard": lambda: TensorBoard(Path(lc.tensorboard_dir) / run_dir.name if lc.tensorboard_dir
+                                               else run_dir / "tensorboard"),
+            "mlflow": lambda: (MLflow(lc.mlflow_tracking_uri, lc.mlflow_experiment, ids, tags)
+                               if lc.mlflow_tracking_uri else
+                               MLflow(mlflow_uri(lc.state_dir), lc.mlflow_experiment, ids, tags,
+                                      (Path(lc.state_dir) / "mlartifacts").resolve().as_uri())),
+            "wandb": lambda: WandB(run_dir / "wandb", lc.wandb_project, lc.wandb_mode, ids, tags),
+        }
+        return cls([made[name]() for name in lc.trackers])
+
+    def _guard(self, t: Tracker, during: str, fn, *args) -> None:
+        if t not in self.on:
+            return
+        try:
+            fn(*args)
+        except Exception as e:  # an import error, a bad URI or a full disk must not stop training
+            self.on.remove(t)
+            log.error("experiment tracker failed; it is off for the rest of this process",
+                      extra={"tracker": t.name, "during": during, "error": f"{type(e).__name__}: {e}"})
+            try:
+                if during != "close":
+                    t.close()
+            except Exception:  # already reported once
+                pass
+
+    def start(self, run_id: str, config: dict, resumed: int | None, history: list[dict]) -> None:
+        for t in list(self.on):
+            self._guard(t, "start", t.start, run_id, config, resumed, history)
+
+    def log(self, step: int, row: dict) -> None:
+        """Log the history row of `step`."""
+        metrics = tracked(row)
+        for t in list(self.on):
+            self._guard(t, "log", t.log, step, metrics)
+
+    def artifact(self, path: Path) -> None:
+        if not path.exists():
+            return
+        for t in list(self.on):
+            self._guard(t, "artifact", t.artifact, path)
+
+    def close(self) -> None:
+        for t in list(self.on):
+            self._guard(t, "close", t.close)
+        self.on = []
+
+
+def provenance(data: str) -> dict[str, str]:
+    """Tags naming the training data: its path, the file's sha256, and the PROVENANCE.json
+    beside it (generator, script, modules) where there is one."""
+    tags = {"steadyrl.data": data}
+    p = Path(data)
+    if p.suffix and p.is_file():
+        tags["steadyrl.data.sha256"] = sha256_file(p)
+    prov = p.parent / "PROVENANCE.json"
+    if p.suffix and prov.is_file():
+        try:
+            d = json.loads(prov.read_text())
+        except ValueError:
+            return tags
+        for k in ("generator", "script", "modules"):
+            if k in d:
+                tags[f"steadyrl.data.{k}"] = str(d[k])[:500]
+    return tags

@@ -1,0 +1,204 @@
+"""Experiment trackers (services/learner/trackers.py): verl's names for the history row, every
+tracker's record read back with its own reader, a resumed run's record holding each step once,
+and a tracker that fails logging one error while training goes on."""
+
+import json
+import logging
+import math
+
+import pytest
+from pydantic import ValidationError
+
+from services.learner.config import LearnerSection
+from services.learner.trackers import RENAME, STEP_KEY, Trackers, mlflow_uri, tracked
+from tests.services.learner import tracker_readers as read
+from tests.services.learner.conftest import Msg, scored
+
+ALL = ["console", "tensorboard", "mlflow", "wandb", "jsonl"]
+
+
+def _fill(learner, seed=0):
+    learner.feeder.top_up()
+    for i, pid in enumerate(list(learner.state.in_flight)):
+        if pid not in learner.intake.ready:
+            learner.intake.accept(Msg(scored(learner.state, pid, seed=seed), pid, offset=100 * seed + i))
+
+
+def _steps(lrn, n: int, seed0: int = 0) -> None:
+    for i in range(n):
+        _fill(lrn, seed=seed0 + i)
+        assert lrn.train_step() is not None
+
+
+def _start(lrn) -> None:
+    """What run() does before the loop: version 0 published, the trackers started."""
+    lrn.store.publish(lrn.model, lrn.state)
+    lrn.trackers.start(lrn.state.run_id, lrn.tracker_config(), lrn.resumed, lrn.state.history)
+
+
+def test_the_history_row_is_logged_under_verls_names():
+    row = {"step": 3, "reward_mean": 0.5, "reward_std": 0.1, "tokens": 100, "total_tokens": 160, "seconds": 2.0,
+           "tokens_per_s": 50.0, "policy_versions": [1, 2], "cache_scored": 0, "time": 1.7e9,
+           "actor/pg_loss": -0.2, "actor/pg_clipfrac": 0.01, "actor/ppo_kl": 1e-4, "actor/entropy": 2.5,
+           "timing_s/update_actor": 0.7, "timing_s/wait": 1.1, "perf/safe_mode": 0.0}
+    m = tracked(row)
+    assert m["critic/score/mean"] == 0.5 and m["critic/score/std"] == 0.1
+    assert m["timing_s/step"] == 2.0 and m["perf/time_per_step"] == 2.0
+    assert m["perf/total_num_tokens"] == 160 and m["perf/throughput"] == 80.0   # verl: tokens / step time
+    assert m["actor/pg_loss"] == -0.2 and m["actor/pg_clipfrac"] == 0.01 and m["timing_s/update_actor"] == 0.7
+    assert m["steadyrl/staleness/max"] == 1 and m["steadyrl/staleness/min"] == 0
+    assert m[STEP_KEY] == 3
+    assert not {"step", "time", "policy_versions", "reward_mean", "seconds"} & set(m)
+    assert all(isinstance(v, float) for v in m.values())
+    # a row of an older run (fewer keys): fewer figures, none made up
+    old = tracked({"step": 1, "reward_mean": 0.25, "seconds": 1.0})
+    assert old == {"critic/score/mean": 0.25, "timing_s/step": 1.0, "perf/time_per_step": 1.0, STEP_KEY: 1.0}
+    assert set(RENAME.values()) & {"critic/score/mean", "timing_s/step", "perf/total_num_tokens"}
+
+
+def test_the_docs_table_names_every_renamed_key():
+    from tests.helpers import ROOT
+
+    doc = (ROOT / "docs" / "trackers.md").read_text()
+    for ours, theirs in RENAME.items():
+        assert f"`{ours}`" in doc and f"`{theirs}`" in doc, ours
+
+
+def test_trackers_setting():
+    assert LearnerSection().trackers == ["jsonl"]
+    assert LearnerSection(trackers=["wandb", "jsonl", "wandb"]).trackers == ["wandb", "jsonl"]
+    with pytest.raises(ValidationError, match="trackers"):
+        LearnerSection(trackers=["neptune"])
+
+
+def test_every_tracker_holds_every_metric_of_every_step(make_learner, capsys):
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    lrn = make_learner(trackers=ALL)
+    _start(lrn)
+    _steps(lrn, 2)
+    for name in ("summary.json", "curve.png"):
+        (lrn.run_dir / name).write_text("{}" if name.endswith("json") else "png")
+        lrn.trackers.artifact(lrn.run_dir / name)
+    lrn.trackers.close()
+    want = {h["step"]: tracked(h) for h in lrn.state.history}
+    assert list(want) == [1, 2] and "actor/pg_loss" in want[1] and "timing_s/update_actor" in want[1]
+
+    tb, tb_n = read.tensorboard(lrn.run_dir / "tensorboard")
+    ids = json.loads((lrn.run_dir / "trackers.json").read_text())
+    uri = mlflow_uri(lrn.lc.state_dir)
+    ml, ml_n = read.mlflow(uri, ids["mlflow_run_id"])
+    wb, wb_n = read.wandb_offline(lrn.run_dir / "wandb")
+    js, js_n = read.jsonl(lrn.run_dir / "metrics.jsonl")
+    for name, got, n in (("tensorboard", tb, tb_n), ("mlflow", ml, ml_n), ("wandb", wb, wb_n), ("jsonl", js, js_n)):
+        assert dict(n) == {1: 1, 2: 1}, (name, n)
+        for step, metrics in want.items():
+            for k, v in metrics.items():
+                assert k in got[step], (name, step, k)
+                assert math.isnan(v) or math.isclose(got[step][k], v, rel_tol=1e-6, abs_tol=1e-9), \
+                    (name, step, k, got[step][k], v)
+    out = capsys.readouterr().out
+    assert "step:1 - " in out and "actor/pg_loss:" in out and "step:2 - " in out
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(ids["mlflow_run_id"])
+    assert run.data.tags["steadyrl.run_id"] == lrn.state.run_id and run.data.tags["steadyrl.model"] == "tiny"
+    assert run.data.params["learner.model"] == "tiny" and run.data.params["run_id"] == lrn.state.run_id
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"summary.json", "curve.png"}
+    assert run.info.status == "FINISHED"
+    files = {p.name for p in (lrn.run_dir / "wandb").rglob("*") if p.is_file()}
+    assert {"summary.json", "curve.png"} <= files
+
+
+def test_a_resumed_run_has_each_step_once_in_every_tracker(make_learner, tmp_path):
+    """Three steps logged, then a restart that continues from step 1 (a checkpoint's history):
+    steps 2 and 3 are redone. Every tracker ends with steps 1..4, each once."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    lrn = make_learner(trackers=ALL, steps=4)
+    _start(lrn)
+    _steps(lrn, 3)
+    run_dir, run_id = lrn.run_dir, lrn.state.run_id
+    history = [dict(h) for h in lrn.state.history]
+    lrn.trackers.close()
+
+    # the restart: the same run folder, the history of step 1 (what the checkpoint held)
+    again = Trackers.of(lrn.lc, run_dir, {"steadyrl.run_id": run_id})
+    again.start(run_id, lrn.tracker_config(), 1, history[:1])
+    for h in history[1:]:
+        again.log(h["step"], h)
+    again.log(4, {**history[-1], "step": 4})
+    assert [t.name for t in again.on] == ALL        # none failed
+    again.close()
+
+    for name, (got, n) in {"tensorboard": read.tensorboard(run_dir / "tensorboard"),
+                           "mlflow": read.mlflow(mlflow_uri(lrn.lc.state_dir),
+                                                 json.loads((run_dir / "trackers.json").read_text())["mlflow_run_id"]),
+                           "wandb": read.wandb_offline(run_dir / "wandb"),
+                           "jsonl": read.jsonl(run_dir / "metrics.jsonl")}.items():
+        assert dict(n) == {1: 1, 2: 1, 3: 1, 4: 1}, (name, n)
+        assert got[1]["critic/score/mean"] == pytest.approx(history[0]["reward_mean"]), name
+
+
+def test_a_tracker_that_cannot_write_logs_one_error_and_training_goes_on(make_learner, tmp_path, caplog):
+    """TensorBoard pointed under a regular file (unwritable for root too) and MLflow at a URI no
+    store takes: each logs one error line at start; the steps train and jsonl still has them."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file")
+    lrn = make_learner(trackers=["tensorboard", "mlflow", "jsonl"], tensorboard_dir=blocker / "tb",
+                       mlflow_tracking_uri="nosuchscheme://nowhere")
+    with caplog.at_level(logging.ERROR, logger="steadyrl.learner"):
+        _start(lrn)
+        _steps(lrn, 3)
+        lrn.trackers.artifact(lrn.run_dir / "state.json")
+        lrn.trackers.close()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name == "steadyrl.learner"]
+    assert sorted(getattr(r, "tracker", "") for r in errors) == ["mlflow", "tensorboard"], \
+        [(r.getMessage(), r.__dict__.get("error")) for r in errors]
+    assert all(r.getMessage() == "experiment tracker failed; it is off for the rest of this process" for r in errors)
+    assert lrn.state.step == 3
+    assert dict(read.jsonl(lrn.run_dir / "metrics.jsonl")[1]) == {1: 1, 2: 1, 3: 1}
+
+
+def test_a_tracker_failing_mid_run_is_turned_off_once(make_learner, caplog, monkeypatch):
+    from services.learner import trackers
+
+    lrn = make_learner(trackers=["console", "jsonl"])
+    _start(lrn)
+    calls = []
+
+    def broken(self, step, metrics):
+        calls.append(step)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(trackers.Console, "log", broken)
+    with caplog.at_level(logging.ERROR, logger="steadyrl.learner"):
+        _steps(lrn, 3)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name == "steadyrl.learner"]
+    assert len(errors) == 1 and errors[0].tracker == "console" and "No space left" in errors[0].error
+    assert calls == [1] and lrn.state.step == 3
+    assert dict(read.jsonl(lrn.run_dir / "metrics.jsonl")[1]) == {1: 1, 2: 1, 3: 1}
+
+
+def test_a_tracker_whose_library_is_missing_logs_one_error(make_learner, caplog, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_wandb(name, *a, **kw):
+        if name == "wandb" or name.startswith("wandb."):
+            raise ModuleNotFoundError("No module named 'wandb'")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    lrn = make_learner(trackers=["wandb", "jsonl"])
+    with caplog.at_level(logging.ERROR, logger="steadyrl.learner"):
+        _start(lrn)
+        _steps(lrn, 1)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name == "steadyrl.learner"]
+    assert [r.tracker for r in errors] == ["wandb"] and "No module named" in errors[0].error
+    assert lrn.state.step == 1
