@@ -21,9 +21,10 @@ step once:
   in `<run_dir>/trackers.json`); the steps the store already holds (read back from it) are not
   logged again, missing ones are (MLflow cannot delete a point: a redone step keeps its first
   values);
-- wandb: the same run id (the learner's run id) with `resume="allow"`; the last step logged
-  is kept in `trackers.json` and steps up to it are not logged again (W&B refuses a step below
-  its last);
+- wandb: the same run id (the learner's run id) with `resume="allow"`; each start logs the
+  history again from the run's next step (offline: from step 1, into a new offline-run folder
+  of the same id; `wandb sync` uploads them in order and W&B drops a step below the run's
+  last, so each step lands once, first values kept);
 - console: one line per step, as verl's console logger prints.
 """
 
@@ -109,8 +110,8 @@ class Tracker(Protocol):
 
 
 class _Ids:
-    """`<run_dir>/trackers.json`: what a tracker needs to find its run again (MLflow's run id,
-    W&B's last step), read and written whole."""
+    """`<run_dir>/trackers.json`: what a tracker needs to find its run again (MLflow's run id),
+    read and written whole."""
 
     def __init__(self, run_dir: Path):
         self.path = run_dir / "trackers.json"
@@ -292,8 +293,8 @@ class WandB:
 
     name = "wandb"
 
-    def __init__(self, dir: Path, project: str, mode: str, ids: _Ids, tags: dict[str, str]):
-        self.dir, self.project, self.mode, self.ids, self.tags = dir, project, mode, ids, tags
+    def __init__(self, dir: Path, project: str, mode: str, tags: dict[str, str]):
+        self.dir, self.project, self.mode, self.tags = dir, project, mode, tags
         self.run: Any = None
         self.last = 0
 
@@ -311,17 +312,19 @@ class WandB:
         self.run = wandb.init(project=self.project, id=run_id, name=run_id, resume="allow", mode=mode,
                               dir=str(self.dir), config=config, tags=[f"{k}={v}"[:64] for k, v in self.tags.items()],
                               settings=settings)
-        self.last = int(self.ids.get("wandb_last_step", 0))
+        # The run's next step: 0 offline (each start writes a new offline-run folder), the
+        # server's on an online resume. Offline, the history goes into the new folder again:
+        # `wandb sync` uploads a run's folders in order and W&B drops a step below the run's
+        # last, so each step lands once, also one a SIGKILL lost in wandb's write buffer.
+        self.last = int(getattr(self.run, "step", 0) or 0) - 1
         for h in history:
-            if int(h["step"]) > self.last:
-                self.log(int(h["step"]), tracked(h))
+            self.log(int(h["step"]), tracked(h))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        if step <= self.last:  # logged before a crash; W&B refuses a step below its last
+        if step <= self.last:  # W&B refuses a step below its last: logged once, first values kept
             return
         self.run.log(metrics, step=step)
         self.last = step
-        self.ids.set("wandb_last_step", step)
 
     def artifact(self, path: Path) -> None:
         self.run.save(str(path), base_path=str(path.parent), policy="now")
@@ -356,7 +359,7 @@ class Trackers:
                                if lc.mlflow_tracking_uri else
                                MLflow(mlflow_uri(lc.state_dir), lc.mlflow_experiment, ids, tags,
                                       (Path(lc.state_dir) / "mlartifacts").resolve().as_uri())),
-            "wandb": lambda: WandB(run_dir / "wandb", lc.wandb_project, lc.wandb_mode, ids, tags),
+            "wandb": lambda: WandB(run_dir / "wandb", lc.wandb_project, lc.wandb_mode, tags),
         }
         return cls([made[name]() for name in lc.trackers])
 

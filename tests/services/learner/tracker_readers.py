@@ -74,15 +74,20 @@ def _wandb_records(path: Path):
 
 
 def wandb_offline(wandb_dir: Path) -> tuple[dict[int, dict[str, float]], Counter]:
-    """The history records of every offline-run folder under `wandb_dir` (each start of a
-    resumed run writes one), parsed with wandb's own protobuf messages."""
+    """The run's history as W&B would hold it after `wandb sync`: the history records of every
+    offline-run folder under `wandb_dir` (each start of a resumed run writes one), parsed with
+    wandb's own protobuf messages, folders in start order (their names begin with the start
+    time, as sync orders them), a step at or below the run's last dropped (W&B's rule for a
+    resumed run's steps)."""
     from wandb.proto import wandb_internal_pb2
 
     steps: dict[int, dict[str, float]] = {}
     times: Counter = Counter()
-    files = sorted(wandb_dir.rglob("*.wandb"))
+    files = sorted(wandb_dir.rglob("*.wandb"), key=lambda f: f.parent.name)
     assert files, f"no .wandb file under {wandb_dir}"
+    last = -1
     for f in files:
+        top = last
         for data in _wandb_records(f):
             rec = wandb_internal_pb2.Record()
             rec.ParseFromString(data)
@@ -90,9 +95,13 @@ def wandb_offline(wandb_dir: Path) -> tuple[dict[int, dict[str, float]], Counter
                 continue
             items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in rec.history.item}
             step = int(items.get("_step", rec.history.step.num))
+            if step <= last:    # below the run's last step when this folder resumed it: dropped
+                continue
             steps.setdefault(step, {}).update({k: v for k, v in items.items() if not k.startswith("_")})
             if STEP_KEY in items:
                 times[step] += 1
+            top = max(top, step)
+        last = top
     return steps, times
 
 
