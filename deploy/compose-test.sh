@@ -371,24 +371,24 @@ PY
 forge() {
   compose run --rm --no-deps -T "$TOPIC_INIT" python - forge --bootstrap "$BOOT" < "$ROOT/deploy/compose_checks.py" \
     > "$WORK/${PHASE}forge.json" 2> "$WORK/logs/${PHASE}forge.log" || true
-  python3 - "$WORK/${PHASE}forge.json" >> "$TIMINGS" <<'PY' || { tail -30 "$WORK/logs/${PHASE}forge.log" >&2; die "forged records or tokenless HTTP calls were not refused ($WORK/${PHASE}forge.json)"; }
+  python3 - "$WORK/${PHASE}forge.json" "$PHASE" >> "$TIMINGS" <<'PY' || { tail -30 "$WORK/logs/${PHASE}forge.log" >&2; die "forged records or tokenless HTTP calls were not refused ($WORK/${PHASE}forge.json)"; }
 import json, sys
 lines = open(sys.argv[1]).read().strip().splitlines()
 r = json.loads(lines[-1]) if lines else {"failures": ["no report"]}
 for a in r.get("attempts", []):
     why = ("SASL authentication failed" if a.get("login_refused") else
            a["error"] if a["error"] == "TOPIC_AUTHORIZATION_FAILED" else f"not delivered: {a['error']}")
-    print(f"forge: {a['who']} -> {a['topic']}\t{'refused' if a['ok'] else 'NOT REFUSED'} ({why})")
+    print(f"{sys.argv[2]}forge: {a['who']} -> {a['topic']}\t{'refused' if a['ok'] else 'NOT REFUSED'} ({why})")
 for t, n in r.get("scanned", {}).items():
-    print(f"forge: {t} records read as admin, forged among them\t{n['records']}, {n['forged']}")
+    print(f"{sys.argv[2]}forge: {t} records read as admin, forged among them\t{n['records']}, {n['forged']}")
 for h in r.get("http", []):
-    print(f"forge: HTTP {h['service']} no token, wrong token, /livez\t{h['no_token']}, {h['wrong_token']}, {h['livez_no_token']}")
+    print(f"{sys.argv[2]}forge: HTTP {h['service']} no token, wrong token, /livez\t{h['no_token']}, {h['wrong_token']}, {h['livez_no_token']}")
 for f in r.get("failures", []):
     print(f, file=sys.stderr)
 sys.exit(1 if r.get("failures") else 0)
 PY
   say "every forged record and tokenless call refused"
-  grep '^forge' "$TIMINGS" >&2
+  grep "^${PHASE}forge" "$TIMINGS" >&2
 }
 
 # The exactly-once audit from the topics, in a one-off container of the learner's service
