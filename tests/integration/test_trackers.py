@@ -1,6 +1,6 @@
 """The tiny pipeline under `steadyrl up` with every experiment tracker on (issue 24): each
-tracker's own reader finds every metric of every step, once, also after the learner is
-SIGKILLed and resumes from a checkpoint (redoing the steps after it)."""
+tracker's own reader finds every metric of every step, once, across a learner SIGKILLed and
+resumed from a checkpoint (redoing the steps after it)."""
 
 from __future__ import annotations
 
@@ -49,29 +49,13 @@ def _check_every_step_once(run, steps: int, redone: bool = False) -> None:
                 assert math.isnan(v) or math.isclose(got[step][k], v, rel_tol=1e-6, abs_tol=1e-9), (name, step, k)
 
 
-def test_every_tracker_has_every_metric_of_every_step(bootstrap, tmp_path):
-    steps = 6
-    up = Up(bootstrap, tmp_path, _config(tmp_path, steps=steps, trackers=ALL))
-    rc = up.wait(300)
-    out = up.log()
-    assert rc == 0, out[-4000:]
-    assert "experiment tracker failed" not in out, out[-4000:]
-    run = up.run()
-    _check_every_step_once(run, steps)
-    assert "step:6 - " in out and "actor/pg_clipfrac:" in out            # the console tracker
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=mlflow_uri(run.state_dir))
-    mrun = client.get_run(json.loads((run.path / "trackers.json").read_text())["mlflow_run_id"])
-    assert {a.path for a in client.list_artifacts(mrun.info.run_id)} == {"summary.json", "curve.png"}
-    assert mrun.data.tags["steadyrl.data"] == "tiny_copy:256" and mrun.data.params["learner.steps"] == str(steps)
-    assert mrun.info.status == "FINISHED"
-
-
 @pytest.mark.slow
-def test_a_learner_killed_and_resumed_has_each_step_once_in_every_tracker(bootstrap, tmp_path):
-    """Checkpoints every 3 steps; SIGKILL at step 5 of 10: the restart goes on from step 3's
-    checkpoint and redoes steps 4 and 5. Every tracker holds steps 1..10, each once."""
+def test_every_tracker_has_every_step_once_across_a_learner_kill(bootstrap, tmp_path):
+    """Every tracker on; checkpoints every 3 steps; SIGKILL at step 5 of 10: the restart goes on
+    from step 3's checkpoint and redoes steps 4 and 5. Each tracker's own reader finds every
+    metric of every step, each step once; the summary and curve are MLflow artifacts; the
+    config, run id and data are its params and tags. (Every tracker's values without a redo,
+    exactly: tests/services/learner/test_trackers.py.)"""
     steps = 10
     up = Up(bootstrap, tmp_path, _config(tmp_path, steps=steps, trackers=ALL, checkpoint_every=3,
                                          max_staleness=0, eval_data=None))
@@ -85,5 +69,14 @@ def test_a_learner_killed_and_resumed_has_each_step_once_in_every_tracker(bootst
     assert rc == 0, out[-4000:]
     assert "learner-0       | exited with -9" in out and "resuming run from checkpoint" in out
     assert "experiment tracker failed" not in out, out[-4000:]
-    _check_every_step_once(up.run(), steps, redone=True)
-    assert len(list((up.run().path / "wandb").rglob("*.wandb"))) == 2   # one offline folder per start, one id
+    run = up.run()
+    _check_every_step_once(run, steps, redone=True)
+    assert len(list((run.path / "wandb").rglob("*.wandb"))) == 2   # one offline folder per start, one id
+    assert "step:10 - " in out and "actor/pg_clipfrac:" in out     # the console tracker
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri(run.state_dir))
+    mrun = client.get_run(json.loads((run.path / "trackers.json").read_text())["mlflow_run_id"])
+    assert {a.path for a in client.list_artifacts(mrun.info.run_id)} == {"summary.json", "curve.png"}
+    assert mrun.data.tags["steadyrl.data"] == "tiny_copy:256" and mrun.data.tags["steadyrl.run_id"] == run.run_id
+    assert mrun.data.params["learner.steps"] == str(steps) and mrun.info.status == "FINISHED"
