@@ -222,6 +222,15 @@ def rollout_logprobs(groups: list[Group], T: int, cfg: TrainConfig) -> RolloutLo
     return RolloutLogprobs(logp, measured, tis)
 
 
+def _rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of the torch.distributed group, (0, 1) without one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 class Trainer:
     """Holds the policy, optimizer, LR schedule, optional frozen reference and value head.
 
@@ -249,6 +258,12 @@ class Trainer:
         self.micro_batch_size = cfg.micro_batch_size   # 4x smaller in the safe mode
         self.safe_mode = False
         self.oom_fallbacks = 0                         # times a step ran out of memory and was retried
+        # Data parallel over torch.distributed ranks (steadyrl/rl/distributed.py): every rank
+        # holds the whole model and batch and backpropagates its share of the micro-batches
+        # (micro-batch i on rank i % world); gradients, metric sums and the finiteness check are
+        # summed over ranks, so the step equals the one-rank step (each micro-batch's weight is its
+        # share of the whole minibatch, `core.microbatch_weight`).
+        self.rank, self.world = _rank_and_world()
 
     # -- out-of-memory fallback ------------------------------------------------------------
     def _enter_safe_mode(self, error: str) -> None:
@@ -361,6 +376,30 @@ class Trainer:
         return torch.cat(logps), (torch.cat(vals) if need_values else None)
 
     # -- one step ------------------------------------------------------------------------
+    def _all_reduce(self, mb_sums: dict[str, float],
+                    losses: list[torch.Tensor]) -> tuple[dict[str, float], list[torch.Tensor]]:
+        """Sum this minibatch's gradients and metric sums over the ranks (in place / returned),
+        and gather every rank's micro-batch losses (rank order), so every rank takes the same
+        decisions (clip, skip a non-finite step) from the same numbers."""
+        import torch.distributed as dist
+
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads])                        # (sum of numels,)
+        dist.all_reduce(flat)
+        offset = 0
+        for p, g in zip(self.params, grads):
+            p.grad = flat[offset:offset + g.numel()].view_as(g).clone()
+            offset += g.numel()
+        gathered: list = [None] * self.world
+        dist.all_gather_object(gathered, (mb_sums, [float(x) for x in losses]))
+        total: dict[str, float] = {}
+        all_losses: list[torch.Tensor] = []
+        for sums, ls in gathered:
+            for k, v in sums.items():
+                total[k] = total.get(k, 0.0) + v
+            all_losses.extend(torch.tensor(x) for x in ls)
+        return total, all_losses
+
     def step(self, groups: list[Group]) -> dict[str, float]:
         """Update the policy on `groups`; returns per-step metrics (verl names).
 
@@ -461,7 +500,7 @@ class Trainer:
                     mb_sums: dict[str, float] = {}
                     losses: list[torch.Tensor] = []
                     self.opt.zero_grad(set_to_none=True)
-                    for m in range(0, len(mb_idx), self.micro_batch_size):
+                    for m in list(range(0, len(mb_idx), self.micro_batch_size))[self.rank::self.world]:
                         idx = mb_idx[m:m + self.micro_batch_size]
                         # share of the minibatch in this micro-batch, so the sum equals the minibatch loss
                         weight = core.microbatch_weight(mask[idx], mask[mb_idx], cfg.loss_agg)
@@ -518,6 +557,8 @@ class Trainer:
                                      ("actor/pg_clipfrac", pg_m["clip_frac"]), ("actor/ppo_kl", pg_m["approx_kl"]),
                                      ("actor/pg_clipfrac_lower", pg_m["dual_clip_frac"])):
                             mb_sums[k] = mb_sums.get(k, 0.0) + float(v.detach()) * float(weight)
+                    if self.world > 1:
+                        mb_sums, losses = self._all_reduce(mb_sums, losses)
                     return mb_sums, core.clip_grad_norm(self.params, cfg.max_grad_norm), losses
 
                 mb_sums, grad_norm, losses = self._oom_guarded(minibatch)
@@ -534,6 +575,16 @@ class Trainer:
                 grad_norms.append(grad_norm)
                 self.opt.step()
                 n_updates += 1
+        if self.world > 1 and ro is not None and on_policy:
+            # each rank filled the rows of its micro-batches: zeros (TIS weights: ones) elsewhere
+            import torch.distributed as dist
+
+            assert trainer_logp is not None
+            dist.all_reduce(trainer_logp)
+            if tis_w is not None:
+                tis_w -= 1.0
+                dist.all_reduce(tis_w)
+                tis_w += 1.0
         lr = float(self.sched.get_last_lr()[0])
         self.sched.step()
         self.global_step += 1
