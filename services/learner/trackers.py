@@ -189,6 +189,7 @@ class TensorBoard:
     def __init__(self, log_dir: Path):
         self.log_dir = log_dir
         self.writer: Any = None
+        self.step = 0
 
     def start(self, run_id: str, config: dict, resumed: int | None, history: list[dict]) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -203,14 +204,15 @@ class TensorBoard:
     def _add(self, step: int, metrics: dict[str, float], walltime: float | None = None) -> None:
         for k, v in metrics.items():
             self.writer.add_scalar(k, v, step, walltime=walltime)
+        self.step = max(self.step, step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._add(step, metrics)
         self.writer.flush()
 
     def artifact(self, path: Path) -> None:
-        if path.suffix == ".json":  # no artifact store: the summary as text
-            self.writer.add_text(path.stem, "    " + path.read_text().replace("\n", "\n    "), 0)
+        if path.suffix == ".json":  # no artifact store: the summary as text, at the last step
+            self.writer.add_text(path.stem, "    " + path.read_text().replace("\n", "\n    "), self.step)
             self.writer.flush()
 
     def close(self) -> None:
