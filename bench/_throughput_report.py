@@ -369,8 +369,8 @@ def tables(res: dict, ko: dict | None) -> str:
     lines += ["", "| ratio (within a round) | samples/s, steady | tokens/s, steady | samples/s, end-to-end |",
               "|---|---|---|---|"]
     want = ["pipeline-s0 / loop", "pipeline-s2 / loop", "pipeline-s2 / pipeline-s0", "trl / loop", "pipeline-s0 / trl",
-            "pipeline-s2 / trl", "loop / trl", "pipeline-s2 / pipeline-s2-unplaced", "pipeline-s0 / pipeline-s0-unplaced",
-            "pipeline-s2-unplaced / pipeline-s0-unplaced"]
+            "pipeline-s2 / trl", "loop / trl", "pipeline-s2 / pipeline-s2-unplaced",
+            "pipeline-s0 / pipeline-s0-unplaced", "pipeline-s2-unplaced / pipeline-s0-unplaced"]
     for k in want:
         r = s["ratios"].get(k)
         if r:

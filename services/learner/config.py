@@ -38,6 +38,10 @@ class LearnerSection(BaseModel):
                               description="Weights are written under it (the actor's root).")
     keep_policies: int = Field(3, ge=2, description="Policy files kept per run (the newest; >= 2 so the one "
                                                    "state.json names survives a crash mid-step).")
+    world_size: int = Field(1, ge=1, le=1024,
+                            description="Data-parallel ranks of the learner (steadyrl/rl/distributed.py): "
+                                        "`steadyrl up` starts it under torchrun with this many processes; rank 0 is "
+                                        "the service, the others replicas that share each update's micro-batches.")
     keep_earlier_runs: int = Field(1, ge=0, description="Earlier runs under policy_root that keep their newest "
                                                         "version (for steadyrl export); older runs are deleted "
                                                         "(steadyrl/policy_files.py prune).")

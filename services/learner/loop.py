@@ -42,6 +42,7 @@ from services.learner.trackers import Trackers, provenance
 from steadyrl.checkpoint import AsyncCheckpointer, rng_state
 from steadyrl.files import write_atomic
 from steadyrl.models import load_policy
+from steadyrl.rl import distributed
 from steadyrl.rl.trainer import Group, NonFiniteStep, Trainer
 from steadyrl.rollout_cache import rows_of
 from steadyrl.topics import topic_id, topic_name
@@ -67,6 +68,7 @@ class Learner:
         self.model, self.tok = load_policy(lc.model, seed=lc.seed)
         self.drift = ParamDrift(self.model)  # the weights as loaded: the reference of the drift metric
         self.trainer = Trainer(self.model, self.tok.pad_token_id, lc.train)
+        self.ranks = distributed.Leader(self.trainer.world) if self.trainer.world > 1 else None  # rank 0 of N
         lc.state_dir.mkdir(parents=True, exist_ok=True)
         self.outbox = Outbox(cfg.bootstrap, f"learner-{cfg.instance_id}", self.topics, cfg.metrics_interval)
         self.store = PolicyStore(lc.policy_root, self.outbox, lc.keep_policies, lc.keep_earlier_runs)
@@ -147,13 +149,16 @@ class Learner:
         # metrics, and TIS where learner.train.rollout_is says so (auto: vLLM groups).
         self.progress["phase"] = "training"
         t_batch = time.monotonic()
+        train_groups = [
+            Group(sg.group.prompt_token_ids, [s.token_ids for s in sg.group.samples], sg.rewards,
+                  [s.logprobs for s in sg.group.samples] if sg.group.policy_version < st.step else None,
+                  weight=lc.cache_scored_weight if sg.reward_source.value == "cache" else 1.0,
+                  rollout_logprobs=[s.logprobs for s in sg.group.samples], engine=sg.group.engine)
+            for sg in groups]
+        if self.ranks is not None:  # the other ranks step on the same batch
+            self.ranks.send(self.trainer, train_groups)
         try:
-            metrics = self.trainer.step([
-                Group(sg.group.prompt_token_ids, [s.token_ids for s in sg.group.samples], sg.rewards,
-                      [s.logprobs for s in sg.group.samples] if sg.group.policy_version < st.step else None,
-                      weight=lc.cache_scored_weight if sg.reward_source.value == "cache" else 1.0,
-                      rollout_logprobs=[s.logprobs for s in sg.group.samples], engine=sg.group.engine)
-                for sg in groups])
+            metrics = self.trainer.step(train_groups)
         except NonFiniteStep as e:  # nothing applied: the weights are still version st.step
             self.screen.nonfinite(dict(zip(take, batch)), e)
             self.progress["phase"] = "waiting"

@@ -14,6 +14,11 @@ def main(argv: list[str]) -> int:
     from services.learner.config import LearnerConfig
 
     cfg = load(LearnerConfig, argv, prog="steadyrl-learner")
+    from steadyrl.rl import distributed
+
+    rank, world = distributed.init_from_env()  # under torchrun: rank 0 is this service, others follow it
+    if rank > 0:
+        return follower(cfg)
     from services.learner.loop import Learner
     from steadyrl.service import run_service
 
@@ -33,7 +38,29 @@ def main(argv: list[str]) -> int:
         health.add_check("progress", lambda: progress_check(learner))
         return learner
 
-    return run_service("learner", cfg, build, extra_routes=routes)
+    try:
+        return run_service("learner", cfg, build, extra_routes=routes)
+    finally:
+        learner = state.get("learner")
+        if world > 1 and learner is not None and learner.ranks is not None:
+            learner.ranks.stop()
+
+
+def follower(cfg) -> int:
+    """Ranks 1..N-1 (steadyrl/rl/distributed.py): the same model and trainer as rank 0, no
+    Kafka, no HTTP; each update's batch comes from rank 0."""
+    import torch
+
+    from steadyrl import logs
+    from steadyrl.models import load_policy
+    from steadyrl.rl import distributed
+    from steadyrl.rl.trainer import Trainer
+
+    logs.setup("learner-follower", cfg.log_level, cfg.log_format)
+    lc = cfg.learner
+    torch.manual_seed(lc.seed)
+    model, tok = load_policy(lc.model, seed=lc.seed)
+    return distributed.follow(Trainer(model, tok.pad_token_id, lc.train))
 
 
 def model_check(learner) -> tuple[bool, str]:

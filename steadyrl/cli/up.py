@@ -211,6 +211,31 @@ def _gpus() -> int:
     return sum(line.startswith("GPU ") for line in out.splitlines())
 
 
+def _learner_world_size(args) -> int:
+    """`learner.world_size` of `--config` (or STEADYRL_LEARNER__WORLD_SIZE): the learner's ranks."""
+    import os
+
+    import yaml
+
+    data = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
+    learner = (data.get("learner") if isinstance(data, dict) else None) or {}
+    try:
+        return int(os.environ.get("STEADYRL_LEARNER__WORLD_SIZE", learner.get("world_size", 1)))
+    except (TypeError, ValueError):
+        raise CliError(f"learner.world_size must be a whole number, not {learner.get('world_size')!r}",
+                       code=2) from None
+
+
+def _launcher(svc: str, python: str, ranks: int) -> list[str]:
+    """The command before `-m <module>`: the interpreter, or for a learner of several ranks
+    torchrun (`torch.distributed.run --standalone`, restarting the group up to 3 times when a
+    rank dies; rank 0 resumes from its checkpoint)."""
+    if svc != "learner" or ranks <= 1:
+        return [python]
+    return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+            "--max-restarts", "3"]
+
+
 def cmd_up(args) -> int:
     from steadyrl import broker as b
     from steadyrl import placement
@@ -219,6 +244,7 @@ def cmd_up(args) -> int:
 
     scale = _check_up_args(args)
     places = _placement(args, scale)
+    ranks = _learner_world_size(args)
     python = {"actor": actor_python(args.config)}
     bootstrap = _bootstrap(args)
     state = Path(args.state_dir)
@@ -250,7 +276,7 @@ def cmd_up(args) -> int:
         for i in range(scale.get(svc, 1)):
             port = SERVICE_PORTS[svc] + args.port_offset + i
             children.append(Child(f"{svc}-{i}", [
-                python.get(svc, sys.executable), "-m", module, "--bootstrap", bootstrap,
+                *_launcher(svc, python.get(svc, sys.executable), ranks), "-m", module, "--bootstrap", bootstrap,
                 "--topic-prefix", args.prefix, "--instance-id", f"{svc}-{i}", "--metrics-port", str(port),
                 *extra.get(svc, []), *_login(svc, secrets), *(["--config", args.config] if args.config else [])], port,
                 final=svc == "learner", env=placement.child_env(places[svc.replace("-", "_")]),

@@ -1,0 +1,97 @@
+"""The learner over N torch.distributed ranks, data parallel (started by torchrun).
+
+Kafka stays the source of truth: rank 0 is the whole learner service (consumer, feeder,
+exactly-once accounting, checkpoints, policy announcements, HTTP probes). Ranks 1..N-1 hold a
+replica of the model and optimizer and do only the math: before each update rank 0 sends them
+the batch (`Leader.send`), every rank runs `Trainer.step` on it, and the trainer splits the
+micro-batches over the ranks and sums their gradients so the step equals the one-rank step
+(steadyrl/rl/trainer.py; tests/steadyrl/rl/test_distributed_step.py). Followers never talk to
+Kafka.
+
+Replicas, not shards: on CPU (gloo) FSDP2 is not used; every rank holds the full weights and
+optimizer state, and rank 0 writes the checkpoint as a single rank does. So a checkpoint written
+by N ranks resumes on M ranks unchanged (the weights rank 0 restores are sent to the others
+before the first update: `sync`). The cost is N copies of the optimizer state.
+
+A rank that dies takes the group down: torchrun stops the others and, with `--max-restarts`,
+starts the group again; rank 0 resumes from its newest checkpoint as after any crash (nothing
+lost or trained twice: the learner's delivery rules). Decisions are taken from all-reduced
+numbers, so every rank takes the same one (clipping, skipping a non-finite step); the
+out-of-memory fallback is not agreed across ranks (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def init_from_env(timeout_s: float = 600.0) -> tuple[int, int]:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT): gloo on
+    CPU, NCCL on GPUs. Returns (rank, world size); (0, 1) when not started by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _broadcast(obj=None):
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class Leader:
+    """Rank 0's side of the group: sends the followers what they need before each update."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.synced = False
+
+    def send(self, trainer, groups: list) -> None:
+        """Before `trainer.step(groups)` on rank 0: the weights, optimizer and schedule first
+        (once: after rank 0 restored them), then the batch."""
+        if not self.synced:
+            _broadcast(("sync", {"model": trainer.model.state_dict(), "opt": trainer.opt.state_dict(),
+                                 "sched": trainer.sched.state_dict(), "global_step": trainer.global_step}))
+            self.synced = True
+        _broadcast(("step", groups))
+
+    def stop(self) -> None:
+        """Tell the followers the run is over (they return from `follow`)."""
+        _broadcast(("stop", None))
+
+
+def follow(trainer) -> int:
+    """A follower rank's loop: take rank 0's state, then step on each batch it sends, until
+    it says stop. Returns 0. A non-finite step is skipped on every rank alike (NonFiniteStep)."""
+    from steadyrl.rl.trainer import NonFiniteStep
+
+    steps = 0
+    while True:
+        kind, payload = _broadcast()
+        if kind == "stop":
+            log.info("follower stopped", extra={"steps": steps})
+            return 0
+        if kind == "sync":
+            trainer.model.load_state_dict(payload["model"])
+            trainer.opt.load_state_dict(payload["opt"])
+            trainer.sched.load_state_dict(payload["sched"])
+            trainer.global_step = payload["global_step"]
+            continue
+        try:
+            trainer.step(payload)
+        except NonFiniteStep:
+            pass  # rank 0 took the same decision from the same all-reduced numbers
+        steps += 1

@@ -1,0 +1,73 @@
+"""The learner on 2 torch.distributed ranks (gloo, CPU) under `steadyrl up` (torchrun): the tiny
+pipeline learns and every prompt is trained once; a SIGKILL of rank 1 takes the group down,
+torchrun starts it again, rank 0 resumes from its checkpoint, and the audit still passes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from steadyrl.testing import audit_pipeline, explain
+from tests.integration.test_pipeline import Up, _config
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        out += [int(k) for k in kids]
+        todo += [int(k) for k in kids]
+    return out
+
+
+def _rank_pid(up: Up, rank: int) -> int | None:
+    """The learner worker of `rank` that this `up` started (torchrun sets RANK in its environment)."""
+    for pid in _descendants(up.proc.pid):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"services.learner" in cmd and b"torch.distributed.run" not in cmd:
+            return pid
+    return None
+
+
+def test_two_rank_learner_learns_and_trains_every_prompt_once(bootstrap, tmp_path):
+    steps = 100
+    up = Up(bootstrap, tmp_path, _config(tmp_path, steps=steps, world_size=2, eval_data=None))
+    rc = up.wait(420)
+    assert rc == 0, up.log()[-4000:]
+    assert "follower stopped" in up.log()  # rank 1 stepped beside rank 0 and was told the run is over
+    rewards = up.run().summary()["reward_per_step"]
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    assert first < 0.2 and last > first + 0.5, (first, last)
+    report = audit_pipeline(bootstrap, up.prefix, up.run(), steps, 8, excuse_dlq=False)
+    assert report["ok"], explain(report)
+
+
+def test_sigkill_of_rank_1_restarts_the_group_and_nothing_is_lost_or_trained_twice(bootstrap, tmp_path):
+    steps = 40
+    up = Up(bootstrap, tmp_path, _config(tmp_path, steps=steps, world_size=2, eval_data=None, checkpoint_every=5))
+    try:
+        up.wait_step(12, timeout_s=300)
+        pid = _rank_pid(up, 1)
+        assert pid is not None, "no rank-1 learner process"
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while _rank_pid(up, 1) in (None, pid):  # torchrun starts the group again
+            assert time.monotonic() < deadline and up.proc.poll() is None, up.log()[-4000:]
+            time.sleep(0.5)
+        rc = up.proc.wait(420)
+        assert rc == 0, up.log()[-4000:]
+    finally:
+        up.close()
+    assert "resuming run from checkpoint" in up.log()
+    report = audit_pipeline(bootstrap, up.prefix, up.run(), steps, 8, excuse_dlq=False)
+    assert report["ok"], explain(report)
