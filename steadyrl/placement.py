@@ -4,7 +4,7 @@ For each service: its intra-op threads (torch/OpenMP/MKL), its CPU set (Linux CP
 `0-3,6`) and, on GPU machines, its devices (`CUDA_VISIBLE_DEVICES`). `steadyrl up` applies them
 to each child (environment and CPU affinity, set before the child's interpreter starts); compose
 and Kubernetes get the same from their resources (docs/deploy.md). Every service logs and
-exports what it got (`steadyrl_placement_threads`, `steadyrl_placement_cpus`).
+exports what it got (`steadyrl_placement_threads`; its CPUs are `steadyrl_host_cpu_cores`).
 
 Why: every torch process starts one intra-op thread per core. Five of them on two cores spin
 against each other (OpenMP threads busy-wait), and the async pipeline, which runs the actor and
@@ -157,8 +157,9 @@ def cpu_set(p: ServicePlacement) -> frozenset[int] | None:
 
 def report(service: str) -> dict[str, object]:
     """What this process got: intra-op threads (torch's, if torch is loaded, else the
-    environment's), CPUs and devices; logged and exported as steadyrl_placement_threads and
-    steadyrl_placement_cpus. Returns the same as a dict."""
+    environment's), CPUs and devices; logged, and the threads exported as
+    steadyrl_placement_threads (the CPUs are steadyrl_host_cpu_cores, steadyrl/hardware.py).
+    Returns the same as a dict."""
     import sys
 
     from prometheus_client import Gauge
@@ -170,7 +171,6 @@ def report(service: str) -> dict[str, object]:
                               "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     _gauge("steadyrl_placement_threads", "Intra-op threads of this process (0: not set, the library default)",
            Gauge).set(threads)
-    _gauge("steadyrl_placement_cpus", "CPUs this process may run on (its affinity)", Gauge).set(len(cpus))
     log.info("placement", extra={"service": service, **got})
     return got
 

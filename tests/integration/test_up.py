@@ -80,7 +80,7 @@ def test_up_gives_each_service_its_placement_and_each_reports_what_it_got(bootst
         for svc, port in (("actor", 8100), ("learner", 8400), ("rollout", 8200)):
             assert got(port, "steadyrl_placement_threads") == want[svc].threads, svc
             cpus = placement.cpu_set(want[svc])
-            assert got(port, "steadyrl_placement_cpus") == len(cpus or placement.available_cpus()), svc
+            assert got(port, "steadyrl_host_cpu_cores") == len(cpus or placement.available_cpus()), svc
         assert "placement actor=" in up.log()
     finally:
         up.close()
