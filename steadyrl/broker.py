@@ -283,7 +283,8 @@ class LocalBroker:
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.state_dir / "data").mkdir(parents=True, exist_ok=True)
         cfg = self.state_dir / "server.properties"
-        cfg.touch(mode=0o600)  # the admin's password, with sasl
+        cfg.touch(mode=0o600)
+        cfg.chmod(0o600)  # the admin's password, with sasl (also a file an earlier start made 0644)
         cfg.write_text(self._server_properties())
         cid_file = self.state_dir / "cluster.id"
         if not cid_file.exists():

@@ -120,6 +120,9 @@ def check_run(root: Path, uri: str, run_id: str, version: int) -> Path:
     if not run_id:
         raise PolicyRefused("no_run", f"{uri}: the record names no run_id (PolicyUpdate before 1.1); "
                                       f"a version is loaded only from its run's folder <run_id>/v{{version:06d}}")
+    if "/" in run_id or "\\" in run_id or run_id in (".", ".."):  # pathlib would fold `r1/.` into `r1`
+        raise PolicyRefused("wrong_run", f"{uri} is not version {version} of run {run_id!r}: that run_id is not "
+                                         f"a folder name")
     want = root / version_dir(run_id, version)
     if path not in (want, want.with_name(want.name + ".safetensors")):
         raise PolicyRefused("wrong_run", f"{uri} resolves to {path}, not version {version} of run {run_id!r} "

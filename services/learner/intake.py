@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import Counter, Gauge
@@ -53,7 +54,7 @@ from services.learner.state import Count, InFlight, Ready, RunState
 from services.learner.tokens import TokenLimits
 from steadyrl import codec
 from steadyrl.bus.kafka import consumer_config
-from steadyrl.contracts import DLQReason, DLQRecord, ScoredGroup
+from steadyrl.contracts import DLQReason, DLQRecord, Prompt, ScoredGroup
 from steadyrl.quarantine import RELEASE_HEADER
 
 log = logging.getLogger("steadyrl.learner")
@@ -104,6 +105,24 @@ def dlq_backoff_s(attempt: int) -> float:
     return float(min(60, 2 ** max(attempt - 1, 0)))
 
 
+#: The fields of a group's prompt that must equal the published prompt's: what the reward is
+#: computed from and what is trained (not the seed or min_policy_version, which a republished
+#: attempt changes while an earlier attempt's group may still arrive).
+PROMPT_FIELDS = ("prompt_id", "run_id", "epoch", "index", "messages", "ground_truth", "data_source", "extra_info",
+                 "n_samples")
+
+
+def prompt_differs(got: Prompt, published: Prompt) -> str | None:
+    """The first of PROMPT_FIELDS where `got` (a group's prompt) differs from `published`; None
+    when they agree. Authorship of the prompt's content: only the learner writes rl.prompts,
+    so a rollout or reward stage that rewrote a prompt (e.g. its ground truth, to be scored 1)
+    is caught here."""
+    for name in PROMPT_FIELDS:
+        if getattr(got, name) != getattr(published, name):
+            return name
+    return None
+
+
 class Intake:
     """The train buffer `ready` (prompt id -> Ready) and the rules that fill and empty it."""
 
@@ -114,6 +133,9 @@ class Intake:
         self._arrivals = 0
         self.dlq_in_a_row = 0  # prompts sent back by rl.dlq since the last step (the loop resets it)
         self.retry_at: dict[str, float] = {}  # prompt id -> time.monotonic() before which it is not sent again
+        #: (prompt id, its InFlight) -> the Prompt the feeder published (Feeder.prompt); set by the
+        #: loop. A group whose prompt differs is refused (`prompt_differs`). None: not checked.
+        self.published: Callable[[str, InFlight], Prompt] | None = None
 
     def saved_offsets(self) -> dict[str, dict[str, int]]:
         """What state.json keeps as `offsets` (rl.scored) and `release_offsets` (rl.releases):
@@ -153,8 +175,21 @@ class Intake:
         release = releases and (pid in st.quarantined or (pid in st.in_flight and not st.in_flight[pid].released))
         takes = sg.group.prompt.run_id == st.run_id and (release or (pid in st.in_flight and pid not in self.ready))
         why = self.limits.violation(sg) if takes and self.limits is not None else None
+        sent = st.quarantined.get(pid) or st.in_flight.get(pid)
+        differs = (prompt_differs(sg.group.prompt, self.published(pid, sent))
+                   if takes and sent is not None and self.published is not None else None)
         if sg.group.prompt.run_id != st.run_id:
             outcome = Count.foreign
+        elif differs is not None:
+            # Not the prompt the learner published (a stage rewrote its question, answer or id):
+            # never trained; on rl.dlq, from where the prompt is published again (dead_letter).
+            GROUPS.labels("prompt_differs").inc()
+            st.count(Count.rejected)
+            log.warning("group refused: its prompt is not the one published", extra={"prompt_id": pid,
+                                                                                     "field": differs})
+            self._dead_letter_out(msg, codec.Rejected(DLQReason.rejected, f"{pid}: prompt {differs} differs from "
+                                                      f"the one published", codec.header_value(msg.headers())))
+            return
         elif why is not None:
             # Never trained: on rl.dlq, which publishes the prompt again when the learner reads it
             # back (dead_letter). A released copy refused so stays held (like a drop).

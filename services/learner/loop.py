@@ -88,6 +88,7 @@ class Learner:
         self.intake = Intake(lc, st, self.outbox, stage=f"learner/{cfg.instance_id}",
                              limits=TokenLimits.of(self.model, self.tok))
         self.feeder = Feeder(lc, self.rows, st, self.outbox, retry_at=self.intake.retry_at)
+        self.intake.published = self.feeder.prompt  # a group's prompt must be the one published
         self.screen = Screen(lc, st, self.outbox)
         self.consumer: Consumer | None = None  # opened in run()
         # what run() assigned, kept by the loop's thread: /readyz reads this, never the consumer

@@ -70,3 +70,19 @@ def test_check_run_follows_links_to_where_they_lead(tmp_path):
     with pytest.raises(PolicyRefused) as e:
         check_run(tmp_path, f"{D}/v000001", D, 1)
     assert e.value.reason == "wrong_run"
+
+
+def test_a_run_id_that_is_not_a_folder_name_is_refused(tmp_path):
+    """Review regression: pathlib folds `rOld/.` into `rOld`, so the folder check alone let a
+    record name the earlier run's folder under another run id string."""
+    import pytest
+
+    from steadyrl.policy_files import PolicyRefused, check_run, version_dir
+
+    folder = tmp_path / version_dir("r20260101T000000-abcd", 3)
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors.index.json").write_text("{}")
+    for bad in ("r20260101T000000-abcd/.", "..", "a/../r20260101T000000-abcd"):
+        with pytest.raises(PolicyRefused) as info:
+            check_run(tmp_path, "r20260101T000000-abcd/v000003", bad, 3)
+        assert info.value.reason == "wrong_run", bad
