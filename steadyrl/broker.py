@@ -148,8 +148,8 @@ class LocalBroker:
         sasl: clients must log in (SASL_PLAINTEXT, SCRAM-SHA-512) and the StandardAuthorizer
             allows only what ACLs grant (steadyrl/acl.py); `admin` is the super user, its password
             generated once into `secrets_dir/kafka-admin` and its credential written at format
-            time. The controller listener stays PLAINTEXT on 127.0.0.1 (its anonymous principal,
-            the broker itself, is a super user: only this host reaches it). Off by default.
+            time. The controller listener (127.0.0.1) logs in with SASL PLAIN as admin too, so no
+            anonymous principal is a super user. Off by default.
 
     Raises ValueError when `voters` does not hold this node at `controller_port`, or when not
     1 <= min_insync_replicas <= replication_factor.
@@ -224,7 +224,7 @@ class LocalBroker:
             "advertised.listeners": f"{self._listener}://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": self._listener,
-            "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{self._listener}:{self._listener}",
+            "listener.security.protocol.map": f"CONTROLLER:{self._listener},{self._listener}:{self._listener}",
             "log.dirs": str(data),
             # Single node: every internal topic has replication 1. In a cluster: replication_factor,
             # and a transaction commits once min_insync_replicas copies of its markers are written.
@@ -259,10 +259,18 @@ class LocalBroker:
                 "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config":
                     f'org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" '
                     f'password="{password}";',
-                # Nothing without an ACL; admin (and the loopback controller listener) may do all.
+                # The controller listener logs in too (PLAIN, its one user admin, from this file):
+                # an anonymous super user on 127.0.0.1 would be every local user's (KRaft keeps SCRAM
+                # credentials in the metadata the controller serves, so SCRAM cannot log it in).
+                "sasl.mechanism.controller.protocol": "PLAIN",
+                "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+                "listener.name.controller.plain.sasl.jaas.config":
+                    f'org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" '
+                    f'password="{password}" user_admin="{password}";',
+                # Nothing without an ACL; admin may do all.
                 "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
                 "allow.everyone.if.no.acl.found": "false",
-                "super.users": "User:admin;User:ANONYMOUS",
+                "super.users": "User:admin",
             }
         if self.replication_factor > 1:
             # topics created without their own settings (the catalogue's set both, steadyrl.topics)

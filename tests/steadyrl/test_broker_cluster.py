@@ -65,3 +65,18 @@ def test_random_cluster_id_is_a_kafka_uuid():
     for _ in range(200):
         cid = random_cluster_id()
         assert re.fullmatch(r"[A-Za-z0-9_-]{22}", cid) and not cid.startswith("-")
+
+
+def test_a_sasl_broker_has_no_anonymous_super_user_and_its_controller_logs_in(tmp_path):
+    """Review regression: with `User:ANONYMOUS` a super user, anyone on the host reached the
+    controller listener (127.0.0.1, PLAINTEXT) as a super user and could rewrite ACLs."""
+    b = LocalBroker(tmp_path, port=1000, controller_port=1001, sasl=True)
+    p = props(b)
+    assert p["super.users"] == "User:admin"
+    assert "ANONYMOUS" not in b._server_properties()
+    assert "PLAINTEXT" not in p["listener.security.protocol.map"].replace("SASL_PLAINTEXT", "")
+    assert p["sasl.mechanism.controller.protocol"] == "PLAIN"
+    assert p["allow.everyone.if.no.acl.found"] == "false"
+    assert (tmp_path / "secrets" / "kafka-admin").stat().st_mode & 0o077 == 0   # the password: owner only
+    plain = props(LocalBroker(tmp_path / "plain", port=1000, controller_port=1001))
+    assert "super.users" not in plain and "sasl.enabled.mechanisms" not in plain
