@@ -27,9 +27,12 @@ import logging
 import math
 import os
 
+from prometheus_client import Gauge
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 log = logging.getLogger(__name__)
+
+THREADS = Gauge("steadyrl_placement_threads", "Intra-op threads of this process (0: not set, the library default)")
 
 SERVICES = ("actor", "rollout", "reward", "reward_server", "learner")
 #: Services that mostly wait on HTTP and Kafka: one intra-op thread is plenty.
@@ -162,24 +165,11 @@ def report(service: str) -> dict[str, object]:
     Returns the same as a dict."""
     import sys
 
-    from prometheus_client import Gauge
-
     torch = sys.modules.get("torch")
     threads = torch.get_num_threads() if torch is not None else int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
     cpus = available_cpus()
     got: dict[str, object] = {"threads": threads, "cpus": format_cpus(cpus),
                               "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
-    _gauge("steadyrl_placement_threads", "Intra-op threads of this process (0: not set, the library default)",
-           Gauge).set(threads)
+    THREADS.set(threads)
     log.info("placement", extra={"service": service, **got})
     return got
-
-
-_gauges: dict[str, object] = {}
-
-
-def _gauge(name: str, doc: str, cls):
-    if name not in _gauges:
-        _gauges[name] = cls(name, doc)
-    return _gauges[name]
-
