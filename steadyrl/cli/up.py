@@ -40,18 +40,25 @@ def vllm_python() -> Path:
     return Path(os.environ.get("STEADYRL_VLLM_PYTHON", VLLM_PYTHON))
 
 
+def _section(config: str | None, name: str) -> dict:
+    """The `name:` section of the stack config file `config` ({} without a file or section): what
+    `up` itself reads of it (the actor's backend, the learner's staleness and ranks, placement)."""
+    import yaml
+
+    data = yaml.safe_load(Path(config).read_text()) if config else None
+    section = data.get(name) if isinstance(data, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
 def actor_python(config: str | None) -> str:
     """The interpreter the actor runs in: this one, or the vLLM venv's when `actor.backend`
     (STEADYRL_ACTOR__BACKEND, else the --config file's) is vllm. Raises CliError (2) when
     that venv is missing."""
     import os
 
-    import yaml
-
     backend = os.environ.get("STEADYRL_ACTOR__BACKEND")
-    if backend is None and config:
-        section = (yaml.safe_load(Path(config).read_text()) or {}).get("actor") or {}
-        backend = section.get("backend") if isinstance(section, dict) else None
+    if backend is None:
+        backend = _section(config, "actor").get("backend")
     if backend != "vllm":
         return sys.executable
     python = vllm_python()
@@ -151,7 +158,7 @@ def _kafka_secrets(args, lb) -> Path | None:
         secrets = Path(args.kafka_secrets)
     elif lb is not None:
         secrets = lb.secrets_dir
-        for principal in (acl.ADMIN, *PRINCIPAL.values()):
+        for principal in (acl.ADMIN, *acl.PRINCIPALS):  # the commands' too (quarantine, replay)
             b.ensure_password(secrets, principal)
     else:
         raise CliError("--sasl with --bootstrap (or a broker already running) needs --kafka-secrets DIR", code=2)
@@ -172,22 +179,19 @@ def _login(svc: str, secrets: Path | None) -> list[str]:
             "--kafka.password-file", str(acl.password_file(secrets, PRINCIPAL[svc]))]
 
 
-def _placement(args, scale: dict[str, int]) -> dict:
+def _placement(args) -> dict:
     """Each service's placement (steadyrl/placement.py): the `placement:` section of `--config`
     over the default for this machine's CPUs and the learner's max_staleness (config file, then
     STEADYRL_LEARNER__MAX_STALENESS). Raises CliError (2) on a bad section, naming the field."""
     import os
 
-    import yaml
     from pydantic import ValidationError
 
     from steadyrl import placement
 
-    data = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
-    data = data if isinstance(data, dict) else {}
-    staleness = os.environ.get("STEADYRL_LEARNER__MAX_STALENESS", (data.get("learner") or {}).get("max_staleness"))
+    staleness = os.environ.get("STEADYRL_LEARNER__MAX_STALENESS", _section(args.config, "learner").get("max_staleness"))
     try:
-        explicit = placement.Placement.model_validate(data.get("placement") or {})
+        explicit = placement.Placement.model_validate(_section(args.config, "placement"))
         staleness = int(staleness) if staleness is not None else DEFAULT_MAX_STALENESS
         return placement.resolve(explicit, placement.available_cpus(), staleness, _gpus())
     except ValidationError as e:
@@ -215,10 +219,7 @@ def _learner_world_size(args) -> int:
     """`learner.world_size` of `--config` (or STEADYRL_LEARNER__WORLD_SIZE): the learner's ranks."""
     import os
 
-    import yaml
-
-    data = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
-    learner = (data.get("learner") if isinstance(data, dict) else None) or {}
+    learner = _section(args.config, "learner")
     try:
         return int(os.environ.get("STEADYRL_LEARNER__WORLD_SIZE", learner.get("world_size", 1)))
     except (TypeError, ValueError):
@@ -243,7 +244,7 @@ def cmd_up(args) -> int:
     from steadyrl.topics import create_topics
 
     scale = _check_up_args(args)
-    places = _placement(args, scale)
+    places = _placement(args)
     ranks = _learner_world_size(args)
     python = {"actor": actor_python(args.config)}
     bootstrap = _bootstrap(args)
@@ -263,7 +264,8 @@ def cmd_up(args) -> int:
     if secrets is not None:
         from steadyrl import acl
 
-        print(f"principals {acl.apply(bootstrap, secrets, args.prefix)}", flush=True)
+        print(f"principals (ACLs each) {acl.apply(bootstrap, secrets, args.prefix)}; passwords in {secrets}",
+              flush=True)
     print("placement " + " ".join(f"{svc}={p.model_dump(exclude_none=True)}" for svc, p in places.items()), flush=True)
     url = {svc: f"http://127.0.0.1:{SERVICE_PORTS[svc] + args.port_offset}" for svc in SERVICES}
     policies = str(state / "policies")
