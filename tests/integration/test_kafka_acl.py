@@ -154,7 +154,7 @@ def test_the_tiny_pipeline_runs_with_a_principal_per_service_and_forgeries_are_r
         assert rc == 0, up.log()[-4000:]
     finally:
         up.close()
-    assert "principals {" in up.log()
+    assert "principals (ACLs each) {" in up.log()
     report = audit_pipeline(broker.bootstrap, up.prefix, up.run(), steps, 8, excuse_dlq=False)
     assert report["ok"], explain(report)
     scored = read_all(broker.bootstrap, f"{up.prefix}rl.scored", expect=steps * 8, timeout_s=30, settle_s=0.5)

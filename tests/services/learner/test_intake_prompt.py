@@ -5,18 +5,8 @@ rl.rollouts, and the reward workers score against the ground truth the record ca
 
 from services.learner.intake import Intake, prompt_differs
 from services.learner.state import InFlight, RunState
+from tests.services.learner.conftest import FakeOutbox
 from tests.services.learner.test_intake_release import Msg, group
-
-
-class Outbox:
-    def __init__(self):
-        self.sent = []
-
-    def produce(self, topic, key, value):
-        self.sent.append((topic, key, value))
-
-    def flush(self):
-        pass
 
 
 def published(pid: str, f: InFlight):
@@ -26,7 +16,7 @@ def published(pid: str, f: InFlight):
 def intake() -> Intake:
     st = RunState(run_id="r1")
     st.in_flight["r1/e0-i1"] = InFlight(seq=1, epoch=0, index=1)
-    lrn = Intake(None, st, outbox=Outbox(), stage="learner/0")
+    lrn = Intake(None, st, outbox=FakeOutbox(), stage="learner/0")
     lrn.published = published
     return lrn
 
@@ -45,7 +35,7 @@ def test_a_rewritten_ground_truth_is_refused_to_the_dlq_and_not_trained():
     lrn.accept(Msg(forged, offset=0))
     assert lrn.ready == {} and lrn.st.counts == {"rejected": 1}
     (topic, key, record), = lrn.outbox.sent
-    assert topic == "rl.dlq" and key == b"r1/e0-i1"
+    assert topic == "rl.dlq" and key == "r1/e0-i1"
     assert "ground_truth" in record.error and record.reason.value == "rejected"
     assert "r1/e0-i1" in lrn.st.in_flight        # still owed: rl.dlq publishes it again
 
