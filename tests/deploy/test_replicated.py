@@ -66,7 +66,8 @@ def sasl_properties(tmp_path: Path) -> dict[str, str]:
     JAAS lines aside (run-kafka.sh writes them from the password file)."""
     plain = static.broker_properties(tmp_path / "plain", sasl=False)
     return {k: v for k, v in static.broker_properties(tmp_path / "sasl").items()
-            if plain.get(k) != v and k not in PER_NODE and not static.JAAS.fullmatch(k)}
+            if plain.get(k) != v and k not in PER_NODE and k not in static.CONTROLLER_LOGIN
+            and not static.JAAS.fullmatch(k)}
 
 
 def topics_args(argv: list[str]):
@@ -106,8 +107,8 @@ def test_compose_nodes_have_the_local_clusters_settings(tmp_path):
                 var = kafka_env_name(prop)
                 assert env.get(var) == value, f"{name}: {var} is {env.get(var)!r}, the local cluster has {value!r}"
         # nothing beyond the local cluster's settings (the image's JVM options and run-kafka.sh's
-        # password file aside)
-        known = {kafka_env_name(p) for p in props} | {"KAFKA_HEAP_OPTS", "CLUSTER_ID",
+        # password file aside; super.users admin and ANONYMOUS, check_kafka_sasl)
+        known = {kafka_env_name(p) for p in props} | {"KAFKA_HEAP_OPTS", "CLUSTER_ID", "KAFKA_SUPER_USERS",
                                                       "KAFKA_SCRAM_ADMIN_PASSWORD_FILE"}
         assert set(env) <= known, f"{name}: {set(env) - known}"
         assert env["KAFKA_NODE_ID"] == str(i)
