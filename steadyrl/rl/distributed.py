@@ -16,8 +16,9 @@ before the first update: `sync`). The cost is N copies of the optimizer state.
 A rank that dies takes the group down: torchrun stops the others and, with `--max-restarts`,
 starts the group again; rank 0 resumes from its newest checkpoint as after any crash (nothing
 lost or trained twice: the learner's delivery rules). Decisions are taken from all-reduced
-numbers, so every rank takes the same one (clipping, skipping a non-finite step); the
-out-of-memory fallback is not agreed across ranks (docs/architecture.md).
+numbers, so every rank takes the same one (clipping, skipping a non-finite step), and an
+out-of-memory error on one rank puts every rank into the safe mode together (`Trainer._agreed`:
+a flag all-reduced before each collective), so the micro-batch split stays the same on all.
 """
 
 from __future__ import annotations

@@ -33,6 +33,12 @@ def is_out_of_memory(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and ("out of memory" in msg or "can't allocate memory" in msg)
 
 
+class RanksOutOfMemory(RuntimeError):
+    """Another rank of the torch.distributed group ran out of memory in this part of the step
+    (`Trainer._agreed`): this rank stops too, so every rank takes the out-of-memory fallback
+    together and no collective waits for a rank that took another path."""
+
+
 class NonFiniteStep(RuntimeError):
     """A step whose loss or gradient norm was not finite (NaN or infinite). Nothing of it was
     applied: the weights, the optimizer state, the LR schedule and the global step are those
@@ -304,6 +310,32 @@ class Trainer:
         self._enter_safe_mode(error)
         return fn()
 
+    def _agreed(self, fn: Callable[[], _T]) -> _T:
+        """fn() on this rank, then every rank learns whether any ran out of memory in it (a MAX
+        all-reduce of one flag): if one did, all raise -- the rank that did its own error, the
+        others RanksOutOfMemory -- so `_oom_guarded` retries the same part in the safe mode on
+        every rank alike (the same micro-batch size, hence the same split). fn must hold no
+        collective. One rank: fn()."""
+        if self.world == 1:
+            return fn()
+        import torch.distributed as dist
+
+        error: BaseException | None = None
+        result = None
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - only out-of-memory is agreed; the rest raise here
+            if not is_out_of_memory(e):
+                raise  # this rank dies; torchrun stops the group
+            error = e
+        flag = torch.tensor([1.0 if error is not None else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if error is not None:
+            raise error
+        if float(flag) > 0:
+            raise RanksOutOfMemory(f"another rank ran out of memory (this is rank {self.rank} of {self.world})")
+        return result  # type: ignore[return-value]
+
     # -- non-finite steps ------------------------------------------------------------------
     def _snapshot(self) -> tuple[list[torch.Tensor], dict[int, dict]]:
         """CPU copies of every trained parameter and its optimizer state (by position in
@@ -432,8 +464,8 @@ class Trainer:
         old_values: torch.Tensor | None = None                                   # (N, T), PPO
         if not on_policy:
             t0 = time.perf_counter()
-            old_logp, old_values = self._oom_guarded(
-                lambda: self._no_grad_pass(self.model, b, need_values=cfg.algorithm == "ppo"))
+            old_logp, old_values = self._oom_guarded(lambda: self._agreed(
+                lambda: self._no_grad_pass(self.model, b, need_values=cfg.algorithm == "ppo")))
             # Stale groups: the policy that sampled them is older than the one being updated;
             # the ratio pi_theta / pi_behaviour starts from its log-probs (decoupled PPO).
             row = 0
@@ -462,7 +494,7 @@ class Trainer:
         ref_logp: torch.Tensor | None = None                                     # (N, T)
         if (ref := self.ref) is not None:
             t0 = time.perf_counter()
-            ref_logp, _ = self._oom_guarded(lambda: self._no_grad_pass(ref, b))
+            ref_logp, _ = self._oom_guarded(lambda: self._agreed(lambda: self._no_grad_pass(ref, b)))
             timing["ref"] = time.perf_counter() - t0
 
         # Advantages
@@ -500,6 +532,14 @@ class Trainer:
                     mb_sums: dict[str, float] = {}
                     losses: list[torch.Tensor] = []
                     self.opt.zero_grad(set_to_none=True)
+                    self._agreed(lambda: backprop(mb_idx, mb_sums, losses))
+                    if self.world > 1:
+                        mb_sums, losses = self._all_reduce(mb_sums, losses)
+                    return mb_sums, core.clip_grad_norm(self.params, cfg.max_grad_norm), losses
+
+                def backprop(mb_idx: torch.Tensor, mb_sums: dict[str, float], losses: list[torch.Tensor]) -> None:
+                    """This rank's micro-batches of the minibatch: gradients accumulated, metric
+                    sums and losses appended (no collective: `_agreed` runs it)."""
                     for m in list(range(0, len(mb_idx), self.micro_batch_size))[self.rank::self.world]:
                         idx = mb_idx[m:m + self.micro_batch_size]
                         # share of the minibatch in this micro-batch, so the sum equals the minibatch loss
@@ -557,9 +597,6 @@ class Trainer:
                                      ("actor/pg_clipfrac", pg_m["clip_frac"]), ("actor/ppo_kl", pg_m["approx_kl"]),
                                      ("actor/pg_clipfrac_lower", pg_m["dual_clip_frac"])):
                             mb_sums[k] = mb_sums.get(k, 0.0) + float(v.detach()) * float(weight)
-                    if self.world > 1:
-                        mb_sums, losses = self._all_reduce(mb_sums, losses)
-                    return mb_sums, core.clip_grad_norm(self.params, cfg.max_grad_norm), losses
 
                 mb_sums, grad_norm, losses = self._oom_guarded(minibatch)
                 finite = torch.isfinite(torch.stack(losses))

@@ -82,3 +82,59 @@ def test_two_ranks_step_equals_one_rank(name, two_ranks):
     assert moved > 1e-4                          # the step did change the weights
     for k in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean"):
         assert abs(m1[k] - two["metrics"][k]) <= 1e-5 * max(1.0, abs(m1[k])), k
+
+
+# -- the out-of-memory fallback, agreed across ranks ------------------------------------------
+OOM_CASES = {  # where rank 1 alone runs out of memory: micro-batches of 8 -> 2 in the safe mode
+    "update": ({"lr": 1e-2, "micro_batch_size": 8, "loss_agg": "token-mean"}, True),
+    "old_log_prob": ({"lr": 1e-2, "micro_batch_size": 8, "loss_agg": "token-mean", "mini_batch_size": 6,
+                      "ppo_epochs": 2}, False),   # not on-policy: a no-grad pass comes first
+}
+
+
+def _oom_rank(rank: int, world: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        results = {}
+        for name, (cfg, with_grad) in OOM_CASES.items():
+            torch.manual_seed(0)
+            model, tok = load_policy("tiny", seed=0)
+            tr = Trainer(model, tok.pad_token_id, TrainConfig(**cfg))
+            if rank == 1:   # this rank's first such forward fails, as the allocator would
+                real, fired = model.forward, []
+
+                def forward(*a, _real=real, _fired=fired, _grad=with_grad, **kw):
+                    if torch.is_grad_enabled() == _grad and not _fired:
+                        _fired.append(1)
+                        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+                    return _real(*a, **kw)
+
+                model.forward = forward
+            m = tr.step(GROUPS)
+            results[name] = {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+                             "oom_fallback": m["perf/oom_fallback"], "micro_batch_size": tr.micro_batch_size,
+                             "fallbacks": tr.oom_fallbacks}
+        torch.save(results, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_one_ranks_out_of_memory_puts_every_rank_in_the_safe_mode(tmp_path):
+    """Rank 1 alone runs out of memory (in the update, or in the no-grad pass before it): both
+    ranks retry the part in the safe mode together (`Trainer._agreed`), so the collectives stay
+    matched and the step equals the one-rank step with the safe mode's micro-batches."""
+    out = str(tmp_path / "oom.pt")
+    mp.spawn(_oom_rank, args=(2, free_port(), out), nprocs=2, join=True)
+    ranks = [torch.load(f"{out}.{r}", weights_only=True) for r in (0, 1)]
+    for name, (cfg, _) in OOM_CASES.items():
+        r0, r1 = ranks[0][name], ranks[1][name]
+        for r in (r0, r1):
+            assert r["oom_fallback"] == 1.0 and r["fallbacks"] == 1 and r["micro_batch_size"] == 2, (name, r)
+        same = max(float((r0["weights"][k] - r1["weights"][k]).abs().max()) for k in r0["weights"])
+        assert same == 0.0, (name, same)          # the same summed gradients: the same replica
+        one, _ = _step({**cfg, "micro_batch_size": 2})   # one rank, never out of memory
+        diff = max(float((one[k] - r0["weights"][k]).abs().max()) for k in r0["weights"])
+        assert diff <= TOL, (name, diff)
