@@ -1,0 +1,103 @@
+"""A checkpoint written by one rank resumes on two and the reverse (gloo, CPU): rank 0 restores
+the checkpoint (steadyrl/checkpoint.py, verified) and sends it to the other rank before the
+first update (`Leader.send` -> `follow`), and rank 0 writes the replicated state as one rank
+does, so the rank count is free to change between runs. Tolerance as
+tests/steadyrl/rl/test_distributed_step.py (2e-5: the same sums in another order)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from steadyrl import checkpoint as ck
+from steadyrl.broker import free_port
+from steadyrl.models import load_policy
+from steadyrl.rl.trainer import Group, TrainConfig, Trainer
+from tests.steadyrl.rl.test_distributed_step import GROUPS, TOL
+
+NEXT = [Group([7, 8], [[9, 9], [10], [11, 12, 13], [6]], [1.0, 0.0, 0.0, 1.0]),
+        Group([4, 4, 4], [[5, 6], [7, 8, 9], [3], [2, 2]], [0.0, 0.0, 1.0, 1.0])]
+CFG = {"lr": 1e-2, "micro_batch_size": 2, "warmup_steps": 1, "total_steps": 10}   # the LR schedule moves
+
+
+def _trainer() -> Trainer:
+    torch.manual_seed(0)
+    model, tok = load_policy("tiny", seed=0)
+    return Trainer(model, tok.pad_token_id, TrainConfig(**CFG))
+
+
+def _save(tr: Trainer, root: Path, step: int) -> Path:
+    return ck.write(root, step, ck.snapshot(tr.model, tr.opt, tr.sched), {"global_step": tr.global_step}, {})
+
+
+def _resume(tr: Trainer, path: Path) -> None:
+    ck.verify(path)
+    meta = ck.load(path, tr.model, tr.opt, tr.sched)
+    tr.global_step = meta["global_step"]
+
+
+def _weights(tr: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
+
+
+def _two_ranks(rank: int, world: int, port: int, one_rank_ckpt: str, out: str) -> None:
+    """Resume the one-rank checkpoint on 2 ranks, step on NEXT, save (rank 0), step on GROUPS."""
+    import torch.distributed as dist
+
+    from steadyrl.rl import distributed
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        tr = _trainer()
+        if rank == 0:
+            _resume(tr, Path(one_rank_ckpt))
+            leader = distributed.Leader(world)
+            after = []
+            for i, groups in enumerate((NEXT, GROUPS)):
+                leader.send(tr, groups)
+                tr.step(groups)
+                after.append(_weights(tr))
+                if i == 0:
+                    _save(tr, Path(out) / "two_rank_ckpt", tr.global_step)
+            leader.stop()
+            torch.save({"after_next": after[0], "after_groups": after[1]}, f"{out}/rank0.pt")
+        else:
+            assert distributed.follow(tr) == 0
+            torch.save({"after_groups": _weights(tr), "global_step": tr.global_step}, f"{out}/rank1.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_checkpoint_moves_between_one_and_two_ranks(tmp_path):
+    # one rank: a step, a checkpoint
+    first = _trainer()
+    first.step(GROUPS)
+    one_rank_ckpt = _save(first, tmp_path / "one_rank_ckpt", 1)
+
+    # 1 -> 2: two ranks resume it and go on; rank 0 checkpoints after the first of their steps
+    mp.spawn(_two_ranks, args=(2, free_port(), str(one_rank_ckpt), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = torch.load(tmp_path / "rank0.pt", weights_only=True), torch.load(tmp_path / "rank1.pt", weights_only=True)
+    assert r1["global_step"] == 3
+    for k in r0["after_groups"]:           # the follower got the checkpoint and stayed a replica
+        assert torch.equal(r0["after_groups"][k], r1["after_groups"][k]), k
+
+    ref = _trainer()                       # the same resume on one rank
+    _resume(ref, one_rank_ckpt)
+    ref.step(NEXT)
+    diff = max(float((ref.model.state_dict()[k] - r0["after_next"][k]).abs().max()) for k in r0["after_next"])
+    assert diff <= TOL, diff
+
+    # 2 -> 1: one rank resumes the two ranks' checkpoint: the same parameters, and the same next step
+    back = _trainer()
+    _resume(back, ck.latest_valid(tmp_path / "two_rank_ckpt"))
+    assert back.global_step == 2
+    for k, v in back.model.state_dict().items():
+        assert torch.equal(v, r0["after_next"][k]), k
+    back.step(GROUPS)
+    diff = max(float((back.model.state_dict()[k] - r0["after_groups"][k]).abs().max()) for k in r0["after_groups"])
+    assert diff <= TOL, diff
+    moved = max(float((back.model.state_dict()[k] - r0["after_next"][k]).abs().max()) for k in r0["after_next"])
+    assert moved > 1e-4                    # the step after the resume did change the weights
