@@ -7,6 +7,9 @@ policy store), `assignment` (the consumer holds every partition of rl.scored and
 
 from __future__ import annotations
 
+import logging
+import os
+
 from steadyrl.config import load
 
 
@@ -16,6 +19,11 @@ def main(argv: list[str]) -> int:
     cfg = load(LearnerConfig, argv, prog="steadyrl-learner")
     from steadyrl.rl import distributed
 
+    if cfg.learner.world_size > 1 and "RANK" not in os.environ:
+        launch = distributed.torchrun_argv(cfg.learner.world_size, "services.learner", argv)
+        logging.getLogger(__name__).info("starting the learner's ranks under torchrun",
+                                         extra={"world_size": cfg.learner.world_size})
+        os.execv(launch[0], launch)  # the same process, now torchrun; it starts the N ranks
     rank, world = distributed.init_from_env()  # under torchrun: rank 0 is this service, others follow it
     if rank > 0:
         return follower(cfg)

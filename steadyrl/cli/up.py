@@ -42,7 +42,7 @@ def vllm_python() -> Path:
 
 def _section(config: str | None, name: str) -> dict:
     """The `name:` section of the stack config file `config` ({} without a file or section): what
-    `up` itself reads of it (the actor's backend, the learner's staleness and ranks, placement)."""
+    `up` itself reads of it (the actor's backend, the learner's staleness, placement)."""
     import yaml
 
     data = yaml.safe_load(Path(config).read_text()) if config else None
@@ -215,28 +215,6 @@ def _gpus() -> int:
     return sum(line.startswith("GPU ") for line in out.splitlines())
 
 
-def _learner_world_size(args) -> int:
-    """`learner.world_size` of `--config` (or STEADYRL_LEARNER__WORLD_SIZE): the learner's ranks."""
-    import os
-
-    learner = _section(args.config, "learner")
-    try:
-        return int(os.environ.get("STEADYRL_LEARNER__WORLD_SIZE", learner.get("world_size", 1)))
-    except (TypeError, ValueError):
-        raise CliError(f"learner.world_size must be a whole number, not {learner.get('world_size')!r}",
-                       code=2) from None
-
-
-def _launcher(svc: str, python: str, ranks: int) -> list[str]:
-    """The command before `-m <module>`: the interpreter, or for a learner of several ranks
-    torchrun (`torch.distributed.run --standalone`, restarting the group up to 3 times when a
-    rank dies; rank 0 resumes from its checkpoint)."""
-    if svc != "learner" or ranks <= 1:
-        return [python]
-    return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-            "--max-restarts", "3"]
-
-
 def cmd_up(args) -> int:
     from steadyrl import broker as b
     from steadyrl import placement
@@ -245,7 +223,6 @@ def cmd_up(args) -> int:
 
     scale = _check_up_args(args)
     places = _placement(args)
-    ranks = _learner_world_size(args)
     python = {"actor": actor_python(args.config)}
     bootstrap = _bootstrap(args)
     state = Path(args.state_dir)
@@ -278,7 +255,7 @@ def cmd_up(args) -> int:
         for i in range(scale.get(svc, 1)):
             port = SERVICE_PORTS[svc] + args.port_offset + i
             children.append(Child(f"{svc}-{i}", [
-                *_launcher(svc, python.get(svc, sys.executable), ranks), "-m", module, "--bootstrap", bootstrap,
+                python.get(svc, sys.executable), "-m", module, "--bootstrap", bootstrap,
                 "--topic-prefix", args.prefix, "--instance-id", f"{svc}-{i}", "--metrics-port", str(port),
                 *extra.get(svc, []), *_login(svc, secrets), *(["--config", args.config] if args.config else [])], port,
                 final=svc == "learner", env=placement.child_env(places[svc.replace("-", "_")]),

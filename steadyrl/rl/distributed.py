@@ -25,11 +25,22 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from datetime import timedelta
 
 import torch
 
 log = logging.getLogger(__name__)
+
+
+def torchrun_argv(world_size: int, module: str, argv: list[str], max_restarts: int = 3) -> list[str]:
+    """The command that runs `python -m module argv` as `world_size` ranks under torchrun
+    (`torch.distributed.run --standalone`: one machine, a free rendezvous port), starting the
+    group again up to `max_restarts` times when a rank dies (rank 0 resumes from its checkpoint).
+    The learner execs it when `learner.world_size` > 1 and it is not a rank already (no RANK
+    in the environment), so `steadyrl up`, compose and Kubernetes start the ranks alike."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
+            "--max-restarts", str(max_restarts), "-m", module, *argv]
 
 
 def init_from_env(timeout_s: float = 600.0) -> tuple[int, int]:

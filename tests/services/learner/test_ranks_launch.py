@@ -1,0 +1,54 @@
+"""`learner.world_size` > 1: the learner process execs torchrun with its own arguments, once
+(a rank, with RANK set, does not), so `steadyrl up`, compose and Kubernetes start the ranks
+alike (services/learner/main.py, steadyrl/rl/distributed.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from services.learner import main as learner_main
+
+
+class Exec(Exception):
+    pass
+
+
+def _exec_args(monkeypatch, argv: list[str]) -> list[str]:
+    seen: list[list[str]] = []
+
+    def execv(path, args):
+        seen.append([path, *args[1:]] if args[0] == path else args)
+        raise Exec
+
+    monkeypatch.setattr(learner_main.os, "execv", execv)
+    with pytest.raises(Exec):
+        learner_main.main(argv)
+    return seen[0]
+
+
+def test_world_size_two_execs_torchrun_with_the_same_arguments(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    argv = ["--learner.world-size", "2", "--metrics-port", "0", "--bootstrap", "127.0.0.1:1"]
+    assert _exec_args(monkeypatch, argv) == [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "--max-restarts", "3", "-m", "services.learner", *argv]
+
+
+def test_from_the_environment_too(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("STEADYRL_LEARNER__WORLD_SIZE", "3")
+    assert _exec_args(monkeypatch, ["--bootstrap", "127.0.0.1:1"])[5] == "3"
+
+
+def test_a_rank_does_not_exec_again(monkeypatch):
+    """Under torchrun (RANK set) the process is a rank: it joins the group instead."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(learner_main.os, "execv", lambda *a: pytest.fail("exec'd again"))
+    joined = []
+    monkeypatch.setattr("steadyrl.rl.distributed.init_from_env", lambda: joined.append(1) or (1, 2))
+    monkeypatch.setattr(learner_main, "follower", lambda cfg: 7)
+    assert learner_main.main(["--learner.world-size", "2", "--bootstrap", "127.0.0.1:1"]) == 7
+    assert joined == [1]
