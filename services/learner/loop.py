@@ -32,9 +32,9 @@ from services.learner.feeder import IN_FLIGHT, Feeder
 from services.learner.intake import BUFFER_SIZE, Intake, open_consumer
 from services.learner.metrics import SAMPLE_AGE, blank_step_gauges, count_trained, export_checkpoints, export_step
 from services.learner.outbox import Outbox
-from services.learner.parts import Weights, append_audit, history_row, open_cache
+from services.learner.parts import Weights, append_audit, append_history, history_row, open_cache
 from services.learner.policy_store import PolicyStore
-from services.learner.resume import open_run, trim_audit
+from services.learner.resume import open_run, trim_audit, trim_history
 from services.learner.screen import Screen
 from services.learner.stall import Stall
 from services.learner.tokens import TokenLimits
@@ -79,6 +79,7 @@ class Learner:
         self.resumed: int | None = st.step if (self.run_dir / "state.json").exists() else None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         trim_audit(self.run_dir, st.step)
+        trim_history(self.run_dir, st)
         self.trackers = Trackers.of(lc, self.run_dir, {"steadyrl.run_id": st.run_id, "steadyrl.model": lc.model,
                                                        "steadyrl.algorithm": lc.train.algorithm,
                                                        **provenance(lc.data)})
@@ -173,7 +174,6 @@ class Learner:
         self.cache.append([row for sg in groups for row in rows_of(sg, st.step)])
         for pid in take:
             del st.in_flight[pid]
-            st.trained.append(pid)
         count_trained(st, metrics, groups)
         self.intake.dlq_in_a_row = 0
         now = time.monotonic()
@@ -183,6 +183,7 @@ class Learner:
         row = history_row(st.step, metrics, groups, seconds,
                           {"timing_s/wait": wait_s, "timing_s/publish_policy": publish_s})
         st.history.append(row)
+        append_history(self.run_dir, row)
         self.save_state()
         if st.step % lc.checkpoint_every == 0:
             self.checkpoint()

@@ -85,6 +85,14 @@ def history_row(step: int, metrics: dict, groups: list[ScoredGroup], seconds: fl
             **spread, **{k: round(v, 6) for k, v in (phases or {}).items()}}
 
 
+def append_history(run_dir: Path, row: dict) -> None:
+    """Append one step's history row to history.jsonl, before the step's state.json is saved
+    (so the file holds at least the saved steps; `trim_history` drops any beyond them on resume).
+    Flushed, not fsynced: a row lost to a power cut is one point of a curve, not a prompt."""
+    with open(run_dir / "history.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def append_audit(run_dir: Path, step: int, batch: list[Ready]) -> None:
     """Append the groups trained by `step` to consumed.jsonl (the audit log of exactly-once:
     step, prompt_id, topic (where the trained copy was read: rl.scored, or rl.releases for a

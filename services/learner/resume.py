@@ -114,3 +114,30 @@ def trim_audit(run_dir: Path, step: int) -> None:
     if len(keep) != len(lines):
         log.warning("audit log trimmed to the saved step", extra={"step": step, "dropped": len(lines) - len(keep)})
         write_atomic(path, "".join(line + "\n" for line in keep))
+
+
+def trim_history(run_dir: Path, st: RunState) -> None:
+    """Load the run's per-step history into `st.history` from history.jsonl, keeping the rows
+    of steps <= st.step (a resume from an older checkpoint, or a crash between the row's append
+    and the state's save; the last row of a step wins) and rewriting the file when it dropped
+    any. A run written before history.jsonl kept its history in state.json (and each
+    checkpoint's meta): that history, already in `st.history`, is written to the file."""
+    path = run_dir / "history.jsonl"
+    if not path.exists():
+        if st.history:
+            write_atomic(path, "".join(json.dumps(row) + "\n" for row in st.history if row["step"] <= st.step))
+            log.info("history moved from state.json to history.jsonl", extra={"rows": len(st.history)})
+        st.history = [row for row in st.history if row["step"] <= st.step]
+        return
+    rows: dict[int, dict] = {}
+    lines = path.read_text().splitlines()
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a crash mid-append
+            continue
+        if row["step"] <= st.step:
+            rows[row["step"]] = row
+    st.history = [rows[k] for k in sorted(rows)]
+    if len(st.history) != len(lines):
+        write_atomic(path, "".join(json.dumps(row) + "\n" for row in st.history))

@@ -1,6 +1,7 @@
 """The learner's run state: what `state.json` holds, typed.
 
-`state.json` (and the `learner_state` of every checkpoint's meta) is `RunState.model_dump()`:
+`state.json` (and the `learner_state` of every checkpoint's meta) is `RunState.model_dump()`,
+without the per-step history (history.jsonl beside it, services/learner/resume.py trim_history):
 the same JSON the learner wrote before these models existed (dataclasses then), so a run
 written by an earlier version reads back here; a key this version does not know is refused by
 name (`StateError`) rather than dropped.
@@ -87,9 +88,14 @@ class RunState(_Saved):
     requeue: list[str] = Field(default_factory=list)             # prompt ids to publish again
     quarantined: dict[str, Held] = Field(default_factory=dict)
     watch: dict = Field(default_factory=dict)                    # the reward watch (RewardWatch.state)
-    trained: list[str] = Field(default_factory=list)
+    # Read from states written before history.jsonl, never written: a list that grew with every
+    # step made each step's save O(steps) (12 MB of JSON, 0.67 s a save, at step 10 000:
+    # bench/state_save.py). What was trained is the audit log, consumed.jsonl.
+    trained: list[str] = Field(default_factory=list, exclude=True)
     counts: dict[str, int] = Field(default_factory=dict)         # Count -> n
-    history: list[dict] = Field(default_factory=list)            # per step: reward mean/std, tokens, seconds
+    # per step: reward mean/std, tokens, seconds; kept in history.jsonl, one line appended per
+    # step (services/learner/parts.py append_history), not in state.json (see `trained`)
+    history: list[dict] = Field(default_factory=list, exclude=True)
     eval_before: dict | None = None
     eval_after: dict | None = None
     finished: bool = False

@@ -5,7 +5,9 @@ A learner keeps each run in `<state_dir>/<run_id>/` (`state_dir` is the learner'
 
     state.json       RunState: run_id, config, step, policy_uri, policy_sha256, offsets,
                      release_offsets, dlq_offset, feeder_position, fed, gate, in_flight, requeue, quarantined,
-                     watch, trained, counts, history, eval_before, eval_after, finished
+                     watch, counts, eval_before, eval_after, finished (before history.jsonl
+                     also history and trained)
+    history.jsonl    one line per step: step, reward_mean, reward_std, tokens, seconds, ...
     consumed.jsonl   the audit log: one line per trained group (step, prompt_id, topic,
                      partition, offset, policy_version, reward_mean; topic rl.scored or, for a
                      released group, rl.releases: absent in lines written before rl.releases)
@@ -162,8 +164,21 @@ class RunDir:
 
     @property
     def history(self) -> list[dict]:
-        """Per step: step, reward_mean, reward_std, tokens, seconds, policy_versions, ..."""
-        return list(self.state.get("history", []))
+        """Per step: step, reward_mean, reward_std, tokens, seconds, policy_versions, ...
+        (history.jsonl; a run written before it: state.json's "history"), steps <= the saved
+        step's only (a row appended just before a crash is not yet the run's)."""
+        path = self.path / "history.jsonl"
+        if not path.exists():
+            return list(self.state.get("history", []))
+        step, rows = self.state.get("step", 0), {}
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if row["step"] <= step:
+                rows[row["step"]] = row
+        return [rows[k] for k in sorted(rows)]
 
     @property
     def quarantined(self) -> dict[str, dict]:

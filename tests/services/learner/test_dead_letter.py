@@ -117,8 +117,9 @@ def test_a_run_with_dlq_losses_trains_steps_times_b_prompts_each_once(make_learn
             assert lrn.train_step() is not None
     _backoff_passed(lrn)
     assert lrn.feeder.top_up() == 0                                  # nothing more to publish
-    assert st.fed == 12 and len(st.trained) == len(set(st.trained)) == 12 and not st.in_flight
-    assert lost <= set(st.trained) and st.counts["dlq"] == 3 and st.dlq_replaced == 0
+    trained = [json.loads(line)["prompt_id"] for line in (lrn.run_dir / "consumed.jsonl").read_text().splitlines()]
+    assert st.fed == 12 and len(trained) == len(set(trained)) == 12 and not st.in_flight
+    assert lost <= set(trained) and st.counts["dlq"] == 3 and st.dlq_replaced == 0
 
 
 def _run_out(feeder: Feeder, st: RunState, b: int) -> list[str]:

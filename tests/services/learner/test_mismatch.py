@@ -53,7 +53,7 @@ def test_vllm_groups_are_weighed_and_every_figure_is_exported(make_learner, monk
               "rollout_is/mean_weight", "rollout_is/clipped_frac"):
         assert math.isfinite(metrics[k]) and _gauge(k) == metrics[k], k
     assert metrics["mismatch/kl"] > 0     # the test groups' log-probs (-1.0 each) are not the model's
-    row = json.loads((lrn.run_dir / "state.json").read_text())["history"][-1]
+    row = json.loads((lrn.run_dir / "history.jsonl").read_text().splitlines()[-1])
     assert row["mismatch/kl"] == metrics["mismatch/kl"]
     assert row["rollout_is/mean_weight"] == metrics["rollout_is/mean_weight"]
 
@@ -66,7 +66,7 @@ def test_torch_groups_are_measured_not_weighed(make_learner, monkeypatch):
     assert "mismatch/kl" in metrics and not any(k.startswith("rollout_is/") for k in metrics)
     assert _gauge("mismatch/kl") == metrics["mismatch/kl"]
     assert math.isnan(_gauge("rollout_is/mean_weight"))                     # no value, not an older step's
-    row = json.loads((lrn.run_dir / "state.json").read_text())["history"][-1]
+    row = json.loads((lrn.run_dir / "history.jsonl").read_text().splitlines()[-1])
     assert "mismatch/mean_abs_logp_diff" in row and "rollout_is/mean_weight" not in row
 
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from services.learner.config import LearnerSection
 from services.learner.parts import Weights
 from services.learner.policy_store import PolicyStore
-from services.learner.resume import open_run
+from services.learner.resume import open_run, trim_history
 from services.learner.state import InFlight, RunState, StateError
 from steadyrl import policy_files
 from steadyrl.models import load_policy
@@ -26,6 +26,7 @@ RUN = "r20261201T075848-5c73"
 # Keys of state.json added since 4bba081, with the value an old state reads back as
 ADDED = {"dlq_replaced": 0,   # issue 18: the fixture lost no prompt to rl.dlq (counts.dlq absent)
          "release_offsets": {}}  # issue 21: rl.releases (open_consumer reads it from the start)
+MOVED = {"history", "trained"}   # out of state.json (history.jsonl; consumed.jsonl)
 
 
 @pytest.fixture
@@ -54,8 +55,13 @@ def test_the_old_run_resumes_from_its_checkpoint(old_run):
     ckpt = load_file(str(lc.state_dir / RUN / "checkpoints" / "step_000006" / "model" / "model.safetensors"))
     live = parts.model.state_dict()
     assert all(torch.equal(live[k], v) for k, v in ckpt.items())
-    # what it writes back is the JSON it read (the same keys, and those added since; typed on the way)
-    assert set(json.loads(st.model_dump_json())) == set(saved) | set(ADDED)
+    # what it writes back is the JSON it read (the same keys, and those added since; typed on the
+    # way), less the two that grew with every step: history moves to history.jsonl, trained is
+    # the audit log's
+    assert set(json.loads(st.model_dump_json())) == (set(saved) - MOVED) | set(ADDED)
+    trim_history(lc.state_dir / RUN, st)
+    rows = [json.loads(line) for line in (lc.state_dir / RUN / "history.jsonl").read_text().splitlines()]
+    assert rows == st.history == saved["history"] and [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
 
 
 def test_without_a_checkpoint_the_legacy_policy_file_is_loaded(old_run):
@@ -106,7 +112,9 @@ def test_the_resumed_run_publishes_in_the_folder_layout_and_both_read_back(old_r
 
 def test_run_state_round_trips_the_old_json():
     text = (FIXTURE / "learner" / RUN / "state.json").read_text()
-    assert json.loads(RunState.parse(text, "fixture").model_dump_json()) == json.loads(text) | ADDED
+    old = {k: v for k, v in json.loads(text).items() if k not in MOVED}
+    assert json.loads(RunState.parse(text, "fixture").model_dump_json()) == old | ADDED
+    assert len(RunState.parse(text, "fixture").history) == 6        # read, kept in memory
 
 
 def test_a_new_run_state_counts_no_prompt_fed():
