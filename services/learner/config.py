@@ -13,6 +13,24 @@ from steadyrl.config import ServiceConfig
 from steadyrl.data import load_rows, tiny_copy_rows
 from steadyrl.rl.trainer import TrainConfig
 
+DEFAULT_EVAL_SPLITS = {"level04": "data/arithmetic/test_level04.parquet",
+                       "level09": "data/arithmetic/test_level09.parquet"}
+
+
+def check_dataset(v: str) -> str:
+    """`v` if it names a dataset load_dataset can read: tiny_copy:N, or an existing .parquet/.jsonl file."""
+    if v.startswith("tiny_copy:"):
+        n = v.split(":", 1)[1]
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"tiny_copy:N needs a row count N >= 1, got {n!r}")
+        return v
+    p = Path(v)
+    if p.suffix not in (".parquet", ".jsonl", ".json"):
+        raise ValueError(f"{v}: expected a .parquet (verl) or .jsonl file, or tiny_copy:N")
+    if not p.is_file():
+        raise ValueError(f"{v}: no such file (relative paths start at {Path.cwd()})")
+    return v
+
 
 class LearnerSection(BaseModel):
     """The learner's own settings (the defaults are `make run`: SmolLM2 on the arithmetic set)."""
@@ -24,6 +42,13 @@ class LearnerSection(BaseModel):
     eval_data: str | None = Field("data/arithmetic/test.parquet",
                                   description="Greedy accuracy before and after training (None: skip).")
     eval_limit: int = Field(0, ge=0, description="Rows of eval_data, spread evenly (0: all).")
+    eval_splits: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_EVAL_SPLITS),
+        description="Harder test splits, name -> dataset (as eval_data): each is evaluated like eval_data, "
+                    "greedy before and after, when eval_data is set; summary.json `eval_splits` "
+                    "({}: none). The defaults are the same modules at entropy slices 4 and 9 of 20.")
+    eval_splits_limit: int = Field(96, ge=0, description="Rows of each eval_splits dataset, spread evenly "
+                                                         "(0: all).")
     eval_scorer: str = "numeric_match"
     eval_max_new_tokens: int = Field(32, ge=1)
     steps: int = Field(20, ge=1, description="Policy updates; the learner exits when done.")
@@ -92,18 +117,18 @@ class LearnerSection(BaseModel):
     @field_validator("data", "eval_data")
     @classmethod
     def _dataset_exists(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        if v.startswith("tiny_copy:"):
-            n = v.split(":", 1)[1]
-            if not n.isdigit() or int(n) < 1:
-                raise ValueError(f"tiny_copy:N needs a row count N >= 1, got {n!r}")
-            return v
-        p = Path(v)
-        if p.suffix not in (".parquet", ".jsonl", ".json"):
-            raise ValueError(f"{v}: expected a .parquet (verl) or .jsonl file, or tiny_copy:N")
-        if not p.is_file():
-            raise ValueError(f"{v}: no such file (relative paths start at {Path.cwd()})")
+        return v if v is None else check_dataset(v)
+
+    @field_validator("eval_splits")
+    @classmethod
+    def _splits_exist(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, spec in v.items():
+            if not name or not name.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(f"eval_splits: name {name!r} is not letters, digits, '_' or '-'")
+            try:
+                check_dataset(spec)
+            except ValueError as e:
+                raise ValueError(f"eval_splits.{name}: {e}") from None
         return v
 
     @field_validator("trackers")

@@ -234,6 +234,12 @@ class Learner:
                 self.progress["phase"] = "eval before"
                 st.eval_before = report.evaluate(lc, self.model, self.tok, "before", self.health.beat)
                 self.save_state()
+            elif st.step == 0 and st.eval_before is not None and (pending := report.pending_splits(lc, st.eval_before)):
+                # resumed at step 0 with the eval before saved without these harder splits
+                self.progress["phase"] = "eval before"
+                st.eval_before.setdefault("splits", {}).update(report.evaluate_splits(
+                    lc, self.model, self.tok, "before", self.health.beat, names=pending))
+                self.save_state()
             self.progress["phase"] = "waiting"
             self.stall.waiting()
             while st.step < lc.steps and not stop.is_set():
@@ -246,7 +252,9 @@ class Learner:
             self.checkpoint(wait=True)  # on stop and at the end
             if st.step >= lc.steps and not st.finished:
                 self.progress["phase"] = "eval after"
-                st.eval_after = report.evaluate(lc, self.model, self.tok, "after", self.health.beat)
+                # the harder splits: those evaluated before (none in a run begun before eval_splits)
+                st.eval_after = report.evaluate(lc, self.model, self.tok, "after", self.health.beat,
+                                                splits=set((st.eval_before or {}).get("splits") or {}))
                 report.write_summary(lc, st, self.run_dir)
                 for name in ("summary.json", "curve.png"):
                     self.trackers.artifact(self.run_dir / name)

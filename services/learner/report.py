@@ -1,5 +1,5 @@
-"""What a run reports when it ends: greedy test accuracy before and after, `summary.json`,
-the SUMMARY lines and the reward curve (`curve.png`)."""
+"""What a run reports when it ends: greedy test accuracy before and after (eval_data, and
+each harder split of eval_splits), `summary.json`, the SUMMARY lines and the reward curve (`curve.png`)."""
 
 from __future__ import annotations
 
@@ -36,27 +36,59 @@ def paired_margin(before: list[bool], after: list[bool]) -> dict:
             "mcnemar_p": p, "learned": delta > 1.96 * se}
 
 
-def evaluate(lc: LearnerSection, model, tok, when: str, beat) -> dict | None:
-    """Greedy accuracy of `model` on lc.eval_data (None when there is none); `beat` is called
-    after every batch (liveness)."""
+def _greedy(lc: LearnerSection, spec: str, limit: int, model, tok, beat) -> dict:
     from steadyrl.rl.loop import evaluate as greedy_eval
 
-    if lc.eval_data is None:
-        return None
-    rows = spread(load_dataset(lc.eval_data), lc.eval_limit)
+    rows = spread(load_dataset(spec), limit)
     t0 = time.perf_counter()
     acc, items = greedy_eval(model, tok, rows, lc.eval_scorer, lc.eval_max_new_tokens, on_batch=beat)
-    EVAL_ACCURACY.labels(when).set(acc)
-    result = {"accuracy": acc, "n": len(items), "correct": sum(i["correct"] for i in items),
-              "seconds": round(time.perf_counter() - t0, 1), "correct_items": [i["correct"] for i in items]}
-    log.info("evaluation", extra={"when": when, "accuracy": acc, "n": len(items)})
+    return {"accuracy": acc, "n": len(items), "correct": sum(i["correct"] for i in items),
+            "seconds": round(time.perf_counter() - t0, 1), "correct_items": [i["correct"] for i in items]}
+
+
+def evaluate(lc: LearnerSection, model, tok, when: str, beat, splits=None) -> dict | None:
+    """Greedy accuracy of `model` on lc.eval_data (None when there is none), and under "splits"
+    on each harder test split of lc.eval_splits (those named in `splits`, when given: after the
+    run, those evaluated before it); `beat` is called after every batch (liveness)."""
+    if lc.eval_data is None:
+        return None
+    result = _greedy(lc, lc.eval_data, lc.eval_limit, model, tok, beat)
+    EVAL_ACCURACY.labels(when).set(result["accuracy"])
+    log.info("evaluation", extra={"when": when, "accuracy": result["accuracy"], "n": result["n"]})
+    result["splits"] = evaluate_splits(lc, model, tok, when, beat, splits)
     return result
+
+
+def evaluate_splits(lc: LearnerSection, model, tok, when: str, beat, names=None) -> dict[str, dict]:
+    """Greedy accuracy on each harder test split of lc.eval_splits (only those in `names`, when
+    given), lc.eval_splits_limit rows each, with the dataset under "data"; {} when lc.eval_data
+    is None (no evaluation at all)."""
+    if lc.eval_data is None:
+        return {}
+    out = {}
+    for name, spec in lc.eval_splits.items():
+        if names is not None and name not in names:
+            continue
+        out[name] = {"data": spec, **_greedy(lc, spec, lc.eval_splits_limit, model, tok, beat)}
+        log.info("evaluation", extra={"when": when, "split": name, "accuracy": out[name]["accuracy"],
+                                      "n": out[name]["n"]})
+    return out
+
+
+def pending_splits(lc: LearnerSection, before: dict | None) -> set[str]:
+    """The harder splits of lc.eval_splits that `before` (RunState.eval_before) has no result for:
+    a run resumed at step 0 whose eval before was saved without them (by a version before
+    eval_splits, or with other eval_splits)."""
+    if lc.eval_data is None or before is None:
+        return set()
+    return set(lc.eval_splits) - set(before.get("splits", {}))
 
 
 def summary(lc: LearnerSection, st: RunState) -> dict:
     """The run's summary.json: configuration, counts, reward, seconds and train/inference
     mismatch KL (mismatch/kl; None for a step without it, or of a run from before it) per step,
-    evaluation."""
+    evaluation: `eval` (eval_data) and `eval_splits` (each harder split evaluated before and after
+    on the same items; absent for a run from before them)."""
     out = {"run_id": st.run_id, "steps": st.step, "model": lc.model, "data": lc.data,
            "prompts_per_step": lc.prompts_per_step, "group_size": lc.group_size,
            "max_staleness": lc.max_staleness, "lr": lc.train.lr, "counts": st.counts,
@@ -67,6 +99,14 @@ def summary(lc: LearnerSection, st: RunState) -> dict:
     if b and a:
         out["eval"] = {"data": lc.eval_data, "before": b["accuracy"], "after": a["accuracy"],
                        **paired_margin(b["correct_items"], a["correct_items"])}
+    splits = {}  # eval_before/after["splits"]: absent in a run from before eval_splits
+    for name, sb in ((b or {}).get("splits") or {}).items():
+        sa = ((a or {}).get("splits") or {}).get(name)
+        if sa and sb["n"] and len(sa["correct_items"]) == len(sb["correct_items"]):  # the same items
+            splits[name] = {"data": sb["data"], "before": sb["accuracy"], "after": sa["accuracy"],
+                            **paired_margin(sb["correct_items"], sa["correct_items"])}
+    if splits:
+        out["eval_splits"] = splits
     return out
 
 
@@ -87,6 +127,10 @@ def write_summary(lc: LearnerSection, st: RunState, run_dir: Path) -> Path:
         lines.append(f"test accuracy (greedy, n={ev['n']}): before {ev['before']:.4f}, after {ev['after']:.4f}, "
                      f"change {ev['delta']:+.4f} (95% margin +-{ev['margin_95']:.4f}, "
                      f"McNemar p={ev['mcnemar_p']:.3g}) -> {'LEARNED' if ev['learned'] else 'not above noise'}")
+    for name, ev in s.get("eval_splits", {}).items():
+        lines.append(f"harder split {name} ({ev['data']}, greedy, n={ev['n']}): before {ev['before']:.4f}, "
+                     f"after {ev['after']:.4f}, change {ev['delta']:+.4f} (95% margin +-{ev['margin_95']:.4f}, "
+                     f"McNemar p={ev['mcnemar_p']:.3g}) -> {'LEARNED' if ev['learned'] else 'not above noise'}")
     lines.append(f"counts: {s['counts']}; summary {path}")
     for line in lines:
         print(f"SUMMARY {line}", flush=True)  # noqa: T201  the run's result, for the person at `steadyrl up`
@@ -94,7 +138,7 @@ def write_summary(lc: LearnerSection, st: RunState, run_dir: Path) -> Path:
 
 
 def plot(s: dict, path: Path) -> None:
-    """Batch reward per step, and the test accuracy before and after, as a PNG."""
+    """Batch reward per step, and the test accuracy (and each harder split's) before and after, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,10 +149,14 @@ def plot(s: dict, path: Path) -> None:
     if "eval" in s:
         ax.axhline(s["eval"]["before"], color="grey", ls="--", label=f"test acc before {s['eval']['before']:.3f}")
         ax.axhline(s["eval"]["after"], color="green", ls="--", label=f"test acc after {s['eval']['after']:.3f}")
+    for i, (name, ev) in enumerate(s.get("eval_splits", {}).items()):  # the harder splits: thinner lines
+        color = ("C1", "C3", "C4", "C5", "C6")[i % 5]  # not eval's grey/green nor the reward's C0
+        ax.axhline(ev["before"], color=color, ls=":", lw=1, label=f"{name} before {ev['before']:.3f}")
+        ax.axhline(ev["after"], color=color, ls="--", lw=1, label=f"{name} after {ev['after']:.3f}")
     ax.set_xlabel("step")
     ax.set_ylabel("reward / accuracy")
     ax.set_title(f"{s['model']} GRPO through Kafka ({s['run_id']})", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8 if "eval_splits" not in s else 6)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
