@@ -89,7 +89,7 @@ class RunState(_Saved):
     quarantined: dict[str, Held] = Field(default_factory=dict)
     watch: dict = Field(default_factory=dict)                    # the reward watch (RewardWatch.state)
     # Read from states written before history.jsonl, never written: a list that grew with every
-    # step made each step's save O(steps) (12 MB of JSON, 0.67 s a save, at step 10 000:
+    # step made each step's save O(steps) (5.5 MB of JSON, 131 ms a save, at step 10 000:
     # bench/state_save.py). What was trained is the audit log, consumed.jsonl.
     trained: list[str] = Field(default_factory=list, exclude=True)
     counts: dict[str, int] = Field(default_factory=dict)         # Count -> n

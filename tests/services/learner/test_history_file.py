@@ -1,6 +1,6 @@
 """The per-step history lives in history.jsonl, not state.json: each step's save no longer
 grows with the run (it did: state.json held every step's row and every trained prompt id,
-12 MB and 0.67 s a save at step 10 000; bench/state_save.py). A resume keeps the rows of the
+5.5 MB and 131 ms a save at step 10 000; bench/state_save.py). A resume keeps the rows of the
 saved step and before; a run written before the file moves its history into it."""
 
 from __future__ import annotations
