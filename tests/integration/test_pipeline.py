@@ -412,8 +412,6 @@ def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(boo
         assert done.returncode == 0 and "released" in done.stdout, done.stderr
         again = _quarantine_cli(bootstrap, up.prefix, "release", release)
         assert again.returncode == 1 and "already released" in again.stderr
-        released_at = up.progress()["step"]
-        assert released_at < steps, "the run ended before the release could be trained"
         rc = up.proc.wait(300)
     finally:
         up.close()
@@ -435,6 +433,11 @@ def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(boo
     held = set(run.quarantined)
     entries = read_quarantine(bootstrap, up.prefix)
     released = {q.group.prompt_id for q in entries[release].groups.values()}
+    # Regression: this read the learner's step after the second release command and required
+    # it below `steps`; with the tiny model's 50 ms steps the last 4 steps can pass in that
+    # command's own start-up (found in CI: released at step 76, run over at 80 before the
+    # read). What matters is that the release was trained before the run ended:
+    assert released <= set(trained), f"released groups never trained: {released - set(trained)}"
     assert run.counts["released"] == len(released) and not released & held
     for pid in released:  # trained once, after the release, with the rewards it was held with
         assert trained[pid]["step"] > entries[release].first.step
