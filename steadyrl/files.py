@@ -1,8 +1,9 @@
-"""File helpers shared by the services: checksums and atomic writes."""
+"""File helpers shared by the services: checksums, atomic writes and per-step JSON-lines logs."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -31,3 +32,21 @@ def write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(path)
+
+
+def read_step_lines(path: Path) -> tuple[list[dict], int]:
+    """The rows of an append-only per-step JSON-lines log (the learner's consumed.jsonl and
+    history.jsonl: each row has a "step"), in file order, and the file's line count ([], 0
+    without the file). A line cut short by a crash mid-append is skipped: the learner saves
+    the step's state after the line, so its step was never saved."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return [], 0
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows, len(lines)

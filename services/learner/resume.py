@@ -23,7 +23,7 @@ from typing import Protocol
 from services.learner.state import RunState, new_run_id
 from steadyrl import checkpoint as ck
 from steadyrl.config import ConfigError
-from steadyrl.files import write_atomic
+from steadyrl.files import read_step_lines, write_atomic
 
 log = logging.getLogger("steadyrl.learner")
 
@@ -105,15 +105,14 @@ def _continue(run_dir: Path, fingerprint: dict, restorer: Restorer) -> RunState 
 
 def trim_audit(run_dir: Path, step: int) -> None:
     """Drop audit lines (consumed.jsonl) of steps after `step`, the saved state's (a crash
-    between the two writes): those groups are re-read from the saved offsets and trained again."""
+    between the two writes), and a line a crash cut short: those groups are re-read from the
+    saved offsets and trained again."""
     path = run_dir / "consumed.jsonl"
-    if not path.exists():
-        return
-    lines = path.read_text().splitlines()
-    keep = [line for line in lines if json.loads(line)["step"] <= step]
-    if len(keep) != len(lines):
-        log.warning("audit log trimmed to the saved step", extra={"step": step, "dropped": len(lines) - len(keep)})
-        write_atomic(path, "".join(line + "\n" for line in keep))
+    rows, lines = read_step_lines(path)
+    keep = [row for row in rows if row["step"] <= step]
+    if len(keep) != lines:
+        log.warning("audit log trimmed to the saved step", extra={"step": step, "dropped": lines - len(keep)})
+        write_atomic(path, "".join(json.dumps(row) + "\n" for row in keep))
 
 
 def trim_history(run_dir: Path, st: RunState) -> None:
@@ -129,15 +128,8 @@ def trim_history(run_dir: Path, st: RunState) -> None:
             log.info("history moved from state.json to history.jsonl", extra={"rows": len(st.history)})
         st.history = [row for row in st.history if row["step"] <= st.step]
         return
-    rows: dict[int, dict] = {}
-    lines = path.read_text().splitlines()
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a crash mid-append
-            continue
-        if row["step"] <= st.step:
-            rows[row["step"]] = row
-    st.history = [rows[k] for k in sorted(rows)]
-    if len(st.history) != len(lines):
+    rows, lines = read_step_lines(path)
+    by_step = {row["step"]: row for row in rows if row["step"] <= st.step}
+    st.history = [by_step[k] for k in sorted(by_step)]
+    if len(st.history) != lines:
         write_atomic(path, "".join(json.dumps(row) + "\n" for row in st.history))

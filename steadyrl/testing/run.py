@@ -17,7 +17,8 @@ A learner keeps each run in `<state_dir>/<run_id>/` (`state_dir` is the learner'
 and `<state_dir>/CURRENT` names the run in progress. Benchmarks, tests and `steadyrl up`
 read these through `RunDir`, so a renamed key is renamed in one place.
 
-This module imports nothing beyond the standard library: the CLI may use it.
+This module imports nothing beyond the standard library (and steadyrl.files, which imports
+nothing more): the CLI may use it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+from steadyrl.files import read_step_lines
 
 #: Every key the learner writes into `state.json`'s "counts" (its `_count` calls). A name
 #: outside this list read through `Counts` raises instead of reading as 0.
@@ -170,15 +173,9 @@ class RunDir:
         path = self.path / "history.jsonl"
         if not path.exists():
             return list(self.state.get("history", []))
-        step, rows = self.state.get("step", 0), {}
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if row["step"] <= step:
-                rows[row["step"]] = row
-        return [rows[k] for k in sorted(rows)]
+        rows, _ = read_step_lines(path)
+        by_step = {row["step"]: row for row in rows if row["step"] <= self.step}
+        return [by_step[k] for k in sorted(by_step)]
 
     @property
     def quarantined(self) -> dict[str, dict]:

@@ -45,3 +45,16 @@ def test_a_run_from_before_the_file_moves_its_history_into_it(tmp_path):
     trim_history(tmp_path, st)
     assert st.history == [_row(1), _row(2)]
     assert [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()] == st.history
+
+
+def test_an_audit_line_cut_short_by_a_crash_is_dropped_not_fatal(tmp_path):
+    """Regression: trim_audit parsed every consumed.jsonl line, so a line a crash cut short
+    mid-append made every restart of the learner fail in json.loads."""
+    from services.learner.resume import trim_audit
+
+    path = tmp_path / "consumed.jsonl"
+    path.write_text('{"step": 1, "prompt_id": "a"}\n{"step": 2, "prompt_id": "b"}\n{"step": 3, "prom')
+    trim_audit(tmp_path, 2)
+    assert [json.loads(line)["prompt_id"] for line in path.read_text().splitlines()] == ["a", "b"]
+    trim_audit(tmp_path, 1)
+    assert [json.loads(line)["prompt_id"] for line in path.read_text().splitlines()] == ["a"]
