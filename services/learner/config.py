@@ -42,11 +42,13 @@ class LearnerSection(BaseModel):
     eval_data: str | None = Field("data/arithmetic/test.parquet",
                                   description="Greedy accuracy before and after training (None: skip).")
     eval_limit: int = Field(0, ge=0, description="Rows of eval_data, spread evenly (0: all).")
-    eval_splits: dict[str, str] = Field(
-        default_factory=lambda: dict(DEFAULT_EVAL_SPLITS),
-        description="Harder test splits, name -> dataset (as eval_data): each is evaluated like eval_data, "
-                    "greedy before and after, when eval_data is set; summary.json `eval_splits` "
-                    "({}: none). The defaults are the same modules at entropy slices 4 and 9 of 20.")
+    # None, not the defaults, as the field's default: the config loader merges a value given
+    # for a field into a dict default (steadyrl/config.py, partial updates of nested defaults),
+    # so `eval_splits: {}` kept both default splits; None is replaced. `harder_splits` resolves it.
+    eval_splits: dict[str, str] | None = Field(
+        None, description="Harder test splits, name -> dataset (as eval_data): each is evaluated like eval_data, "
+                          "greedy before and after, when eval_data is set; summary.json `eval_splits` "
+                          "({}: none; unset: the same modules at entropy slices 4 and 9 of 20).")
     eval_splits_limit: int = Field(96, ge=0, description="Rows of each eval_splits dataset, spread evenly "
                                                          "(0: all).")
     eval_scorer: str = "numeric_match"
@@ -121,8 +123,8 @@ class LearnerSection(BaseModel):
 
     @field_validator("eval_splits")
     @classmethod
-    def _splits_exist(cls, v: dict[str, str]) -> dict[str, str]:
-        for name, spec in v.items():
+    def _splits_exist(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for name, spec in (v or {}).items():
             if not name or not name.replace("_", "").replace("-", "").isalnum():
                 raise ValueError(f"eval_splits: name {name!r} is not letters, digits, '_' or '-'")
             try:
@@ -142,6 +144,11 @@ class LearnerSection(BaseModel):
             raise ValueError(f"max_buffer_size {self.max_buffer_size} < prompts_per_step {self.prompts_per_step}: "
                              "the buffer could never hold a batch")
         return self
+
+    @property
+    def harder_splits(self) -> dict[str, str]:
+        """eval_splits, or DEFAULT_EVAL_SPLITS where it is unset (None; see the field)."""
+        return dict(DEFAULT_EVAL_SPLITS) if self.eval_splits is None else self.eval_splits
 
     def fingerprint(self) -> dict:
         """What a run cannot change on resume: model, data and the order and shape of batches."""

@@ -66,7 +66,7 @@ def evaluate_splits(lc: LearnerSection, model, tok, when: str, beat, names=None)
     if lc.eval_data is None:
         return {}
     out = {}
-    for name, spec in lc.eval_splits.items():
+    for name, spec in lc.harder_splits.items():
         if names is not None and name not in names:
             continue
         out[name] = {"data": spec, **_greedy(lc, spec, lc.eval_splits_limit, model, tok, beat)}
@@ -81,7 +81,7 @@ def pending_splits(lc: LearnerSection, before: dict | None) -> set[str]:
     eval_splits, or with other eval_splits)."""
     if lc.eval_data is None or before is None:
         return set()
-    return set(lc.eval_splits) - set(before.get("splits", {}))
+    return set(lc.harder_splits) - set(before.get("splits", {}))
 
 
 def summary(lc: LearnerSection, st: RunState) -> dict:

@@ -41,11 +41,11 @@ def test_splits_are_validated_like_eval_data_and_empty_turns_them_off(tmp_path):
     (tmp_path / "h.jsonl").write_text('{"question": "1+1?", "answer": 2}\n')
     lc = _section(eval_splits={"h": str(tmp_path / "h.jsonl"), "copy": "tiny_copy:4"}, eval_splits_limit=0)
     assert lc.eval_splits == {"h": str(tmp_path / "h.jsonl"), "copy": "tiny_copy:4"}
-    assert _section(eval_splits={}).eval_splits == {}
+    assert _section(eval_splits={}).harder_splits == {}
     lc = LearnerSection()
-    assert lc.eval_splits == DEFAULT_EVAL_SPLITS and lc.eval_splits_limit == 96
-    lc.eval_splits["x"] = "y"  # each section its own dict
-    assert LearnerSection().eval_splits == DEFAULT_EVAL_SPLITS
+    assert lc.harder_splits == DEFAULT_EVAL_SPLITS and lc.eval_splits_limit == 96
+    lc.harder_splits["x"] = "y"  # each section its own dict
+    assert LearnerSection().harder_splits == DEFAULT_EVAL_SPLITS
 
 
 def test_the_default_splits_are_committed_harder_arithmetic_without_train_questions():
@@ -136,3 +136,20 @@ def test_evaluate_puts_the_splits_beside_eval_data(monkeypatch):
     assert list(after["splits"]) == ["a"]
     assert set(report.summary(lc, RunState(run_id="r", eval_before=before, eval_after=after))["eval_splits"]) == {"a"}
     assert report.evaluate(_section(eval_splits={}), None, None, "before", lambda: None)["splits"] == {}
+
+
+def test_a_config_file_sets_the_splits_instead_of_adding_to_the_defaults(tmp_path, monkeypatch):
+    """Regression (newcomer report): through the config loader, `eval_splits: {}` kept both
+    default splits and `{only: ...}` came out as the defaults plus `only` (the loader merges a
+    value into a dict default), so tiny.yaml's tests evaluated the arithmetic splits."""
+    from services.learner.config import DEFAULT_EVAL_SPLITS, LearnerConfig
+    from steadyrl.config import load
+
+    root = Path(__file__).resolve().parents[3]
+    monkeypatch.chdir(root)
+    assert load(LearnerConfig, ["--config", "configs/tiny.yaml"]).learner.harder_splits == {}
+    one = tmp_path / "one.yaml"
+    one.write_text("learner:\n  eval_splits: {only: data/arithmetic/test_level04.parquet}\n")
+    assert load(LearnerConfig, ["--config", str(one)]).learner.harder_splits == {
+        "only": "data/arithmetic/test_level04.parquet"}
+    assert load(LearnerConfig, []).learner.harder_splits == DEFAULT_EVAL_SPLITS
