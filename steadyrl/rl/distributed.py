@@ -43,16 +43,44 @@ def torchrun_argv(world_size: int, module: str, argv: list[str], max_restarts: i
             "--max-restarts", str(max_restarts), "-m", module, *argv]
 
 
+def attempt_store(timeout_s: float):
+    """The store this attempt of the group meets in: torchrun's own store (the agent's TCPStore
+    at MASTER_ADDR:MASTER_PORT), under a prefix per restart (`TORCHELASTIC_RESTART_COUNT`).
+
+    torchrun (torch 2.15, `--standalone`) hosts one TCPStore for the life of the agent and
+    gives every restarted group the same one with no prefix of its own, so the keys each rank
+    left there in the attempt before stay. A rank of the new group that comes up first reads
+    the dead rank's gloo address under the same key and fails "connectFullMesh ... Connection
+    refused"; every restart can lose the same race until `--max-restarts` is spent (pytorch
+    issue 135712; tests/steadyrl/rl/test_distributed_restart.py makes it happen). One agent
+    restarts all its ranks together, so they agree on the count.
+    Returns None when the agent does not share its store (then env:// as usual)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import torch.distributed as dist
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timedelta(seconds=timeout_s))
+    return dist.PrefixStore(f"steadyrl/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
 def init_from_env(timeout_s: float = 600.0) -> tuple[int, int]:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT): gloo on
-    CPU, NCCL on GPUs. Returns (rank, world size); (0, 1) when not started by torchrun."""
+    CPU, NCCL on GPUs, in this attempt's own key space (`attempt_store`). Returns (rank, world
+    size); (0, 1) when not started by torchrun."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return 0, 1
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=timeout_s))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        store = attempt_store(timeout_s)
+        if store is None:
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        else:
+            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world,
+                                    timeout=timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -64,10 +64,12 @@ def test_sigkill_of_rank_1_restarts_the_group_and_nothing_is_lost_or_trained_twi
         while _rank_pid(up, 1) in (None, pid):  # torchrun starts the group again
             assert time.monotonic() < deadline and up.proc.poll() is None, up.log()[-4000:]
             time.sleep(0.5)
-        rc = up.proc.wait(420)
+        rc = up.wait(420)
         assert rc == 0, up.log()[-4000:]
     finally:
         up.close()
     assert "resuming run from checkpoint" in up.log()
+    # the restarted group joined at once: no rank read the dead rank's address (attempt_store)
+    assert "connectFullMesh" not in up.log(), up.log()[-4000:]
     report = audit_pipeline(bootstrap, up.prefix, up.run(), steps, 8, excuse_dlq=False)
     assert report["ok"], explain(report)

@@ -70,8 +70,12 @@ class Up:
         return pid
 
     def wait(self, timeout_s: float) -> int:
+        """`up`'s exit status; it is stopped after. Running past `timeout_s` fails with the tail
+        of its log (what each service said), not only the command line."""
         try:
             return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"up ran past {timeout_s} s; its log ends:\n{self.log()[-6000:]}") from None
         finally:
             self.close()
 
