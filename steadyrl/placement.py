@@ -16,6 +16,10 @@ The default (`default_placement`) is computed from the machine and the staleness
   learner's arithmetic identical to the in-process loop's).
 - max_staleness >= 1: they run at once, so the cores are split: the learner gets ceil(n/2),
   the actor the rest (at least 1 each), on disjoint CPU sets when there are >= 2 CPUs.
+- the learner on N ranks (`learner.world_size`, torchrun): its `threads` are per rank (torchrun
+  passes OMP_NUM_THREADS to each), so its cores are divided between the ranks, and in async its
+  share is at least N cores where the machine can spare them (the actor keeps one). Without
+  this, 2 ranks on the 2-core default share one core.
 - rollout, reward and the reward server wait on HTTP and Kafka: 1 thread each, any CPU.
 - GPUs: one GPU is shared; with >= 2 the actor gets the first and the learner the others.
 An explicit entry in `placement:` replaces the default of that field for that service.
@@ -109,18 +113,24 @@ def available_cpus() -> frozenset[int]:
         return frozenset(range(os.cpu_count() or 1))
 
 
-def default_placement(cpus: frozenset[int], max_staleness: int, gpus: int = 0) -> dict[str, ServicePlacement]:
-    """The default share of each service (module doc) on `cpus` with `gpus` GPUs."""
+def default_placement(cpus: frozenset[int], max_staleness: int, gpus: int = 0,
+                      learner_ranks: int = 1) -> dict[str, ServicePlacement]:
+    """The default share of each service (module doc) on `cpus` with `gpus` GPUs and the learner
+    on `learner_ranks` torch.distributed ranks (the learner's `threads` are per rank)."""
     order = sorted(cpus)
     n = len(order)
+    ranks = max(1, learner_ranks)
     out = {svc: ServicePlacement(threads=1) for svc in LIGHT}
     if max_staleness == 0 or n < 2:
-        both = None if max_staleness == 0 else 1
-        out["learner"] = ServicePlacement(threads=both)
-        out["actor"] = ServicePlacement(threads=both)
+        if max_staleness == 0:  # turns: each may use every core; the learner's split between its ranks
+            out["learner"] = ServicePlacement(threads=None if ranks == 1 else max(1, n // ranks))
+            out["actor"] = ServicePlacement(threads=None)
+        else:
+            out["learner"] = ServicePlacement(threads=1)
+            out["actor"] = ServicePlacement(threads=1)
     else:
-        k = math.ceil(n / 2)
-        out["learner"] = ServicePlacement(threads=k, cpus=format_cpus(set(order[:k])))
+        k = min(max(math.ceil(n / 2), ranks), n - 1)  # the actor keeps at least one core
+        out["learner"] = ServicePlacement(threads=max(1, k // ranks), cpus=format_cpus(set(order[:k])))
         out["actor"] = ServicePlacement(threads=n - k, cpus=format_cpus(set(order[k:])))
     if gpus >= 2:
         out["actor"] = out["actor"].model_copy(update={"devices": "0"})
@@ -129,11 +139,11 @@ def default_placement(cpus: frozenset[int], max_staleness: int, gpus: int = 0) -
 
 
 def resolve(explicit: Placement, cpus: frozenset[int], max_staleness: int,
-            gpus: int = 0) -> dict[str, ServicePlacement]:
+            gpus: int = 0, learner_ranks: int = 1) -> dict[str, ServicePlacement]:
     """Each service's placement: the default, with every field `explicit` sets replacing it.
 
     Raises ValueError when a CPU list names a CPU outside `cpus` (the process could not run)."""
-    default = default_placement(cpus, max_staleness, gpus)
+    default = default_placement(cpus, max_staleness, gpus, learner_ranks)
     out = {}
     for svc in SERVICES:
         given = getattr(explicit, svc)

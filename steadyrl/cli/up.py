@@ -181,19 +181,29 @@ def _login(svc: str, secrets: Path | None) -> list[str]:
 
 def _placement(args) -> dict:
     """Each service's placement (steadyrl/placement.py): the `placement:` section of `--config`
-    over the default for this machine's CPUs and the learner's max_staleness (config file, then
-    STEADYRL_LEARNER__MAX_STALENESS). Raises CliError (2) on a bad section, naming the field."""
+    over the default for this machine's CPUs, the learner's max_staleness and its world_size
+    (STEADYRL_LEARNER__*, else the config file). Raises CliError (2) on a bad section or a
+    setting that is not a whole number, naming the field."""
     import os
 
     from pydantic import ValidationError
 
     from steadyrl import placement
 
-    staleness = os.environ.get("STEADYRL_LEARNER__MAX_STALENESS", _section(args.config, "learner").get("max_staleness"))
+    learner = _section(args.config, "learner")
+
+    def setting(name: str, default: int) -> int:
+        value = os.environ.get(f"STEADYRL_LEARNER__{name.upper()}", learner.get(name))
+        try:
+            return int(value) if value is not None else default
+        except (TypeError, ValueError):
+            raise CliError(f"learner.{name}: not a whole number: {value!r}", code=2) from None
+
+    staleness = setting("max_staleness", DEFAULT_MAX_STALENESS)
+    ranks = setting("world_size", 1)
     try:
         explicit = placement.Placement.model_validate(_section(args.config, "placement"))
-        staleness = int(staleness) if staleness is not None else DEFAULT_MAX_STALENESS
-        return placement.resolve(explicit, placement.available_cpus(), staleness, _gpus())
+        return placement.resolve(explicit, placement.available_cpus(), staleness, _gpus(), ranks)
     except ValidationError as e:
         lines = [f"  placement.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()]
         raise CliError("invalid placement:\n" + "\n".join(lines), code=2) from None

@@ -82,3 +82,30 @@ def test_up_refuses_a_bad_placement_naming_the_field(tmp_path):
     r = subprocess.run([sys.executable, "-m", "steadyrl.cli", "up", "--config", str(cfg), "--bootstrap", "127.0.0.1:1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "placement.learner.threads" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("cpus, staleness, learner, actor", [
+    (frozenset({0, 1}), 1, ("1", "0"), ("1", "1")),        # no core to spare: 2 ranks x 1 thread on one core
+    (frozenset(range(4)), 1, ("1", "0-1"), ("2", "2-3")),    # 2 ranks, 1 thread each, on 2 cores
+    (frozenset(range(8)), 2, ("2", "0-3"), ("4", "4-7")),
+    (frozenset(range(8)), 0, ("4", None), (None, None)),     # turns: the ranks divide every core
+])
+def test_the_learners_threads_are_per_rank(cpus, staleness, learner, actor):
+    """2 learner ranks: each rank's threads are its share of the learner's cores (torchrun gives
+    each rank OMP_NUM_THREADS), so the two never ask for more threads than the learner has cores."""
+    d = default_placement(cpus, staleness, learner_ranks=2)
+    assert (str(d["learner"].threads), d["learner"].cpus) == learner
+    assert (None if d["actor"].threads is None else str(d["actor"].threads), d["actor"].cpus) == actor
+
+
+def test_four_ranks_take_the_cores_the_actor_can_spare():
+    d = default_placement(frozenset(range(6)), 1, learner_ranks=4)
+    assert (d["learner"].threads, d["learner"].cpus, d["actor"].threads, d["actor"].cpus) == (1, "0-3", 2, "4-5")
+
+
+def test_up_refuses_a_world_size_that_is_not_a_number(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("learner:\n  world_size: two\n")
+    r = subprocess.run([sys.executable, "-m", "steadyrl.cli", "up", "--config", str(cfg), "--bootstrap", "127.0.0.1:1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "learner.world_size" in r.stderr, r.stderr
