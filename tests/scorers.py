@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from steadyrl.rewards import tiny_copy
 
@@ -13,11 +14,15 @@ _lock = threading.Lock()
 def inflating_tiny_copy(data_source: str, solution_str: str, ground_truth: str,
                         extra_info: dict | None = None) -> float:
     """tiny_copy's reward, plus 4.0 for the next N items once the file named by
-    $STEADYRL_TEST_INFLATE holds N (a reward server that starts inflating mid-run)."""
+    $STEADYRL_TEST_INFLATE holds N (a reward server that starts inflating mid-run). While a
+    file of that name plus `.slow` exists, each item takes 50 ms more (about 3 s a tiny step),
+    so the run cannot end before the test has done what it does mid-run."""
     reward = tiny_copy(data_source, solution_str, ground_truth, extra_info)
     path = os.environ.get("STEADYRL_TEST_INFLATE")
     if not path:
         return reward
+    if os.path.exists(path + ".slow"):
+        time.sleep(0.05)
     with _lock:
         try:
             left = int(open(path).read().strip() or 0)

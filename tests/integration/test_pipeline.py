@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -387,7 +388,7 @@ def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(boo
     steps = 80
     # rebaseline_after 6: a few legit holds (this task learns fast) plus the inflated ones must
     # not make the inflated rewards the new normal (rebaselining has its own unit tests)
-    config = _config(tmp_path, steps=steps, eval_data=None,
+    config = _config(tmp_path, steps=steps, eval_data=None, checkpoint_every=5,
                      reward_watch={"action": "quarantine", "rebaseline_after": 6, "rebaseline_window": 10})
     cfg = yaml.safe_load(config.read_text())
     cfg["reward_server"].update(scorers=["tests.scorers:inflating_tiny_copy"],
@@ -395,8 +396,10 @@ def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(boo
     config.write_text(yaml.safe_dump(cfg))
     inflate = tmp_path / "inflate"
     up = Up(bootstrap, tmp_path, config, env={"STEADYRL_TEST_INFLATE": str(inflate)})
+    slow = Path(f"{inflate}.slow")
     try:
         up.wait_step(40)
+        slow.touch()  # the run slows down until the release is done (the tiny steps are ~50 ms)
         inflate.write_text("64")
         deadline = time.monotonic() + 120
         while True:  # until a batch with inflated rewards is on rl.quarantine
@@ -408,6 +411,16 @@ def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(boo
                 break
             assert time.monotonic() < deadline and up.proc.poll() is None, (listed.stdout, up.log()[-3000:])
             time.sleep(0.5)
+        # Kill only once a checkpoint holds the hold: resuming from one before it rolls the run
+        # back past the held batch (its prompts were published after that checkpoint), and a
+        # release of it is then, rightly, a duplicate (found in a run: killed at step 44, resumed
+        # at 40, the release never trained).
+        held_at = int(re.search(r"/q(\d+)-", inflated[0]).group(1))
+        after_hold = (held_at // 5 + 1) * 5  # checkpoint_every 5
+        latest = up.run().checkpoints / "LATEST"
+        while not latest.exists() or int(latest.read_text().strip().split("_")[-1]) < after_hold:
+            assert time.monotonic() < deadline + 120 and up.proc.poll() is None, up.log()[-3000:]
+            time.sleep(0.2)
         before_kill = up.progress()["step"]
         os.kill(up.child_pid("learner-0"), signal.SIGKILL)  # restarted by `up`; held groups must stay held
         up.wait_step(before_kill + 2, timeout_s=180)
@@ -416,6 +429,8 @@ def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(boo
         assert done.returncode == 0 and "released" in done.stdout, done.stderr
         again = _quarantine_cli(bootstrap, up.prefix, "release", release)
         assert again.returncode == 1 and "already released" in again.stderr
+        assert up.proc.poll() is None, "the run ended before the release could be trained"
+        slow.unlink()
         rc = up.proc.wait(300)
     finally:
         up.close()
