@@ -18,8 +18,8 @@ The default (`default_placement`) is computed from the machine and the staleness
   the actor the rest (at least 1 each), on disjoint CPU sets when there are >= 2 CPUs.
 - the learner on N ranks (`learner.world_size`, torchrun): its `threads` are per rank (torchrun
   passes OMP_NUM_THREADS to each), so its cores are divided between the ranks, and in async its
-  share is at least N cores where the machine can spare them (the actor keeps one). Without
-  this, 2 ranks on the 2-core default share one core.
+  share is a whole number of cores per rank, at least one each where the machine can spare them
+  (the actor keeps one; on 2 cores, 2 ranks share the learner's one core).
 - rollout, reward and the reward server wait on HTTP and Kafka: 1 thread each, any CPU.
 - GPUs: one GPU is shared; with >= 2 the actor gets the first and the learner the others.
 An explicit entry in `placement:` replaces the default of that field for that service.
@@ -129,8 +129,9 @@ def default_placement(cpus: frozenset[int], max_staleness: int, gpus: int = 0,
             out["learner"] = ServicePlacement(threads=1)
             out["actor"] = ServicePlacement(threads=1)
     else:
-        k = min(max(math.ceil(n / 2), ranks), n - 1)  # the actor keeps at least one core
-        out["learner"] = ServicePlacement(threads=max(1, k // ranks), cpus=format_cpus(set(order[:k])))
+        per_rank = max(1, math.ceil(n / 2) // ranks)
+        k = min(per_rank * ranks, n - 1)  # whole cores for each rank; the actor keeps at least one
+        out["learner"] = ServicePlacement(threads=per_rank if k >= ranks else 1, cpus=format_cpus(set(order[:k])))
         out["actor"] = ServicePlacement(threads=n - k, cpus=format_cpus(set(order[k:])))
     if gpus >= 2:
         out["actor"] = out["actor"].model_copy(update={"devices": "0"})

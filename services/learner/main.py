@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 
 from steadyrl.config import load
 
@@ -51,7 +52,11 @@ def main(argv: list[str]) -> int:
     finally:
         learner = state.get("learner")
         if world > 1 and learner is not None and learner.ranks is not None:
-            learner.ranks.stop()
+            try:
+                learner.ranks.stop()
+            except RuntimeError as e:  # a follower is gone (killed): torchrun ends the group anyway
+                logging.getLogger(__name__).warning("could not tell the other ranks to stop",
+                                                    extra={"error": str(e).splitlines()[0]})
 
 
 def follower(cfg) -> int:
@@ -65,10 +70,26 @@ def follower(cfg) -> int:
     from steadyrl.rl.trainer import Trainer
 
     logs.setup("learner-follower", cfg.log_level, cfg.log_format)
+    log = logging.getLogger(__name__)
+
+    def _on_signal(signum, frame):
+        # torchrun passes a stop to every rank at once; rank 0 finishes its step and then
+        # sends "stop", which this rank waits for (its step's collectives need it until then)
+        log.info("stop requested; waiting for rank 0 to end the run", extra={"signal": signal.Signals(signum).name})
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
     lc = cfg.learner
     torch.manual_seed(lc.seed)
     model, tok = load_policy(lc.model, seed=lc.seed)
-    return distributed.follow(Trainer(model, tok.pad_token_id, lc.train))
+    try:
+        return distributed.follow(Trainer(model, tok.pad_token_id, lc.train))
+    except RuntimeError as e:
+        if "gloo" not in str(e).lower():
+            raise
+        # the group broke (another rank died): one line, not a traceback; torchrun restarts it
+        log.error("the group broke", extra={"error": str(e).splitlines()[0]})
+        return 1
 
 
 def model_check(learner) -> tuple[bool, str]:

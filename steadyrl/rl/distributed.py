@@ -28,18 +28,17 @@ import os
 import sys
 from datetime import timedelta
 
-import torch
-
 log = logging.getLogger(__name__)
 
 
 def torchrun_argv(world_size: int, module: str, argv: list[str], max_restarts: int = 3) -> list[str]:
     """The command that runs `python -m module argv` as `world_size` ranks under torchrun
-    (`torch.distributed.run --standalone`: one machine, a free rendezvous port), starting the
+    (`torch.distributed.run --standalone`, through steadyrl.rl.torchrun so that a stop is not a
+    traceback: one machine, a free rendezvous port), starting the
     group again up to `max_restarts` times when a rank dies (rank 0 resumes from its checkpoint).
     The learner execs it when `learner.world_size` > 1 and it is not a rank already (no RANK
     in the environment), so `steadyrl up`, compose and Kubernetes start the ranks alike."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
+    return [sys.executable, "-m", "steadyrl.rl.torchrun", "--standalone", "--nproc-per-node", str(world_size),
             "--max-restarts", str(max_restarts), "-m", module, *argv]
 
 
@@ -64,17 +63,39 @@ def attempt_store(timeout_s: float):
     return dist.PrefixStore(f"steadyrl/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this rank when its parent, torchrun's agent, dies (Linux
+    `prctl(PR_SET_PDEATHSIG)`; elsewhere nothing). torchrun starts each rank in a session of its
+    own, so a SIGKILL of the agent (or of `steadyrl up`'s process group) left the ranks running
+    without it: rank 0 kept the learner's consumer and transactional id, and ranks waiting in a
+    collective waited forever. Exits at once if the parent is already gone."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL) != 0:  # 1: PR_SET_PDEATHSIG
+        log.warning("could not tie this rank to torchrun's lifetime (prctl failed)")
+        return
+    if os.getppid() != parent:  # the agent died before prctl took effect
+        os._exit(1)
+
+
 def init_from_env(timeout_s: float = 600.0) -> tuple[int, int]:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT): gloo on
-    CPU, NCCL on GPUs, in this attempt's own key space (`attempt_store`). Returns (rank, world
-    size); (0, 1) when not started by torchrun."""
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT) over gloo,
+    in this attempt's own key space (`attempt_store`). Gloo even where CUDA is present: the
+    learner's tensors live on the CPU (it has no device setting yet), and NCCL only carries
+    CUDA tensors. The rank dies with torchrun (`die_with_parent`). Returns (rank, world size);
+    (0, 1) when not started by torchrun."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return 0, 1
     import torch.distributed as dist
 
+    die_with_parent()
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "gloo"
         store = attempt_store(timeout_s)
         if store is None:
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))

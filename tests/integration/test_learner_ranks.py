@@ -26,6 +26,14 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _alive(pid: int) -> bool:
+    """`pid` runs (exists and is not a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _rank_pid(up: Up, rank: int) -> int | None:
     """The learner worker of `rank` that this `up` started (torchrun sets RANK in its environment)."""
     for pid in _descendants(up.proc.pid):
@@ -34,7 +42,7 @@ def _rank_pid(up: Up, rank: int) -> int | None:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if f"RANK={rank}".encode() in env and b"services.learner" in cmd and b"torch.distributed.run" not in cmd:
+        if f"RANK={rank}".encode() in env and b"services.learner" in cmd and b"steadyrl.rl.torchrun" not in cmd:
             return pid
     return None
 
@@ -71,5 +79,47 @@ def test_sigkill_of_rank_1_restarts_the_group_and_nothing_is_lost_or_trained_twi
     assert "resuming run from checkpoint" in up.log()
     # the restarted group joined at once: no rank read the dead rank's address (attempt_store)
     assert "connectFullMesh" not in up.log(), up.log()[-4000:]
+    report = audit_pipeline(bootstrap, up.prefix, up.run(), steps, 8, excuse_dlq=False)
+    assert report["ok"], explain(report)
+
+
+def test_stop_mid_run_ends_every_rank_without_a_traceback(bootstrap, tmp_path):
+    """`up` stopped from outside (SIGTERM) while the 2 ranks train: torchrun passes the stop to
+    both at once; rank 1 waits for rank 0 to finish its step and say stop, so neither rank's
+    collective meets a dead peer (it did: rank 0's stop broadcast failed with a gloo traceback)."""
+    up = Up(bootstrap, tmp_path, _config(tmp_path, steps=400, world_size=2, eval_data=None))
+    try:
+        up.wait_step(5, timeout_s=300)
+        os.kill(up.proc.pid, signal.SIGTERM)
+        rc = up.wait(120)
+    finally:
+        up.close()
+    log = up.log()
+    assert rc == 0, log[-4000:]
+    assert "waiting for rank 0 to end the run" in log and "follower stopped" in log, log[-4000:]
+    assert "Traceback" not in log and "could not tell the other ranks" not in log, log[-4000:]
+
+
+def test_sigkill_of_torchrun_takes_its_ranks_with_it_and_up_restarts_the_learner(bootstrap, tmp_path):
+    """torchrun starts each rank in a session of its own: before die_with_parent, a SIGKILL of
+    the agent left both ranks running (rank 0 holding the learner's consumer and transactional
+    id) and the restarted learner's group beside them."""
+    steps = 40
+    up = Up(bootstrap, tmp_path, _config(tmp_path, steps=steps, world_size=2, eval_data=None, checkpoint_every=5))
+    try:
+        up.wait_step(8, timeout_s=300)
+        agent = up.child_pid("learner-0")  # the learner process, exec'd into torchrun
+        ranks = [_rank_pid(up, 0), _rank_pid(up, 1)]
+        assert None not in ranks, ranks
+        os.kill(agent, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in ranks):
+            assert time.monotonic() < deadline, f"ranks {ranks} outlived their torchrun"
+            time.sleep(0.2)
+        rc = up.wait(420)  # up starts the learner again; it resumes from its checkpoint
+    finally:
+        up.close()
+    assert rc == 0, up.log()[-4000:]
+    assert "resuming run from checkpoint" in up.log()
     report = audit_pipeline(bootstrap, up.prefix, up.run(), steps, 8, excuse_dlq=False)
     assert report["ok"], explain(report)

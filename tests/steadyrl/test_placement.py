@@ -109,3 +109,8 @@ def test_up_refuses_a_world_size_that_is_not_a_number(tmp_path):
     r = subprocess.run([sys.executable, "-m", "steadyrl.cli", "up", "--config", str(cfg), "--bootstrap", "127.0.0.1:1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "learner.world_size" in r.stderr, r.stderr
+
+
+def test_an_odd_core_goes_to_the_actor_not_idle_beside_the_ranks():
+    d = default_placement(frozenset(range(5)), 1, learner_ranks=2)
+    assert (d["learner"].threads, d["learner"].cpus, d["actor"].threads, d["actor"].cpus) == (1, "0-1", 3, "2-4")

@@ -32,7 +32,7 @@ def test_world_size_two_execs_torchrun_with_the_same_arguments(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     argv = ["--learner.world-size", "2", "--metrics-port", "0", "--bootstrap", "127.0.0.1:1"]
     assert _exec_args(monkeypatch, argv) == [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        sys.executable, "-m", "steadyrl.rl.torchrun", "--standalone", "--nproc-per-node", "2",
         "--max-restarts", "3", "-m", "services.learner", *argv]
 
 
