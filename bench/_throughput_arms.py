@@ -31,9 +31,12 @@ sys.path.insert(0, str(ROOT))
 
 
 def _learner_section(path: str) -> dict:
+    """The learner section of the stack config at `path`, with `scorer`: the reward server's
+    default scorer there (numeric_match, the server's default, when the file names none)."""
     import yaml
 
-    return yaml.safe_load(Path(path).read_text())["learner"]
+    cfg = yaml.safe_load(Path(path).read_text())
+    return {**cfg["learner"], "scorer": (cfg.get("reward_server") or {}).get("default_scorer", "numeric_match")}
 
 
 def _versions(*names: str) -> dict:
@@ -63,7 +66,7 @@ def arm_loop(lc: dict, min_seconds: float) -> dict:
         t0 = time.time()
         model, tok = load_policy(lc.get("model", "tiny"), seed=lc.get("seed", 0))
         cfg = LoopConfig(steps=lc["steps"], prompts_per_step=lc["prompts_per_step"], group_size=lc["group_size"],
-                         max_new_tokens=lc["max_new_tokens"], scorer="tiny_copy", seed=lc.get("seed", 0),
+                         max_new_tokens=lc["max_new_tokens"], scorer=lc["scorer"], seed=lc.get("seed", 0),
                          train=TrainConfig(**lc["train"]))
         ends: list[float] = []
         t_loop = time.time()
@@ -110,10 +113,11 @@ def arm_trl(lc: dict, min_seconds: float) -> dict:
 
     from services.learner.config import load_dataset
     from steadyrl.models import load_policy
-    from steadyrl.rewards import tiny_copy
+    from steadyrl.rewards import resolve_scorer, score_value
     from steadyrl.rl.loop import encode_prompt
 
     t_imported = time.time()
+    scorer = resolve_scorer(lc["scorer"])
     rows = load_dataset(lc["data"])
     _, tok0 = load_policy(lc.get("model", "tiny"), seed=lc.get("seed", 0))
     prompts = [tok0.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=False) for r in rows]
@@ -137,7 +141,7 @@ def arm_trl(lc: dict, min_seconds: float) -> dict:
         per_step_reward: list[float] = []
 
         def reward(prompts, completions, completion_ids, ground_truth, data_source, **kw):
-            out = [tiny_copy(ds, c, gt) for c, gt, ds in zip(completions, ground_truth, data_source)]
+            out = [score_value(scorer(ds, c, gt))[0] for c, gt, ds in zip(completions, ground_truth, data_source)]
             per_step_tokens.append(sum(len(ids) for ids in completion_ids))
             per_step_reward.append(sum(out) / len(out))
             return out

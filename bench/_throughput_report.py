@@ -58,6 +58,17 @@ class Scraper(threading.Thread):
                     self.full_last = cycle
 
 
+
+#: Steps each run's steady window leaves out (their timing includes warm-up). None: max(5, N/10);
+#: bench/throughput.py --warm-steps sets it (SmolLM2 runs of a few steps).
+WARM_STEPS: int | None = None
+
+
+def warm_steps(n: int) -> int:
+    """The warm steps of an N-step run (WARM_STEPS, else max(5, N/10)), at most N - 1 (a short
+    warm-up round keeps one steady step)."""
+    return min(WARM_STEPS if WARM_STEPS is not None else max(5, n // 10), n - 1)
+
 def cpu_per_record(first: dict | None, last: dict | None) -> dict:
     """CPU milliseconds per group (per step for the learner) of each process over the steady
     window between two full scrapes: process_cpu_seconds_total and the stage counters."""
@@ -261,7 +272,7 @@ def trace(lc, consumed, t, logs, metrics, phase_samples, codec, Prompt, RolloutG
         chain["rollouts_out_to_scored_out"].append(t3 - t2)
         chain["scored_out_to_policy"].append(t4 - t3)
         chain["cycle"].append(t4 - t0)
-    w = max(5, n // 10)
+    w = warm_steps(n)
     chain_steady = {k: _dist(v[w - 1:]) for k, v in chain.items()}  # chain lists start at step 1
     load_lag = [ts * 1000 - policy[v] for v, ts in logs["actor_loaded_ts"].items() if v in policy and v > 0]
     # transactions and batch sizes of the stages

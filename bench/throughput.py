@@ -19,6 +19,13 @@ section, `--steps` steps, no evaluation):
                the bench creates that venv on first use (trl over the project's .venv, which
                is left untouched: see setup_trl_venv)
 
+`--model smollm2` runs the same arms on the real job instead (SMOLLM2 below: SmolLM2-135M-Instruct,
+the arithmetic train split, 8 prompts x 8 samples, 32 new tokens, numeric_match; issue 22 point 4),
+writing bench/results/throughput_smollm2.json; a few steps per arm are enough there:
+
+    flock /tmp/steadyrl-bench.lock .venv/bin/python bench/throughput.py --model smollm2 --steps 6 \
+        --warm-steps 2 --warmup-steps 0 --rounds 2 --arms pipeline-s0,pipeline-s2,loop,trl
+
 Each round runs every arm once, in that order (A B C D, A B C D, ...); a warm-up round of
 short runs goes first and is not counted. An arm much faster than the others repeats its
 N-step run (fresh model, same seed) until it has run `--min-arm-seconds`. Figures per run:
@@ -66,6 +73,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import _throughput_report  # noqa: E402
 from bench._throughput_report import (  # noqa: E402
     Scraper,
     cpu_per_record,
@@ -78,6 +86,7 @@ from bench._throughput_report import (  # noqa: E402
     stage_metrics,
     tables,
     trace,
+    warm_steps,
 )
 from steadyrl.testing.audit import audit_run  # noqa: E402
 from steadyrl.testing.run import RunDir  # noqa: E402
@@ -208,10 +217,34 @@ class Meter:
 
 
 # ---- configs ------------------------------------------------------------------------------
-def make_config(path: Path, steps: int, staleness: int, placed: bool = True) -> Path:
+#: The real job's arm set (`--model smollm2`; issue 22 point 4): SmolLM2-135M-Instruct on the
+#: arithmetic train split, 8 prompts x 8 samples, 32 new tokens, `make run`'s learning settings
+#: (lr 1e-5, temperature 0.8, micro-batch 8), numeric_match reward; no evaluation, and the reward
+#: watch only observes (no batch held back), so every arm does the same work.
+SMOLLM2 = {
+    "learner": {"model": "smollm2-135m-instruct", "data": "data/arithmetic/train.parquet", "eval_data": None,
+                "eval_splits": {}, "reward_watch": {"action": "observe"},
+                "prompts_per_step": 8, "group_size": 8, "max_new_tokens": 32,
+                "train": {"lr": 1e-5, "micro_batch_size": 8, "temperature": 0.8}},
+    "reward_server": {"default_scorer": "numeric_match"},
+}
+
+
+def base_config(model: str) -> dict:
+    """The stack config an arm set starts from: configs/tiny.yaml (`tiny`) or SMOLLM2."""
+    import copy
+
     import yaml
 
-    cfg = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    if model == "smollm2":
+        return copy.deepcopy(SMOLLM2)
+    return yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+
+
+def make_config(path: Path, steps: int, staleness: int, placed: bool = True, model: str = "tiny") -> Path:
+    import yaml
+
+    cfg = base_config(model)
     cfg["learner"].update(steps=steps, max_staleness=staleness, eval_data=None)
     if not placed:
         cfg["placement"] = UNPLACED
@@ -256,7 +289,7 @@ def _figures(lc: dict, step_end: list[float], tokens: list[int], e2e_s: float, s
     """Steady-state and end-to-end figures of one N-step run."""
     n = lc["steps"]
     per_step = lc["prompts_per_step"] * lc["group_size"]
-    w = max(5, n // 10)
+    w = warm_steps(n)
     if step_seconds is not None:
         steady_s = sum(step_seconds[w:])
     else:
@@ -290,7 +323,7 @@ def run_pipeline(tag: str, config: Path, bootstrap: str, offset: int, work: Path
     state = work / f"state-{tag}"
     prefix = f"tp{uuid.uuid4().hex[:8]}."
     log = work / f"up-{tag}.log"
-    scraper = Scraper(offset, max(5, n // 10), lambda: proc_cpu(broker_pid))
+    scraper = Scraper(offset, warm_steps(n), lambda: proc_cpu(broker_pid))
     with Meter(broker_pid) as m, open(log, "wb") as lf:
         proc = subprocess.Popen([str(PY), "-m", "steadyrl.cli", "up", "--bootstrap", bootstrap, "--state-dir",
                                  str(state), "--prefix", prefix, "--port-offset", str(offset), "--config", str(config)],
@@ -454,16 +487,26 @@ def main() -> None:
     ap.add_argument("--port-offset", type=int, default=5000, help="added to the services' HTTP ports")
     ap.add_argument("--no-ci-wait", action="store_true")
     ap.add_argument("--arm-timeout", type=float, default=1800.0)
-    ap.add_argument("--out", default=str(ROOT / "bench/results/throughput.json"))
-    ap.add_argument("--overhead-out", default=str(ROOT / "bench/results/kafka_overhead.json"))
+    ap.add_argument("--out", help="default bench/results/throughput.json (--model smollm2: throughput_smollm2.json)")
+    ap.add_argument("--overhead-out", help="default bench/results/kafka_overhead.json (or kafka_overhead_smollm2.json)")
     ap.add_argument("--max-foreign-cores", type=float, default=0.15,
                     help="a round is clean when, during each of its arms, the machine's busy cores minus the arm's "
                          "own (its processes and the broker) stayed below this (plus 0.15 for a pipeline arm: its "
                          "kernel I/O work), and no CI process was seen")
     ap.add_argument("--max-rounds", type=int, default=0, help="stop after this many rounds, clean or not "
                                                               "(default 2 x rounds + 2)")
+    ap.add_argument("--model", choices=["tiny", "smollm2"], default="tiny",
+                    help="the arm set's model and task: tiny (configs/tiny.yaml) or smollm2 (SMOLLM2: the real job)")
+    ap.add_argument("--warm-steps", type=int, help="steps left out of each run's steady window (default max(5, N/10))")
     ap.add_argument("--tables", action="store_true", help="print the markdown tables of --out/--overhead-out and exit")
     args = ap.parse_args()
+    tail = "" if args.model == "tiny" else f"_{args.model}"
+    args.out = args.out or str(ROOT / f"bench/results/throughput{tail}.json")
+    args.overhead_out = args.overhead_out or str(ROOT / f"bench/results/kafka_overhead{tail}.json")
+    if args.warm_steps is not None:
+        if not 1 <= args.warm_steps < args.steps:
+            raise SystemExit(f"--warm-steps {args.warm_steps}: must be at least 1 and below --steps {args.steps}")
+        _throughput_report.WARM_STEPS = args.warm_steps
     if args.tables:
         ko = json.loads(Path(args.overhead_out).read_text()) if Path(args.overhead_out).exists() else None
         print(tables(json.loads(Path(args.out).read_text()), ko.get("by_arm") if ko else None))
@@ -479,8 +522,8 @@ def main() -> None:
     work = Path(args.state_dir)
     work.mkdir(parents=True, exist_ok=True)
     keys = [(s, placed) for s in (0, 2) for placed in (True, False)]
-    cfg = {k: make_config(work / f"steps{args.steps}-s{k[0]}{'' if k[1] else '-unplaced'}.yaml", args.steps, *k)
-           for k in keys}
+    cfg = {k: make_config(work / f"{args.model}-steps{args.steps}-s{k[0]}{'' if k[1] else '-unplaced'}.yaml",
+                          args.steps, *k, model=args.model) for k in keys}
     from steadyrl import broker as b
 
     lb = None
@@ -515,8 +558,8 @@ def main() -> None:
     max_rounds = args.max_rounds or 2 * args.rounds + 2
     try:
         if args.warmup_steps:
-            wcfg = {k: make_config(work / f"warm-s{k[0]}{'' if k[1] else '-unplaced'}.yaml", args.warmup_steps, *k)
-                    for k in keys}
+            wcfg = {k: make_config(work / f"{args.model}-warm-s{k[0]}{'' if k[1] else '-unplaced'}.yaml",
+                                   args.warmup_steps, *k, model=args.model) for k in keys}
             print(f"warm-up round ({args.warmup_steps} steps, not recorded)", flush=True)
             for arm in arms:
                 run_arm(arm, wcfg, 0.0, f"warmup-{arm}")
@@ -542,7 +585,8 @@ def main() -> None:
 
 
 def _write(args, arms, rounds, started, bootstrap, lb, ci_waited):
-    lc = learner_section(ROOT / "configs" / "tiny.yaml")
+    base = base_config(args.model)
+    lc = base["learner"]
     clean = [r for r in rounds if r["clean"]]
     trl_v = None
     for r in rounds:
@@ -550,7 +594,7 @@ def _write(args, arms, rounds, started, bootstrap, lb, ci_waited):
             trl_v = r["arms"]["trl"].get("versions")
     res = {
         "benchmark": "throughput",
-        "what": "GRPO throughput on the tiny model and tiny_copy task: the Kafka pipeline (steadyrl up) at "
+        "what": f"GRPO throughput on {lc.get('model')} and {lc['data']}: the Kafka pipeline (steadyrl up) at "
                 "max_staleness 0 and 2, the in-process loop (run_loop), TRL's GRPOTrainer; interleaved rounds",
         "when": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -558,13 +602,14 @@ def _write(args, arms, rounds, started, bootstrap, lb, ci_waited):
         "versions": {"steadyrl_venv": versions(), "trl_venv": trl_v,
                      "broker": ("Apache Kafka 4.1.1, single node KRaft, local, -Xmx512m" if lb
                                 else f"external {bootstrap}")},
-        "settings": {"model": lc.get("model"), "data": lc["data"], "scorer": "tiny_copy",
+        "settings": {"model": lc.get("model"), "data": lc["data"], "scorer": base["reward_server"]["default_scorer"],
                      "B_prompts_per_step": lc["prompts_per_step"], "G_group_size": lc["group_size"],
                      "max_new_tokens": lc["max_new_tokens"], "steps": args.steps,
-                     "warm_steps_excluded": max(5, args.steps // 10), "train": lc["train"], "rounds": args.rounds,
+                     "warm_steps_excluded": warm_steps(args.steps), "train": lc["train"], "rounds": args.rounds,
                      "order_per_round": arms, "min_arm_seconds": args.min_arm_seconds,
                      "warmup_round_steps": args.warmup_steps, "metrics_scrape_interval_s": 5.0,
-                     "pipeline": "configs/tiny.yaml with steps, max_staleness and eval_data=None; one instance of each "
+                     "pipeline": ("configs/tiny.yaml" if args.model == "tiny" else "bench/throughput.py SMOLLM2")
+                                 + " with steps, max_staleness and eval_data=None; one instance of each "
                                  "service; a fresh topic prefix per run"},
         "trl_settings": rounds[0]["arms"]["trl"].get("settings") if rounds and "trl" in rounds[0]["arms"] else None,
         "code": code_state(),
