@@ -76,12 +76,16 @@ def test_up_default_staleness_is_the_learners():
     assert LearnerSection.model_fields["max_staleness"].default == DEFAULT_MAX_STALENESS
 
 
-def test_up_refuses_a_bad_placement_naming_the_field(tmp_path):
+@pytest.mark.parametrize("text, field", [
+    ("placement:\n  learner:\n    threads: 0\n", "placement.learner.threads"),
+    ("learner:\n  world_size: two\n", "learner.world_size"),  # up reads it for the placement
+])
+def test_up_refuses_a_bad_setting_naming_the_field(tmp_path, text, field):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("placement:\n  learner:\n    threads: 0\n")
+    cfg.write_text(text)
     r = subprocess.run([sys.executable, "-m", "steadyrl.cli", "up", "--config", str(cfg), "--bootstrap", "127.0.0.1:1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "placement.learner.threads" in r.stderr, r.stderr
+    assert r.returncode == 2 and field in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("cpus, staleness, learner, actor", [
@@ -102,13 +106,6 @@ def test_four_ranks_take_the_cores_the_actor_can_spare():
     d = default_placement(frozenset(range(6)), 1, learner_ranks=4)
     assert (d["learner"].threads, d["learner"].cpus, d["actor"].threads, d["actor"].cpus) == (1, "0-3", 2, "4-5")
 
-
-def test_up_refuses_a_world_size_that_is_not_a_number(tmp_path):
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text("learner:\n  world_size: two\n")
-    r = subprocess.run([sys.executable, "-m", "steadyrl.cli", "up", "--config", str(cfg), "--bootstrap", "127.0.0.1:1"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "learner.world_size" in r.stderr, r.stderr
 
 
 def test_an_odd_core_goes_to_the_actor_not_idle_beside_the_ranks():
