@@ -20,7 +20,7 @@
 #   secrets     deploy/secrets.sh $WORK/secrets (STEADYRL_SECRETS_DIR): every Kafka principal's
 #               password and the HTTP token, kept across runs (issue 21: authentication is on)
 #   up          `compose up -d --no-build` with configs/tiny.yaml (learner.steps: $COMPOSE_TEST_STEPS,
-#               default 200, so that the run outlasts what follows) and compose/local.yml
+#               default 800, so that the run outlasts what follows) and compose/local.yml
 #               (internal network, no host port, no Grafana)
 #   ready       every service healthy through its HEALTHCHECK (topic-init: exited 0), every
 #               Prometheus target up, every alert rule evaluating with health ok
@@ -51,7 +51,7 @@
 # Exits non-zero on the first failure (the containers' logs go to $WORK/logs first).
 # Environment: WORK (default /var/tmp/steadyrl-ci), COMPOSE_PROJECT (steadyrl-ci),
 # TORCH_INDEX_URL (empty), WAIT_S (1800: for each wait), KEEP=1 (no down at the end), REPLICATED=1, CHAOS=0 (no
-# scale-up or kills; tiny.yaml's 100 steps), COMPOSE_TEST_STEPS (200), SCALE_AT_STEP (5),
+# scale-up or kills; tiny.yaml's 100 steps), COMPOSE_TEST_STEPS (800), SCALE_AT_STEP (5),
 # DEBIAN_MIRROR (default: the first URI of this machine's apt sources).
 set -euo pipefail
 
@@ -61,7 +61,7 @@ COMPOSE_VERSION=${COMPOSE_VERSION:-v2.40.3}
 PROJECT=${COMPOSE_PROJECT:-steadyrl-ci}
 WAIT_S=${WAIT_S:-1800}
 CHAOS=${CHAOS:-1}
-STEPS=${COMPOSE_TEST_STEPS:-200}
+STEPS=${COMPOSE_TEST_STEPS:-800}
 SCALE_AT_STEP=${SCALE_AT_STEP:-5}
 RELEASE=$(. /etc/os-release && echo "${VERSION_CODENAME:?no VERSION_CODENAME in /etc/os-release}")
 DEBIAN_IMAGE=steadyrl-base/debian:$RELEASE
