@@ -131,7 +131,7 @@ def default_placement(cpus: frozenset[int], max_staleness: int, gpus: int = 0,
     else:
         per_rank = max(1, math.ceil(n / 2) // ranks)
         k = min(per_rank * ranks, n - 1)  # whole cores for each rank; the actor keeps at least one
-        out["learner"] = ServicePlacement(threads=per_rank if k >= ranks else 1, cpus=format_cpus(set(order[:k])))
+        out["learner"] = ServicePlacement(threads=per_rank, cpus=format_cpus(set(order[:k])))
         out["actor"] = ServicePlacement(threads=n - k, cpus=format_cpus(set(order[k:])))
     if gpus >= 2:
         out["actor"] = out["actor"].model_copy(update={"devices": "0"})

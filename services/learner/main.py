@@ -55,8 +55,9 @@ def main(argv: list[str]) -> int:
             try:
                 learner.ranks.stop()
             except RuntimeError as e:  # a follower is gone (killed): torchrun ends the group anyway
-                logging.getLogger(__name__).warning("could not tell the other ranks to stop",
-                                                    extra={"error": str(e).splitlines()[0]})
+                if (line := distributed.broken_group(e)) is None:
+                    raise
+                logging.getLogger(__name__).warning("could not tell the other ranks to stop", extra={"error": line})
 
 
 def follower(cfg) -> int:
@@ -85,10 +86,10 @@ def follower(cfg) -> int:
     try:
         return distributed.follow(Trainer(model, tok.pad_token_id, lc.train))
     except RuntimeError as e:
-        if "gloo" not in str(e).lower():
+        if (line := distributed.broken_group(e)) is None:
             raise
         # the group broke (another rank died): one line, not a traceback; torchrun restarts it
-        log.error("the group broke", extra={"error": str(e).splitlines()[0]})
+        log.error("the group broke", extra={"error": line})
         return 1
 
 

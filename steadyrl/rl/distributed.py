@@ -94,15 +94,17 @@ def init_from_env(timeout_s: float = 600.0) -> tuple[int, int]:
     import torch.distributed as dist
 
     die_with_parent()
-    if not dist.is_initialized():
-        backend = "gloo"
-        store = attempt_store(timeout_s)
-        if store is None:
-            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-        else:
-            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world,
-                                    timeout=timedelta(seconds=timeout_s))
+    if not dist.is_initialized():  # store None: env:// as usual
+        dist.init_process_group("gloo", store=attempt_store(timeout_s), rank=int(os.environ["RANK"]),
+                                world_size=world, timeout=timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
+
+
+def broken_group(e: RuntimeError) -> str | None:
+    """The first line of `e` when it is the group breaking (a gloo error: a peer rank died or
+    closed), so it can be logged as one line; None for any other error (keep its traceback)."""
+    text = str(e)
+    return text.splitlines()[0] if "gloo" in text.lower() else None
 
 
 def _broadcast(obj=None):

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from steadyrl.testing import audit_pipeline, explain
+from steadyrl.testing.stack import alive
 from tests.integration.test_pipeline import Up, _config
 
 
@@ -24,14 +25,6 @@ def _descendants(pid: int) -> list[int]:
         out += [int(k) for k in kids]
         todo += [int(k) for k in kids]
     return out
-
-
-def _alive(pid: int) -> bool:
-    """`pid` runs (exists and is not a zombie)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _rank_pid(up: Up, rank: int) -> int | None:
@@ -113,7 +106,7 @@ def test_sigkill_of_torchrun_takes_its_ranks_with_it_and_up_restarts_the_learner
         assert None not in ranks, ranks
         os.kill(agent, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while any(_alive(p) for p in ranks):
+        while any(alive(p) for p in ranks):
             assert time.monotonic() < deadline, f"ranks {ranks} outlived their torchrun"
             time.sleep(0.2)
         rc = up.wait(420)  # up starts the learner again; it resumes from its checkpoint
