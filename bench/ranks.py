@@ -17,6 +17,10 @@ no mini_batch_size: on-policy, so no extra no-grad pass). Arms, each in its own 
              rank holds the whole model and batch and backpropagates micro-batches i % 2 == rank;
              the gradients (one flat fp32 tensor of every parameter) are all-reduced
              (steadyrl/rl/trainer.py Trainer._all_reduce)
+  ranks2-fsdp  as ranks2 with `sharding: fsdp`: FSDP2 shards the trained weights, gradients and
+             AdamW moments (each block all-gathered in its forward and backward, gradients
+             reduce-scattered), the whole weights gathered back into the plain model after the
+             step; the wrapped `_all_reduce` then only gathers the metric sums
 
 Before each arm it waits (up to `--quiet-wait-s`) until other processes use < 0.2 cores; the
 CPU-seconds other processes used during the arm (all cores' busy time from /proc/stat less the
@@ -29,8 +33,12 @@ metric sums), timed; compute = step - wait - all-reduce. Then, separately, `--al
 all-reduces of a flat fp32 tensor of the model's parameter count (the bare gloo collective).
 
 Checkpoint (ranks1, after its steps, and rank 0 of ranks2 while rank 1 waits in a barrier:
-today's format, rank 0 writes the whole replicated state): snapshot (CPU copies), write
+format 2, rank 0 writes the whole replicated state): snapshot (CPU copies), write
 (steadyrl.checkpoint.write: safetensors + sha256 + fsync), verify, load; bytes on disk.
+ranks2-fsdp: format 3, every rank writes its shards at once (AsyncCheckpointer.save_sharded /
+ShardWriter: torch.distributed.checkpoint), timed from the call to the end of rank 0's
+finish (manifest, rename); snapshot = the call's return (what the step loop waits for); load =
+`checkpoint.read` of the whole tables on rank 0 alone (what a resume on any rank count does).
 
 The floor beside the figures: FLOPs per step = 6 x parameters x tokens (forward + backward of
 every padded token: the trainer computes logits for the whole sequence), against the measured
@@ -57,7 +65,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 B, G, P_MIN, P_MAX, T = 8, 8, 36, 44, 32
-ARMS = ["gemm", "ranks1", "ranks1-t1", "ranks2"]
+ARMS = ["gemm", "ranks1", "ranks1-t1", "ranks2", "ranks2-fsdp"]
 
 
 def make_groups(tok, seed: int = 0):
@@ -108,7 +116,55 @@ def checkpoint_cost(trainer, model) -> dict:
             "verify_load_s": round(t4 - t2, 3), "bytes": sum(files.values()), "files": files}
 
 
-def run_steps(steps: int, rank: int = 0, world: int = 1) -> dict:
+def sharded_checkpoint_cost(trainer, rank: int) -> dict:
+    """Every rank writes its shards (format 3); rank 0 times it and reads the whole tables back."""
+    import torch.distributed as dist
+
+    from steadyrl import checkpoint as ck
+    from steadyrl.models import SMOLLM2
+
+    config = {"model": SMOLLM2, "tokenizer": SMOLLM2, "algorithm": "grpo"}
+    root = Path(_broadcast_obj(tempfile.mkdtemp(prefix="ranksbench-") if rank == 0 else None))
+    try:
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            saver = ck.AsyncCheckpointer(root / "ckpt", config)
+            saver.verify = False                           # timed on its own below
+            saver.save_sharded(trainer.global_step, trainer, {"global_step": trainer.global_step},
+                               announce=lambda tmp: _broadcast_obj(tmp))
+            t1 = time.perf_counter()
+            saver.wait()
+            t2 = time.perf_counter()
+            path = ck.latest_valid(root / "ckpt", config)
+            t3 = time.perf_counter()
+            ck.read(path)
+            t4 = time.perf_counter()
+            files = {str(p.relative_to(path)): p.stat().st_size for p in path.rglob("*") if p.is_file()}
+        else:
+            writer = ck.ShardWriter()
+            writer.save(_broadcast_obj(None), trainer)
+            writer.wait()
+        dist.barrier()
+    finally:
+        if rank == 0:
+            shutil.rmtree(root, ignore_errors=True)
+    if rank:
+        return {}
+    return {"format": ck.SHARDED_FORMAT_VERSION, "snapshot_s": round(t1 - t0, 3), "write_s": round(t2 - t1, 3),
+            "save_s": round(t2 - t0, 3), "verify_s": round(t3 - t2, 3), "load_s": round(t4 - t3, 3),
+            "verify_load_s": round(t4 - t2, 3), "bytes": sum(files.values()), "files": files}
+
+
+def _broadcast_obj(obj):
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def run_steps(steps: int, rank: int = 0, world: int = 1, sharding: str = "replicate") -> dict:
     """Load the model, build the trainer, 1 warm-up + `steps` timed steps (rank 0 reports)."""
     import torch
 
@@ -121,7 +177,7 @@ def run_steps(steps: int, rank: int = 0, world: int = 1) -> dict:
     t0 = time.perf_counter()
     torch.manual_seed(0)
     model, tok = load_policy(SMOLLM2, seed=0)
-    cfg = TrainConfig()                                   # lr 1e-6, micro-batch 8, GRPO token-mean
+    cfg = TrainConfig(sharding=sharding)                  # lr 1e-6, micro-batch 8, GRPO token-mean
     trainer = Trainer(model, tok.pad_token_id, cfg)
     groups = make_groups(tok)
     load_s = time.perf_counter() - t0
@@ -159,7 +215,8 @@ def run_steps(steps: int, rank: int = 0, world: int = 1) -> dict:
         reduce_s.append(sum(reduces))
     n_params = sum(p.numel() for p in trainer.params)
     tokens = sum(len(g.responses) for g in groups) * (max(len(g.prompt_ids) for g in groups) + T)   # N x (P + T)
-    out = {"rank": rank, "world": world, "threads": torch.get_num_threads(), "model_load_s": round(load_s, 2),
+    out = {"rank": rank, "world": world, "sharding": sharding if world > 1 else None,
+           "threads": torch.get_num_threads(), "model_load_s": round(load_s, 2),
            "warmup_step_s": round(warmup_s, 3), "step_s": _summary(step_s),
            "update_actor_s": _summary(update_s), "params": n_params, "padded_tokens_per_step": tokens,
            "real_tokens_per_step": sum(len(g.prompt_ids) * G + G * T for g in groups),
@@ -180,22 +237,26 @@ def run_steps(steps: int, rank: int = 0, world: int = 1) -> dict:
         out["bare_allreduce_bytes"] = flat.numel() * flat.element_size()
         del flat
         dist.barrier()
-        if rank == 0:
-            out["checkpoint"] = checkpoint_cost(trainer, model)
-        dist.barrier()                                    # rank 1 waits here while rank 0 saves
+        if trainer.sharded:
+            out["checkpoint"] = sharded_checkpoint_cost(trainer, rank)
+        else:
+            if rank == 0:
+                out["checkpoint"] = checkpoint_cost(trainer, model)
+            dist.barrier()                                # rank 1 waits here while rank 0 saves
     else:
         out["checkpoint"] = checkpoint_cost(trainer, model)
     return out
 
 
-def _rank(rank: int, world: int, port: int, steps: int, out: str) -> None:
+def _rank(rank: int, world: int, port: int, steps: int, out: str, sharding: str) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        res = run_steps(steps, rank, world)
+        res = run_steps(steps, rank, world, sharding)
+        res["max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)   # this rank's peak
         if rank == 0:
             Path(out).write_text(json.dumps(res))
     finally:
@@ -228,12 +289,14 @@ def arm(name: str, steps: int, out: str) -> None:
     elif name in ("ranks1", "ranks1-t1"):
         torch.set_num_threads(2 if name == "ranks1" else 1)
         res = run_steps(steps)
-    elif name == "ranks2":
+        res["max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    elif name in ("ranks2", "ranks2-fsdp"):
         import torch.multiprocessing as mp
 
         from steadyrl.broker import free_port
 
-        mp.spawn(_rank, args=(2, free_port(), steps, out), nprocs=2, join=True)
+        mp.spawn(_rank, args=(2, free_port(), steps, out, "fsdp" if name == "ranks2-fsdp" else "replicate"),
+                 nprocs=2, join=True)
         return
     else:
         raise SystemExit(f"unknown arm {name}")
@@ -339,7 +402,7 @@ def main() -> None:
             g = results["gemm"]["gflops_by_threads"]
             floor["floor_s_at_measured_gemm"] = {"1 thread": round(flops / (g["1"] * 1e9), 2),
                                                  "2 threads": round(flops / (g["2"] * 1e9), 2)}
-        for a in ("ranks1", "ranks1-t1", "ranks2"):
+        for a in ("ranks1", "ranks1-t1", "ranks2", "ranks2-fsdp"):
             if a in results:
                 results[a]["achieved_gflops"] = round(flops / results[a]["step_s"]["median"] / 1e9, 1)
         if "ranks2" in results:

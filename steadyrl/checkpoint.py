@@ -10,6 +10,13 @@ Layout (one folder per step, `LATEST` names the newest complete one):
       manifest.json                  format version, step, config, every file's size and sha256
     <dir>/LATEST                     written last, atomically
 
+A learner sharded over N ranks (`train.sharding: fsdp`) writes format 3: in place of `model/`
+and `optimizer/`, `shards/` holds the same two tables (`model.<name>`, `optimizer.state.<i>.<k>`)
+as a `torch.distributed.checkpoint` folder (`.metadata` and one `__<rank>_0.distcp` per rank,
+each rank writing only its shards, at once); meta.json and manifest.json are rank 0's, and
+the manifest lists and hashes every shard. `read` gives the whole tables of either format on
+one process (DCP reassembles the shards), so a checkpoint of N ranks resumes on M.
+
 A step is written into `step_000500.tmp-<pid>/`, every file fsynced, the folder renamed,
 and only then `LATEST` replaced: a crash mid-save leaves at most a `.tmp-*` folder that is
 never read (and is removed by the next save). `verify` checks everything `manifest.json`
@@ -40,6 +47,7 @@ import re
 import shutil
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +59,8 @@ from steadyrl.files import sha256_file, write_atomic
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = "2.0"  # 2.0: optimizer state as safetensors + JSON (1.0: torch.save)
+SHARDED_FORMAT_VERSION = "3.0"  # 3.0: the same tables as a torch.distributed.checkpoint folder (shards/)
+READABLE = ("2", "3")  # major versions `verify` and `read` take
 
 
 class CheckpointError(Exception):
@@ -134,6 +144,11 @@ def _write_chunks(path: Path, parts, chunk: int = 16 << 20) -> dict[str, Any]:
             size += len(view)
         os.fsync(f.fileno())
     return {"size": size, "sha256": h.hexdigest()}
+
+
+def _file_entry(path: Path) -> dict[str, Any]:
+    """{"size", "sha256"} of a file written by another writer (DCP's shards)."""
+    return {"size": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
@@ -263,11 +278,18 @@ def write(root: Path, step: int, snap: dict[str, Any], meta: dict[str, Any], con
     files["optimizer/optimizer.safetensors"] = write_safetensors(tmp / "optimizer" / "optimizer.safetensors",
                                                                  opt_tensors)
     meta = {**meta, "optimizer": opt_json, "scheduler": snap["scheduler"]}
+    return _finish(root, tmp, final, step, files, meta, config, keep, FORMAT_VERSION)
+
+
+def _finish(root: Path, tmp: Path, final: Path, step: int, files: dict[str, Any], meta: dict[str, Any],
+            config: dict[str, Any], keep: int, version: str) -> Path:
+    """meta.json and manifest.json into `tmp` (every file fsynced), `tmp` renamed to `final`,
+    LATEST replaced, old checkpoints pruned. Returns `final`."""
     files["meta.json"] = _write_chunks(tmp / "meta.json", [json.dumps(meta).encode()])
-    manifest = {"format_version": FORMAT_VERSION, "step": step, "config": config, "files": files,
+    manifest = {"format_version": version, "step": step, "config": config, "files": files,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     _write_chunks(tmp / "manifest.json", [json.dumps(manifest, indent=2).encode()])
-    for d in (tmp / "model", tmp / "optimizer", tmp):
+    for d in [*(p for p in tmp.iterdir() if p.is_dir()), tmp]:
         _fsync_dir(d)
     replaced = None
     if final.exists():  # the same step saved again: the old folder stays whole until the new one is in
@@ -311,8 +333,9 @@ def verify(path: Path, expect_config: dict[str, Any] | None = None) -> dict[str,
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         raise CheckpointError(f"{mpath}: not a manifest (no files table)")
     got = manifest.get("format_version")
-    if str(got).split(".")[0] != FORMAT_VERSION.split(".")[0]:
-        raise CheckpointError(f"{path}: checkpoint format mismatch: expected v{FORMAT_VERSION}, got v{got}")
+    if str(got).split(".")[0] not in READABLE:
+        raise CheckpointError(f"{path}: checkpoint format mismatch: expected v{FORMAT_VERSION} or "
+                              f"v{SHARDED_FORMAT_VERSION}, got v{got}")
     for rel, want in manifest["files"].items():
         if not isinstance(want, dict) or not {"size", "sha256"} <= set(want):
             raise CheckpointError(f"{path}: manifest entry for {rel} lacks size/sha256")
@@ -325,7 +348,9 @@ def verify(path: Path, expect_config: dict[str, Any] | None = None) -> dict[str,
         digest = sha256_file(p)
         if digest != want["sha256"]:
             raise CheckpointError(f"{path}: {rel} sha256 mismatch: expected {want['sha256']}, got {digest}")
-    for required in ("model/model.safetensors", "optimizer/optimizer.safetensors", "meta.json"):
+    sharded = str(got).split(".")[0] == "3"
+    for required in (("shards/.metadata", "meta.json") if sharded else
+                     ("model/model.safetensors", "optimizer/optimizer.safetensors", "meta.json")):
         if required not in manifest["files"]:
             raise CheckpointError(f"{path}: {required} not in the manifest")
     for key, want in (expect_config or {}).items():
@@ -358,21 +383,123 @@ def latest_valid(root: Path, expect_config: dict[str, Any] | None = None) -> Pat
     raise CheckpointError("no usable checkpoint in " + str(root) + ":\n  " + "\n  ".join(errors))
 
 
+def _read_shards(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The whole `model` and `optimizer` tables of a torch.distributed.checkpoint folder, on this
+    process alone (no collective: DCP's no_dist load reassembles every rank's shards)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = dcp.FileSystemReader(str(folder))
+    tables: dict[str, dict[str, torch.Tensor]] = {"model": {}, "optimizer": {}}
+    for key, md in reader.read_metadata().state_dict_metadata.items():
+        table, _, name = key.partition(".")
+        if table not in tables or not isinstance(md, TensorStorageMetadata):
+            raise CheckpointError(f"{folder}: unexpected entry {key!r} in the shards' metadata")
+        tables[table][name] = torch.empty(md.size, dtype=md.properties.dtype)
+    with warnings.catch_warnings():   # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(tables, storage_reader=reader, no_dist=True)
+    return tables["model"], tables["optimizer"]
+
+
+def read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    """The whole weights, optimizer state dict (index-keyed, as `Optimizer.state_dict()`) and
+    meta.json of a verified checkpoint of either format (one rank's safetensors, or N ranks'
+    shards), on this process alone."""
+    from safetensors.torch import load_file
+
+    meta = json.loads((path / "meta.json").read_text())
+    if (path / "shards").is_dir():
+        weights, opt_tensors = _read_shards(path / "shards")
+    else:
+        weights = load_file(str(path / "model" / "model.safetensors"))
+        opt_tensors = load_file(str(path / "optimizer" / "optimizer.safetensors"))
+    return weights, _optimizer_state(opt_tensors, meta["optimizer"]), meta
+
+
 def load(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
-    """Load a verified checkpoint into model/optimizer/scheduler; returns meta.json.
+    """Load a verified checkpoint (either format) into model/optimizer/scheduler; returns
+    meta.json. With `optimizer` None the optimizer's state dict is returned as
+    meta["optimizer_state"] instead (a sharded trainer scatters it: steadyrl.rl.distributed.sync).
 
     Raises CheckpointError if the weights do not fit the model (see
     steadyrl.models.state_dict_mismatch).
     """
-    from safetensors.torch import load_file
+    from steadyrl.models import state_dict_mismatch
 
-    load_weights(path / "model" / "model.safetensors", model)
-    meta = json.loads((path / "meta.json").read_text())
-    opt_tensors = load_file(str(path / "optimizer" / "optimizer.safetensors"))
-    optimizer.load_state_dict(_optimizer_state(opt_tensors, meta["optimizer"]))
+    weights, opt_state, meta = read(path)
+    why = state_dict_mismatch(model, weights)
+    if why:
+        raise CheckpointError(f"{path}: weights do not fit the model: {why}")
+    model.load_state_dict(weights, strict=False)
+    if optimizer is None:
+        meta["optimizer_state"] = opt_state
+    else:
+        optimizer.load_state_dict(opt_state)
     if scheduler is not None and meta.get("scheduler") is not None:
         scheduler.load_state_dict(meta["scheduler"])
     return meta
+
+
+class ShardWriter:
+    """One rank's part of a sharded checkpoint (format 3): `save(tmp, trainer)` copies this
+    rank's shards of the trained weights and optimizer state (the only part the caller waits
+    for) and writes them into `<tmp>/shards/` in a background thread with
+    `torch.distributed.checkpoint.save`, over the trainer's `checkpoint_group` (a gloo group of
+    its own: its collectives never meet the training's). Every rank of the group calls `save`
+    with the same `tmp`, one save at a time. `wait()` joins the write in flight and re-raises
+    its error."""
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def snapshot(self, trainer) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(tables of this rank's shard copies, the optimizer's JSON part)."""
+        opt_tensors, opt_json = _optimizer_parts(trainer.opt.state_dict())
+        model: dict[str, torch.Tensor] = {}
+        seen: set[tuple] = set()
+        for k, v in trainer.module.state_dict().items():   # tied weights: one name (the first), as format 2
+            key = _alias_key(v.to_local() if hasattr(v, "to_local") else v)   # FSDP2: two DTensors, one shard
+            if key not in seen:
+                seen.add(key)
+                model[k] = v.detach().to("cpu", copy=True)
+        tables = {"model": model,
+                  "optimizer": {k: v.detach().to("cpu", copy=True) for k, v in opt_tensors.items()}}
+        return tables, opt_json
+
+    def save(self, tmp: str | Path, trainer, then=None) -> dict[str, Any]:
+        """Start writing this rank's shards into `<tmp>/shards/`; `then()` runs in the same thread
+        after the write (rank 0: the manifest). Returns the optimizer's JSON part."""
+        self.wait()
+        tables, opt_json = self.snapshot(trainer)
+
+        def run():
+            import torch.distributed.checkpoint as dcp
+
+            try:  # Linux: a thread has its own nice value; let the step loop's threads win the CPU
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+            except (AttributeError, OSError):
+                pass
+            try:
+                dcp.save(tables, storage_writer=dcp.FileSystemWriter(str(Path(tmp) / "shards"), thread_count=1),
+                         process_group=trainer.checkpoint_group)
+                if then is not None:
+                    then()
+            except BaseException as e:  # reported by wait()
+                self.error = e
+
+        self._thread = threading.Thread(target=run, name="checkpoint-shards", daemon=False)
+        self._thread.start()
+        return opt_json
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise CheckpointError(f"checkpoint save failed: {type(err).__name__}: {err}") from err
 
 
 class AsyncCheckpointer:
@@ -402,6 +529,8 @@ class AsyncCheckpointer:
         self.last_seconds: float | None = None
         self.last_verify_seconds: float | None = None
         self.last_verified_step = verified_step
+        self.shards: ShardWriter | None = None   # made at the first sharded save
+        self._errors_from: ShardWriter | None = None
 
     def save(self, step: int, model, optimizer, scheduler, meta: dict[str, Any]) -> None:
         self.wait()
@@ -425,6 +554,40 @@ class AsyncCheckpointer:
         self._thread = threading.Thread(target=run, name=f"checkpoint-{step}", daemon=False)
         self._thread.start()
 
+    def save_sharded(self, step: int, trainer, meta: dict[str, Any], announce) -> None:
+        """Rank 0's side of a sharded checkpoint (format 3) of `trainer` (sharding fsdp): refuse
+        non-finite weights (its whole `model`), prepare the folder, `announce(tmp)` it to the
+        other ranks (each then calls ShardWriter.save with it), write rank 0's shards, and --
+        in the writer's thread, once every rank's shards are in (DCP's last collective) --
+        meta.json, the manifest of every shard, LATEST, and the verification."""
+        self.wait()
+        if self.shards is None:
+            self.shards = ShardWriter()
+        self.shards.wait()
+        refuse_nonfinite(trainer.model.state_dict(), f"checkpoint step {step}: model")
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / f"step_{step:06d}"
+        tmp = self.root / f"{final.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        announce(str(tmp))
+        t0 = time.perf_counter()
+        box: dict[str, Any] = {}
+
+        def finish():
+            files = {str(p.relative_to(tmp)): _file_entry(p) for p in sorted((tmp / "shards").iterdir())}
+            full_meta = {**meta, "optimizer": box["opt_json"], "scheduler": trainer.sched.state_dict()}
+            written = _finish(self.root, tmp, final, step, files, full_meta, self.config, self.keep,
+                              SHARDED_FORMAT_VERSION)
+            self.last_seconds = time.perf_counter() - t0
+            if self.verify:
+                self._verify(written, step)
+
+        box["opt_json"] = self.shards.save(tmp, trainer, then=finish)
+        # the writer's thread is this checkpointer's save in flight
+        self._thread, self.shards._thread = self.shards._thread, None
+        self._errors_from = self.shards
+
     def _verify(self, path: Path, step: int) -> None:
         """Verify the checkpoint just written (as a resume would); record its step when it does."""
         t0 = time.perf_counter()
@@ -443,6 +606,8 @@ class AsyncCheckpointer:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._errors_from is not None and self._errors_from.error is not None:
+            self.error, self._errors_from.error = self._errors_from.error, None
         if self.error is not None:
             err, self.error = self.error, None
             raise CheckpointError(f"checkpoint save failed: {type(err).__name__}: {err}") from err

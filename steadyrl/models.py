@@ -61,12 +61,17 @@ def _prepare_tokenizer(tok):
     return tok
 
 
+def _complete(folder: Path) -> bool:
+    """The converted folder holds weights, config and tokenizer."""
+    return all((folder / f).is_file() for f in ("model.safetensors", "config.json", "tokenizer_config.json"))
+
+
 def smollm2_cached(dtype: torch.dtype = torch.float32) -> Path:
     """The safetensors cache dir of SmolLM2, built from the GGUF on first use."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     out = cache_root() / SMOLLM2
-    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
+    if _complete(out):
         return out
     gguf = smollm2_gguf()
     t0 = time.perf_counter()
@@ -80,14 +85,28 @@ def smollm2_cached(dtype: torch.dtype = torch.float32) -> Path:
     fresh.generation_config = quantized.generation_config
     # Several services may convert at once (actor and learner under `steadyrl up`): each
     # writes its own folder and the first rename wins.
+    import shutil
+
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     fresh.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
+    if not _complete(tmp):
+        # transformers' save_pretrained writes nothing on a rank > 0 of an initialised
+        # torch.distributed group (the learner's ranks, all converting at once on a fresh
+        # machine): renamed, such a folder of tokenizer files alone was the cache every later
+        # load failed on ("Should have a `model_type` key"). Rank 0 writes it; wait for that.
+        shutil.rmtree(tmp, ignore_errors=True)
+        deadline = time.monotonic() + 600
+        while not _complete(out):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{out}: no complete SmolLM2 cache after 600 s (another process converts it)")
+            time.sleep(0.5)
+        return out
+    if out.exists() and not _complete(out):  # a broken cache an earlier version left
+        shutil.rmtree(out, ignore_errors=True)
     try:
         tmp.rename(out)
     except OSError:  # another process finished first
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("SmolLM2 converted from GGUF and cached", extra={"path": str(out),
                                                               "seconds": round(time.perf_counter() - t0, 1)})

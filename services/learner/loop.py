@@ -127,7 +127,11 @@ class Learner:
         self.cache.close()  # closed parts hold only steps <= this checkpoint's
         meta = {"global_step": self.trainer.global_step, "rng": rng_state(),
                 "learner_state": json.loads(self._state_json())}
-        self.saver.save(self.state.step, self.model, self.trainer.opt, self.trainer.sched, meta)
+        if self.trainer.sharded:  # every rank writes its shards (format 3)
+            assert self.ranks is not None
+            self.saver.save_sharded(self.state.step, self.trainer, meta, announce=self.ranks.save)
+        else:
+            self.saver.save(self.state.step, self.model, self.trainer.opt, self.trainer.sched, meta)
         if wait:
             self.saver.wait()
 

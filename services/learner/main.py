@@ -83,8 +83,11 @@ def follower(cfg) -> int:
     lc = cfg.learner
     torch.manual_seed(lc.seed)
     model, tok = load_policy(lc.model, seed=lc.seed)
+    from steadyrl.checkpoint import ShardWriter
+
     try:
-        return distributed.follow(Trainer(model, tok.pad_token_id, lc.train))
+        trainer = Trainer(model, tok.pad_token_id, lc.train)
+        return distributed.follow(trainer, ShardWriter() if trainer.sharded else None)
     except RuntimeError as e:
         if (line := distributed.broken_group(e)) is None:
             raise

@@ -27,7 +27,9 @@ class Weights:
         self.checkpoint_step: int | None = None  # the step of the checkpoint restored (verified by resume)
 
     def from_checkpoint(self, path: Path) -> RunState:
-        meta = ck.load(path, self.model, self.trainer.opt, self.trainer.sched)
+        tr = self.trainer  # sharded: its optimizer holds shards; the whole state goes to them at the sync
+        meta = ck.load(path, self.model, None if tr.sharded else tr.opt, tr.sched)
+        tr.pending_optimizer = meta.pop("optimizer_state", None)
         self.trainer.global_step = meta["global_step"]
         ck.set_rng_state(meta["rng"])
         st = RunState.parse(json.dumps(meta["learner_state"]), f"{path}/meta.json learner_state")

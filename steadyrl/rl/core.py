@@ -463,7 +463,8 @@ def clip_grad_norm(params, max_norm: float) -> float:
 
     Source: Pascanu et al. 2013, "On the difficulty of training RNNs", Alg. 1.
     """
-    return float(torch.nn.utils.clip_grad_norm_(list(params), max_norm))
+    norm = torch.nn.utils.clip_grad_norm_(list(params), max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)   # FSDP2: a replicated DTensor
 
 
 def lr_lambda(step: int, warmup_steps: int, total_steps: int, kind: Literal["constant", "cosine"] = "constant",

@@ -1,24 +1,29 @@
 """The learner over N torch.distributed ranks, data parallel (started by torchrun).
 
 Kafka stays the source of truth: rank 0 is the whole learner service (consumer, feeder,
-exactly-once accounting, checkpoints, policy announcements, HTTP probes). Ranks 1..N-1 hold a
-replica of the model and optimizer and do only the math: before each update rank 0 sends them
+exactly-once accounting, checkpoints, policy announcements, HTTP probes). Ranks 1..N-1 hold the
+model and optimizer (whole or sharded) and do only the math: before each update rank 0 sends them
 the batch (`Leader.send`), every rank runs `Trainer.step` on it, and the trainer splits the
 micro-batches over the ranks and sums their gradients so the step equals the one-rank step
 (steadyrl/rl/trainer.py; tests/steadyrl/rl/test_distributed_step.py). Followers never talk to
 Kafka.
 
-Replicas, not shards: on CPU (gloo) FSDP2 is not used; every rank holds the full weights and
-optimizer state, and rank 0 writes the checkpoint as a single rank does. So a checkpoint written
-by N ranks resumes on M ranks unchanged (the weights rank 0 restores are sent to the others
-before the first update: `sync`). The cost is N copies of the optimizer state.
+Two ways to hold the state (`train.sharding`). replicate: every rank holds the whole weights and
+optimizer state and rank 0 writes the checkpoint as a single rank does. fsdp: FSDP2 (`shard`)
+shards the trained parameters, gradients and AdamW moments; every rank keeps a plain copy of
+the whole weights, gathered after each step (`gather_into`), for the policy store, evaluation
+and drift; checkpoints are sharded, each rank writing its shards (steadyrl.checkpoint
+ShardWriter, on rank 0's `Leader.save`). Either way rank 0 restores any checkpoint whole and
+`sync` hands it to every rank before the first update, so a checkpoint written by N ranks
+resumes on M ranks.
 
 A rank that dies takes the group down: torchrun stops the others and, with `--max-restarts`,
 starts the group again; rank 0 resumes from its newest checkpoint as after any crash (nothing
 lost or trained twice: the learner's delivery rules). Decisions are taken from all-reduced
 numbers, so every rank takes the same one (clipping, skipping a non-finite step), and an
-out-of-memory error on one rank puts every rank into the safe mode together (`Trainer._agreed`:
-a flag all-reduced before each collective), so the micro-batch split stays the same on all.
+out-of-memory error on one rank puts every rank into the safe mode together: replicated
+(`Trainer._agreed`) by a flag all-reduced before each collective, so the micro-batch split stays
+the same on all; sharded, through a restart of the group (`remember_safe_mode`).
 """
 
 from __future__ import annotations
@@ -61,6 +66,40 @@ def attempt_store(timeout_s: float):
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timedelta(seconds=timeout_s))
     return dist.PrefixStore(f"steadyrl/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+SAFE_MODE_KEY = "steadyrl/safe_mode"  # in torchrun's store, outside every attempt's prefix
+
+
+def _agent_store(timeout_s: float = 30.0):
+    """A client of torchrun's own store (the agent's TCPStore), or None when not under torchrun."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import torch.distributed as dist
+
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=timedelta(seconds=timeout_s))
+
+
+def remember_safe_mode(error: str) -> bool:
+    """Record in torchrun's store, for the attempts of the group after this one, that a rank ran
+    out of memory (a sharded trainer: its peers wait in a collective of the failed forward, so
+    the fallback cannot be agreed within the step; this rank then dies and torchrun restarts the
+    group). False when not under torchrun."""
+    store = _agent_store()
+    if store is None:
+        return False
+    store.set(SAFE_MODE_KEY, error[:300])
+    return True
+
+
+def remembered_safe_mode() -> str | None:
+    """The out-of-memory error an earlier attempt of this group recorded (`remember_safe_mode`),
+    or None. Every rank of a restarted group reads the same answer, so all start in the safe mode."""
+    store = _agent_store()
+    if store is None or not store.check([SAFE_MODE_KEY]):
+        return None
+    return store.get(SAFE_MODE_KEY).decode()
 
 
 def die_with_parent() -> None:
@@ -115,8 +154,109 @@ def _broadcast(obj=None):
     return box[0]
 
 
+def shard(module):
+    """Shard `module` in place over the group with FSDP2 (`torch.distributed.fsdp.fully_shard`):
+    each transformer block (`module.model.layers[i]`, where it has them) its own unit, then the
+    rest (embeddings, final norm, head) at the root. The gradient reduce-scatter sums instead of
+    averaging (divide factor 1): the trainer weighs every micro-batch by its share of the whole
+    minibatch, so the sum over ranks is the one-rank gradient. A block's parameters stay gathered
+    from its forward to its backward (`reshard_after_forward=False`: ZeRO-2's trade, speed for the
+    whole weights held during a micro-batch; the trainer keeps them gathered over a minibatch's
+    micro-batches too, `Trainer._accumulate`). Parameters become DTensors sharded on dim 0
+    (`Shard(0)`). Returns `module`."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    for block in getattr(getattr(module, "model", None), "layers", None) or []:
+        fully_shard(block, reshard_after_forward=False)   # the backward reuses the forward's gather
+    fully_shard(module, reshard_after_forward=False)
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)   # gloo has no PREMUL_SUM
+    return module
+
+
+def _place(full, like):
+    """`full` (the whole tensor, the same on every rank) laid out as `like`: this rank's shard
+    when `like` is a DTensor, else `full` itself."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(like, DTensor) and tuple(full.shape) == tuple(like.shape):
+        return distribute_tensor(full, like.device_mesh, like.placements)
+    return full
+
+
+def gather_into(sharded, whole) -> None:
+    """Copy the whole parameters of `sharded` (FSDP2: an all-gather per parameter, every rank)
+    into the plain module `whole` of the same architecture (parameter order as deepcopy keeps it)."""
+    import torch
+
+    with torch.no_grad():
+        for src, dst in zip(sharded.parameters(), whole.parameters(), strict=True):
+            dst.copy_(src.full_tensor() if hasattr(src, "full_tensor") else src)
+
+
+def sync(trainer) -> None:
+    """Every rank takes rank 0's weights, optimizer state, LR schedule and global step (a
+    collective; all ranks call it, rank 0 after it restored a checkpoint or a policy version
+    into `trainer.model`). The weights are broadcast whole, then each rank keeps its shard when
+    the trainer is sharded; the optimizer state is rank 0's whole, index-keyed state
+    (`trainer.pending_optimizer` when sharded, else its optimizer's), placed like its parameter.
+    So any checkpoint restores on any number of ranks: rank 0 reads it whole."""
+    import torch
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        _sync(trainer, dist.get_rank())
+
+
+def _sync(trainer, rank: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    for p in trainer.model.parameters():
+        dist.broadcast(p.data, src=0)
+    if trainer.sharded:
+        for src, dst in zip(trainer.model.parameters(), trainer.module.parameters(), strict=True):
+            dst.copy_(_place(src.data, dst))
+    head = trainer.value_head
+    for p in head.parameters() if head is not None and not trainer.sharded else []:
+        dist.broadcast(p.data, src=0)
+    opt = (trainer.pending_optimizer if trainer.sharded else trainer.opt.state_dict()) if rank == 0 else None
+    # the optimizer's layout first (small: no tensors), then each tensor by broadcast
+    layout = None
+    if rank == 0:
+        layout = {"sched": trainer.sched.state_dict(), "global_step": trainer.global_step, "opt": None}
+        if opt is not None:
+            layout["opt"] = {"param_groups": opt["param_groups"],
+                             "state": {i: {k: (("tensor", (tuple(v.shape), str(v.dtype).removeprefix("torch.")))
+                                               if isinstance(v, torch.Tensor) else ("value", v))
+                                           for k, v in per.items()} for i, per in opt["state"].items()}}
+    layout = _broadcast(layout)
+    trainer.sched.load_state_dict(layout["sched"])
+    trainer.global_step = layout["global_step"]
+    trainer.pending_optimizer = None
+    if layout["opt"] is None:
+        return
+    state: dict = {}
+    for i, per in layout["opt"]["state"].items():
+        state[i] = {}
+        for k, (kind, v) in per.items():
+            if kind == "value":
+                state[i][k] = v
+                continue
+            if rank == 0:
+                assert opt is not None   # the layout came from it
+                t = opt["state"][i][k].detach().to("cpu").contiguous()
+            else:
+                t = torch.empty(v[0], dtype=getattr(torch, v[1]))
+            dist.broadcast(t, src=0)
+            state[i][k] = _place(t, trainer.params[i])
+    trainer.opt.load_state_dict({"state": state, "param_groups": layout["opt"]["param_groups"]})
+
+
 class Leader:
-    """Rank 0's side of the group: sends the followers what they need before each update."""
+    """Rank 0's side of the group: tells the followers what to run with it (each a collective)."""
 
     def __init__(self, world: int):
         self.world = world
@@ -124,37 +264,47 @@ class Leader:
 
     def send(self, trainer, groups: list) -> None:
         """Before `trainer.step(groups)` on rank 0: the weights, optimizer and schedule first
-        (once: after rank 0 restored them), then the batch."""
+        (once: after rank 0 restored them, `sync`), then the batch."""
         if not self.synced:
-            _broadcast(("sync", {"model": trainer.model.state_dict(), "opt": trainer.opt.state_dict(),
-                                 "sched": trainer.sched.state_dict(), "global_step": trainer.global_step}))
+            _broadcast(("sync", None))
+            sync(trainer)
             self.synced = True
         _broadcast(("step", groups))
+
+    def save(self, tmp: str) -> None:
+        """Before rank 0's sharded checkpoint save: every rank writes its shards into `tmp`."""
+        _broadcast(("save", tmp))
 
     def stop(self) -> None:
         """Tell the followers the run is over (they return from `follow`)."""
         _broadcast(("stop", None))
 
 
-def follow(trainer) -> int:
-    """A follower rank's loop: take rank 0's state, then step on each batch it sends, until
-    it says stop. Returns 0. A non-finite step is skipped on every rank alike (NonFiniteStep)."""
+def follow(trainer, saver=None) -> int:
+    """A follower rank's loop: take rank 0's state, then step on each batch it sends (and, when
+    sharded, write its shards of each checkpoint with `saver`, a steadyrl.checkpoint
+    ShardWriter), until it says stop. Returns 0. A non-finite step is skipped on every rank
+    alike (NonFiniteStep)."""
     from steadyrl.rl.trainer import NonFiniteStep
 
     steps = 0
-    while True:
-        kind, payload = _broadcast()
-        if kind == "stop":
-            log.info("follower stopped", extra={"steps": steps})
-            return 0
-        if kind == "sync":
-            trainer.model.load_state_dict(payload["model"])
-            trainer.opt.load_state_dict(payload["opt"])
-            trainer.sched.load_state_dict(payload["sched"])
-            trainer.global_step = payload["global_step"]
-            continue
-        try:
-            trainer.step(payload)
-        except NonFiniteStep:
-            pass  # rank 0 took the same decision from the same all-reduced numbers
-        steps += 1
+    try:
+        while True:
+            kind, payload = _broadcast()
+            if kind == "stop":
+                log.info("follower stopped", extra={"steps": steps})
+                return 0
+            if kind == "sync":
+                sync(trainer)
+            elif kind == "save":
+                assert saver is not None, "a sharded checkpoint needs the follower's ShardWriter"
+                saver.save(payload, trainer)
+            else:
+                try:
+                    trainer.step(payload)
+                except NonFiniteStep:
+                    pass  # rank 0 took the same decision from the same all-reduced numbers
+                steps += 1
+    finally:
+        if saver is not None:
+            saver.wait()

@@ -102,6 +102,13 @@ class TrainConfig(BaseModel):
                             "reported either way.")
     rollout_is_cap: float = Field(2.0, ge=1.0, description="TIS truncation C: the largest per-token weight "
                                                            "(verl's rollout_is_threshold).")
+    sharding: Literal["replicate", "fsdp"] = Field(
+        "fsdp", description="With several ranks (learner.world_size > 1): fsdp shards the trained parameters and "
+                            "AdamW moments over the ranks (FSDP2, torch.distributed.fsdp.fully_shard) and "
+                            "checkpoints them sharded (torch.distributed.checkpoint); an out-of-memory error "
+                            "restarts the group in the safe mode. replicate keeps the whole model, gradients and "
+                            "optimizer state on every rank and all-reduces the gradients (DDP's scheme); an "
+                            "out-of-memory error is agreed within the step. One rank: no effect.")
 
     @field_validator("oom_fallback", "rollout_is", mode="before")
     @classmethod
@@ -241,9 +248,17 @@ class Trainer:
     """Holds the policy, optimizer, LR schedule, optional frozen reference and value head.
 
     Args:
-        model: causal LM being trained (updated in place).
+        model: causal LM being trained (updated in place; sharded, after every step from the
+            shards).
         pad_id: tokenizer pad id.
         cfg: TrainConfig.
+
+    Attributes:
+        module: what forward and backward run on: `model`, or with `cfg.sharding` fsdp over
+            several ranks an FSDP2-sharded copy of it (parameters are DTensors).
+        sharded: whether `module` is sharded.
+        pending_optimizer: rank 0, sharded: a restored whole optimizer state dict that
+            steadyrl.rl.distributed.sync scatters to the shards before the first update.
     """
 
     def __init__(self, model, pad_id: int, cfg: TrainConfig):
@@ -255,8 +270,38 @@ class Trainer:
             for p in self.ref.parameters():
                 p.requires_grad_(False)
         self.value_head: ValueHead | None = ValueHead(model.config.hidden_size) if cfg.algorithm == "ppo" else None
-        params = list(model.parameters()) + (list(self.value_head.parameters()) if self.value_head else [])
+        self.rank, self.world = _rank_and_world()
+        # Data parallel over torch.distributed ranks (steadyrl/rl/distributed.py): every rank
+        # holds the whole batch and backpropagates its share of the micro-batches (micro-batch i
+        # on rank i % world); gradients, metric sums and the finiteness check are summed over
+        # ranks, so the step equals the one-rank step (each micro-batch's weight is its share of
+        # the whole minibatch, `core.microbatch_weight`). `module` is what forward and backward
+        # run on: `model` itself, or with sharding fsdp a sharded copy of it (FSDP2), whose
+        # full weights are gathered back into `model` after every step (`model` stays the
+        # plain, whole policy that the policy store, the evaluation and the drift metric read).
+        self.sharded = self.world > 1 and cfg.sharding == "fsdp"
+        self.module = model
+        self.checkpoint_group = None
+        if self.sharded:
+            import torch.distributed as dist
+
+            from steadyrl.rl import distributed
+
+            # sharded checkpoints' collectives run in a writer thread: a gloo group of their own,
+            # made here, where every rank makes its trainer before any collective
+            self.checkpoint_group = dist.new_group(backend="gloo")
+            self.module = distributed.shard(copy.deepcopy(model))
+            if self.ref is not None:
+                self.ref = distributed.shard(self.ref)
+            if self.value_head is not None:
+                distributed.shard(self.value_head)
+        params = list(self.module.parameters()) + (list(self.value_head.parameters()) if self.value_head else [])
         self.params = params
+        remembered = None
+        if self.sharded and cfg.oom_fallback != "off":
+            from steadyrl.rl import distributed
+
+            remembered = distributed.remembered_safe_mode()
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: core.lr_lambda(s, cfg.warmup_steps, cfg.total_steps, cfg.lr_schedule))
@@ -264,12 +309,9 @@ class Trainer:
         self.micro_batch_size = cfg.micro_batch_size   # 4x smaller in the safe mode
         self.safe_mode = False
         self.oom_fallbacks = 0                         # times a step ran out of memory and was retried
-        # Data parallel over torch.distributed ranks (steadyrl/rl/distributed.py): every rank
-        # holds the whole model and batch and backpropagates its share of the micro-batches
-        # (micro-batch i on rank i % world); gradients, metric sums and the finiteness check are
-        # summed over ranks, so the step equals the one-rank step (each micro-batch's weight is its
-        # share of the whole minibatch, `core.microbatch_weight`).
-        self.rank, self.world = _rank_and_world()
+        self.pending_optimizer: dict | None = None     # rank 0, sharded: restored state to scatter (`sync`)
+        if remembered is not None:  # an earlier attempt of this group ran out of memory (sharded)
+            self._enter_safe_mode(f"an earlier attempt of the group ran out of memory: {remembered}")
 
     # -- out-of-memory fallback ------------------------------------------------------------
     def _enter_safe_mode(self, error: str) -> None:
@@ -277,11 +319,11 @@ class Trainer:
         self.safe_mode = True
         self.oom_fallbacks += 1
         before, self.micro_batch_size = self.micro_batch_size, max(1, self.micro_batch_size // 4)
-        if getattr(self.model, "supports_gradient_checkpointing", False):
-            if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5
-                self.model.activation_checkpointing_enable({"use_reentrant": False})
+        if getattr(self.module, "supports_gradient_checkpointing", False):
+            if hasattr(self.module, "activation_checkpointing_enable"):  # transformers >= 5
+                self.module.activation_checkpointing_enable({"use_reentrant": False})
             else:
-                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                self.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         log.warning("out of memory in a training step; retrying it with gradient checkpointing and a smaller "
@@ -292,9 +334,9 @@ class Trainer:
     def _leave_safe_mode(self) -> None:
         self.safe_mode = False
         self.micro_batch_size = self.cfg.micro_batch_size
-        if getattr(self.model, "supports_gradient_checkpointing", False):
-            disable = getattr(self.model, "activation_checkpointing_disable", None)   # transformers >= 5
-            (disable or self.model.gradient_checkpointing_disable)()
+        if getattr(self.module, "supports_gradient_checkpointing", False):
+            disable = getattr(self.module, "activation_checkpointing_disable", None)   # transformers >= 5
+            (disable or self.module.gradient_checkpointing_disable)()
 
     def _oom_guarded(self, fn: Callable[[], _T]) -> _T:
         """fn(), or -- when it runs out of memory and the fallback is on -- the safe mode and
@@ -302,7 +344,13 @@ class Trainer:
         try:
             return fn()
         except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
-            if not is_out_of_memory(e) or self.cfg.oom_fallback == "off" or self.safe_mode:
+            if self.sharded and is_out_of_memory(e) and self.cfg.oom_fallback != "off" and not self.safe_mode:
+                # the other ranks wait in a collective of this forward: this rank dies, torchrun
+                # restarts the group, and every rank of the next attempt starts in the safe mode
+                from steadyrl.rl import distributed
+
+                distributed.remember_safe_mode(f"rank {self.rank}: {type(e).__name__}: {e}")
+            if not is_out_of_memory(e) or self.cfg.oom_fallback == "off" or self.safe_mode or self.sharded:
                 raise
             error = f"{type(e).__name__}: {e}"  # not `e`: its traceback holds the failed attempt's tensors
         # outside the except block, `e` is gone: the failed attempt's frames and tensors are freed
@@ -316,7 +364,7 @@ class Trainer:
         others RanksOutOfMemory -- so `_oom_guarded` retries the same part in the safe mode on
         every rank alike (the same micro-batch size, hence the same split). fn must hold no
         collective. One rank: fn()."""
-        if self.world == 1:
+        if self.world == 1 or self.sharded:  # sharded: fn holds FSDP2's collectives (see _oom_guarded)
             return fn()
         import torch.distributed as dist
 
@@ -372,7 +420,7 @@ class Trainer:
             assert snap is not None, "a snapshot is taken before the first of several optimizer steps"
             self._restore(snap)
         self.opt.zero_grad(set_to_none=True)
-        if self.safe_mode and self.cfg.oom_fallback == "step":
+        if self.safe_mode and self.cfg.oom_fallback == "step" and not self.sharded:  # sharded: stays
             self._leave_safe_mode()
         return NonFiniteStep(what, value, epoch, minibatch, applied, self.global_step + 1)
 
@@ -391,6 +439,25 @@ class Trainer:
             assert self.value_head is not None, "values need the PPO value head"
             values = self.value_head(out.hidden_states[-1][:, P - 1:-1].float())  # (n, T)
         return logp, ent, values
+
+    def _accumulate(self, last: bool) -> None:
+        """Sharded: before each micro-batch of a minibatch on this rank, whether its backward is
+        the last: only then are the gradients reduce-scattered and the parameters resharded.
+        Before it, the blocks stay gathered and their gradients accumulate whole on each rank
+        (FSDP2's `set_requires_gradient_sync` / `set_reshard_after_backward`), so a minibatch
+        costs one all-gather and one reduce-scatter per block, not one per micro-batch."""
+        for root in (self.module, self.value_head):
+            if root is not None:
+                root.set_requires_gradient_sync(last)         # type: ignore[operator]
+                root.set_reshard_after_backward(last)         # type: ignore[operator]
+
+    def _idle_backward(self, b: dict[str, torch.Tensor], idx: torch.Tensor) -> None:
+        """A forward and backward of micro-batch `idx` weighted 0: the collectives FSDP2 runs in
+        them (all-gathers, reduce-scatters), with a gradient of exactly 0 (finite activations)."""
+        sub = {k: (v[idx] if k != "P" else v) for k, v in b.items() if k not in ("rewards", "group_sizes")}
+        logp, _, values = self._forward(self.module, sub, slice(None), need_values=self.cfg.algorithm == "ppo")
+        loss = logp.sum() * 0.0 + (values.sum() * 0.0 if values is not None else 0.0)
+        loss.backward()
 
     @torch.no_grad()
     def _no_grad_pass(self, model: torch.nn.Module, b: dict[str, torch.Tensor],
@@ -415,13 +482,14 @@ class Trainer:
         decisions (clip, skip a non-finite step) from the same numbers."""
         import torch.distributed as dist
 
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.reshape(-1) for g in grads])                        # (sum of numels,)
-        dist.all_reduce(flat)
-        offset = 0
-        for p, g in zip(self.params, grads):
-            p.grad = flat[offset:offset + g.numel()].view_as(g).clone()
-            offset += g.numel()
+        if not self.sharded:  # FSDP2 reduce-scattered (summed) the gradients in the backward already
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            flat = torch.cat([g.reshape(-1) for g in grads])                    # (sum of numels,)
+            dist.all_reduce(flat)
+            offset = 0
+            for p, g in zip(self.params, grads):
+                p.grad = flat[offset:offset + g.numel()].view_as(g).clone()
+                offset += g.numel()
         gathered: list = [None] * self.world
         dist.all_gather_object(gathered, (mb_sums, [float(x) for x in losses]))
         total: dict[str, float] = {}
@@ -452,7 +520,7 @@ class Trainer:
         N = mask.shape[0]
         group_weight = torch.tensor([g.weight for g in groups]).repeat_interleave(sizes)    # (N,)
         timing: dict[str, float] = {}
-        self.model.train()
+        self.module.train()
         oom_before = self.oom_fallbacks
 
         # One GRPO update on the whole batch of fresh groups is exactly on-policy: the
@@ -465,7 +533,7 @@ class Trainer:
         if not on_policy:
             t0 = time.perf_counter()
             old_logp, old_values = self._oom_guarded(lambda: self._agreed(
-                lambda: self._no_grad_pass(self.model, b, need_values=cfg.algorithm == "ppo")))
+                lambda: self._no_grad_pass(self.module, b, need_values=cfg.algorithm == "ppo")))
             # Stale groups: the policy that sampled them is older than the one being updated;
             # the ratio pi_theta / pi_behaviour starts from its log-probs (decoupled PPO).
             row = 0
@@ -540,13 +608,25 @@ class Trainer:
                 def backprop(mb_idx: torch.Tensor, mb_sums: dict[str, float], losses: list[torch.Tensor]) -> None:
                     """This rank's micro-batches of the minibatch: gradients accumulated, metric
                     sums and losses appended (no collective: `_agreed` runs it)."""
-                    for m in list(range(0, len(mb_idx), self.micro_batch_size))[self.rank::self.world]:
+                    starts = list(range(0, len(mb_idx), self.micro_batch_size))
+                    plan: list[int | None] = list(starts[self.rank::self.world])
+                    if self.sharded and len(plan) < -(-len(starts) // self.world):
+                        # FSDP2's forward and backward are collectives: every rank runs as many
+                        # as the rank with the most micro-batches, this one once more on a
+                        # zero-weighted copy of the first (None: its gradient adds exactly 0)
+                        plan.insert(0, None)
+                    for j, m in enumerate(plan):
+                        if self.sharded:
+                            self._accumulate(last=j == len(plan) - 1)
+                        if m is None:
+                            self._idle_backward(b, mb_idx[:self.micro_batch_size])
+                            continue
                         idx = mb_idx[m:m + self.micro_batch_size]
                         # share of the minibatch in this micro-batch, so the sum equals the minibatch loss
                         weight = core.microbatch_weight(mask[idx], mask[mb_idx], cfg.loss_agg)
                         sub = {k: (v[idx] if k != "P" else v) for k, v in b.items()
                                if k not in ("rewards", "group_sizes")}
-                        logp, ent, values = self._forward(self.model, sub, slice(None),
+                        logp, ent, values = self._forward(self.module, sub, slice(None),
                                                           need_values=cfg.algorithm == "ppo",
                                                           need_entropy=True)
                         assert ent is not None                                 # need_entropy=True
@@ -622,6 +702,10 @@ class Trainer:
                 tis_w -= 1.0
                 dist.all_reduce(tis_w)
                 tis_w += 1.0
+        if self.sharded:  # the whole updated weights into `model`, on every rank
+            from steadyrl.rl import distributed
+
+            distributed.gather_into(self.module, self.model)
         lr = float(self.sched.get_last_lr()[0])
         self.sched.step()
         self.global_step += 1
@@ -654,6 +738,6 @@ class Trainer:
         metrics["perf/train_tokens_per_s"] = float(b["attention_mask"].sum()) / total
         metrics["perf/oom_fallback"] = float(self.oom_fallbacks - oom_before)   # 1: this step ran out of memory
         metrics["perf/safe_mode"] = float(self.safe_mode)
-        if self.safe_mode and self.cfg.oom_fallback == "step":
+        if self.safe_mode and self.cfg.oom_fallback == "step" and not self.sharded:  # sharded: stays
             self._leave_safe_mode()
         return metrics

@@ -1,6 +1,7 @@
-"""The learner on 2 torch.distributed ranks (gloo, CPU) under `steadyrl up` (torchrun): the tiny
-pipeline learns and every prompt is trained once; a SIGKILL of rank 1 takes the group down,
-torchrun starts it again, rank 0 resumes from its checkpoint, and the audit still passes."""
+"""The learner on 2 torch.distributed ranks (gloo, CPU) under `steadyrl up` (torchrun), replicated
+and sharded (FSDP2, sharded checkpoints): the tiny pipeline learns and every prompt is trained
+once; a SIGKILL of rank 1 takes the group down, torchrun starts it again, rank 0 resumes from
+its checkpoint, and the audit still passes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import signal
 import time
 from pathlib import Path
+
+import pytest
 
 from steadyrl.testing import audit_pipeline, explain
 from steadyrl.testing.stack import alive
@@ -40,9 +43,11 @@ def _rank_pid(up: Up, rank: int) -> int | None:
     return None
 
 
-def test_two_rank_learner_learns_and_trains_every_prompt_once(bootstrap, tmp_path):
+@pytest.mark.parametrize("sharding", ["replicate", "fsdp"])
+def test_two_rank_learner_learns_and_trains_every_prompt_once(bootstrap, tmp_path, sharding):
     steps = 100
-    up = Up(bootstrap, tmp_path, _config(tmp_path, steps=steps, world_size=2, eval_data=None))
+    up = Up(bootstrap, tmp_path, _config(tmp_path, steps=steps, world_size=2, eval_data=None,
+                                         train={"sharding": sharding}))
     rc = up.wait(420)
     assert rc == 0, up.log()[-4000:]
     assert "follower stopped" in up.log()  # rank 1 stepped beside rank 0 and was told the run is over
@@ -53,9 +58,11 @@ def test_two_rank_learner_learns_and_trains_every_prompt_once(bootstrap, tmp_pat
     assert report["ok"], explain(report)
 
 
-def test_sigkill_of_rank_1_restarts_the_group_and_nothing_is_lost_or_trained_twice(bootstrap, tmp_path):
+@pytest.mark.parametrize("sharding", ["replicate", "fsdp"])
+def test_sigkill_of_rank_1_restarts_the_group_and_nothing_is_lost_or_trained_twice(bootstrap, tmp_path, sharding):
     steps = 40
-    up = Up(bootstrap, tmp_path, _config(tmp_path, steps=steps, world_size=2, eval_data=None, checkpoint_every=5))
+    up = Up(bootstrap, tmp_path, _config(tmp_path, steps=steps, world_size=2, eval_data=None, checkpoint_every=5,
+                                         train={"sharding": sharding}))
     try:
         up.wait_step(12, timeout_s=300)
         pid = _rank_pid(up, 1)
@@ -70,6 +77,14 @@ def test_sigkill_of_rank_1_restarts_the_group_and_nothing_is_lost_or_trained_twi
     finally:
         up.close()
     assert "resuming run from checkpoint" in up.log()
+    if sharding == "fsdp":   # every checkpoint of the run is sharded: format 3, both ranks' shards
+        from steadyrl import checkpoint as ck
+
+        ckpts = list((up.run().path / "checkpoints").glob("step_*"))
+        assert ckpts
+        for path in ckpts:
+            files = ck.verify(path)["files"]
+            assert {"shards/__0_0.distcp", "shards/__1_0.distcp"} <= set(files), (path, sorted(files))
     # the restarted group joined at once: no rank read the dead rank's address (attempt_store)
     assert "connectFullMesh" not in up.log(), up.log()[-4000:]
     report = audit_pipeline(bootstrap, up.prefix, up.run(), steps, 8, excuse_dlq=False)

@@ -27,6 +27,8 @@ TINY = ROOT / "configs" / "tiny.yaml"
 
 def _config(tmp_path: Path, **learner) -> Path:
     cfg = yaml.safe_load(TINY.read_text())
+    if "train" in learner:   # merged into the tiny config's train section
+        learner["train"] = {**cfg["learner"].get("train", {}), **learner["train"]}
     cfg["learner"].update(learner)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))

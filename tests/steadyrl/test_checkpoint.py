@@ -53,8 +53,8 @@ def test_round_trip_restores_weights_optimizer_scheduler_and_rng(tmp_path):
      "meta.json sha256 mismatch: expected"),
     (lambda p: shutil.rmtree(p / "optimizer"), "optimizer/optimizer.safetensors missing"),
     (lambda p: (p / "manifest.json").write_text(
-        (p / "manifest.json").read_text().replace('"format_version": "2.0"', '"format_version": "3.0"')),
-     "checkpoint format mismatch: expected v2.0, got v3.0"),
+        (p / "manifest.json").read_text().replace('"format_version": "2.0"', '"format_version": "9.0"')),
+     "checkpoint format mismatch: expected v2.0 or v3.0, got v9.0"),
     (lambda p: (p / "manifest.json").unlink(), "no manifest.json"),
 ])
 def test_each_broken_checkpoint_says_what_is_wrong(tmp_path, break_it, message):
@@ -236,3 +236,56 @@ def test_a_malformed_manifest_is_a_checkpoint_error_and_falls_back(tmp_path, man
     with pytest.raises(ck.CheckpointError):
         ck.verify(tmp_path / "step_000002", CONFIG)
     assert ck.latest_valid(tmp_path, CONFIG).name == "step_000001"
+
+
+# -- format 3: the same tables as torch.distributed.checkpoint shards ---------------------------
+def _sharded_save(tr: Trainer, root, step: int) -> None:
+    """A format-3 save on one process (no group: DCP writes one shard file, __0_0.distcp)."""
+    saver = ck.AsyncCheckpointer(root, CONFIG)
+    saver.save_sharded(step, tr, {"global_step": tr.global_step, "rng": ck.rng_state()}, announce=lambda tmp: None)
+    saver.wait()
+    assert saver.last_verified_step == step
+
+
+def test_a_sharded_checkpoint_verifies_reads_back_whole_and_loads(tmp_path):
+    _, tr = _trained()
+    _sharded_save(tr, tmp_path, 1)
+    path = ck.latest_valid(tmp_path, CONFIG)
+    manifest = ck.verify(path, CONFIG)
+    assert manifest["format_version"] == ck.SHARDED_FORMAT_VERSION
+    assert {"shards/.metadata", "shards/__0_0.distcp", "meta.json"} <= set(manifest["files"])
+    weights, opt_state, meta = ck.read(path)
+    for k, v in tr.model.state_dict().items():
+        if k in weights:
+            assert torch.equal(weights[k], v), k
+    assert "lm_head.weight" not in weights                      # tied: stored once, as format 2
+    _, fresh = _trained(steps=1)   # optimizer state to load into
+    ck.load(path, fresh.model, fresh.opt, fresh.sched)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.model.state_dict().values(), tr.model.state_dict().values()))
+    assert fresh.opt.state_dict()["state"][0]["exp_avg"].equal(tr.opt.state_dict()["state"][0]["exp_avg"])
+    assert fresh.sched.state_dict() == tr.sched.state_dict()
+
+
+def test_a_changed_shard_is_named_and_the_previous_checkpoint_used(tmp_path, caplog):
+    _, tr = _trained()
+    _sharded_save(tr, tmp_path, 1)
+    tr.step([Group([2, 9], [[6, 1], [8, 8]], [0.0, 1.0])])
+    _sharded_save(tr, tmp_path, 2)
+    shard = tmp_path / "step_000002" / "shards" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ck.CheckpointError, match=r"shards/__0_0.distcp sha256 mismatch"):
+        ck.verify(tmp_path / "step_000002", CONFIG)
+    assert ck.latest_valid(tmp_path, CONFIG) == tmp_path / "step_000001"
+    assert "checkpoint unusable" in caplog.text
+
+
+def test_an_unknown_format_is_refused_naming_both_readable_ones(tmp_path):
+    _, tr = _trained()
+    _sharded_save(tr, tmp_path, 1)
+    mpath = tmp_path / "step_000001" / "manifest.json"
+    manifest = json.loads(mpath.read_text())
+    mpath.write_text(json.dumps({**manifest, "format_version": "4.0"}))
+    with pytest.raises(ck.CheckpointError, match=r"expected v2.0 or v3.0, got v4.0"):
+        ck.verify(tmp_path / "step_000001", CONFIG)

@@ -8,6 +8,7 @@ rank 1 came up later than the new rank 0. Here rank 1 is made late on purpose.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,46 @@ def test_torchrun_keeps_the_dead_attempts_keys(tmp_path):
     done = _torchrun(tmp_path, "plain")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "rank 0 finds a stale address: True" in done.stdout, done.stdout
+
+
+OOM_WORKER = """
+import os, sys, torch
+from steadyrl.models import load_policy
+from steadyrl.rl.distributed import init_from_env
+from steadyrl.rl.trainer import Group, TrainConfig, Trainer
+from tests.steadyrl.rl.test_distributed_step import GROUPS
+rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+torch.set_num_threads(1)
+init_from_env(30)
+torch.manual_seed(0)
+model, tok = load_policy("tiny", seed=0)
+tr = Trainer(model, tok.pad_token_id, TrainConfig(lr=1e-2, micro_batch_size=8, sharding="fsdp"))
+print(f"attempt {attempt} rank {rank} safe_mode {tr.safe_mode} micro_batch_size {tr.micro_batch_size}", flush=True)
+if attempt == 0 and rank == 1:   # this rank's first forward fails, as the allocator would
+    real = tr.module.forward
+    def forward(*a, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    tr.module.forward = forward
+tr.step(GROUPS)
+print(f"attempt {attempt} rank {rank} stepped", flush=True)
+"""
+
+
+def test_sharded_out_of_memory_restarts_the_group_in_the_safe_mode(tmp_path):
+    """Sharded (FSDP2), the out-of-memory fallback cannot be agreed inside the step: the other
+    rank waits in a collective of the forward that failed. So the rank that ran out records it
+    in torchrun's store and dies; torchrun restarts the group and every rank of the next attempt
+    starts in the safe mode (micro-batches of 8 -> 2, gradient checkpointing) and steps."""
+    script = tmp_path / "oom_worker.py"
+    script.write_text(OOM_WORKER)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "--max-restarts", "1", str(script)],
+        cwd=ROOT, capture_output=True, text=True, timeout=150, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    assert "attempt 0 rank 0 safe_mode False micro_batch_size 8" in out, out
+    assert "attempt 0 rank 1 stepped" not in out, out
+    for rank in (0, 1):
+        assert f"attempt 1 rank {rank} safe_mode True micro_batch_size 2" in out, out
+        assert f"attempt 1 rank {rank} stepped" in out, out

@@ -28,8 +28,13 @@ def _step(cfg: dict) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     model, tok = load_policy("tiny", seed=0)
     tr = Trainer(model, tok.pad_token_id, TrainConfig(**cfg))
     metrics = tr.step(GROUPS)
-    grads = {f"grad.{n}": p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {f"grad.{n}": full(p.grad).detach().clone() for n, p in tr.module.named_parameters() if p.grad is not None}
     return {k: v.detach().clone() for k, v in model.state_dict().items()} | grads, metrics
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor (FSDP2's sharded gradients: a collective), else `t`."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 CONFIGS = {  # 12 samples in micro-batches of 2: 6 micro-batches, 3 per rank
@@ -38,11 +43,16 @@ CONFIGS = {  # 12 samples in micro-batches of 2: 6 micro-batches, 3 per rank
     "seq-mean-token-mean": {"loss_agg": "seq-mean-token-mean"},
     "minibatches": {"loss_agg": "token-mean", "mini_batch_size": 6, "ppo_epochs": 2},   # 4 optimizer steps
     "ppo": {"algorithm": "ppo", "loss_agg": "token-mean"},
+    "uneven": {"loss_agg": "token-mean", "micro_batch_size": 4},   # 3 micro-batches: rank 1 has one fewer
+    "kl": {"loss_agg": "token-mean", "use_kl_loss": True, "kl_coef": 0.1},   # and a reference model
 }
+SHARDINGS = ("replicate", "fsdp")
+CASES = [f"{sharding}/{name}" for sharding in SHARDINGS for name in CONFIGS]
 
 
-def _cfg(name: str) -> dict:
-    return {"lr": 1e-2, "micro_batch_size": 2, **CONFIGS[name]}
+def _cfg(case: str) -> dict:
+    sharding, _, name = case.rpartition("/")
+    return {"lr": 1e-2, "micro_batch_size": 2, **CONFIGS[name], **({"sharding": sharding} if sharding else {})}
 
 
 def _rank(rank: int, world: int, port: int, out: str) -> None:
@@ -51,7 +61,7 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        results = {name: _step(_cfg(name)) for name in CONFIGS}
+        results = {case: _step(_cfg(case)) for case in CASES}
         if rank == 0:
             torch.save({name: {"weights": w, "metrics": m} for name, (w, m) in results.items()}, out)
     finally:
@@ -66,10 +76,10 @@ def two_ranks(tmp_path_factory) -> dict:
     return torch.load(out, weights_only=True)
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_two_ranks_step_equals_one_rank(name, two_ranks):
-    one, m1 = _step(_cfg(name))
-    two = two_ranks[name]
+@pytest.mark.parametrize("case", CASES)
+def test_two_ranks_step_equals_one_rank(case, two_ranks):
+    one, m1 = _step(_cfg(case))   # one rank: sharding has no effect
+    two = two_ranks[case]
     assert one.keys() == two["weights"].keys()
     weights = [k for k in one if not k.startswith("grad.")]
     diff = max(float((one[k] - two["weights"][k]).abs().max()) for k in weights)
@@ -102,7 +112,7 @@ def _oom_rank(rank: int, world: int, port: int, out: str) -> None:
         for name, (cfg, with_grad) in OOM_CASES.items():
             torch.manual_seed(0)
             model, tok = load_policy("tiny", seed=0)
-            tr = Trainer(model, tok.pad_token_id, TrainConfig(**cfg))
+            tr = Trainer(model, tok.pad_token_id, TrainConfig(**cfg, sharding="replicate"))
             if rank == 1:   # this rank's first such forward fails, as the allocator would
                 real, fired = model.forward, []
 
@@ -123,7 +133,7 @@ def _oom_rank(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_one_ranks_out_of_memory_puts_every_rank_in_the_safe_mode(tmp_path):
-    """Rank 1 alone runs out of memory (in the update, or in the no-grad pass before it): both
+    """Replicated, rank 1 alone runs out of memory (in the update, or in the no-grad pass before it): both
     ranks retry the part in the safe mode together (`Trainer._agreed`), so the collectives stay
     matched and the step equals the one-rank step with the safe mode's micro-batches."""
     out = str(tmp_path / "oom.pt")
