@@ -468,13 +468,17 @@ class ShardWriter:
                   "optimizer": {k: v.detach().to("cpu", copy=True) for k, v in opt_tensors.items()}}
         return tables, opt_json
 
-    def save(self, tmp: str | Path, trainer, then=None) -> dict[str, Any]:
-        """Start writing this rank's shards into `<tmp>/shards/`; `then()` runs in the same thread
-        after the write (rank 0: the manifest). Returns the optimizer's JSON part."""
+    def save(self, tmp: str | Path, trainer, then=None) -> None:
+        """Start writing this rank's shards into `<tmp>/shards/`; `then(opt_json)` runs in the same
+        thread after the write (rank 0: the manifest), given the optimizer's JSON part. Every rank
+        first learns whether any rank's optimizer shards hold NaN or infinity (a MAX all-reduce
+        on the checkpoint group): if one does, no rank writes and each raises NonFiniteWeights
+        from `wait()`, so no rank waits in DCP for one that refused."""
         self.wait()
         tables, opt_json = self.snapshot(trainer)
 
         def run():
+            import torch.distributed as dist
             import torch.distributed.checkpoint as dcp
 
             try:  # Linux: a thread has its own nice value; let the step loop's threads win the CPU
@@ -482,16 +486,23 @@ class ShardWriter:
             except (AttributeError, OSError):
                 pass
             try:
+                local = {k: v.to_local() if hasattr(v, "to_local") else v for k, v in tables["optimizer"].items()}
+                bad = nonfinite(local)
+                flag = torch.tensor([1.0 if bad else 0.0])
+                if trainer.checkpoint_group is not None:
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=trainer.checkpoint_group)
+                if float(flag) > 0:
+                    raise NonFiniteWeights(f"checkpoint {tmp}: refusing to write non-finite optimizer state "
+                                           f"({', '.join(bad[:3]) or 'on another rank'})")
                 dcp.save(tables, storage_writer=dcp.FileSystemWriter(str(Path(tmp) / "shards"), thread_count=1),
                          process_group=trainer.checkpoint_group)
                 if then is not None:
-                    then()
+                    then(opt_json)
             except BaseException as e:  # reported by wait()
                 self.error = e
 
         self._thread = threading.Thread(target=run, name="checkpoint-shards", daemon=False)
         self._thread.start()
-        return opt_json
 
     def wait(self) -> None:
         if self._thread is not None:
@@ -557,7 +568,8 @@ class AsyncCheckpointer:
     def save_sharded(self, step: int, trainer, meta: dict[str, Any], announce) -> None:
         """Rank 0's side of a sharded checkpoint (format 3) of `trainer` (sharding fsdp): refuse
         non-finite weights (its whole `model`), prepare the folder, `announce(tmp)` it to the
-        other ranks (each then calls ShardWriter.save with it), write rank 0's shards, and --
+        other ranks (each then calls ShardWriter.save with it; rank 0's Leader.save hands them
+        the restored state first), write rank 0's shards, and --
         in the writer's thread, once every rank's shards are in (DCP's last collective) --
         meta.json, the manifest of every shard, LATEST, and the verification."""
         self.wait()
@@ -572,18 +584,18 @@ class AsyncCheckpointer:
         tmp.mkdir()
         announce(str(tmp))
         t0 = time.perf_counter()
-        box: dict[str, Any] = {}
+        scheduler = trainer.sched.state_dict()   # now: the step loop goes on while the shards are written
 
-        def finish():
+        def finish(opt_json):
             files = {str(p.relative_to(tmp)): _file_entry(p) for p in sorted((tmp / "shards").iterdir())}
-            full_meta = {**meta, "optimizer": box["opt_json"], "scheduler": trainer.sched.state_dict()}
+            full_meta = {**meta, "optimizer": opt_json, "scheduler": scheduler}
             written = _finish(self.root, tmp, final, step, files, full_meta, self.config, self.keep,
                               SHARDED_FORMAT_VERSION)
             self.last_seconds = time.perf_counter() - t0
             if self.verify:
                 self._verify(written, step)
 
-        box["opt_json"] = self.shards.save(tmp, trainer, then=finish)
+        self.shards.save(tmp, trainer, then=finish)
         # the writer's thread is this checkpointer's save in flight
         self._thread, self.shards._thread = self.shards._thread, None
         self._errors_from = self.shards

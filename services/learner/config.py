@@ -68,8 +68,8 @@ class LearnerSection(BaseModel):
     world_size: int = Field(1, ge=1, le=1024,
                             description="Data-parallel ranks of the learner (steadyrl/rl/distributed.py): "
                                         "`steadyrl up` starts it under torchrun with this many processes; rank 0 is "
-                                        "the service, the others share each update's micro-batches (train.sharding: how they hold the "
-                                        "state).")
+                                        "the service, the others share each update's micro-batches "
+                                        "(train.sharding: how they hold the state).")
     keep_earlier_runs: int = Field(1, ge=0, description="Earlier runs under policy_root that keep their newest "
                                                         "version (for steadyrl export); older runs are deleted "
                                                         "(steadyrl/policy_files.py prune).")

@@ -129,7 +129,8 @@ class Learner:
                 "learner_state": json.loads(self._state_json())}
         if self.trainer.sharded:  # every rank writes its shards (format 3)
             assert self.ranks is not None
-            self.saver.save_sharded(self.state.step, self.trainer, meta, announce=self.ranks.save)
+            ranks, trainer = self.ranks, self.trainer
+            self.saver.save_sharded(self.state.step, trainer, meta, announce=lambda tmp: ranks.save(trainer, tmp))
         else:
             self.saver.save(self.state.step, self.model, self.trainer.opt, self.trainer.sched, meta)
         if wait:
@@ -161,10 +162,9 @@ class Learner:
                   weight=lc.cache_scored_weight if sg.reward_source.value == "cache" else 1.0,
                   rollout_logprobs=[s.logprobs for s in sg.group.samples], engine=sg.group.engine)
             for sg in groups]
-        if self.ranks is not None:  # the other ranks step on the same batch
-            self.ranks.send(self.trainer, train_groups)
-        try:
-            metrics = self.trainer.step(train_groups)
+        try:  # with ranks, the others step on the same batch
+            metrics = (self.ranks.step(self.trainer, train_groups) if self.ranks is not None
+                       else self.trainer.step(train_groups))
         except NonFiniteStep as e:  # nothing applied: the weights are still version st.step
             self.screen.nonfinite(dict(zip(take, batch)), e)
             self.progress["phase"] = "waiting"

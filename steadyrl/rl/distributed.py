@@ -3,7 +3,7 @@
 Kafka stays the source of truth: rank 0 is the whole learner service (consumer, feeder,
 exactly-once accounting, checkpoints, policy announcements, HTTP probes). Ranks 1..N-1 hold the
 model and optimizer (whole or sharded) and do only the math: before each update rank 0 sends them
-the batch (`Leader.send`), every rank runs `Trainer.step` on it, and the trainer splits the
+the batch (`Leader.step`), every rank runs `Trainer.step` on it, and the trainer splits the
 micro-batches over the ranks and sums their gradients so the step equals the one-rank step
 (steadyrl/rl/trainer.py; tests/steadyrl/rl/test_distributed_step.py). Followers never talk to
 Kafka.
@@ -121,7 +121,13 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def init_from_env(timeout_s: float = 600.0) -> tuple[int, int]:
+GROUP_TIMEOUT_S = 6 * 3600.0
+"""How long a rank waits in one collective. Followers wait in a broadcast for rank 0's next
+message for as long as rank 0 waits for rollouts or evaluates (minutes on a real model): gloo's
+10 minutes broke the group there. A peer that dies is seen at once (its sockets close)."""
+
+
+def init_from_env(timeout_s: float = GROUP_TIMEOUT_S) -> tuple[int, int]:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT) over gloo,
     in this attempt's own key space (`attempt_store`). Gloo even where CUDA is present: the
     learner's tensors live on the CPU (it has no device setting yet), and NCCL only carries
@@ -154,7 +160,7 @@ def _broadcast(obj=None):
     return box[0]
 
 
-def shard(module):
+def shard(module, reshard_after_forward: bool = False):
     """Shard `module` in place over the group with FSDP2 (`torch.distributed.fsdp.fully_shard`):
     each transformer block (`module.model.layers[i]`, where it has them) its own unit, then the
     rest (embeddings, final norm, head) at the root. The gradient reduce-scatter sums instead of
@@ -163,17 +169,35 @@ def shard(module):
     from its forward to its backward (`reshard_after_forward=False`: ZeRO-2's trade, speed for the
     whole weights held during a micro-batch; the trainer keeps them gathered over a minibatch's
     micro-batches too, `Trainer._accumulate`). Parameters become DTensors sharded on dim 0
-    (`Shard(0)`). Returns `module`."""
+    (`Shard(0)`) over the CPU mesh of the group (`_cpu_mesh`). Returns `module`."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    mesh = _cpu_mesh()
     for block in getattr(getattr(module, "model", None), "layers", None) or []:
-        fully_shard(block, reshard_after_forward=False)   # the backward reuses the forward's gather
-    fully_shard(module, reshard_after_forward=False)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)   # False: the backward reuses it
+    fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
     for m in module.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)   # gloo has no PREMUL_SUM
     return module
+
+
+_MESHES: dict = {}
+
+
+def _cpu_mesh():
+    """The 1-D CPU device mesh over the group (one per default group). Named, not FSDP2's
+    default: that is a CUDA mesh wherever a GPU is visible, and the learner's tensors and gloo
+    group are on the CPU."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = id(dist.group.WORLD)
+    if key not in _MESHES:
+        _MESHES.clear()
+        _MESHES[key] = init_device_mesh("cpu", (dist.get_world_size(),))
+    return _MESHES[key]
 
 
 def _place(full, like):
@@ -182,7 +206,7 @@ def _place(full, like):
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     if isinstance(like, DTensor) and tuple(full.shape) == tuple(like.shape):
-        return distribute_tensor(full, like.device_mesh, like.placements)
+        return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)   # no scatter again
     return full
 
 
@@ -222,7 +246,10 @@ def _sync(trainer, rank: int) -> None:
     head = trainer.value_head
     for p in head.parameters() if head is not None and not trainer.sharded else []:
         dist.broadcast(p.data, src=0)
-    opt = (trainer.pending_optimizer if trainer.sharded else trainer.opt.state_dict()) if rank == 0 else None
+    opt = None
+    if rank == 0:  # sharded without a restored state: rank 0's param groups (lr) all the same
+        opt = ((trainer.pending_optimizer or {"state": {}, "param_groups": trainer.opt.state_dict()["param_groups"]})
+               if trainer.sharded else trainer.opt.state_dict())
     # the optimizer's layout first (small: no tensors), then each tensor by broadcast
     layout = None
     if rank == 0:
@@ -261,22 +288,48 @@ class Leader:
     def __init__(self, world: int):
         self.world = world
         self.synced = False
+        # a step was sent and rank 0 has not come back from it: the followers may be inside its
+        # collectives, so no other message may follow (`stop` would meet them there)
+        self.in_step = False
 
-    def send(self, trainer, groups: list) -> None:
-        """Before `trainer.step(groups)` on rank 0: the weights, optimizer and schedule first
-        (once: after rank 0 restored them, `sync`), then the batch."""
+    def _sync(self, trainer) -> None:
+        """The weights, optimizer and schedule rank 0 restored, to every rank (once)."""
         if not self.synced:
             _broadcast(("sync", None))
             sync(trainer)
             self.synced = True
-        _broadcast(("step", groups))
 
-    def save(self, tmp: str) -> None:
-        """Before rank 0's sharded checkpoint save: every rank writes its shards into `tmp`."""
+    def step(self, trainer, groups: list) -> dict[str, float]:
+        """`trainer.step(groups)` on every rank: the restored state first (`sync`, once), then
+        the batch to the followers, then rank 0's own step. Returns rank 0's metrics; raises
+        what the step raises (NonFiniteStep: every rank skipped it alike)."""
+        from steadyrl.rl.trainer import NonFiniteStep
+
+        self._sync(trainer)
+        _broadcast(("step", groups))
+        self.in_step = True
+        try:
+            metrics = trainer.step(groups)
+        except NonFiniteStep:
+            self.in_step = False
+            raise
+        self.in_step = False
+        return metrics
+
+    def save(self, trainer, tmp: str) -> None:
+        """Before rank 0's sharded checkpoint save: every rank writes its shards into `tmp`. The
+        restored state reaches the shards first: a save before the first step (a stop while
+        waiting for rollouts) wrote the shards' initial weights under the restored step."""
+        self._sync(trainer)
         _broadcast(("save", tmp))
 
     def stop(self) -> None:
-        """Tell the followers the run is over (they return from `follow`)."""
+        """Tell the followers the run is over (they return from `follow`). Not after a step
+        that raised on rank 0 (`in_step`): the followers are inside its collectives, and torchrun
+        ends them when rank 0 exits."""
+        if self.in_step:
+            log.warning("not telling the other ranks to stop: the step they are in did not end on rank 0")
+            return
         _broadcast(("stop", None))
 
 

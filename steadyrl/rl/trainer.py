@@ -291,8 +291,8 @@ class Trainer:
             # made here, where every rank makes its trainer before any collective
             self.checkpoint_group = dist.new_group(backend="gloo")
             self.module = distributed.shard(copy.deepcopy(model))
-            if self.ref is not None:
-                self.ref = distributed.shard(self.ref)
+            # the frozen reference stays whole on every rank (no gradients, no optimizer state:
+            # one copy of the weights), so its no-grad forwards hold no collective
             if self.value_head is not None:
                 distributed.shard(self.value_head)
         params = list(self.module.parameters()) + (list(self.value_head.parameters()) if self.value_head else [])
@@ -319,6 +319,8 @@ class Trainer:
         self.safe_mode = True
         self.oom_fallbacks += 1
         before, self.micro_batch_size = self.micro_batch_size, max(1, self.micro_batch_size // 4)
+        if self.sharded:   # gather each block for its forward and again for its backward only
+            self.module.set_reshard_after_forward(True)
         if getattr(self.module, "supports_gradient_checkpointing", False):
             if hasattr(self.module, "activation_checkpointing_enable"):  # transformers >= 5
                 self.module.activation_checkpointing_enable({"use_reentrant": False})
@@ -445,7 +447,11 @@ class Trainer:
         the last: only then are the gradients reduce-scattered and the parameters resharded.
         Before it, the blocks stay gathered and their gradients accumulate whole on each rank
         (FSDP2's `set_requires_gradient_sync` / `set_reshard_after_backward`), so a minibatch
-        costs one all-gather and one reduce-scatter per block, not one per micro-batch."""
+        costs one all-gather and one reduce-scatter per block, not one per micro-batch. The price
+        is memory: whole weights and whole gradients on every rank during the minibatch. In the
+        safe mode every micro-batch reduce-scatters and reshards (and blocks reshard after their
+        forward too: `_enter_safe_mode`), so only the shards stay between them."""
+        last = last or self.safe_mode   # the safe mode trades this speed back for memory
         for root in (self.module, self.value_head):
             if root is not None:
                 root.set_requires_gradient_sync(last)         # type: ignore[operator]

@@ -59,13 +59,18 @@ def _two_ranks(rank: int, world: int, port: int, one_rank_ckpt: str, out: str, s
             _resume(tr, Path(one_rank_ckpt))
             leader = distributed.Leader(world)
             saver = ck.AsyncCheckpointer(Path(out) / "two_rank_ckpt", {})
+            if tr.sharded:   # a save before any step (a stop while waiting): the restored state, not the initial
+                early = ck.AsyncCheckpointer(Path(out) / "saved_before_a_step", {})
+                early.save_sharded(tr.global_step, tr, {"global_step": tr.global_step},
+                                   announce=lambda tmp: leader.save(tr, tmp))
+                early.wait()
             after = []
             for i, groups in enumerate((NEXT, GROUPS)):
-                leader.send(tr, groups)
-                tr.step(groups)
+                leader.step(tr, groups)
                 after.append(_weights(tr))
                 if i == 0 and tr.sharded:   # every rank writes its shards, in the background
-                    saver.save_sharded(tr.global_step, tr, {"global_step": tr.global_step}, announce=leader.save)
+                    saver.save_sharded(tr.global_step, tr, {"global_step": tr.global_step},
+                                       announce=lambda tmp: leader.save(tr, tmp))
                 elif i == 0:
                     _save(tr, Path(out) / "two_rank_ckpt", tr.global_step)
             saver.wait()
@@ -97,6 +102,17 @@ def test_a_checkpoint_moves_between_one_and_two_ranks(tmp_path, sharding):
 
         keys = FileSystemReader(str(written / "shards")).read_metadata().state_dict_metadata
         assert "model.model.embed_tokens.weight" in keys and "model.lm_head.weight" not in keys   # tied: once
+        # saved on 2 ranks before their first step: the one-rank checkpoint they resumed, whole
+        # (it held the shards' initial weights and no optimizer state under the restored step)
+        early, _, _ = ck.read(ck.latest_valid(tmp_path / "saved_before_a_step"))
+        resumed, resumed_opt, _ = ck.read(one_rank_ckpt)
+        early_opt = ck.read(ck.latest_valid(tmp_path / "saved_before_a_step"))[1]
+        assert early.keys() == resumed.keys()
+        for k in resumed:
+            assert torch.equal(early[k], resumed[k]), k
+        assert early_opt["state"].keys() == resumed_opt["state"].keys()
+        for i in resumed_opt["state"]:
+            assert torch.equal(early_opt["state"][i]["exp_avg"], resumed_opt["state"][i]["exp_avg"]), i
     else:
         assert manifest["format_version"] == ck.FORMAT_VERSION
     r0, r1 = torch.load(tmp_path / "rank0.pt", weights_only=True), torch.load(tmp_path / "rank1.pt", weights_only=True)
