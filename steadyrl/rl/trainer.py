@@ -235,6 +235,26 @@ def rollout_logprobs(groups: list[Group], T: int, cfg: TrainConfig) -> RolloutLo
     return RolloutLogprobs(logp, measured, tis)
 
 
+def behaviour_logprobs(groups: Sequence[Group], T: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The log-probs stale groups bring of their responses (`Group.behaviour_logprobs`) as
+    (logp (N, T), where (N, T) bool: the positions they cover), or (None, None) when no group
+    is stale."""
+    if all(g.behaviour_logprobs is None for g in groups):
+        return None, None
+    N = sum(len(g.responses) for g in groups)
+    logp = torch.zeros(N, T)                                                     # (N, T)
+    where = torch.zeros(N, T, dtype=torch.bool)                                  # (N, T)
+    row = 0
+    for g in groups:
+        rows: Sequence[list[float] | None] = g.behaviour_logprobs or [None] * len(g.responses)
+        for lp in rows:
+            if lp is not None:
+                logp[row, :len(lp)] = torch.tensor(lp, dtype=logp.dtype)
+                where[row, :len(lp)] = True
+            row += 1
+    return logp, where
+
+
 def _rank_and_world() -> tuple[int, int]:
     """(rank, world size) of the torch.distributed group, (0, 1) without one."""
     import torch.distributed as dist
@@ -529,37 +549,33 @@ class Trainer:
         self.module.train()
         oom_before = self.oom_fallbacks
 
-        # One GRPO update on the whole batch of fresh groups is exactly on-policy: the
-        # behaviour log-probs are the current ones (ratio 1), from the update's own forward.
-        stale = [g.behaviour_logprobs is not None for g in groups]
-        on_policy = (cfg.algorithm == "grpo" and cfg.ppo_epochs == 1 and (cfg.mini_batch_size or N) >= N
-                     and not any(stale))
+        # Stale groups: the policy that sampled them is older than the one being updated; the
+        # ratio pi_theta / pi_behaviour starts from the log-probs they bring (decoupled PPO).
+        # For fresh groups the behaviour log-probs are the current policy's. One GRPO update on
+        # the whole batch (one epoch, one minibatch) takes those from its own forward (ratio 1):
+        # no separate no-grad pass, whether or not some groups are stale.
+        stale_logp, stale_at = behaviour_logprobs(groups, mask.shape[1])        # (N, T) each, or None
+        one_pass = cfg.algorithm == "grpo" and cfg.ppo_epochs == 1 and (cfg.mini_batch_size or N) >= N
         old_logp: torch.Tensor | None = None                                     # (N, T)
         old_values: torch.Tensor | None = None                                   # (N, T), PPO
-        if not on_policy:
+        if not one_pass:
             t0 = time.perf_counter()
             old_logp, old_values = self._oom_guarded(lambda: self._agreed(
                 lambda: self._no_grad_pass(self.module, b, need_values=cfg.algorithm == "ppo")))
-            # Stale groups: the policy that sampled them is older than the one being updated;
-            # the ratio pi_theta / pi_behaviour starts from its log-probs (decoupled PPO).
-            row = 0
-            for g in groups:
-                behaviour_lps: Sequence[list[float] | None] = g.behaviour_logprobs or [None] * len(g.responses)
-                for lp in behaviour_lps:
-                    if lp is not None:
-                        old_logp[row, :len(lp)] = torch.tensor(lp, dtype=old_logp.dtype)
-                    row += 1
+            if stale_at is not None:
+                assert stale_logp is not None
+                old_logp = torch.where(stale_at, stale_logp, old_logp)
             timing["old_log_prob"] = time.perf_counter() - t0
 
         # Train/inference mismatch: the rollout engine's log-probs of the responses against the
-        # trainer's behaviour log-probs (old_logp, or on-policy the update's own forward, filled
+        # trainer's behaviour log-probs (old_logp, or in one pass the update's own forward, filled
         # in below). TIS (Yao et al. 2025) multiplies each token's policy-gradient loss by
         # min(pi_trainer / pi_rollout, C): rows it does not weigh get 1.
         ro = rollout_logprobs(groups, mask.shape[1], cfg)                       # None: no group has them
         tis = ro is not None and bool(ro.tis.any())
         trainer_logp = old_logp                                                 # (N, T) or None
         tis_w: torch.Tensor | None = None                                       # (N, T)
-        if ro is not None and on_policy:
+        if ro is not None and one_pass:
             trainer_logp = torch.zeros_like(mask)
             tis_w = torch.ones_like(mask) if tis else None
         elif tis:
@@ -577,7 +593,7 @@ class Trainer:
             seq_adv = core.grpo_advantages_by_group(b["rewards"], sizes.tolist(), cfg.norm_adv_by_std)  # (N,)
             advantages = core.outcome_advantages(seq_adv, mask)                            # (N, T)
         else:
-            assert old_logp is not None and old_values is not None   # PPO is never on-policy here
+            assert old_logp is not None and old_values is not None   # PPO is never one pass here
             token_rewards = core.last_token_rewards(b["rewards"], mask)                    # (N, T)
             if cfg.kl_in_reward:
                 assert ref_logp is not None
@@ -637,8 +653,11 @@ class Trainer:
                                                           need_entropy=True)
                         assert ent is not None                                 # need_entropy=True
                         mb_mask = mask[idx]
-                        if on_policy:
+                        if one_pass:
                             behaviour = logp.detach()
+                            if stale_at is not None:                           # the sampler's, where stale
+                                assert stale_logp is not None
+                                behaviour = torch.where(stale_at[idx], stale_logp[idx], behaviour)
                             if ro is not None:                                 # the trainer's side
                                 assert trainer_logp is not None
                                 trainer_logp[idx] = behaviour
@@ -698,7 +717,7 @@ class Trainer:
                 grad_norms.append(grad_norm)
                 self.opt.step()
                 n_updates += 1
-        if self.world > 1 and ro is not None and on_policy:
+        if self.world > 1 and ro is not None and one_pass:
             # each rank filled the rows of its micro-batches: zeros (TIS weights: ones) elsewhere
             import torch.distributed as dist
 
