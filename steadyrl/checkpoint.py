@@ -198,8 +198,15 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], js: dict[str, Any]) -> di
     return {"state": state, "param_groups": groups}
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (FSDP2's shards), else `t`."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _alias_key(t: torch.Tensor) -> tuple:
-    """Equal for the same view of the same memory (tied weights), different otherwise."""
+    """Equal for the same view of the same memory (tied weights; FSDP2 gives two DTensors over
+    one shard), different otherwise."""
+    t = _local(t)
     return (t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
 
 
@@ -223,12 +230,17 @@ def load_weights(path: Path, model) -> None:
     """
     from safetensors.torch import load_file
 
+    fit_weights(model, load_file(str(path)), path)
+
+
+def fit_weights(model, weights: dict[str, torch.Tensor], where: Path) -> None:
+    """Load `weights` into `model` (tied keys may be absent). Raises CheckpointError naming
+    `where` and the missing, unexpected or wrongly shaped keys (steadyrl.models.state_dict_mismatch)."""
     from steadyrl.models import state_dict_mismatch
 
-    weights = load_file(str(path))
     why = state_dict_mismatch(model, weights)
     if why:
-        raise CheckpointError(f"{path}: weights do not fit the model: {why}")
+        raise CheckpointError(f"{where}: weights do not fit the model: {why}")
     model.load_state_dict(weights, strict=False)
 
 
@@ -425,13 +437,8 @@ def load(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
     Raises CheckpointError if the weights do not fit the model (see
     steadyrl.models.state_dict_mismatch).
     """
-    from steadyrl.models import state_dict_mismatch
-
     weights, opt_state, meta = read(path)
-    why = state_dict_mismatch(model, weights)
-    if why:
-        raise CheckpointError(f"{path}: weights do not fit the model: {why}")
-    model.load_state_dict(weights, strict=False)
+    fit_weights(model, weights, path)
     if optimizer is None:
         meta["optimizer_state"] = opt_state
     else:
@@ -439,6 +446,15 @@ def load(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
     if scheduler is not None and meta.get("scheduler") is not None:
         scheduler.load_state_dict(meta["scheduler"])
     return meta
+
+
+def _lower_priority() -> None:
+    """Nice +10 for the calling thread (Linux: a thread has its own nice value), so the step
+    loop's threads win the CPU over a checkpoint writer."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
 
 
 class ShardWriter:
@@ -457,14 +473,8 @@ class ShardWriter:
     def snapshot(self, trainer) -> tuple[dict[str, Any], dict[str, Any]]:
         """(tables of this rank's shard copies, the optimizer's JSON part)."""
         opt_tensors, opt_json = _optimizer_parts(trainer.opt.state_dict())
-        model: dict[str, torch.Tensor] = {}
-        seen: set[tuple] = set()
-        for k, v in trainer.module.state_dict().items():   # tied weights: one name (the first), as format 2
-            key = _alias_key(v.to_local() if hasattr(v, "to_local") else v)   # FSDP2: two DTensors, one shard
-            if key not in seen:
-                seen.add(key)
-                model[k] = v.detach().to("cpu", copy=True)
-        tables = {"model": model,
+        tables = {"model": {k: v.detach().to("cpu", copy=True)   # tied weights: one name, as format 2
+                            for k, v in unique_tensors(trainer.module.state_dict()).items()},
                   "optimizer": {k: v.detach().to("cpu", copy=True) for k, v in opt_tensors.items()}}
         return tables, opt_json
 
@@ -481,13 +491,9 @@ class ShardWriter:
             import torch.distributed as dist
             import torch.distributed.checkpoint as dcp
 
-            try:  # Linux: a thread has its own nice value; let the step loop's threads win the CPU
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-            except (AttributeError, OSError):
-                pass
+            _lower_priority()
             try:
-                local = {k: v.to_local() if hasattr(v, "to_local") else v for k, v in tables["optimizer"].items()}
-                bad = nonfinite(local)
+                bad = nonfinite({k: _local(v) for k, v in tables["optimizer"].items()})
                 flag = torch.tensor([1.0 if bad else 0.0])
                 if trainer.checkpoint_group is not None:
                     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=trainer.checkpoint_group)
@@ -540,18 +546,14 @@ class AsyncCheckpointer:
         self.last_seconds: float | None = None
         self.last_verify_seconds: float | None = None
         self.last_verified_step = verified_step
-        self.shards: ShardWriter | None = None   # made at the first sharded save
-        self._errors_from: ShardWriter | None = None
+        self.shards: ShardWriter | None = None   # made at the first sharded save; its write is a save in flight
 
     def save(self, step: int, model, optimizer, scheduler, meta: dict[str, Any]) -> None:
         self.wait()
         snap = snapshot(model, optimizer, scheduler)
 
         def run():
-            try:  # Linux: a thread has its own nice value; let the step loop's threads win the CPU
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-            except (AttributeError, OSError):
-                pass
+            _lower_priority()
             t0 = time.perf_counter()
             try:
                 final = write(self.root, step, snap, meta, self.config, self.keep)
@@ -573,9 +575,7 @@ class AsyncCheckpointer:
         in the writer's thread, once every rank's shards are in (DCP's last collective) --
         meta.json, the manifest of every shard, LATEST, and the verification."""
         self.wait()
-        if self.shards is None:
-            self.shards = ShardWriter()
-        self.shards.wait()
+        self.shards = self.shards or ShardWriter()
         refuse_nonfinite(trainer.model.state_dict(), f"checkpoint step {step}: model")
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step_{step:06d}"
@@ -596,9 +596,6 @@ class AsyncCheckpointer:
                 self._verify(written, step)
 
         self.shards.save(tmp, trainer, then=finish)
-        # the writer's thread is this checkpointer's save in flight
-        self._thread, self.shards._thread = self.shards._thread, None
-        self._errors_from = self.shards
 
     def _verify(self, path: Path, step: int) -> None:
         """Verify the checkpoint just written (as a resume would); record its step when it does."""
@@ -618,8 +615,8 @@ class AsyncCheckpointer:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self._errors_from is not None and self._errors_from.error is not None:
-            self.error, self._errors_from.error = self._errors_from.error, None
+        if self.shards is not None:
+            self.shards.wait()   # raises CheckpointError naming the failed sharded save
         if self.error is not None:
             err, self.error = self.error, None
             raise CheckpointError(f"checkpoint save failed: {type(err).__name__}: {err}") from err

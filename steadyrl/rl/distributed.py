@@ -59,20 +59,17 @@ def attempt_store(timeout_s: float):
     issue 135712; tests/steadyrl/rl/test_distributed_restart.py makes it happen). One agent
     restarts all its ranks together, so they agree on the count.
     Returns None when the agent does not share its store (then env:// as usual)."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    store = _agent_store(timeout_s)
+    if store is None:
         return None
     import torch.distributed as dist
 
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timedelta(seconds=timeout_s))
     return dist.PrefixStore(f"steadyrl/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-SAFE_MODE_KEY = "steadyrl/safe_mode"  # in torchrun's store, outside every attempt's prefix
-
-
 def _agent_store(timeout_s: float = 30.0):
-    """A client of torchrun's own store (the agent's TCPStore), or None when not under torchrun."""
+    """A client of torchrun's own store (the agent's TCPStore at MASTER_ADDR:MASTER_PORT), or
+    None when the agent does not share it (not under torchrun)."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     import torch.distributed as dist
@@ -81,16 +78,17 @@ def _agent_store(timeout_s: float = 30.0):
                          timeout=timedelta(seconds=timeout_s))
 
 
-def remember_safe_mode(error: str) -> bool:
+SAFE_MODE_KEY = "steadyrl/safe_mode"  # in torchrun's store, outside every attempt's prefix
+
+
+def remember_safe_mode(error: str) -> None:
     """Record in torchrun's store, for the attempts of the group after this one, that a rank ran
     out of memory (a sharded trainer: its peers wait in a collective of the failed forward, so
     the fallback cannot be agreed within the step; this rank then dies and torchrun restarts the
-    group). False when not under torchrun."""
+    group). Nothing when not under torchrun."""
     store = _agent_store()
-    if store is None:
-        return False
-    store.set(SAFE_MODE_KEY, error[:300])
-    return True
+    if store is not None:
+        store.set(SAFE_MODE_KEY, error[:300])
 
 
 def remembered_safe_mode() -> str | None:
@@ -217,7 +215,7 @@ def gather_into(sharded, whole) -> None:
 
     with torch.no_grad():
         for src, dst in zip(sharded.parameters(), whole.parameters(), strict=True):
-            dst.copy_(src.full_tensor() if hasattr(src, "full_tensor") else src)
+            dst.copy_(src.full_tensor())
 
 
 def sync(trainer) -> None:
@@ -228,16 +226,16 @@ def sync(trainer) -> None:
     (`trainer.pending_optimizer` when sharded, else its optimizer's), placed like its parameter.
     So any checkpoint restores on any number of ranks: rank 0 reads it whole."""
     import torch
-    import torch.distributed as dist
 
     with torch.no_grad():
-        _sync(trainer, dist.get_rank())
+        _sync(trainer)
 
 
-def _sync(trainer, rank: int) -> None:
+def _sync(trainer) -> None:
     import torch
     import torch.distributed as dist
 
+    rank = dist.get_rank()
     for p in trainer.model.parameters():
         dist.broadcast(p.data, src=0)
     if trainer.sharded:
@@ -246,25 +244,20 @@ def _sync(trainer, rank: int) -> None:
     head = trainer.value_head
     for p in head.parameters() if head is not None and not trainer.sharded else []:
         dist.broadcast(p.data, src=0)
-    opt = None
+    # the optimizer's layout first (small: no tensors), then each tensor by broadcast
+    opt, layout = None, None
     if rank == 0:  # sharded without a restored state: rank 0's param groups (lr) all the same
         opt = ((trainer.pending_optimizer or {"state": {}, "param_groups": trainer.opt.state_dict()["param_groups"]})
                if trainer.sharded else trainer.opt.state_dict())
-    # the optimizer's layout first (small: no tensors), then each tensor by broadcast
-    layout = None
-    if rank == 0:
-        layout = {"sched": trainer.sched.state_dict(), "global_step": trainer.global_step, "opt": None}
-        if opt is not None:
-            layout["opt"] = {"param_groups": opt["param_groups"],
-                             "state": {i: {k: (("tensor", (tuple(v.shape), str(v.dtype).removeprefix("torch.")))
-                                               if isinstance(v, torch.Tensor) else ("value", v))
-                                           for k, v in per.items()} for i, per in opt["state"].items()}}
+        layout = {"sched": trainer.sched.state_dict(), "global_step": trainer.global_step,
+                  "opt": {"param_groups": opt["param_groups"],
+                          "state": {i: {k: (("tensor", (tuple(v.shape), str(v.dtype).removeprefix("torch.")))
+                                            if isinstance(v, torch.Tensor) else ("value", v))
+                                        for k, v in per.items()} for i, per in opt["state"].items()}}}
     layout = _broadcast(layout)
     trainer.sched.load_state_dict(layout["sched"])
     trainer.global_step = layout["global_step"]
     trainer.pending_optimizer = None
-    if layout["opt"] is None:
-        return
     state: dict = {}
     for i, per in layout["opt"]["state"].items():
         state[i] = {}

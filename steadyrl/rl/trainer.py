@@ -235,12 +235,11 @@ def rollout_logprobs(groups: list[Group], T: int, cfg: TrainConfig) -> RolloutLo
     return RolloutLogprobs(logp, measured, tis)
 
 
-def behaviour_logprobs(groups: Sequence[Group], T: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def behaviour_logprobs(groups: Sequence[Group], T: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The log-probs stale groups bring of their responses (`Group.behaviour_logprobs`) as
-    (logp (N, T), where (N, T) bool: the positions they cover), or (None, None) when no group
-    is stale."""
+    (logp (N, T), where (N, T) bool: the positions they cover), or None when no group is stale."""
     if all(g.behaviour_logprobs is None for g in groups):
-        return None, None
+        return None
     N = sum(len(g.responses) for g in groups)
     logp = torch.zeros(N, T)                                                     # (N, T)
     where = torch.zeros(N, T, dtype=torch.bool)                                  # (N, T)
@@ -317,11 +316,6 @@ class Trainer:
                 distributed.shard(self.value_head)
         params = list(self.module.parameters()) + (list(self.value_head.parameters()) if self.value_head else [])
         self.params = params
-        remembered = None
-        if self.sharded and cfg.oom_fallback != "off":
-            from steadyrl.rl import distributed
-
-            remembered = distributed.remembered_safe_mode()
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: core.lr_lambda(s, cfg.warmup_steps, cfg.total_steps, cfg.lr_schedule))
@@ -330,8 +324,11 @@ class Trainer:
         self.safe_mode = False
         self.oom_fallbacks = 0                         # times a step ran out of memory and was retried
         self.pending_optimizer: dict | None = None     # rank 0, sharded: restored state to scatter (`sync`)
-        if remembered is not None:  # an earlier attempt of this group ran out of memory (sharded)
-            self._enter_safe_mode(f"an earlier attempt of the group ran out of memory: {remembered}")
+        if self.sharded and cfg.oom_fallback != "off":
+            from steadyrl.rl import distributed
+
+            if (remembered := distributed.remembered_safe_mode()) is not None:  # an earlier attempt ran out
+                self._enter_safe_mode(f"an earlier attempt of the group ran out of memory: {remembered}")
 
     # -- out-of-memory fallback ------------------------------------------------------------
     def _enter_safe_mode(self, error: str) -> None:
@@ -447,7 +444,8 @@ class Trainer:
         return NonFiniteStep(what, value, epoch, minibatch, applied, self.global_step + 1)
 
     # -- forward pieces ------------------------------------------------------------------
-    def _forward(self, model: torch.nn.Module, b: dict[str, torch.Tensor], idx: slice, need_values: bool = False,
+    def _forward(self, model: torch.nn.Module, b: dict[str, torch.Tensor], idx: slice | torch.Tensor,
+                 need_values: bool = False,
                  need_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Response log-probs (n, T), and the entropy (n, T) and values (n, T) when asked (else None)."""
         P = int(b["P"])
@@ -480,8 +478,7 @@ class Trainer:
     def _idle_backward(self, b: dict[str, torch.Tensor], idx: torch.Tensor) -> None:
         """A forward and backward of micro-batch `idx` weighted 0: the collectives FSDP2 runs in
         them (all-gathers, reduce-scatters), with a gradient of exactly 0 (finite activations)."""
-        sub = {k: (v[idx] if k != "P" else v) for k, v in b.items() if k not in ("rewards", "group_sizes")}
-        logp, _, values = self._forward(self.module, sub, slice(None), need_values=self.cfg.algorithm == "ppo")
+        logp, _, values = self._forward(self.module, b, idx, need_values=self.cfg.algorithm == "ppo")
         loss = logp.sum() * 0.0 + (values.sum() * 0.0 if values is not None else 0.0)
         loss.backward()
 
@@ -554,7 +551,7 @@ class Trainer:
         # For fresh groups the behaviour log-probs are the current policy's. One GRPO update on
         # the whole batch (one epoch, one minibatch) takes those from its own forward (ratio 1):
         # no separate no-grad pass, whether or not some groups are stale.
-        stale_logp, stale_at = behaviour_logprobs(groups, mask.shape[1])        # (N, T) each, or None
+        stale = behaviour_logprobs(groups, mask.shape[1])                       # ((N, T), (N, T)) or None
         one_pass = cfg.algorithm == "grpo" and cfg.ppo_epochs == 1 and (cfg.mini_batch_size or N) >= N
         old_logp: torch.Tensor | None = None                                     # (N, T)
         old_values: torch.Tensor | None = None                                   # (N, T), PPO
@@ -562,9 +559,8 @@ class Trainer:
             t0 = time.perf_counter()
             old_logp, old_values = self._oom_guarded(lambda: self._agreed(
                 lambda: self._no_grad_pass(self.module, b, need_values=cfg.algorithm == "ppo")))
-            if stale_at is not None:
-                assert stale_logp is not None
-                old_logp = torch.where(stale_at, stale_logp, old_logp)
+            if stale is not None:
+                old_logp = torch.where(stale[1], stale[0], old_logp)
             timing["old_log_prob"] = time.perf_counter() - t0
 
         # Train/inference mismatch: the rollout engine's log-probs of the responses against the
@@ -655,9 +651,8 @@ class Trainer:
                         mb_mask = mask[idx]
                         if one_pass:
                             behaviour = logp.detach()
-                            if stale_at is not None:                           # the sampler's, where stale
-                                assert stale_logp is not None
-                                behaviour = torch.where(stale_at[idx], stale_logp[idx], behaviour)
+                            if stale is not None:                              # the sampler's, where stale
+                                behaviour = torch.where(stale[1][idx], stale[0][idx], behaviour)
                             if ro is not None:                                 # the trainer's side
                                 assert trainer_logp is not None
                                 trainer_logp[idx] = behaviour
