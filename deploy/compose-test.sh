@@ -50,7 +50,7 @@
 #
 # Exits non-zero on the first failure (the containers' logs go to $WORK/logs first).
 # Environment: WORK (default /var/tmp/steadyrl-ci), COMPOSE_PROJECT (steadyrl-ci),
-# TORCH_INDEX_URL (empty), WAIT_S (1800: for each wait), KEEP=1 (no down at the end), REPLICATED=1, CHAOS=0 (no
+# TORCH_INDEX_URL (empty), WAIT_S (1800: for each wait), KEEP=1 (no down at the end, the image kept), REPLICATED=1, CHAOS=0 (no
 # scale-up or kills; tiny.yaml's 100 steps), COMPOSE_TEST_STEPS (800), SCALE_AT_STEP (5),
 # DEBIAN_MIRROR (default: the first URI of this machine's apt sources).
 set -euo pipefail
@@ -183,7 +183,9 @@ kafka_image() {
   build "$KAFKA_IMAGE" "$ctx" --build-arg "DEBIAN_IMAGE=$DEBIAN_IMAGE"
 }
 
+BUILT_IMAGE=
 steadyrl_image() {
+  BUILT_IMAGE=1
   build "$STEADYRL_IMAGE" "$ROOT" --target cpu --build-arg "BASE_IMAGE=$PYTHON_IMAGE" \
     --build-arg "TORCH_INDEX_URL=${TORCH_INDEX_URL:-}"
 }
@@ -228,6 +230,12 @@ cleanup() {
     if [ -z "${KEEP:-}" ]; then
       compose down -v --remove-orphans -t 30 >/dev/null 2>&1 || true
     fi
+  fi
+  # The steadyrl image this script built (6.8 GB, its venv layer and the build stage under it, which `rmi` prunes
+  # as untagged parents) goes too: the disk is shared, and a run here once ran out of it. The
+  # base images (under 1.7 GB together) stay for the next run. KEEP=1 keeps everything.
+  if [ -z "${KEEP:-}" ] && [ -n "$BUILT_IMAGE" ]; then
+    docker image rm "$STEADYRL_IMAGE" >/dev/null 2>&1 || say "could not remove $STEADYRL_IMAGE"
   fi
   stop_engine
   exit "$rc"
