@@ -333,7 +333,10 @@ def test_reward_server_hanging_mid_run_training_goes_on_with_cached_scores(boots
     was scored in epoch 1 are scored from the cache (reward_source=cache, similarity 1.0) and
     training goes on; after SIGCONT the probe half-opens it and rule scores resume. Every
     prompt is trained exactly once."""
-    steps = 60
+    # While the server hangs, every group is scored from the cache at once and the learner runs
+    # at its own pace (~8 steps/s here): with 60 steps the run ended 0.03 s after the breaker
+    # half-opened, before a rule score (CI, 2026-12-02). 160 leaves ~100 steps after SIGCONT.
+    steps = 160
     config = _config(tmp_path, steps=steps, eval_data=None)
     cfg = yaml.safe_load(config.read_text())
     cfg["reward"] = {"timeout_s": 1.0, "retry_backoff_s": 0.2, "probe_interval_s": 0.5, "reset_timeout_s": 60}
