@@ -472,10 +472,12 @@ class ShardWriter:
 
     def snapshot(self, trainer) -> tuple[dict[str, Any], dict[str, Any]]:
         """(tables of this rank's shard copies, the optimizer's JSON part)."""
+        from steadyrl.rl.distributed import to_host
+
         opt_tensors, opt_json = _optimizer_parts(trainer.opt.state_dict())
-        tables = {"model": {k: v.detach().to("cpu", copy=True)   # tied weights: one name, as format 2
+        tables = {"model": {k: to_host(v)   # tied weights: one name, as format 2
                             for k, v in unique_tensors(trainer.module.state_dict()).items()},
-                  "optimizer": {k: v.detach().to("cpu", copy=True) for k, v in opt_tensors.items()}}
+                  "optimizer": {k: to_host(v) for k, v in opt_tensors.items()}}
         return tables, opt_json
 
     def save(self, tmp: str | Path, trainer, then=None) -> None:

@@ -25,7 +25,8 @@ def main(argv: list[str]) -> int:
         logging.getLogger(__name__).info("starting the learner's ranks under torchrun",
                                          extra={"world_size": cfg.learner.world_size})
         os.execv(launch[0], launch)  # the same process, now torchrun; it starts the N ranks
-    rank, world = distributed.init_from_env()  # under torchrun: rank 0 is this service, others follow it
+    # under torchrun: rank 0 is this service, the others follow it
+    rank, world = distributed.init_from_env(device=cfg.learner.train.device)
     if rank > 0:
         return follower(cfg)
     from services.learner.loop import Learner

@@ -125,20 +125,28 @@ message for as long as rank 0 waits for rollouts or evaluates (minutes on a real
 10 minutes broke the group there. A peer that dies is seen at once (its sockets close)."""
 
 
-def init_from_env(timeout_s: float = GROUP_TIMEOUT_S) -> tuple[int, int]:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT) over gloo,
-    in this attempt's own key space (`attempt_store`). Gloo even where CUDA is present: the
-    learner's tensors live on the CPU (it has no device setting yet), and NCCL only carries
-    CUDA tensors. The rank dies with torchrun (`die_with_parent`). Returns (rank, world size);
-    (0, 1) when not started by torchrun."""
+def init_from_env(timeout_s: float = GROUP_TIMEOUT_S, device: str = "cpu") -> tuple[int, int]:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT), in this
+    attempt's own key space (`attempt_store`). `device` is the trainer's (TrainConfig.device):
+    "cpu": gloo, also where CUDA is present (NCCL only carries CUDA tensors); "cuda": this rank
+    takes GPU LOCAL_RANK, and the group is "cpu:gloo,cuda:nccl" (the CUDA tensors of the
+    training collectives over NCCL; rank 0's messages, the weights it broadcasts from its CPU
+    copy and the checkpoint group over gloo). The rank dies with torchrun (`die_with_parent`).
+    Returns (rank, world size); (0, 1) when not started by torchrun."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return 0, 1
     import torch.distributed as dist
 
     die_with_parent()
+    backend = "gloo"
+    if device == "cuda":
+        import torch
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "cpu:gloo,cuda:nccl"
     if not dist.is_initialized():  # store None: env:// as usual
-        dist.init_process_group("gloo", store=attempt_store(timeout_s), rank=int(os.environ["RANK"]),
+        dist.init_process_group(backend, store=attempt_store(timeout_s), rank=int(os.environ["RANK"]),
                                 world_size=world, timeout=timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
 
@@ -167,10 +175,10 @@ def shard(module, reshard_after_forward: bool = False):
     from its forward to its backward (`reshard_after_forward=False`: ZeRO-2's trade, speed for the
     whole weights held during a micro-batch; the trainer keeps them gathered over a minibatch's
     micro-batches too, `Trainer._accumulate`). Parameters become DTensors sharded on dim 0
-    (`Shard(0)`) over the CPU mesh of the group (`_cpu_mesh`). Returns `module`."""
+    (`Shard(0)`) over the group's mesh of the device `module` is on (`mesh`). Returns `module`."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    mesh = _cpu_mesh()
+    mesh = device_mesh(next(module.parameters()).device.type)
     for block in getattr(getattr(module, "model", None), "layers", None) or []:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)   # False: the backward reuses it
     fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
@@ -184,23 +192,37 @@ def shard(module, reshard_after_forward: bool = False):
 _MESHES: dict = {}
 
 
-def _cpu_mesh():
-    """The 1-D CPU device mesh over the group (one per default group). Named, not FSDP2's
-    default: that is a CUDA mesh wherever a GPU is visible, and the learner's tensors and gloo
-    group are on the CPU."""
+def device_mesh(device_type: str = "cpu"):
+    """The 1-D device mesh of `device_type` ("cpu", "cuda") over the group (one of each per
+    default group). Named, not FSDP2's default: that is a CUDA mesh wherever a GPU is visible,
+    also when the trainer's tensors and gloo group are on the CPU."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    key = id(dist.group.WORLD)
+    key = (id(dist.group.WORLD), device_type)
     if key not in _MESHES:
-        _MESHES.clear()
-        _MESHES[key] = init_device_mesh("cpu", (dist.get_world_size(),))
+        for old in [k for k in _MESHES if k[0] != key[0]]:   # meshes of an ended group
+            del _MESHES[old]
+        _MESHES[key] = init_device_mesh(device_type, (dist.get_world_size(),))
     return _MESHES[key]
+
+
+def to_host(t):
+    """A CPU copy of `t`: of a DTensor on a GPU mesh, this rank's shard as a DTensor over the
+    group's CPU mesh (same placements), which torch.distributed.checkpoint writes as it writes
+    the CPU trainer's shards."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor) and t.device_mesh.device_type != "cpu":
+        local = t.to_local().detach().to("cpu", copy=True)
+        return DTensor.from_local(local, device_mesh("cpu"), t.placements, run_check=False,
+                                  shape=t.shape, stride=t.stride())
+    return t.detach().to("cpu", copy=True)
 
 
 def _place(full, like):
     """`full` (the whole tensor, the same on every rank) laid out as `like`: this rank's shard
-    when `like` is a DTensor, else `full` itself."""
+    when `like` is a DTensor (on its mesh's device), else `full` itself."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     if isinstance(like, DTensor) and tuple(full.shape) == tuple(like.shape):
@@ -208,14 +230,26 @@ def _place(full, like):
     return full
 
 
-def gather_into(sharded, whole) -> None:
-    """Copy the whole parameters of `sharded` (FSDP2: an all-gather per parameter, every rank)
-    into the plain module `whole` of the same architecture (parameter order as deepcopy keeps it)."""
+def gather_into(module, whole) -> None:
+    """Copy the whole parameters of `module` (sharded, FSDP2: an all-gather per parameter, every
+    rank; or a plain copy on another device) into the plain module `whole` of the same
+    architecture (parameter order as deepcopy keeps it)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        for src, dst in zip(module.parameters(), whole.parameters(), strict=True):
+            dst.copy_(src.full_tensor() if isinstance(src, DTensor) else src)
+
+
+def place_into(whole, module) -> None:
+    """The inverse of `gather_into`, with no collective: copy the plain module `whole`'s
+    parameters into `module` (each rank keeps its shard of a DTensor, on its device)."""
     import torch
 
     with torch.no_grad():
-        for src, dst in zip(sharded.parameters(), whole.parameters(), strict=True):
-            dst.copy_(src.full_tensor())
+        for src, dst in zip(whole.parameters(), module.parameters(), strict=True):
+            dst.copy_(_place(src.data, dst))
 
 
 def sync(trainer) -> None:
@@ -238,9 +272,7 @@ def _sync(trainer) -> None:
     rank = dist.get_rank()
     for p in trainer.model.parameters():
         dist.broadcast(p.data, src=0)
-    if trainer.sharded:
-        for src, dst in zip(trainer.model.parameters(), trainer.module.parameters(), strict=True):
-            dst.copy_(_place(src.data, dst))
+    trainer.push_weights()   # into the shards, or the copy on the trainer's device
     head = trainer.value_head
     for p in head.parameters() if head is not None and not trainer.sharded else []:
         dist.broadcast(p.data, src=0)

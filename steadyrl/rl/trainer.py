@@ -109,6 +109,11 @@ class TrainConfig(BaseModel):
                             "restarts the group in the safe mode. replicate keeps the whole model, gradients and "
                             "optimizer state on every rank and all-reduces the gradients (DDP's scheme); an "
                             "out-of-memory error is agreed within the step. One rank: no effect.")
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="Where forward, backward and the optimizer run. cuda: rank r on GPU LOCAL_RANK (one GPU "
+                           "per rank: learner.world_size = the GPUs), the training collectives over NCCL; the whole "
+                           "policy that the policy store, the evaluation and the checkpoints read stays a CPU copy, "
+                           "refreshed after every step. Not yet run on a GPU in this project's tests.")
 
     @field_validator("oom_fallback", "rollout_is", mode="before")
     @classmethod
@@ -254,6 +259,21 @@ def behaviour_logprobs(groups: Sequence[Group], T: int) -> tuple[torch.Tensor, t
     return logp, where
 
 
+def train_device(device: str) -> torch.device:
+    """The torch.device of TrainConfig.device: "cpu", or "cuda" as cuda:LOCAL_RANK (torchrun's
+    local rank; 0 alone). Raises ValueError naming `learner.train.device` when no GPU is
+    visible, or fewer than LOCAL_RANK + 1."""
+    if device == "cpu":
+        return torch.device("cpu")
+    import os
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if not torch.cuda.is_available() or torch.cuda.device_count() <= local:
+        raise ValueError(f"learner.train.device is cuda, but this process sees {torch.cuda.device_count()} GPUs "
+                         f"(local rank {local}): set it to cpu, or give each rank a GPU")
+    return torch.device("cuda", local)
+
+
 def _rank_and_world() -> tuple[int, int]:
     """(rank, world size) of the torch.distributed group, (0, 1) without one."""
     import torch.distributed as dist
@@ -272,9 +292,13 @@ class Trainer:
         pad_id: tokenizer pad id.
         cfg: TrainConfig.
 
+    Raises ValueError naming `learner.train.device` when it is cuda and no GPU is visible.
+
     Attributes:
-        module: what forward and backward run on: `model`, or with `cfg.sharding` fsdp over
-            several ranks an FSDP2-sharded copy of it (parameters are DTensors).
+        module: what forward and backward run on: `model`, or a copy of it on `device`
+            (cuda), or with `cfg.sharding` fsdp over several ranks an FSDP2-sharded copy of it
+            (parameters are DTensors).
+        device: the torch.device `module` is on (cuda: cuda:LOCAL_RANK).
         sharded: whether `module` is sharded.
         pending_optimizer: rank 0, sharded: a restored whole optimizer state dict that
             steadyrl.rl.distributed.sync scatters to the shards before the first update.
@@ -282,24 +306,28 @@ class Trainer:
 
     def __init__(self, model, pad_id: int, cfg: TrainConfig):
         self.model, self.pad_id, self.cfg = model, pad_id, cfg
+        self.device = train_device(cfg.device)
         core.warn_if_kl_is_off(cfg.uses_ref, cfg.kl_coef)
         self.ref: torch.nn.Module | None = None
         if cfg.uses_ref:
-            self.ref = copy.deepcopy(model).eval()
+            self.ref = copy.deepcopy(model).to(self.device).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
-        self.value_head: ValueHead | None = ValueHead(model.config.hidden_size) if cfg.algorithm == "ppo" else None
+        self.value_head: ValueHead | None = (ValueHead(model.config.hidden_size).to(self.device)
+                                             if cfg.algorithm == "ppo" else None)
         self.rank, self.world = _rank_and_world()
         # Data parallel over torch.distributed ranks (steadyrl/rl/distributed.py): every rank
         # holds the whole batch and backpropagates its share of the micro-batches (micro-batch i
         # on rank i % world); gradients, metric sums and the finiteness check are summed over
         # ranks, so the step equals the one-rank step (each micro-batch's weight is its share of
         # the whole minibatch, `core.microbatch_weight`). `module` is what forward and backward
-        # run on: `model` itself, or with sharding fsdp a sharded copy of it (FSDP2), whose
-        # full weights are gathered back into `model` after every step (`model` stays the
-        # plain, whole policy that the policy store, the evaluation and the drift metric read).
+        # run on: `model` itself, or a copy of it on the GPU, or with sharding fsdp a sharded
+        # copy of it (FSDP2), whose full weights are gathered back into `model` after every
+        # step (`model` stays the plain, whole CPU policy that the policy store, the
+        # evaluation and the drift metric read; what is restored into it reaches `module`
+        # before the next update: `push_weights`).
         self.sharded = self.world > 1 and cfg.sharding == "fsdp"
-        self.module = model
+        self.module = model if cfg.device == "cpu" else copy.deepcopy(model).to(self.device)
         self.checkpoint_group = None
         if self.sharded:
             import torch.distributed as dist
@@ -309,7 +337,7 @@ class Trainer:
             # sharded checkpoints' collectives run in a writer thread: a gloo group of their own,
             # made here, where every rank makes its trainer before any collective
             self.checkpoint_group = dist.new_group(backend="gloo")
-            self.module = distributed.shard(copy.deepcopy(model))
+            self.module = distributed.shard(self.module if self.module is not model else copy.deepcopy(model))
             # the frozen reference stays whole on every rank (no gradients, no optimizer state:
             # one copy of the weights), so its no-grad forwards hold no collective
             if self.value_head is not None:
@@ -324,11 +352,23 @@ class Trainer:
         self.safe_mode = False
         self.oom_fallbacks = 0                         # times a step ran out of memory and was retried
         self.pending_optimizer: dict | None = None     # rank 0, sharded: restored state to scatter (`sync`)
+        self._pushed = self.module is self.model       # `module` holds what `model` holds
         if self.sharded and cfg.oom_fallback != "off":
             from steadyrl.rl import distributed
 
             if (remembered := distributed.remembered_safe_mode()) is not None:  # an earlier attempt ran out
                 self._enter_safe_mode(f"an earlier attempt of the group ran out of memory: {remembered}")
+
+    def push_weights(self) -> None:
+        """Copy `model`'s weights into `module` when that is another copy (sharded, or on the
+        GPU): a checkpoint or a policy version restored into `model` reaches the update. No
+        collective (each rank keeps its shard of what it holds); `distributed.sync` calls it
+        after its broadcast, `step` before its first update."""
+        if self.module is not self.model:
+            from steadyrl.rl import distributed
+
+            distributed.place_into(self.model, self.module)
+        self._pushed = True
 
     # -- out-of-memory fallback ------------------------------------------------------------
     def _enter_safe_mode(self, error: str) -> None:
@@ -537,11 +577,14 @@ class Trainer:
         puts it back.
         """
         cfg, t_start = self.cfg, time.perf_counter()
-        b = build_batch(groups, self.pad_id)
+        if not self._pushed:
+            self.push_weights()
+        dev = self.device
+        b = {k: v.to(dev) for k, v in build_batch(groups, self.pad_id).items()}
         mask = b["response_mask"]                                                # (N, T)
         sizes = b["group_sizes"]                                                 # (B,)
         N = mask.shape[0]
-        group_weight = torch.tensor([g.weight for g in groups]).repeat_interleave(sizes)    # (N,)
+        group_weight = torch.tensor([g.weight for g in groups], device=dev).repeat_interleave(sizes)   # (N,)
         timing: dict[str, float] = {}
         self.module.train()
         oom_before = self.oom_fallbacks
@@ -552,6 +595,8 @@ class Trainer:
         # the whole batch (one epoch, one minibatch) takes those from its own forward (ratio 1):
         # no separate no-grad pass, whether or not some groups are stale.
         stale = behaviour_logprobs(groups, mask.shape[1])                       # ((N, T), (N, T)) or None
+        if stale is not None:
+            stale = (stale[0].to(dev), stale[1].to(dev))
         one_pass = cfg.algorithm == "grpo" and cfg.ppo_epochs == 1 and (cfg.mini_batch_size or N) >= N
         old_logp: torch.Tensor | None = None                                     # (N, T)
         old_values: torch.Tensor | None = None                                   # (N, T), PPO
@@ -568,6 +613,8 @@ class Trainer:
         # in below). TIS (Yao et al. 2025) multiplies each token's policy-gradient loss by
         # min(pi_trainer / pi_rollout, C): rows it does not weigh get 1.
         ro = rollout_logprobs(groups, mask.shape[1], cfg)                       # None: no group has them
+        if ro is not None:
+            ro = RolloutLogprobs(ro.logp.to(dev), ro.measured.to(dev), ro.tis.to(dev))
         tis = ro is not None and bool(ro.tis.any())
         trainer_logp = old_logp                                                 # (N, T) or None
         tis_w: torch.Tensor | None = None                                       # (N, T)
@@ -608,7 +655,7 @@ class Trainer:
         planned = cfg.ppo_epochs * math.ceil(N / mini)           # optimizer steps of this step
         snap: tuple[list[torch.Tensor], dict[int, dict]] | None = None
         for epoch in range(cfg.ppo_epochs):
-            order = torch.randperm(N, generator=gen) if mini < N else torch.arange(N)
+            order = (torch.randperm(N, generator=gen) if mini < N else torch.arange(N)).to(dev)
             for s in range(0, N, mini):
                 mb_idx = order[s:s + mini]
 
@@ -722,7 +769,7 @@ class Trainer:
                 tis_w -= 1.0
                 dist.all_reduce(tis_w)
                 tis_w += 1.0
-        if self.sharded:  # the whole updated weights into `model`, on every rank
+        if self.module is not self.model:  # the whole updated weights into `model`, on every rank
             from steadyrl.rl import distributed
 
             distributed.gather_into(self.module, self.model)

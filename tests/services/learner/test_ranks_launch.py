@@ -48,7 +48,7 @@ def test_a_rank_does_not_exec_again(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(learner_main.os, "execv", lambda *a: pytest.fail("exec'd again"))
     joined = []
-    monkeypatch.setattr("steadyrl.rl.distributed.init_from_env", lambda: joined.append(1) or (1, 2))
+    monkeypatch.setattr("steadyrl.rl.distributed.init_from_env", lambda **kw: joined.append(kw) or (1, 2))
     monkeypatch.setattr(learner_main, "follower", lambda cfg: 7)
     assert learner_main.main(["--learner.world-size", "2", "--bootstrap", "127.0.0.1:1"]) == 7
-    assert joined == [1]
+    assert joined == [{"device": "cpu"}]   # the trainer's device picks the group's backends
