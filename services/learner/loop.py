@@ -69,6 +69,9 @@ class Learner:
         self.drift = ParamDrift(self.model)  # the weights as loaded: the reference of the drift metric
         self.trainer = Trainer(self.model, self.tok.pad_token_id, lc.train)
         self.ranks = distributed.Leader(self.trainer.world) if self.trainer.world > 1 else None  # rank 0 of N
+        log.info("trainer", extra={"ranks": self.trainer.world, "device": str(self.trainer.device),
+                                   "sharding": (lc.train.sharding if self.trainer.world > 1 else "none (one rank)"),
+                                   "algorithm": lc.train.algorithm})
         lc.state_dir.mkdir(parents=True, exist_ok=True)
         self.outbox = Outbox(cfg.bootstrap, f"learner-{cfg.instance_id}", self.topics, cfg.metrics_interval)
         self.store = PolicyStore(lc.policy_root, self.outbox, lc.keep_policies, lc.keep_earlier_runs)

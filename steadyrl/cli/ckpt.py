@@ -38,7 +38,10 @@ def cmd_ckpt(args) -> int:
         try:
             m = ck.verify(root / name)
             size = sum(f["size"] for f in m["files"].values())
-            status = f"ok  step {m['step']}  {size / 1e6:.1f} MB  {m.get('created', '')}"
+            major = str(m["format_version"]).split(".")[0]
+            kind = "sharded" if major == ck.SHARDED_FORMAT_VERSION.split(".")[0] else "whole"
+            status = (f"ok  step {m['step']}  format v{m['format_version']} ({kind})  {size / 1e6:.1f} MB  "
+                      f"{m.get('created', '')}")
         except ck.CheckpointError as e:
             status, broken = f"BROKEN: {e}", broken + 1
         print(f"{'*' if name == latest else ' '} {name}  {status}")

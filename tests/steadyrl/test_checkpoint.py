@@ -158,6 +158,7 @@ def test_ckpt_cli_lists_and_verifies(tmp_path, capsys):
     assert main(["ckpt", "list", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "* step_000002  ok  step 2" in out and "  step_000001  ok  step 1" in out
+    assert out.count(f"format v{ck.FORMAT_VERSION} (whole)") == 2, out   # sharded ones say so
     assert main(["ckpt", "verify", str(tmp_path)]) == 0 and "a resume would use step_000002" in capsys.readouterr().out
     assert main(["ckpt", "verify", str(tmp_path / "step_000001")]) == 0 and "ok:" in capsys.readouterr().out
     (tmp_path / "step_000002" / "meta.json").write_text('{"global_step": 7}')
