@@ -21,6 +21,14 @@ def main(argv: list[str]) -> int:
     from steadyrl.rl import distributed
 
     if cfg.learner.world_size > 1 and "RANK" not in os.environ:
+        if cfg.learner.train.device == "cuda":   # one GPU per rank, refused here rather than in N ranks
+            import torch
+
+            from steadyrl.config import ConfigError
+
+            if torch.cuda.device_count() < cfg.learner.world_size:
+                raise ConfigError(f"learner.world_size is {cfg.learner.world_size} with learner.train.device cuda, "
+                                 f"but {torch.cuda.device_count()} GPUs are visible: one rank per GPU")
         launch = distributed.torchrun_argv(cfg.learner.world_size, "services.learner", argv)
         logging.getLogger(__name__).info("starting the learner's ranks under torchrun",
                                          extra={"world_size": cfg.learner.world_size})

@@ -143,7 +143,9 @@ def init_from_env(timeout_s: float = GROUP_TIMEOUT_S, device: str = "cpu") -> tu
     if device == "cuda":
         import torch
 
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        from steadyrl.rl.trainer import train_device
+
+        torch.cuda.set_device(train_device(device))   # ValueError naming the setting when this rank has no GPU
         backend = "cpu:gloo,cuda:nccl"
     if not dist.is_initialized():  # store None: env:// as usual
         dist.init_process_group(backend, store=attempt_store(timeout_s), rank=int(os.environ["RANK"]),

@@ -550,9 +550,11 @@ class Trainer:
             flat = torch.cat([g.reshape(-1) for g in grads])                    # (sum of numels,)
             dist.all_reduce(flat)
             offset = 0
-            for p, g in zip(self.params, grads):
-                p.grad = flat[offset:offset + g.numel()].view_as(g).clone()
+            for p, g in zip(self.params, grads):   # back in place: two copies of the gradients at most
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                p.grad = g
                 offset += g.numel()
+            del flat
         gathered: list = [None] * self.world
         dist.all_gather_object(gathered, (mb_sums, [float(x) for x in losses]))
         total: dict[str, float] = {}

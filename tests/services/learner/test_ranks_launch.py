@@ -52,3 +52,18 @@ def test_a_rank_does_not_exec_again(monkeypatch):
     monkeypatch.setattr(learner_main, "follower", lambda cfg: 7)
     assert learner_main.main(["--learner.world-size", "2", "--bootstrap", "127.0.0.1:1"]) == 7
     assert joined == [{"device": "cpu"}]   # the trainer's device picks the group's backends
+
+
+def test_more_cuda_ranks_than_gpus_is_refused_before_torchrun(monkeypatch):
+    """One rank per GPU: 2 cuda ranks where fewer GPUs are visible stop the start with both
+    settings named, instead of N ranks failing in CUDA and torchrun restarting them."""
+    import torch
+
+    from steadyrl.config import ConfigError
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(learner_main.os, "execv", lambda *a: pytest.fail("torchrun started"))
+    with pytest.raises(ConfigError, match=r"learner\.world_size is 2 with learner\.train\.device cuda, but 1 GPUs"):
+        learner_main.main(["--learner.world-size", "2", "--learner.train.device", "cuda",
+                           "--bootstrap", "127.0.0.1:1"])
