@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -265,8 +266,6 @@ def train_device(device: str) -> torch.device:
     visible, or fewer than LOCAL_RANK + 1."""
     if device == "cpu":
         return torch.device("cpu")
-    import os
-
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if not torch.cuda.is_available() or torch.cuda.device_count() <= local:
         raise ValueError(f"learner.train.device is cuda, but this process sees {torch.cuda.device_count()} GPUs "
@@ -327,7 +326,9 @@ class Trainer:
         # evaluation and the drift metric read; what is restored into it reaches `module`
         # before the next update: `push_weights`).
         self.sharded = self.world > 1 and cfg.sharding == "fsdp"
-        self.module = model if cfg.device == "cpu" else copy.deepcopy(model).to(self.device)
+        self.module = model
+        if self.sharded or cfg.device != "cpu":
+            self.module = copy.deepcopy(model).to(self.device)
         self.checkpoint_group = None
         if self.sharded:
             import torch.distributed as dist
@@ -337,7 +338,7 @@ class Trainer:
             # sharded checkpoints' collectives run in a writer thread: a gloo group of their own,
             # made here, where every rank makes its trainer before any collective
             self.checkpoint_group = dist.new_group(backend="gloo")
-            self.module = distributed.shard(self.module if self.module is not model else copy.deepcopy(model))
+            distributed.shard(self.module)
             # the frozen reference stays whole on every rank (no gradients, no optimizer state:
             # one copy of the weights), so its no-grad forwards hold no collective
             if self.value_head is not None:
