@@ -73,7 +73,7 @@ clean: stop
 # network, every health check, mid-run `--scale rollout=3 --scale reward=2` and a SIGKILL of a
 # rollout, a reward and the learner container, the exactly-once audit from the topics, every
 # Grafana query against the real Prometheus, then `compose down -v`. Needs root (or a running
-# Docker engine), docker.io, debootstrap, Go, Maven; ~14 GB of engine storage; run by .ci/run.
+# Docker engine), docker.io, debootstrap, Go, Maven; ~8.4 GB of engine storage (the images); run by .ci/run.
 # Times in /var/tmp/steadyrl-ci/timings.tsv (docs/deploy.md).
 .PHONY: compose-test
 compose-test:

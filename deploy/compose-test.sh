@@ -233,7 +233,7 @@ cleanup() {
   fi
   # The steadyrl image this script built (6.8 GB, its venv layer and the build stage under it, which `rmi` prunes
   # as untagged parents) goes too: the disk is shared, and a run here once ran out of it. The
-  # base images (under 1.7 GB together) stay for the next run. KEEP=1 keeps everything.
+  # base images (1.6 GB together) stay for the next run. KEEP=1 keeps everything.
   if [ -z "${KEEP:-}" ] && [ -n "$BUILT_IMAGE" ]; then
     docker image rm "$STEADYRL_IMAGE" >/dev/null 2>&1 || say "could not remove $STEADYRL_IMAGE"
   fi
