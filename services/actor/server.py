@@ -33,7 +33,9 @@ temperature), since the same request would fail the same way again. Counted in
 
 Every response names the policy_version that produced it. A request may name the run and
 the oldest version it accepts (`run_id`, `min_policy_version`, from the prompt): while the
-actor is behind it answers 503 (retry soon); a prompt of an earlier run gets 409.
+actor is behind it answers 503 (retry soon), except while it is loading a version that
+satisfies the request: then the request waits for that load (up to LOADING_WAIT_S); a prompt
+of an earlier run gets 409.
 Each prompt may carry its own sampling `seed` (reproducible samples, see generation.py).
 Stateless: a restarted actor rebuilds everything from the model name and `rl.policy`.
 """
@@ -69,6 +71,8 @@ RELOAD_SECONDS = Histogram("steadyrl_actor_policy_reload_seconds",
                            "Time to load a verified policy version into the served weights (drain included)",
                            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300))
 GEN_TOKENS = Counter("steadyrl_actor_generated_tokens", "Completion tokens generated")
+#: Longest a /generate call waits for a policy load that would satisfy it (Actor.wait_for_loading)
+LOADING_WAIT_S = 30.0
 REFUSED_REASONS = ("max_new_tokens", "max_sequences", "token_ids", "prompt_tokens", "context", "non_finite")
 REFUSED = Counter("steadyrl_actor_requests_refused", "/generate calls refused with 422", ["reason"])
 for _r in REFUSED_REASONS:
@@ -232,6 +236,10 @@ class Actor:
             self.serial = threading.Lock()   # one generate() on the model at a time
         self.run_id, self.version, self.sha256 = "", 0, ""   # "" / 0: the base weights
         self.caught_up = False
+        #: (run_id, version) the follower is reading and verifying now, else None; a request
+        #: that this version satisfies waits for it instead of 503 (see wait_for_loading)
+        self.loading: tuple[str, int] | None = None
+        self._loaded = threading.Condition()
         POLICY_VERSION.set(0)
 
     def resolve(self, uri: str) -> Path:
@@ -271,6 +279,33 @@ class Actor:
         POLICY_LOADS.inc()
         log.info("policy loaded", extra={"run_id": run_id, "version": version, "uri": uri})
 
+    @contextmanager
+    def announce_loading(self, run_id: str, version: int):
+        """Mark (run_id, version) as being loaded while the block runs (the follower's load)."""
+        with self._loaded:
+            self.loading = (run_id, version)
+        try:
+            yield
+        finally:
+            with self._loaded:
+                self.loading = None
+                self._loaded.notify_all()
+
+    def wait_for_loading(self, run_id: str, min_version: int, timeout_s: float) -> None:
+        """While a request of (run_id, min_version) is ahead of the served weights but the
+        version being loaded satisfies it, wait (at most timeout_s) for that load to end.
+
+        At max_staleness 0 the next step's prompts come right after the policy record: the
+        actor is then reading and verifying that version (~0.6 s for SmolLM2-135M), and a 503
+        would cost the rollout worker a backoff and a refetch on top of the load."""
+        def ahead_of_served_and_loading_covers() -> bool:
+            ahead = bool(run_id) and (run_id > self.run_id or (run_id == self.run_id and self.version < min_version))
+            lo = self.loading
+            return ahead and lo is not None and (lo[0] > run_id or (lo[0] == run_id and lo[1] >= min_version))
+
+        with self._loaded:
+            self._loaded.wait_for(lambda: not ahead_of_served_and_loading_covers(), timeout=timeout_s)
+
     def check_version(self, run_id: str, min_version: int) -> None:
         """Raise HTTPException 503 while behind the request's run/version, 409 for an earlier run."""
         if not run_id:
@@ -306,6 +341,7 @@ class Actor:
             self._check_length(i, len(ids[-1]), req.max_new_tokens)
         params = SamplingParams(n=req.n, temperature=req.temperature, top_p=req.top_p,
                                 max_new_tokens=req.max_new_tokens, seed=req.seed)
+        self.wait_for_loading(req.run_id, req.min_policy_version, LOADING_WAIT_S)
         t0 = time.perf_counter()
         with self.gate.shared(), self.serial:
             self.check_version(req.run_id, req.min_policy_version)
@@ -411,7 +447,8 @@ class PolicyFollower:
 
     def _load(self, upd) -> bool:
         try:
-            self.actor.load_version(upd.version, upd.uri, upd.sha256, upd.run_id)
+            with self.actor.announce_loading(upd.run_id, upd.version):
+                self.actor.load_version(upd.version, upd.uri, upd.sha256, upd.run_id)
             return True
         except PolicyRefused as e:
             POLICY_REJECTED.labels(e.reason).inc()

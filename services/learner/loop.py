@@ -177,10 +177,13 @@ class Learner:
         t_publish = time.monotonic()
         self.store.publish(self.model, st)
         publish_s = time.monotonic() - t_publish
-        append_audit(self.run_dir, st.step, batch)
-        self.cache.append([row for sg in groups for row in rows_of(sg, st.step)])
         for pid in take:
             del st.in_flight[pid]
+        # The next step's prompts go out now, not after this step's bookkeeping: at max_staleness
+        # 0 the actor is idle until they come. The state saved below records them.
+        self.feeder.top_up()
+        append_audit(self.run_dir, st.step, batch)
+        self.cache.append([row for sg in groups for row in rows_of(sg, st.step)])
         count_trained(st, metrics, groups)
         self.intake.dlq_in_a_row = 0
         now = time.monotonic()

@@ -92,8 +92,11 @@ LAST_COMMIT = Gauge("steadyrl_stage_last_commit_timestamp_seconds", "Unix time o
 BUSY = Gauge("steadyrl_stage_busy", "1 while a batch is being transformed (partitions paused)", ["stage"])
 RENEWALS = Counter("steadyrl_stage_producer_renewals", "Transactional producers replaced after the broker was lost",
                    ["stage"])
-#: After the first record of a batch, how long to wait for more before starting (seconds).
+#: After a record of a batch that is not full, how long to wait for the next before starting
+#: (seconds): the batch starts after a gap this long with nothing new, or FILL_MAX_S after its
+#: first record, whichever is first.
 FILL_WAIT_S = 0.005
+FILL_MAX_S = 0.05
 class Stage:
     """One consumer-group member that transforms `input_topic` records into outputs, exactly once.
 
@@ -228,19 +231,25 @@ class Stage:
 
     def _next_batch(self) -> list:
         """Up to batch_size records: whatever is already fetched, else wait for the first; then,
-        when the batch is not full, at most FILL_WAIT_S more for the rest.
+        while the batch is not full, more as long as each comes within FILL_WAIT_S of the last,
+        for at most FILL_MAX_S in all.
 
-        Never waits longer for a batch to fill, so latency at low rates is about one
-        transaction, and batches grow by themselves under load.
+        Records one producer sent together (a learner step's prompts, a transaction's rollouts)
+        come in several fetches when their partitions' appends finish at different moments; a
+        batch that started on the first of them would leave the rest for a second batch: a
+        second actor call and a second transaction for the same step. Never waits more than
+        FILL_WAIT_S past the last record, so latency at low rates is about one transaction, and
+        batches grow by themselves under load.
         """
         msgs = self.consumer.consume(self.batch_size, timeout=0)
         if not msgs:
             msgs = self.consumer.consume(1, timeout=self.batch_timeout_s)
-        if msgs and len(msgs) < self.batch_size:
-            # Records one producer flushed together (a learner step's prompts, a transaction's
-            # rollouts) often come in two fetches: a moment for the second makes one batch, one
-            # actor call and one transaction of them instead of two.
-            msgs += self.consumer.consume(self.batch_size - len(msgs), timeout=FILL_WAIT_S)
+        deadline = time.monotonic() + FILL_MAX_S
+        while msgs and len(msgs) < self.batch_size and (left := deadline - time.monotonic()) > 0:
+            more = self.consumer.consume(self.batch_size - len(msgs), timeout=min(FILL_WAIT_S, left))
+            if not more:
+                break
+            msgs += more
         return msgs
 
     def _usable(self, m) -> bool:
