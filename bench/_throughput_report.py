@@ -296,7 +296,8 @@ def trace(lc, consumed, t, logs, metrics, phase_samples, codec, Prompt, RolloutG
 def kafka_summary(rounds: list[dict]) -> dict:
     """Median over rounds of each pipeline arm's per-record figures."""
     out = {}
-    for arm in ("pipeline-s0", "pipeline-s2", "pipeline-s0-unplaced", "pipeline-s2-unplaced"):
+    arms = sorted({a for r in rounds for a in r["arms"] if a.startswith("pipeline")})
+    for arm in arms:
         ks = [r["arms"][arm]["kafka"] for r in rounds if arm in r["arms"]]
         if not ks:
             continue
@@ -381,7 +382,9 @@ def tables(res: dict, ko: dict | None) -> str:
               "|---|---|---|---|"]
     want = ["pipeline-s0 / loop", "pipeline-s2 / loop", "pipeline-s2 / pipeline-s0", "trl / loop", "pipeline-s0 / trl",
             "pipeline-s2 / trl", "loop / trl", "pipeline-s2 / pipeline-s2-unplaced",
-            "pipeline-s0 / pipeline-s0-unplaced", "pipeline-s2-unplaced / pipeline-s0-unplaced"]
+            "pipeline-s0 / pipeline-s0-unplaced", "pipeline-s2-unplaced / pipeline-s0-unplaced",
+            "pipeline-s0 / pipeline-s0@before", "pipeline-s2 / pipeline-s2@before", "pipeline-s2@before / trl",
+            "pipeline-s0@before / loop"]
     for k in want:
         r = s["ratios"].get(k)
         if r:
@@ -396,7 +399,7 @@ def tables(res: dict, ko: dict | None) -> str:
                           "p50 / p90 / mean, ms)", "", "| hop | p50 | p90 | mean |", "|---|---|---|---|"]
             for h, v in k["hops_ms"].items():
                 lines.append(f"| {h} | {f(v['p50_ms'])} | {f(v['p90_ms'])} | {f(v['mean_ms'])} |")
-            if arm == "pipeline-s0":  # at max_staleness 2 the steps overlap: no serial chain
+            if arm.removesuffix("@before") == "pipeline-s0":  # at max_staleness 2 the steps overlap: no serial chain
                 lines += ["", "| step chain (steady steps) | p50 | mean |", "|---|---|---|"]
                 for h, v in k["step_chain_ms"].items():
                     lines.append(f"| {h} | {f(v['p50_ms'])} | {f(v['mean_ms'])} |")

@@ -100,8 +100,15 @@ EXTRA_ARMS = ("pipeline-s0-unplaced", "pipeline-s2-unplaced")
 UNPLACED = {svc: {"threads": None, "cpus": None} for svc in ("actor", "rollout", "reward", "reward_server", "learner")}
 
 
+#: An arm named ARM@before runs ARM from the checkout `--before` names (an earlier commit):
+#: before/after of a change in the same interleaved rounds.
+BEFORE = "@before"
+
+
 def arm_config_key(arm: str) -> tuple[int, bool]:
-    """(max_staleness, placed) of a pipeline arm (`pipeline-s2`, `pipeline-s0-unplaced`)."""
+    """(max_staleness, placed) of a pipeline arm (`pipeline-s2`, `pipeline-s0-unplaced`,
+    `pipeline-s2@before`)."""
+    arm = arm.removesuffix(BEFORE)
     return int(arm.split("-")[1][1:]), not arm.endswith("-unplaced")
 CLK = os.sysconf("SC_CLK_TCK")
 
@@ -314,7 +321,9 @@ def _merge(runs: list[dict]) -> dict:
 
 # ---- the pipeline arms ----------------------------------------------------------------------
 def run_pipeline(tag: str, config: Path, bootstrap: str, offset: int, work: Path, broker_pid: int | None,
-                 timeout_s: float, keep: bool = False) -> dict:
+                 timeout_s: float, keep: bool = False, tree: Path = ROOT) -> dict:
+    """One pipeline run: `steadyrl up` from the checkout `tree` (its code: `python -m` puts the
+    working folder first on sys.path, and every service inherits it), this venv's python."""
     from steadyrl import codec
     from steadyrl.contracts import PolicyUpdate, Prompt, RolloutGroup, ScoredGroup
 
@@ -327,7 +336,7 @@ def run_pipeline(tag: str, config: Path, bootstrap: str, offset: int, work: Path
     with Meter(broker_pid) as m, open(log, "wb") as lf:
         proc = subprocess.Popen([str(PY), "-m", "steadyrl.cli", "up", "--bootstrap", bootstrap, "--state-dir",
                                  str(state), "--prefix", prefix, "--port-offset", str(offset), "--config", str(config)],
-                                cwd=ROOT, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
+                                cwd=tree, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
         scraper.start()
         try:
             rc = proc.wait(timeout_s)
@@ -498,6 +507,8 @@ def main() -> None:
     ap.add_argument("--model", choices=["tiny", "smollm2"], default="tiny",
                     help="the arm set's model and task: tiny (configs/tiny.yaml) or smollm2 (SMOLLM2: the real job)")
     ap.add_argument("--warm-steps", type=int, help="steps left out of each run's steady window (default max(5, N/10))")
+    ap.add_argument("--before", help=f"a checkout of an earlier commit (git worktree add): pipeline arms named "
+                                     f"ARM{BEFORE} run from it, in the same rounds as the others")
     ap.add_argument("--tables", action="store_true", help="print the markdown tables of --out/--overhead-out and exit")
     args = ap.parse_args()
     tail = "" if args.model == "tiny" else f"_{args.model}"
@@ -516,6 +527,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))  # run the finally blocks: stop the arm, the broker
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
     arms = args.arms.split(",")
+    before = Path(args.before).resolve() if args.before else None
+    if any(a.endswith(BEFORE) for a in arms) and not (before and (before / "steadyrl").is_dir()):
+        raise SystemExit(f"arms named ...{BEFORE} need --before: a checkout of the earlier commit")
     if "trl" in arms and not TRL_PY.exists():
         print(f"creating {TRL_PY.parent.parent} (trl {TRL_VERSION} over the project's .venv)", flush=True)
         setup_trl_venv()
@@ -545,8 +559,9 @@ def main() -> None:
             ci_waited += wait_for_ci()
         t0 = time.time()
         if arm.startswith("pipeline"):
-            r = run_pipeline(tag, steps_cfg[arm_config_key(arm)], bootstrap, args.port_offset, work, broker_pid,
-                             args.arm_timeout)
+            r = run_pipeline(tag.replace(BEFORE, "-before"), steps_cfg[arm_config_key(arm)], bootstrap,
+                             args.port_offset, work, broker_pid, args.arm_timeout,
+                             tree=before if arm.endswith(BEFORE) and before else ROOT)
         else:
             r = run_inproc(arm, steps_cfg[(0, True)], min_s, work, broker_pid, args.arm_timeout)
         r["started"] = time.strftime("%H:%M:%S", time.gmtime(t0))
