@@ -1651,3 +1651,46 @@ def test_compose_test_script_parses_and_the_makefile_runs_it():
     r = subprocess.run(["bash", "-n", str(ROOT / "deploy" / "compose-test.sh")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert re.search(r"^compose-test:\n\tdeploy/compose-test.sh$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+
+
+# ---- placement in compose and k8s (issue 22 point 1: "compose and k8s get the same from their resources")
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+COMPOSE_NAMES = {"actor": "actor", "rollout": "rollout", "reward": "reward", "reward_server": "reward-server",
+                 "learner": "learner"}
+
+
+def test_compose_threads_are_steadyrl_ups_default_at_max_staleness_0():
+    """The light services get one intra-op thread each, the actor and the learner none set (every
+    core they see, taking turns), as `steadyrl up` gives them (steadyrl/placement.py) at the
+    stack's max_staleness (compose/steadyrl.yaml: the default, 0)."""
+    from steadyrl.placement import default_placement
+
+    assert (load_yaml(ROOT / "compose" / "steadyrl.yaml").get("learner") or {}).get("max_staleness", 0) == 0
+    want = default_placement(frozenset(range(8)), max_staleness=0)
+    services = compose_services()
+    for svc, name in COMPOSE_NAMES.items():
+        env = compose_env(services[name])
+        threads = want[svc].threads
+        for var in THREAD_VARS:
+            assert env.get(var) == (str(threads) if threads is not None else None), (name, var, env.get(var))
+
+
+def test_k8s_threads_come_from_each_containers_cpu_request():
+    """Every service container's intra-op threads are its requests.cpu in whole cores (the
+    downward API rounds up: 100m -> 1), so pods that share a node never start one thread per
+    node core each."""
+    docs = unrendered()
+    seen = set()
+    for d in docs:
+        if d["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            if c["name"] not in COMPOSE_NAMES.values():
+                continue
+            seen.add(c["name"])
+            assert c["resources"]["requests"]["cpu"], c["name"]
+            env = {e["name"]: e for e in c.get("env", [])}
+            for var in THREAD_VARS:
+                assert env[var]["valueFrom"]["resourceFieldRef"] == {"resource": "requests.cpu", "divisor": "1"}, \
+                    (c["name"], var)
+    assert seen == set(COMPOSE_NAMES.values())
