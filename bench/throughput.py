@@ -466,9 +466,9 @@ def summarize(rounds: list[dict], arms: list[str]) -> dict:
 
 
 # ---- main ---------------------------------------------------------------------------------
-def code_state() -> dict:
-    """The commit measured and any uncommitted change under services/ and steadyrl/."""
-    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
+def code_state(tree: Path = ROOT) -> dict:
+    """The commit measured in `tree` and any uncommitted change under services/ and steadyrl/."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=tree, capture_output=True, text=True).stdout.strip()  # noqa: E731
     return {"head": git("rev-parse", "--short", "HEAD"),
             "uncommitted": git("status", "--porcelain", "--", "services", "steadyrl").splitlines()}
 
@@ -628,6 +628,7 @@ def _write(args, arms, rounds, started, bootstrap, lb, ci_waited):
                                  "service; a fresh topic prefix per run"},
         "trl_settings": rounds[0]["arms"]["trl"].get("settings") if rounds and "trl" in rounds[0]["arms"] else None,
         "code": code_state(),
+        "code_before": code_state(Path(args.before)) if args.before else None,  # the ARM@before arms
         "differences": DIFFERENCES,
         "ci_wait_s": round(ci_waited, 1),
         "clean_rounds": [r["round"] for r in rounds if r["clean"]],

@@ -92,9 +92,8 @@ LAST_COMMIT = Gauge("steadyrl_stage_last_commit_timestamp_seconds", "Unix time o
 BUSY = Gauge("steadyrl_stage_busy", "1 while a batch is being transformed (partitions paused)", ["stage"])
 RENEWALS = Counter("steadyrl_stage_producer_renewals", "Transactional producers replaced after the broker was lost",
                    ["stage"])
-#: After a record of a batch that is not full, how long to wait for the next before starting
-#: (seconds): the batch starts after a gap this long with nothing new, or FILL_MAX_S after its
-#: first record, whichever is first.
+#: While a batch is not full, how long each wait for more records lasts (seconds): the batch
+#: starts after a wait that brings nothing, or FILL_MAX_S after its first record.
 FILL_WAIT_S = 0.005
 FILL_MAX_S = 0.05
 class Stage:
@@ -223,7 +222,7 @@ class Stage:
                     # consumer keeps its partitions.
                     self.producer.renew(stop)
                     continue
-                msgs = [m for m in self._next_batch() if self._usable(m)]
+                msgs = self._take_batch()
                 if msgs:
                     self._process(msgs)
         finally:
@@ -231,8 +230,9 @@ class Stage:
 
     def _next_batch(self) -> list:
         """Up to batch_size records: whatever is already fetched, else wait for the first; then,
-        while the batch is not full, more as long as each comes within FILL_WAIT_S of the last,
-        for at most FILL_MAX_S in all.
+        while the batch is not full, waits of FILL_WAIT_S for more, as long as each wait brings
+        some, for at most FILL_MAX_S in all (so a batch starts at most about 2 x FILL_WAIT_S
+        after its last record).
 
         Records one producer sent together (a learner step's prompts, a transaction's rollouts)
         come in several fetches when their partitions' appends finish at different moments; a
@@ -251,6 +251,12 @@ class Stage:
                 break
             msgs += more
         return msgs
+
+    def _take_batch(self) -> list:
+        """The next batch's usable records of partitions this member still owns: one revoked
+        while the batch filled (the rebalance callbacks run inside consume) is another member's
+        now, and its records are left to it."""
+        return [m for m in self._next_batch() if self._usable(m) and (m.topic(), m.partition()) in self._assigned]
 
     def _usable(self, m) -> bool:
         if m.error() is None:
