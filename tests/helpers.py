@@ -127,3 +127,38 @@ class FakeRewardServer:
         self.set("stopped")
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def in_flight(route: str) -> float:
+    """steadyrl_http_requests_in_flight for `route` in this process (calls holding a slot)."""
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("steadyrl_http_requests_in_flight", {"route": route}) or 0.0
+
+
+def probes_while_held(url: str, held, *, rounds: int = 20, wait_s: float = 60.0,
+                      timeout_s: float = 10.0) -> dict[str, list[float]]:
+    """GET /livez and /readyz `rounds` times each (every answer 200) while slow calls hold their
+    threads; returns each answer's seconds per path.
+
+    Bound by calls, not by the machine's timing: the test holds its calls on a gate it opens only
+    after this returns, and `held()` says they all hold a thread. It is waited for (at most
+    `wait_s`) and must still hold after the last probe, so every probe was answered while the calls
+    were in progress; a probe queued behind them never answers and fails on `timeout_s` (seconds).
+    Raises AssertionError naming what did not hold."""
+    import httpx
+
+    deadline = time.monotonic() + wait_s
+    while not held():
+        assert time.monotonic() < deadline, f"the slow calls did not all get a thread within {wait_s} s"
+        time.sleep(0.01)
+    out: dict[str, list[float]] = {"/livez": [], "/readyz": []}
+    with httpx.Client(timeout=timeout_s) as client:
+        for _ in range(rounds):
+            for path in out:
+                t0 = time.perf_counter()
+                r = client.get(f"{url}{path}")
+                out[path].append(time.perf_counter() - t0)
+                assert r.status_code == 200, (path, r.status_code, r.text)
+    assert held(), "the slow calls ended while the probes ran: the probes proved nothing"
+    return out
