@@ -259,6 +259,27 @@ def make_config(path: Path, steps: int, staleness: int, placed: bool = True, mod
     return path
 
 
+def config_for_tree(config: Path, tree: Path) -> Path:
+    """`config` as the checkout `tree` takes it: a checkout from before steadyrl/placement.py
+    refuses the `placement` section as unknown (its services place nothing: each starts torch's
+    default threads, one per core, on any CPU), and one from before a learner key refuses that key.
+    Returns `config` itself when `tree` knows every key, else a copy beside it without them."""
+    import yaml
+
+    cfg = yaml.safe_load(config.read_text())
+    learner_src = "\n".join(p.read_text() for p in (tree / "services" / "learner").rglob("*.py")) \
+        if (tree / "services" / "learner").is_dir() else (tree / "services" / "learner.py").read_text()
+    dropped = [k for k in cfg["learner"] if k not in learner_src]
+    if (tree / "steadyrl" / "placement.py").exists() and not dropped:
+        return config
+    cfg.pop("placement", None)
+    for k in dropped:
+        del cfg["learner"][k]
+    out = config.with_name(f"{config.stem}-for-{tree.name}.yaml")
+    out.write_text(yaml.safe_dump(cfg))
+    return out
+
+
 def learner_section(path: Path) -> dict:
     import yaml
 
@@ -559,9 +580,9 @@ def main() -> None:
             ci_waited += wait_for_ci()
         t0 = time.time()
         if arm.startswith("pipeline"):
-            r = run_pipeline(tag.replace(BEFORE, "-before"), steps_cfg[arm_config_key(arm)], bootstrap,
-                             args.port_offset, work, broker_pid, args.arm_timeout,
-                             tree=before if arm.endswith(BEFORE) and before else ROOT)
+            tree = before if arm.endswith(BEFORE) and before else ROOT
+            r = run_pipeline(tag.replace(BEFORE, "-before"), config_for_tree(steps_cfg[arm_config_key(arm)], tree),
+                             bootstrap, args.port_offset, work, broker_pid, args.arm_timeout, tree=tree)
         else:
             r = run_inproc(arm, steps_cfg[(0, True)], min_s, work, broker_pid, args.arm_timeout)
         r["started"] = time.strftime("%H:%M:%S", time.gmtime(t0))
