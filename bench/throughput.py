@@ -566,7 +566,12 @@ def main() -> None:
     if not bootstrap:
         b.fetch()
         lb = b.LocalBroker(work / "broker", port=args.port, controller_port=args.port + 1)
-        if not lb.start():
+        try:
+            started = lb.start()
+        except BaseException:  # a SIGTERM while it starts (SystemExit 143): stop what was spawned
+            lb.stop()
+            raise
+        if not started:
             raise SystemExit(f"a broker already runs in {work / 'broker'}: stop it or pass --bootstrap")
         bootstrap = lb.bootstrap
     broker_pid = lb.pid() if lb else None

@@ -91,6 +91,12 @@ class TrainConfig(BaseModel):
     lam: float = Field(0.95, ge=0, le=1)
     vf_coef: float = Field(0.5, ge=0)
     vf_clip: float = Field(0.2, gt=0)
+    autocast: Literal["off", "bf16"] = Field(
+        "off", description="bf16: the model's forward in the update (and any no-grad pass) under torch.autocast "
+                           "to bfloat16; weights, gradients, AdamW state and the loss stay fp32 (the log-probs are "
+                           "taken from fp32 logits). A lever where the CPU has native bf16 (AVX-512 BF16, AMX) or on "
+                           "a GPU: an update micro-batch of SmolLM2 1.59x faster on a Zen 4 CPU (docs/benchmarks.md "
+                           "\"This machine's peak\"); without native bf16 ~90x slower. Off by default.")
     oom_fallback: Literal["stay", "step", "off"] = Field(
         "stay", description="On out-of-memory in a step: retry it with gradient checkpointing and a 4x smaller "
                             "micro-batch and stay so for the run (stay), for that step only (step), or raise (off).")
@@ -490,9 +496,10 @@ class Trainer:
                  need_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Response log-probs (n, T), and the entropy (n, T) and values (n, T) when asked (else None)."""
         P = int(b["P"])
-        out = model(input_ids=b["input_ids"][idx], attention_mask=b["attention_mask"][idx],
-                    position_ids=b["position_ids"][idx], output_hidden_states=need_values, use_cache=False)
-        logits = out.logits[:, P - 1:-1]                                         # (n, T, V) predicts responses
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.autocast == "bf16"):
+            out = model(input_ids=b["input_ids"][idx], attention_mask=b["attention_mask"][idx],
+                        position_ids=b["position_ids"][idx], output_hidden_states=need_values, use_cache=False)
+        logits = out.logits[:, P - 1:-1].float()                                 # (n, T, V) predicts responses
         logp = core.token_logprobs(logits, b["responses"][idx], self.cfg.temperature)   # (n, T)
         ent = core.entropy_from_logits(logits.float() / self.cfg.temperature) if need_entropy else None
         values = None
