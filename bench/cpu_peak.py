@@ -114,7 +114,8 @@ def main() -> None:
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     threads = sorted({1, cores})
-    result = {"benchmark": "cpu_peak", "command": "flock /tmp/steadyrl-bench.lock .venv/bin/python bench/cpu_peak.py",
+    command = " ".join(["flock /tmp/steadyrl-bench.lock .venv/bin/python bench/cpu_peak.py", *sys.argv[1:]])
+    result = {"benchmark": "cpu_peak", "command": command,
               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": cpu_features(),
               "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
               "matmul": [*(matmul(torch.float32, t, args.repeats) for t in threads),
@@ -123,7 +124,8 @@ def main() -> None:
               "update_microbatch": [update_microbatch(cores, args.repeats, False)]}
     fp32 = max(m["gflops"] for m in result["matmul"] if m["dtype"] == "float32" and m["threads"] == cores)
     bf16 = max(m["gflops"] for m in result["matmul"] if m["dtype"] == "bfloat16" and m["threads"] == cores)
-    if bf16 >= fp32:  # native bf16 (AVX-512 BF16, AMX): the lever measured
+    feats = result["machine"]["features"]
+    if feats["avx512_bf16"] or feats["amx_bf16"] or bf16 >= fp32:  # native bf16: the lever measured
         result["update_microbatch"].append(update_microbatch(cores, args.repeats, True))
     else:  # ~90x slower matmuls: not run, estimated from the fp32 update
         u = result["update_microbatch"][0]

@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -26,11 +27,39 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def code_commit() -> str:
-    """HEAD's short hash, with `+dirty` when the tree has uncommitted changes."""
+    """HEAD's short hash, with `+dirty` when the code the services run (services/, steadyrl/,
+    configs/, data/) has uncommitted changes. Taken before the run starts."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "services", "steadyrl",
+                            "configs", "data"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     return head.strip() + ("+dirty" if dirty else "")
+
+
+def phases(log_text: str) -> dict:
+    """Seconds of the run's phases, from the learner's log lines (`evaluation`, `step`, and the
+    first `policy published`): the evaluations before and after (all splits), the steps after
+    the first (whose time holds the generation that overlapped the evaluation before), and the
+    medians of their `train_step` and `wait` (the generation hop) timings."""
+    import statistics
+
+    def records(msg: str) -> list[dict]:
+        out = []
+        for line in log_text.splitlines():
+            if line.startswith("learner-") and f'"msg": "{msg}"' in line:
+                out.append(json.loads(line.split("| ", 1)[1]))
+        return out
+
+    start = records("policy published")[0]["ts"]
+    evals, steps = records("evaluation"), records("step")
+    before = [e["ts"] for e in evals if e["when"] == "before"]
+    after = [e["ts"] for e in evals if e["when"] == "after"]
+    later = steps[1:]
+    return {"eval_before_s": round(max(before) - start, 1) if before else None,
+            "eval_after_s": round(max(after) - steps[-1]["ts"], 1) if after else None,
+            "first_step_after_eval_s": round(steps[0]["ts"] - max(before), 1) if before else None,
+            "step_s_after_the_first": [round(b["ts"] - a["ts"], 2) for a, b in zip(steps, later)],
+            "train_step_median_s": round(statistics.median(s["timing_s/train_step"] for s in later), 2),
+            "generation_hop_median_s": round(statistics.median(s["timing_s/wait"] for s in later), 2)}
 
 
 def main() -> None:
@@ -47,10 +76,19 @@ def main() -> None:
     if args.steps:
         env["STEADYRL_LEARNER__STEPS"] = str(args.steps)
     log = state.with_name(state.name + ".log")
+    code = code_commit()
     t0 = time.monotonic()
     with open(log, "wb") as lf:
-        rc = subprocess.run([str(ROOT / ".venv/bin/steadyrl"), "up", "--state-dir", str(state)], cwd=ROOT, env=env,
-                            stdout=lf, stderr=subprocess.STDOUT).returncode
+        up = subprocess.Popen([str(ROOT / ".venv/bin/steadyrl"), "up", "--state-dir", str(state)], cwd=ROOT,
+                              env=env, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
+        # stopped ourselves: `up` stops its services and its broker on SIGTERM; wait for that
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+        try:
+            rc = up.wait()
+        except BaseException:
+            up.send_signal(signal.SIGTERM)
+            up.wait(120)
+            raise
     wall = time.monotonic() - t0
     text = log.read_text(errors="replace")
     for line in text.splitlines():
@@ -61,7 +99,7 @@ def main() -> None:
         sys.exit(1)
     run = state / "learner" / (state / "learner" / "CURRENT").read_text().strip()
     s = json.loads((run / "summary.json").read_text())
-    entry = {**s, "wall_seconds_total": round(wall, 1), "code": code_commit(),
+    entry = {**s, "wall_seconds_total": round(wall, 1), "phases": phases(text), "code": code,
              "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "machine": f"{os.cpu_count()} vCPU {platform.processor() or platform.machine()}, no GPU, torch CPU",
              "command": "bench/make_run.py" + (f" --steps {args.steps}" if args.steps else "") + " (steadyrl up)",

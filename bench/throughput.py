@@ -263,16 +263,23 @@ def config_for_tree(config: Path, tree: Path) -> Path:
     """`config` as the checkout `tree` takes it: a checkout from before steadyrl/placement.py
     refuses the `placement` section as unknown (its services place nothing: each starts torch's
     default threads, one per core, on any CPU), and one from before a learner key refuses that key.
-    Returns `config` itself when `tree` knows every key, else a copy beside it without them."""
+    Returns `config` itself when `tree` knows every key, else a copy beside it without them.
+    Only the learner section's top-level keys are checked, by their names' presence in the tree's
+    learner sources: a nested or other section's key the tree lacks still fails its service at
+    start, loudly (every section refuses unknown keys)."""
+    import re
+
     import yaml
 
     cfg = yaml.safe_load(config.read_text())
     learner_src = "\n".join(p.read_text() for p in (tree / "services" / "learner").rglob("*.py")) \
         if (tree / "services" / "learner").is_dir() else (tree / "services" / "learner.py").read_text()
-    dropped = [k for k in cfg["learner"] if k not in learner_src]
-    if (tree / "steadyrl" / "placement.py").exists() and not dropped:
+    dropped = [k for k in cfg["learner"] if not re.search(rf"\b{re.escape(k)}\b", learner_src)]
+    placed = (tree / "steadyrl" / "placement.py").exists()
+    if placed and not dropped:
         return config
-    cfg.pop("placement", None)
+    if not placed:
+        cfg.pop("placement", None)
     for k in dropped:
         del cfg["learner"][k]
     out = config.with_name(f"{config.stem}-for-{tree.name}.yaml")
@@ -566,10 +573,12 @@ def main() -> None:
     if not bootstrap:
         b.fetch()
         lb = b.LocalBroker(work / "broker", port=args.port, controller_port=args.port + 1)
+        ours = lb.pid() is None  # a broker already running there is refused below, never stopped
         try:
             started = lb.start()
         except BaseException:  # a SIGTERM while it starts (SystemExit 143): stop what was spawned
-            lb.stop()
+            if ours:
+                lb.stop()
             raise
         if not started:
             raise SystemExit(f"a broker already runs in {work / 'broker'}: stop it or pass --bootstrap")
