@@ -86,7 +86,9 @@ def arm_loop(lc: dict, min_seconds: float) -> dict:
 
 
 def trl_settings(lc: dict) -> dict:
-    """GRPOConfig arguments that match steadyrl's TrainConfig / LoopConfig for `lc`."""
+    """GRPOConfig arguments that match steadyrl's TrainConfig / LoopConfig for `lc`. TrainConfig's
+    autocast bf16 maps to TRL's own `bf16=True` (accelerate's bf16 mixed precision: the forward
+    under torch.autocast, fp32 master weights), the same lever on both sides."""
     tc = lc["train"]
     B, G = lc["prompts_per_step"], lc["group_size"]
     return dict(
@@ -97,7 +99,7 @@ def trl_settings(lc: dict) -> dict:
         learning_rate=tc["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, optim="adamw_torch",
         beta=0.0, epsilon=0.2, epsilon_high=0.2, loss_type="dapo", scale_rewards="group",
-        use_vllm=False, use_cpu=True, bf16=False, fp16=False,
+        use_vllm=False, use_cpu=True, bf16=tc.get("autocast", "off") == "bf16", fp16=False,
         report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
         log_completions=False, dataloader_num_workers=0, shuffle_dataset=True, remove_unused_columns=False,
     )

@@ -6,7 +6,6 @@ its record timestamps (`trace`), the stages' own metrics, per-record summaries o
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 import threading
@@ -172,23 +171,16 @@ def delete_topics(bootstrap: str, prefix: str) -> None:
 
 def parse_log(text: str) -> dict:
     """Counts and timestamps from `up`'s prefixed JSON log lines."""
+    from steadyrl.testing.stack import log_records
+
     deferred = {"rollout": 0, "reward": 0}
     deferred_why: dict[str, int] = {}
     loaded: dict[int, float] = {}
     restarts = 0
-    for line in text.splitlines():
-        name, sep, rest = line.partition(" | ")
-        if not sep:
-            continue
-        name = name.strip()
-        if "exited with" in rest:
+    for line in text.splitlines():  # a child's exit is a plain line of up's own
+        if " | " in line and "exited with" in line.partition(" | ")[2]:
             restarts += 1
-        if not rest.startswith("{"):
-            continue
-        try:
-            rec = json.loads(rest)
-        except ValueError:
-            continue
+    for name, rec in log_records(text):
         if rec.get("msg") == "batch deferred":
             svc = name.rsplit("-", 1)[0]
             deferred[svc] = deferred.get(svc, 0) + 1

@@ -42,12 +42,12 @@ def phases(log_text: str) -> dict:
     medians of their `train_step` and `wait` (the generation hop) timings."""
     import statistics
 
+    from steadyrl.testing.stack import log_records
+
+    learner = [rec for name, rec in log_records(log_text) if name.startswith("learner-")]
+
     def records(msg: str) -> list[dict]:
-        out = []
-        for line in log_text.splitlines():
-            if line.startswith("learner-") and f'"msg": "{msg}"' in line:
-                out.append(json.loads(line.split("| ", 1)[1]))
-        return out
+        return [rec for rec in learner if rec.get("msg") == msg]
 
     start = records("policy published")[0]["ts"]
     evals, steps = records("evaluation"), records("step")

@@ -26,7 +26,9 @@ writing bench/results/throughput_smollm2.json; a few steps per arm are enough th
     flock /tmp/steadyrl-bench.lock .venv/bin/python bench/throughput.py --model smollm2 --steps 6 \
         --warm-steps 2 --warmup-steps 0 --rounds 2 --arms pipeline-s0,pipeline-s2,loop,trl
 
-Each round runs every arm once, in that order (A B C D, A B C D, ...); a warm-up round of
+Each round runs every arm once, in that order (A B C D, A B C D, ...; `--alternate`: A B C D,
+D C B A, ...); `--autocast bf16` runs the loop and the pipeline under learner.train.autocast bf16
+and TRL with its bf16=True. A warm-up round of
 short runs goes first and is not counted. An arm much faster than the others repeats its
 N-step run (fresh model, same seed) until it has run `--min-arm-seconds`. Figures per run:
 
@@ -248,11 +250,17 @@ def base_config(model: str) -> dict:
     return yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
 
 
-def make_config(path: Path, steps: int, staleness: int, placed: bool = True, model: str = "tiny") -> Path:
+def make_config(path: Path, steps: int, staleness: int, placed: bool = True, model: str = "tiny",
+                autocast: str | None = None) -> Path:
+    """Write arm config `path`: the model's base config at `steps` and `staleness`, placed or not,
+    and with learner.train.autocast set when `autocast` is given (the loop and the pipeline read
+    the same learner section; TRL gets its own bf16 switch from it: trl_settings)."""
     import yaml
 
     cfg = base_config(model)
     cfg["learner"].update(steps=steps, max_staleness=staleness, eval_data=None)
+    if autocast is not None:
+        cfg["learner"]["train"]["autocast"] = autocast
     if not placed:
         cfg["placement"] = UNPLACED
     path.write_text(yaml.safe_dump(cfg))
@@ -537,6 +545,12 @@ def main() -> None:
     ap.add_argument("--warm-steps", type=int, help="steps left out of each run's steady window (default max(5, N/10))")
     ap.add_argument("--before", help=f"a checkout of an earlier commit (git worktree add): pipeline arms named "
                                      f"ARM{BEFORE} run from it, in the same rounds as the others")
+    ap.add_argument("--autocast", choices=["off", "bf16"],
+                    help="learner.train.autocast for the loop and pipeline arms; bf16 also sets TRL's bf16=True "
+                         "(default: the base config's, i.e. off)")
+    ap.add_argument("--alternate", action="store_true",
+                    help="run the arms in reverse order in even rounds (A B C, C B A, ...), so a fixed position "
+                         "within a round does not favour one arm")
     ap.add_argument("--tables", action="store_true", help="print the markdown tables of --out/--overhead-out and exit")
     args = ap.parse_args()
     tail = "" if args.model == "tiny" else f"_{args.model}"
@@ -565,7 +579,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     keys = [(s, placed) for s in (0, 2) for placed in (True, False)]
     cfg = {k: make_config(work / f"{args.model}-steps{args.steps}-s{k[0]}{'' if k[1] else '-unplaced'}.yaml",
-                          args.steps, *k, model=args.model) for k in keys}
+                          args.steps, *k, model=args.model, autocast=args.autocast) for k in keys}
     from steadyrl import broker as b
 
     lb = None
@@ -609,7 +623,7 @@ def main() -> None:
     try:
         if args.warmup_steps:
             wcfg = {k: make_config(work / f"{args.model}-warm-s{k[0]}{'' if k[1] else '-unplaced'}.yaml",
-                                   args.warmup_steps, *k, model=args.model) for k in keys}
+                                   args.warmup_steps, *k, model=args.model, autocast=args.autocast) for k in keys}
             print(f"warm-up round ({args.warmup_steps} steps, not recorded)", flush=True)
             for arm in arms:
                 run_arm(arm, wcfg, 0.0, f"warmup-{arm}")
@@ -618,7 +632,9 @@ def main() -> None:
             print(f"round {i + 1} ({sum(r['clean'] for r in rounds)}/{args.rounds} clean so far, at most "
                   f"{max_rounds})", flush=True)
             rnd = {"round": i + 1, "arms": {}}
-            for arm in arms:
+            order = arms[::-1] if args.alternate and i % 2 else arms
+            rnd["order"] = order
+            for arm in order:
                 rnd["arms"][arm] = run_arm(arm, cfg, args.min_arm_seconds, f"r{i + 1}-{arm}")
             rnd["disturbed"] = {a: why for a, x in rnd["arms"].items()
                                 if (why := disturbed(a, x, args.max_foreign_cores))}
@@ -656,7 +672,10 @@ def _write(args, arms, rounds, started, bootstrap, lb, ci_waited):
                      "B_prompts_per_step": lc["prompts_per_step"], "G_group_size": lc["group_size"],
                      "max_new_tokens": lc["max_new_tokens"], "steps": args.steps,
                      "warm_steps_excluded": warm_steps(args.steps), "train": lc["train"], "rounds": args.rounds,
-                     "order_per_round": arms, "min_arm_seconds": args.min_arm_seconds,
+                     "order_per_round": ("alternating: odd rounds " + ",".join(arms) + ", even rounds reversed")
+                                        if args.alternate else arms,
+                     "autocast": args.autocast or base["learner"]["train"].get("autocast", "off"),
+                     "min_arm_seconds": args.min_arm_seconds,
                      "warmup_round_steps": args.warmup_steps, "metrics_scrape_interval_s": 5.0,
                      "pipeline": ("configs/tiny.yaml" if args.model == "tiny" else "bench/throughput.py SMOLLM2")
                                  + " with steps, max_staleness and eval_data=None; one instance of each "
@@ -672,7 +691,8 @@ def _write(args, arms, rounds, started, bootstrap, lb, ci_waited):
                       f"their kernel I/O work shows as foreign)",
         "summary": summarize(clean, arms) if clean else None,
         "summary_all_rounds": summarize(rounds, arms) if rounds else None,
-        "rounds": [{"round": r["round"], "clean": r["clean"], "disturbed": r["disturbed"],
+        "rounds": [{"round": r["round"], "order": r.get("order", arms), "clean": r["clean"],
+                    "disturbed": r["disturbed"],
                     "arms": {a: {**{k: v for k, v in x.items() if k != "kafka"},
                                  "foreign_cores": round(foreign_cores(x), 3)} for a, x in r["arms"].items()}}
                    for r in rounds],

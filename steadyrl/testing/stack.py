@@ -74,24 +74,28 @@ def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
     return out
 
 
+def log_records(text: str) -> list[tuple[str, dict]]:
+    """(instance, record) of every JSON log line in up's prefixed output (`name | {json}`), in
+    order; other lines (plain text, a line cut short) are skipped."""
+    out = []
+    for line in text.splitlines():
+        name, sep, rest = line.partition(" | ")
+        if not sep or not rest.startswith("{"):
+            continue
+        try:
+            out.append((name.strip(), json.loads(rest)))
+        except ValueError:
+            continue
+    return out
+
+
 def log_lines(log_path: Path, instance: str, since: float) -> list[dict]:
     """JSON log records of `instance` in up's prefixed output (`name | {json}`) with ts >= since."""
-    out = []
     try:
         text = Path(log_path).read_text(errors="replace")
     except OSError:
-        return out
-    for line in text.splitlines():
-        name, sep, rest = line.partition(" | ")
-        if not sep or name.strip() != instance or not rest.startswith("{"):
-            continue
-        try:
-            rec = json.loads(rest)
-        except ValueError:
-            continue
-        if rec.get("ts", 0) >= since:
-            out.append(rec)
-    return out
+        return []
+    return [rec for name, rec in log_records(text) if name == instance and rec.get("ts", 0) >= since]
 
 
 class Pipeline:
