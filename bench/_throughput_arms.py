@@ -87,8 +87,10 @@ def arm_loop(lc: dict, min_seconds: float) -> dict:
 
 def trl_settings(lc: dict) -> dict:
     """GRPOConfig arguments that match steadyrl's TrainConfig / LoopConfig for `lc`. TrainConfig's
-    autocast bf16 maps to TRL's own `bf16=True` (accelerate's bf16 mixed precision: the forward
-    under torch.autocast, fp32 master weights), the same lever on both sides."""
+    autocast bf16 maps to TRL's own `bf16=True` (accelerate's bf16 mixed precision: the model's
+    forward wrapped in torch.autocast, fp32 master weights). Not quite the same lever: TRL
+    generates with that wrapped model, so its generation runs under autocast too, while
+    steadyrl's autocast covers only the update."""
     tc = lc["train"]
     B, G = lc["prompts_per_step"], lc["group_size"]
     return dict(

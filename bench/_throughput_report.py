@@ -177,7 +177,7 @@ def parse_log(text: str) -> dict:
     deferred_why: dict[str, int] = {}
     loaded: dict[int, float] = {}
     restarts = 0
-    for line in text.splitlines():  # a child's exit is a plain line of up's own
+    for line in text.splitlines():  # a child's exit: a plain (not JSON) line under the child's prefix
         if " | " in line and "exited with" in line.partition(" | ")[2]:
             restarts += 1
     for name, rec in log_records(text):

@@ -547,10 +547,11 @@ def main() -> None:
                                      f"ARM{BEFORE} run from it, in the same rounds as the others")
     ap.add_argument("--autocast", choices=["off", "bf16"],
                     help="learner.train.autocast for the loop and pipeline arms; bf16 also sets TRL's bf16=True "
-                         "(default: the base config's, i.e. off)")
+                         "(which also covers TRL's generation; steadyrl's only the update). Default: the base "
+                         "config's, i.e. off. An ARM@before checkout without the setting refuses it at start")
     ap.add_argument("--alternate", action="store_true",
-                    help="run the arms in reverse order in even rounds (A B C, C B A, ...), so a fixed position "
-                         "within a round does not favour one arm")
+                    help="run the arms in reverse order after an odd number of clean rounds (A B C, C B A, ...), "
+                         "so a fixed position within a round does not favour one arm")
     ap.add_argument("--tables", action="store_true", help="print the markdown tables of --out/--overhead-out and exit")
     args = ap.parse_args()
     tail = "" if args.model == "tiny" else f"_{args.model}"
@@ -632,7 +633,9 @@ def main() -> None:
             print(f"round {i + 1} ({sum(r['clean'] for r in rounds)}/{args.rounds} clean so far, at most "
                   f"{max_rounds})", flush=True)
             rnd = {"round": i + 1, "arms": {}}
-            order = arms[::-1] if args.alternate and i % 2 else arms
+            # by clean rounds so far: a disturbed round is rerun in its own order, so the clean
+            # rounds stay balanced between the two orders
+            order = arms[::-1] if args.alternate and sum(r["clean"] for r in rounds) % 2 else arms
             rnd["order"] = order
             for arm in order:
                 rnd["arms"][arm] = run_arm(arm, cfg, args.min_arm_seconds, f"r{i + 1}-{arm}")
@@ -671,8 +674,11 @@ def _write(args, arms, rounds, started, bootstrap, lb, ci_waited):
         "settings": {"model": lc.get("model"), "data": lc["data"], "scorer": base["reward_server"]["default_scorer"],
                      "B_prompts_per_step": lc["prompts_per_step"], "G_group_size": lc["group_size"],
                      "max_new_tokens": lc["max_new_tokens"], "steps": args.steps,
-                     "warm_steps_excluded": warm_steps(args.steps), "train": lc["train"], "rounds": args.rounds,
-                     "order_per_round": ("alternating: odd rounds " + ",".join(arms) + ", even rounds reversed")
+                     "warm_steps_excluded": warm_steps(args.steps),
+                     "train": {**lc["train"], **({"autocast": args.autocast} if args.autocast else {})},
+                     "rounds": args.rounds,
+                     "order_per_round": ("alternating: " + ",".join(arms) + ", reversed after an odd number of "
+                                         "clean rounds")
                                         if args.alternate else arms,
                      "autocast": args.autocast or base["learner"]["train"].get("autocast", "off"),
                      "min_arm_seconds": args.min_arm_seconds,

@@ -35,7 +35,7 @@ LOG = "\n".join([
     line("learner-0", msg="step", step=3, ts=290.0, **{"timing_s/train_step": 26.0, "timing_s/wait": 18.0}),
     'learner-0    | {"msg": "step", "cut sh',
     line("learner-0", msg="evaluation", when="after", split="test", ts=390.0),
-    "up           | rollout-0 exited with 1; restarting",
+    "rollout-0    | exited with 1; restart #1 in 1s",
 ])
 
 
