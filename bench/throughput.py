@@ -675,12 +675,12 @@ def _write(args, arms, rounds, started, bootstrap, lb, ci_waited):
                      "B_prompts_per_step": lc["prompts_per_step"], "G_group_size": lc["group_size"],
                      "max_new_tokens": lc["max_new_tokens"], "steps": args.steps,
                      "warm_steps_excluded": warm_steps(args.steps),
-                     "train": {**lc["train"], **({"autocast": args.autocast} if args.autocast else {})},
+                     "train": {"autocast": "off", **lc["train"],
+                               **({"autocast": args.autocast} if args.autocast else {})},
                      "rounds": args.rounds,
                      "order_per_round": ("alternating: " + ",".join(arms) + ", reversed after an odd number of "
                                          "clean rounds")
                                         if args.alternate else arms,
-                     "autocast": args.autocast or base["learner"]["train"].get("autocast", "off"),
                      "min_arm_seconds": args.min_arm_seconds,
                      "warmup_round_steps": args.warmup_steps, "metrics_scrape_interval_s": 5.0,
                      "pipeline": ("configs/tiny.yaml" if args.model == "tiny" else "bench/throughput.py SMOLLM2")

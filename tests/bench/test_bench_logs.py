@@ -1,6 +1,6 @@
 """The benches' readers of `steadyrl up`'s prefixed log (steadyrl.testing.stack.log_records):
 make_run's phases and the throughput bench's counts; and the arm config's autocast switch,
-the same lever on the loop, the pipeline and TRL."""
+which reaches the loop and the pipeline (one learner section) and TRL's bf16."""
 
 import json
 import sys
