@@ -23,11 +23,12 @@ section, `--steps` steps, no evaluation):
 the arithmetic train split, 8 prompts x 8 samples, 32 new tokens, numeric_match; issue 22 point 4),
 writing bench/results/throughput_smollm2.json; a few steps per arm are enough there:
 
-    flock /tmp/steadyrl-bench.lock .venv/bin/python bench/throughput.py --model smollm2 --steps 6 \
+    flock /tmp/steadyrl-bench.lock .venv/bin/python bench/throughput.py --model smollm2 --steps 6 \\
         --warm-steps 2 --warmup-steps 0 --rounds 2 --arms pipeline-s0,pipeline-s2,loop,trl
 
 Each round runs every arm once, in that order (A B C D, A B C D, ...; `--alternate`: A B C D,
-D C B A, ...); `--autocast bf16` runs the loop and the pipeline under learner.train.autocast bf16
+D C B A, ..., by clean rounds: a disturbed round is rerun in its order, so use an even
+--rounds); `--autocast bf16` runs the loop and the pipeline under learner.train.autocast bf16
 and TRL with its bf16=True. A warm-up round of
 short runs goes first and is not counted. An arm much faster than the others repeats its
 N-step run (fresh model, same seed) until it has run `--min-arm-seconds`. Figures per run:
@@ -259,7 +260,7 @@ def make_config(path: Path, steps: int, staleness: int, placed: bool = True, mod
 
     cfg = base_config(model)
     cfg["learner"].update(steps=steps, max_staleness=staleness, eval_data=None)
-    if autocast is not None:
+    if autocast not in (None, "off"):  # off is the default: written, an ARM@before tree would refuse the key
         cfg["learner"]["train"]["autocast"] = autocast
     if not placed:
         cfg["placement"] = UNPLACED
@@ -550,8 +551,9 @@ def main() -> None:
                          "(which also covers TRL's generation; steadyrl's only the update). Default: the base "
                          "config's, i.e. off. An ARM@before checkout without the setting refuses it at start")
     ap.add_argument("--alternate", action="store_true",
-                    help="run the arms in reverse order after an odd number of clean rounds (A B C, C B A, ...), "
-                         "so a fixed position within a round does not favour one arm")
+                    help="alternate the arms' order between clean rounds (A B C D, D C B A, ...; a disturbed round "
+                         "is rerun in the same order; the warm-up round runs forward), so no arm keeps one position; "
+                         "balanced only with an even --rounds")
     ap.add_argument("--tables", action="store_true", help="print the markdown tables of --out/--overhead-out and exit")
     args = ap.parse_args()
     tail = "" if args.model == "tiny" else f"_{args.model}"
