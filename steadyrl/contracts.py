@@ -204,8 +204,8 @@ class PolicyUpdate(Contract):
     SCHEMA_NAME: ClassVar[str] = "policy_update"
     # 1.1: run_id; 1.2: uri names a version folder; 1.3: int64 version/step/created_ms, uri
     # without control characters and at most 4096 long (a NUL made the actor's path
-    # resolution raise ValueError) (refuses only what no writer makes)
-    SCHEMA_VERSION: ClassVar[str] = "1.3"
+    # resolution raise ValueError) (refuses only what no writer makes); 1.4: high_water
+    SCHEMA_VERSION: ClassVar[str] = "1.4"
 
     version: Count64
     step: Count64 = Field(description="Learner global step that produced it.")
@@ -218,6 +218,10 @@ class PolicyUpdate(Contract):
     created_ms: Int64 = Field(default_factory=now_ms)
     run_id: str = Field(default="", max_length=128,
                         description="Learner run; a later run's version 0 replaces any version of an earlier run.")
+    high_water: Count64 = Field(default=0, description=(
+        "The highest version of run_id any learner wrote (steadyrl/policy_files.py raise_high_water); "
+        "above `version` after a learner resumed from an earlier checkpoint: the versions between were "
+        "thrown away, and the actor serves prompts stamped with them this version. Before 1.4: 0."))
 
 
 class DLQReason(str, Enum):

@@ -21,6 +21,12 @@ first announcement, an old record on the compacted topic).
 The folder names the run and the version: `check_run` is how the actor knows a record's
 weights are that run's (an earlier run's folder cannot be announced under a later run id),
 and `prune` is the one rule by which the learner deletes versions.
+
+    <policy_root>/<run_id>/high_water         the highest version of the run ever written
+                                              (`raise_high_water`), one decimal integer
+
+`prune` deletes the versions a crash threw away (after the version a resumed learner goes on
+from); `high_water` keeps their number, which prompts stamped by the dead learner still name.
 """
 
 from __future__ import annotations
@@ -174,6 +180,36 @@ def _versions(run_dir: Path) -> dict[int, list[Path]]:
 
 def _remove(p: Path) -> None:
     shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+
+
+HIGH_WATER = "high_water"
+
+
+def raise_high_water(root: Path, run_id: str, version: int) -> int:
+    """Record that run `run_id` has written `version`; returns the run's high-water mark: the
+    highest version it ever wrote, by this learner or one before it (>= `version`).
+
+    Read from `<root>/<run_id>/high_water` and the version folders still there (a run written
+    before this file existed has only those: a resumed learner calls this before its first
+    `prune`, so the versions its predecessor wrote past the checkpoint still count), written
+    back atomically when it rises. A file that does not hold an integer is counted as absent.
+    The actor serves a prompt stamped with a version above the one it serves but at most the
+    high-water mark (services/actor/server.py `Actor.check_version`): that version was thrown
+    away by a crash and will not come, or comes again from the resumed learner.
+    Raises OSError when the disk refuses."""
+    run_dir = root / run_id
+    path = run_dir / HIGH_WATER
+    try:
+        recorded = int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        recorded = -1
+    mark = max([recorded, version, *_versions(run_dir)])
+    if mark != recorded:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = run_dir / f".{HIGH_WATER}.tmp-{os.getpid()}"
+        tmp.write_text(f"{mark}\n")
+        os.replace(tmp, path)
+    return mark
 
 
 def prune(root: Path, run_id: str, current: int, keep: int, keep_runs: int) -> list[Path]:

@@ -35,7 +35,11 @@ Every response names the policy_version that produced it. A request may name the
 the oldest version it accepts (`run_id`, `min_policy_version`, from the prompt): while the
 actor is behind it answers 503 (retry soon), except while it is loading a version that
 satisfies the request: then the request waits for that load (up to LOADING_WAIT_S); a prompt
-of an earlier run gets 409.
+of an earlier run gets 409. "Behind" is measured against the run's high-water mark (the
+record's `high_water`: the highest version any learner of the run wrote), not the served
+version: after a learner resumed from a checkpoint, prompts its dead predecessor stamped with
+versions past the checkpoint are served with the resumed learner's weights (the learner's
+staleness rule judges the group) instead of waiting for a version that may never come again.
 Each prompt may carry its own sampling `seed` (reproducible samples, see generation.py).
 Stateless: a restarted actor rebuilds everything from the model name and `rl.policy`.
 """
@@ -63,6 +67,9 @@ from steadyrl.policy_files import PolicyRefused
 log = logging.getLogger("steadyrl.actor")
 
 POLICY_VERSION = Gauge("steadyrl_actor_policy_version", "Policy version being served")
+POLICY_HIGH_WATER = Gauge("steadyrl_actor_policy_high_water",
+                          "Highest version of the served run any learner wrote (above the served "
+                          "version while a resumed learner redoes the steps a crash threw away)")
 POLICY_LOADS = Counter("steadyrl_actor_policy_loads", "Policy versions loaded")
 POLICY_REJECTED = Counter("steadyrl_actor_policy_rejected", "Policy records refused", ["reason"])
 GEN_SECONDS = Histogram("steadyrl_actor_generate_seconds", "Time of one /generate call",
@@ -235,6 +242,8 @@ class Actor:
             self.context = getattr(self.model.config, "max_position_embeddings", None)
             self.serial = threading.Lock()   # one generate() on the model at a time
         self.run_id, self.version, self.sha256 = "", 0, ""   # "" / 0: the base weights
+        #: highest version of run_id any learner wrote (>= version; check_version)
+        self.high_water = 0
         self.caught_up = False
         #: (run_id, version) the follower is reading and verifying now, else None; a request
         #: that this version satisfies waits for it instead of 503 (see wait_for_loading)
@@ -247,11 +256,13 @@ class Actor:
         (steadyrl/policy_files.py). Raises PolicyRefused."""
         return policy_files.resolve(self.root, uri)
 
-    def load_version(self, version: int, uri: str, sha256: str, run_id: str = "") -> None:
+    def load_version(self, version: int, uri: str, sha256: str, run_id: str = "", high_water: int = 0) -> None:
         """Verify and load one policy version: `uri` must be version `version` of run `run_id`
         under the policy root (policy_files.check_run), its bytes the record's `sha256`, its
-        tensors the served model's names and shapes. Raises PolicyRefused (stale, wrong_run,
-        no_run, those of policy_files.read_version, wrong_model) and keeps the old weights."""
+        tensors the served model's names and shapes. `high_water`: the record's (0 before
+        policy_update 1.4); the actor keeps the highest of it, `version` and, within one run,
+        the versions it loaded before. Raises PolicyRefused (stale, wrong_run, no_run, those of
+        policy_files.read_version, wrong_model) and keeps the old weights."""
         # Within one run the learner is the only writer and its newest record is the truth,
         # even a lower version or the same version with other bytes: after a crash it goes
         # on from a checkpoint and redoes the steps since. Across runs, a later run wins; the
@@ -273,9 +284,12 @@ class Actor:
                 self.model.load_state_dict(state, strict=False)
             else:
                 self.gen.reload(policy_files.resolve(self.root, uri))
+            seen = self.high_water if run_id == self.run_id else 0
             self.run_id, self.version, self.sha256 = run_id, version, sha256
+            self.high_water = max(high_water, version, seen)
         RELOAD_SECONDS.observe(time.perf_counter() - t0)
         POLICY_VERSION.set(version)
+        POLICY_HIGH_WATER.set(self.high_water)
         POLICY_LOADS.inc()
         log.info("policy loaded", extra={"run_id": run_id, "version": version, "uri": uri})
 
@@ -299,7 +313,7 @@ class Actor:
         actor is then reading and verifying that version (~0.6 s for SmolLM2-135M), and a 503
         would cost the rollout worker a backoff and a refetch on top of the load."""
         def ahead_of_served_and_loading_covers() -> bool:
-            ahead = bool(run_id) and (run_id > self.run_id or (run_id == self.run_id and self.version < min_version))
+            ahead = bool(run_id) and (run_id > self.run_id or (run_id == self.run_id and self.high_water < min_version))
             lo = self.loading
             return ahead and lo is not None and (lo[0] > run_id or (lo[0] == run_id and lo[1] >= min_version))
 
@@ -307,12 +321,19 @@ class Actor:
             self._loaded.wait_for(lambda: not ahead_of_served_and_loading_covers(), timeout=timeout_s)
 
     def check_version(self, run_id: str, min_version: int) -> None:
-        """Raise HTTPException 503 while behind the request's run/version, 409 for an earlier run."""
+        """Raise HTTPException 503 while behind the request's run/version, 409 for an earlier run.
+
+        Within the served run, behind means `min_version` above the run's high-water mark, not
+        above the served version: a version at most the mark that is not served was thrown away
+        by a crash (the learner resumed from an earlier checkpoint and redoes the steps since),
+        and a prompt stamped with it would otherwise hold its rollout worker's partition until
+        the resumed learner reaches it again, which needs that partition's prompts: the
+        compose-test deadlock (docs/architecture.md, the Feeder)."""
         if not run_id:
             return
         if run_id < self.run_id:
             raise HTTPException(409, f"prompt of run {run_id!r}, earlier than the served run {self.run_id!r}")
-        if run_id > self.run_id or self.version < min_version:
+        if run_id > self.run_id or self.high_water < min_version:
             raise HTTPException(503, f"serving run {self.run_id!r} version {self.version}; waiting for run "
                                      f"{run_id!r} version >= {min_version}")
 
@@ -448,7 +469,7 @@ class PolicyFollower:
     def _load(self, upd) -> bool:
         try:
             with self.actor.announce_loading(upd.run_id, upd.version):
-                self.actor.load_version(upd.version, upd.uri, upd.sha256, upd.run_id)
+                self.actor.load_version(upd.version, upd.uri, upd.sha256, upd.run_id, upd.high_water)
             return True
         except PolicyRefused as e:
             POLICY_REJECTED.labels(e.reason).inc()

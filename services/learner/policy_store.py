@@ -37,7 +37,8 @@ class PolicyStore:
 
     def publish(self, model, st: RunState) -> None:
         """Write `model`'s weights as version `st.step` of run `st.run_id`, record its uri and
-        sha256 in `st`, announce it on rl.policy (flushed) and prune older versions.
+        sha256 in `st`, announce it on rl.policy (flushed, with the run's high-water mark:
+        policy_files.raise_high_water) and prune older versions.
 
         Raises steadyrl.checkpoint.NonFiniteWeights, writing and announcing nothing, when a
         weight holds NaN or infinity (the trainer skips such steps: this never should)."""
@@ -46,8 +47,10 @@ class PolicyStore:
         refuse_nonfinite(tensors, f"policy version {st.step} of run {st.run_id}")
         digest = policy_files.write_version(self.root, rel, tensors)
         st.policy_uri, st.policy_sha256 = str(rel), digest
+        high_water = policy_files.raise_high_water(self.root, st.run_id, st.step)   # before prune
         self.outbox.produce("rl.policy", "policy", PolicyUpdate(
-            version=st.step, step=st.step, uri=st.policy_uri, sha256=st.policy_sha256, run_id=st.run_id))
+            version=st.step, step=st.step, uri=st.policy_uri, sha256=st.policy_sha256, run_id=st.run_id,
+            high_water=high_water))
         self.outbox.flush()
         gone = policy_files.prune(self.root, st.run_id, st.step, self.keep, self.keep_runs)
         if any(p.parent == self.root for p in gone):

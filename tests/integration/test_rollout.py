@@ -2,6 +2,8 @@
 
 import time
 
+import httpx
+
 from steadyrl import codec
 from steadyrl.broker import free_port
 from steadyrl.contracts import DLQRecord, Prompt, RolloutGroup
@@ -114,6 +116,43 @@ def test_a_prompt_whose_policy_never_comes_leaves_once_its_budget_is_spent(boots
         assert dlq_msgs[0].key() == b"stuck" and dlq.reason.value == "retries_exhausted"
         assert "last error: actor not ready: serving run '' version 0; waiting for run 'zz-never'" in dlq.error
         assert rollout.metric("steadyrl_stage_dlq_records_total", {"reason": "retries_exhausted"}) == 1
+    finally:
+        assert rollout.stop() == 0
+        assert actor.stop() == 0
+
+
+def test_prompts_a_killed_learner_stamped_past_the_resumed_checkpoint_are_served(bootstrap, prefix, tmp_path):
+    """Regression (compose-test stall, max_staleness 1): the learner killed at step 5 had
+    published version 5 and stamped prompts with it; its successor resumed from step 2 and
+    announced version 2 (high_water 5). The actor answered those prompts 503 ("waiting for
+    version >= 5"), each worker held its partition on them, and the resumed learner waited for
+    their groups to train the steps to 5: a deadlock. Now they are generated with version 2
+    (the learner's staleness rule judges them); a prompt past the mark still waits."""
+    from tests.integration.test_actor import _weights
+
+    run = "r20261203T000000-dead"
+    root = tmp_path / "policies"
+    dead = _weights(root, 5, seed=1, run=run)
+    resumed = _weights(root, 2, seed=2, run=run).model_copy(update={"high_water": 5})
+    produce_all(bootstrap, f"{prefix}rl.policy", [("policy", *codec.encode(u)) for u in (dead, resumed)])
+    stamped = [_prompt(i).model_copy(update={"prompt_id": f"{run}/e0-i{i}", "run_id": run, "min_policy_version": v})
+               for i, v in ((0, 5), (1, 3), (2, 2))]
+    produce_all(bootstrap, f"{prefix}rl.prompts", [(pr.prompt_id, *codec.encode(pr)) for pr in stamped])
+    port = free_port()
+    actor = ServiceProc("actor", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "a4",
+                                  "--actor.model", "tiny", "--actor.policy-root", str(root),
+                                  "--metrics-port", str(port)], tmp_path / "actor.log")
+    rollout = ServiceProc("rollout", ["--bootstrap", bootstrap, "--topic-prefix", prefix, "--instance-id", "r4",
+                                      "--rollout.actor-url", f"http://127.0.0.1:{port}"], tmp_path / "rollout.log")
+    try:
+        rollout.wait_ready()
+        groups = decode_all(read_all(bootstrap, f"{prefix}rl.rollouts", expect=3, timeout_s=120), RolloutGroup)
+        assert sorted((g.prompt_id, g.policy_version) for g in groups) == [(pr.prompt_id, 2) for pr in stamped]
+        assert actor.metric("steadyrl_actor_policy_high_water") == 5
+        body = {"prompts": [{"prompt_ids": [5, 6]}], "n": 1, "max_new_tokens": 2, "run_id": run,
+                "min_policy_version": 6}
+        r = httpx.post(f"http://127.0.0.1:{port}/generate", json=body, timeout=30)
+        assert r.status_code == 503 and "waiting for run" in r.text, r.text
     finally:
         assert rollout.stop() == 0
         assert actor.stop() == 0

@@ -152,7 +152,8 @@ def policy_update(r: random.Random) -> PolicyUpdate:
     parts = ["r", "/", ".", "v000001", "é", " ", "\u202e", "..", "\x80"]
     uri = "".join(r.choice(parts) for _ in range(r.randint(1, 6)))
     return PolicyUpdate(version=_int(r, 0, INT64_MAX), step=_int(r, 0, INT64_MAX), uri=uri, sha256=_hex64(r),
-                        created_ms=_int(r, -INT64_MAX - 1, INT64_MAX), run_id=_text(r, 0, 8))
+                        created_ms=_int(r, -INT64_MAX - 1, INT64_MAX), run_id=_text(r, 0, 8),
+                        high_water=_int(r, 0, INT64_MAX))
 
 
 def dlq_record(r: random.Random) -> DLQRecord:

@@ -86,3 +86,20 @@ def test_a_run_id_that_is_not_a_folder_name_is_refused(tmp_path):
         with pytest.raises(PolicyRefused) as info:
             check_run(tmp_path, "r20260101T000000-abcd/v000003", bad, 3)
         assert info.value.reason == "wrong_run", bad
+
+
+def test_the_high_water_mark_outlives_the_versions_prune_deletes(tmp_path):
+    """A resumed learner's first publish: the mark counts the thrown-away folders (no file yet),
+    keeps their number after prune deletes them, rises with the run, and a file that does not
+    hold an integer counts as absent (the folders and the version still count)."""
+    _tree(tmp_path, {A: [1, 2, 3, -7]})
+    assert policy_files.raise_high_water(tmp_path, A, 2) == 7
+    prune(tmp_path, A, current=2, keep=2, keep_runs=0)
+    assert _left(tmp_path)[A] == ["high_water", "v000001", "v000002"]
+    assert policy_files.raise_high_water(tmp_path, A, 3) == 7
+    assert policy_files.raise_high_water(tmp_path, A, 8) == 8
+    assert (tmp_path / A / "high_water").read_text() == "8\n"
+    (tmp_path / A / "high_water").write_text("eight")
+    assert policy_files.raise_high_water(tmp_path, A, 4) == 4
+    assert policy_files.raise_high_water(tmp_path, B, 0) == 0   # a new run: its own folder and mark
+    assert (tmp_path / B / "high_water").read_text() == "0\n"

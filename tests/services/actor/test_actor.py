@@ -216,3 +216,30 @@ def test_the_vllm_backend_without_vllm_is_a_configuration_error_naming_the_venv(
     with pytest.raises(ConfigError) as e:
         Actor(ActorConfig(actor=ActorSection(model="tiny", backend="vllm", policy_root=tmp_path)))
     assert "actor.backend vllm" in e.value.message and "make vllm-cpu" in e.value.message
+
+
+def test_prompts_stamped_with_versions_a_crash_threw_away_are_served(tmp_path):
+    """Regression (compose-test stall): the killed learner reached version 260 and stamped
+    prompts with it; the learner resumed from step 255 announces 255 with high_water 260.
+    Those prompts are served (with 255) instead of 503 until 260 comes back, which needed
+    them; a version past the mark still waits. An actor that saw the higher version itself
+    keeps it as the mark also from a record without one (policy_update before 1.4)."""
+    from fastapi import HTTPException
+
+    fresh = _actor(tmp_path)   # started after the crash: it sees only the resumed learner's record
+    model = tiny_model(len(fresh.tok), seed=3)
+    fresh.load_version(255, *_legacy(tmp_path, RUN, 255, model), run_id=RUN, high_water=260)
+    watched = _actor(tmp_path)   # followed the dead learner to 260, then the rewind
+    watched.load_version(260, *_legacy(tmp_path, RUN, 260, model), run_id=RUN)
+    watched.load_version(255, *_legacy(tmp_path, RUN, 255, tiny_model(len(fresh.tok), seed=4)), run_id=RUN)
+    for actor in (fresh, watched):
+        assert (actor.version, actor.high_water) == (255, 260)
+        actor.check_version(RUN, 260)   # no raise: served with version 255
+        with pytest.raises(HTTPException) as e:
+            actor.check_version(RUN, 261)
+        assert e.value.status_code == 503
+    later = "r20261129T110000-bbbb"   # a new run starts its own mark
+    fresh.load_version(0, *_legacy(tmp_path, later, 0, model), run_id=later)
+    assert fresh.high_water == 0
+    with pytest.raises(HTTPException):
+        fresh.check_version(later, 1)

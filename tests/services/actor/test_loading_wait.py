@@ -16,7 +16,7 @@ from services.actor.server import Actor
 
 def _actor(run_id: str = "r1", version: int = 3) -> Actor:
     a = Actor.__new__(Actor)  # only what the version checks read
-    a.run_id, a.version, a.loading, a._loaded = run_id, version, None, threading.Condition()
+    a.run_id, a.version, a.high_water, a.loading, a._loaded = run_id, version, version, None, threading.Condition()
     return a
 
 
@@ -34,7 +34,7 @@ def test_a_request_waits_for_the_version_being_loaded_then_is_served():
         with a.announce_loading("r1", 4):
             loading.set()
             release.wait(5)
-            a.version = 4          # what load_version does when the bytes check out
+            a.version = a.high_water = 4   # what load_version does when the bytes check out
 
     t = threading.Thread(target=follower)
     t.start()
