@@ -35,9 +35,16 @@ def main(argv: list[str]) -> int:
         os.execv(launch[0], launch)  # the same process, now torchrun; it starts the N ranks
     # under torchrun: rank 0 is this service, the others follow it
     rank, world = distributed.init_from_env(device=cfg.learner.train.device)
-    if rank > 0:
-        return follower(cfg)
+    try:
+        return follower(cfg) if rank > 0 else leader(cfg, world)
+    finally:
+        distributed.leave()
+
+
+def leader(cfg, world: int) -> int:
+    """Rank 0 (the only rank when world is 1): the learner service, its probes and /progress."""
     from services.learner.loop import Learner
+    from steadyrl.rl import distributed
     from steadyrl.service import run_service
 
     state: dict = {}

@@ -153,6 +153,24 @@ def init_from_env(timeout_s: float = GROUP_TIMEOUT_S, device: str = "cpu") -> tu
     return dist.get_rank(), dist.get_world_size()
 
 
+def leave() -> None:
+    """Leave the process group before this rank exits (`destroy_process_group`; nothing when
+    none was joined). A rank that exited with its gloo group still up could abort at interpreter
+    exit once a peer had gone ("terminate called without an active exception", SIGABRT: exit
+    -6), and torchrun then counted the finished group as failed: the CI failure of
+    tests/steadyrl/rl/test_distributed_restart.py's out-of-memory test, whose ranks had both
+    stepped. A group that broke (a peer died) is left too; an error doing so is logged, not
+    raised."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001 - the rank is exiting either way
+        log.warning("could not leave the process group", extra={"error": f"{type(e).__name__}: {e}"})
+
+
 def broken_group(e: RuntimeError) -> str | None:
     """The first line of `e` when it is the group breaking (a gloo error: a peer rank died or
     closed), so it can be logged as one line; None for any other error (keep its traceback)."""

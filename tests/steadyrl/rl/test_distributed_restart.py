@@ -72,7 +72,7 @@ def test_torchrun_keeps_the_dead_attempts_keys(tmp_path):
 OOM_WORKER = """
 import os, sys, torch
 from steadyrl.models import load_policy
-from steadyrl.rl.distributed import init_from_env
+from steadyrl.rl.distributed import init_from_env, leave
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
 from tests.steadyrl.rl.test_distributed_step import GROUPS
 rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -89,6 +89,7 @@ if attempt == 0 and rank == 1:   # this rank's first forward fails, as the alloc
     tr.module.forward = forward
 tr.step(GROUPS)
 print(f"attempt {attempt} rank {rank} stepped", flush=True)
+leave()  # as services/learner/main.py: exiting with the gloo group up could SIGABRT (CI, exit -6)
 """
 
 
