@@ -192,7 +192,9 @@ def raise_high_water(root: Path, run_id: str, version: int) -> int:
     Read from `<root>/<run_id>/high_water` and the version folders still there (a run written
     before this file existed has only those: a resumed learner calls this before its first
     `prune`, so the versions its predecessor wrote past the checkpoint still count), written
-    back atomically when it rises. A file that does not hold an integer is counted as absent.
+    back atomically and fsynced when it rises. A file that does not hold an integer is counted
+    as absent. A run first resumed by a learner before this file (main up to 85ad3de) has
+    already pruned the versions past its checkpoint: the mark then starts from what is left.
     The actor serves a prompt stamped with a version above the one it serves but at most the
     high-water mark (services/actor/server.py `Actor.check_version`): that version was thrown
     away by a crash and will not come, or comes again from the resumed learner.
@@ -205,10 +207,10 @@ def raise_high_water(root: Path, run_id: str, version: int) -> int:
         recorded = -1
     mark = max([recorded, version, *_versions(run_dir)])
     if mark != recorded:
+        from steadyrl.files import write_atomic
+
         run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = run_dir / f".{HIGH_WATER}.tmp-{os.getpid()}"
-        tmp.write_text(f"{mark}\n")
-        os.replace(tmp, path)
+        write_atomic(path, f"{mark}\n")   # fsynced: the folders it stands for are about to go
     return mark
 
 

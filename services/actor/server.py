@@ -267,6 +267,8 @@ class Actor:
         # even a lower version or the same version with other bytes: after a crash it goes
         # on from a checkpoint and redoes the steps since. Across runs, a later run wins; the
         # run id is the one of the folder the learner wrote (check_run), not the record's word.
+        if run_id == self.run_id:   # also from a record refused below (the served version again,
+            self.raise_high_water(max(version, high_water))   # a version pruned before it was read)
         if run_id < self.run_id or (run_id, version, sha256) == (self.run_id, self.version, self.sha256):
             raise PolicyRefused("stale", f"run {run_id!r} version {version} is not newer than serving "
                                          f"run {self.run_id!r} version {self.version}")
@@ -293,6 +295,17 @@ class Actor:
         POLICY_LOADS.inc()
         log.info("policy loaded", extra={"run_id": run_id, "version": version, "uri": uri})
 
+    def raise_high_water(self, mark: int) -> None:
+        """Raise the served run's high-water mark to `mark` (never lowers it): from a record of
+        the served run, also one not loaded, and, at start, the highest version among the
+        records of that run still on the compacted topic (records before policy_update 1.4 and
+        a run first resumed by an older learner carry no mark)."""
+        with self._loaded:
+            if mark > self.high_water:
+                self.high_water = mark
+                POLICY_HIGH_WATER.set(mark)
+                self._loaded.notify_all()
+
     @contextmanager
     def announce_loading(self, run_id: str, version: int):
         """Mark (run_id, version) as being loaded while the block runs (the follower's load)."""
@@ -313,7 +326,9 @@ class Actor:
         actor is then reading and verifying that version (~0.6 s for SmolLM2-135M), and a 503
         would cost the rollout worker a backoff and a refetch on top of the load."""
         def ahead_of_served_and_loading_covers() -> bool:
-            ahead = bool(run_id) and (run_id > self.run_id or (run_id == self.run_id and self.high_water < min_version))
+            # against the served version, not the high-water mark: a resumed learner's prompt
+            # for the version being read waits for it rather than taking the one before
+            ahead = bool(run_id) and (run_id > self.run_id or (run_id == self.run_id and self.version < min_version))
             lo = self.loading
             return ahead and lo is not None and (lo[0] > run_id or (lo[0] == run_id and lo[1] >= min_version))
 
@@ -462,6 +477,8 @@ class PolicyFollower:
                 for upd in (u for _, u in order):
                     if self._load(upd):
                         break
+                self.actor.raise_high_water(max((max(u.version, u.high_water) for u in seen
+                                                 if u.run_id == self.actor.run_id), default=0))
                 self.actor.caught_up = True
                 log.info("policy caught up", extra={"version": self.actor.version})
         self.consumer.close()

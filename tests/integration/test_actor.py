@@ -131,3 +131,24 @@ def test_a_forged_record_of_a_later_run_id_does_not_take_the_actor_over(bootstra
         assert r.status_code == 200 and r.json()["policy_version"] == 2, r.text
     finally:
         assert svc.stop() == 0
+
+
+def test_a_restarted_actor_takes_the_mark_from_records_before_1_4(bootstrap, prefix, tmp_path):
+    """Records without high_water (policy_update before 1.4): version 5, then the resumed
+    learner's 2. An actor started after both serves 2 and still answers prompts stamped 5 (the
+    highest version of the run among the records left on the compacted topic); 6 waits."""
+    root = tmp_path / "policies"
+    for v, seed in ((5, 1), (2, 2)):
+        _publish(bootstrap, prefix, _weights(root, v, seed=seed))
+    svc = _actor(bootstrap, prefix, root, tmp_path, "a3")
+    body = {"prompts": [{"prompt_ids": [5, 6]}], "n": 1, "max_new_tokens": 2, "run_id": RUN}
+    try:
+        svc.wait_ready()
+        assert svc.metric("steadyrl_actor_policy_version") == 2
+        assert svc.metric("steadyrl_actor_policy_high_water") == 5
+        r = httpx.post(f"{svc.url}/generate", json={**body, "min_policy_version": 5}, timeout=30)
+        assert r.status_code == 200 and r.json()["policy_version"] == 2, r.text
+        r = httpx.post(f"{svc.url}/generate", json={**body, "min_policy_version": 6}, timeout=30)
+        assert r.status_code == 503, r.text
+    finally:
+        assert svc.stop() == 0

@@ -243,3 +243,19 @@ def test_prompts_stamped_with_versions_a_crash_threw_away_are_served(tmp_path):
     assert fresh.high_water == 0
     with pytest.raises(HTTPException):
         fresh.check_version(later, 1)
+
+
+def test_the_served_version_announced_again_still_raises_the_mark(tmp_path):
+    """The resumed learner's first record is the checkpoint's version, byte for byte the one the
+    actor may still serve: refused as stale, its high_water counts all the same; so does a
+    record of the served run whose version was pruned before the actor read it."""
+    actor = _actor(tmp_path)
+    model = tiny_model(len(actor.tok), seed=3)
+    uri, sha = _legacy(tmp_path, RUN, 255, model)
+    actor.load_version(255, uri, sha, run_id=RUN)
+    with pytest.raises(PolicyRefused, match="stale"):
+        actor.load_version(255, uri, sha, run_id=RUN, high_water=260)
+    assert (actor.version, actor.high_water) == (255, 260)
+    with pytest.raises(PolicyRefused) as e:
+        actor.load_version(263, f"{RUN}/v000263", "0" * 64, run_id=RUN)
+    assert e.value.reason == "missing" and (actor.version, actor.high_water) == (255, 263)

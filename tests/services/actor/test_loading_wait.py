@@ -77,3 +77,13 @@ def test_the_wait_is_bounded():
     a = _actor()
     a.loading = ("r1", 4)          # a load that never ends
     assert 0.15 < _waits(a, "r1", 4, timeout_s=0.2) < 3.0
+
+
+def test_a_resumed_learners_prompt_waits_for_its_version_below_the_high_water_mark():
+    """After a resume (served 255, mark 260) a prompt for 256 while 256 is being read waits for
+    it, as at any time, instead of taking 255 because 256 is under the mark (review of the
+    high-water fix: at max_staleness 0 every such group would be stale)."""
+    a = _actor(version=255)
+    a.high_water = 260
+    a.loading = ("r1", 256)
+    assert 0.15 < _waits(a, "r1", 256, timeout_s=0.2) < 3.0
