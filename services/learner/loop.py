@@ -34,7 +34,7 @@ from services.learner.metrics import SAMPLE_AGE, blank_step_gauges, count_traine
 from services.learner.outbox import Outbox
 from services.learner.parts import Weights, append_audit, append_history, history_row, open_cache
 from services.learner.policy_store import PolicyStore
-from services.learner.resume import open_run, trim_audit, trim_history
+from services.learner.resume import open_run, settings_changed, trim_audit, trim_history
 from services.learner.screen import Screen
 from services.learner.stall import Stall
 from services.learner.tokens import TokenLimits
@@ -80,6 +80,7 @@ class Learner:
         self.run_dir = lc.state_dir / st.run_id
         # a continued run's folder has its state already (a new run's folder is made just now)
         self.resumed: int | None = st.step if (self.run_dir / "state.json").exists() else None
+        settings_changed(st, lc.train.model_dump(mode="json"))   # a new run's {} names nothing
         self.run_dir.mkdir(parents=True, exist_ok=True)
         trim_audit(self.run_dir, st.step)
         trim_history(self.run_dir, st)

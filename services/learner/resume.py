@@ -48,6 +48,21 @@ def recorded(want: dict, saved: dict, what: str) -> dict:
     return {k: v for k, v in want.items() if k in saved}
 
 
+def settings_changed(st: RunState, now: dict) -> dict[str, str]:
+    """The learner.train settings (`now`, `TrainConfig.model_dump(mode="json")`) a continued run
+    `st` changes: {name: "saved -> now"}, logged as a warning (a resume may switch `lr` or
+    `autocast`, and with autocast the log-probs' numerics, without starting a new run; before,
+    it did so silently). Records `now` in `st.train`. A state written before `train` was
+    recorded ({}) changes nothing that could be named."""
+    changed = {k: f"{st.train[k]!r} -> {v!r}" for k, v in now.items() if k in st.train and st.train[k] != v}
+    changed |= {k: f"(not set) -> {v!r}" for k, v in now.items() if st.train and k not in st.train}
+    if changed:
+        log.warning("resumed with changed training settings",
+                    extra={"run_id": st.run_id, "step": st.step, "changed": changed})
+    st.train = dict(now)
+    return changed
+
+
 def open_run(state_dir: Path, resume: str, fingerprint: dict, restorer: Restorer) -> RunState:
     """The run to continue, or a new one (see the module doc); CURRENT names it afterwards.
 

@@ -72,3 +72,34 @@ def test_verification_can_be_turned_off(tmp_path):
     saver.wait()
     assert saver.last_verified_step is None and saver.last_verify_seconds is None
     assert ck.verify(tmp_path / "step_000003")["step"] == 3
+
+
+def test_a_resume_that_changes_training_settings_says_which(make_learner, caplog):
+    """learner.train is not in the fingerprint (a run may go on with another lr or autocast),
+    but a resume that changes it now logs what changed, from the checkpoint's saved settings;
+    before, the switch (and with autocast the log-probs' numerics) went unsaid."""
+    lrn = make_learner(checkpoint_every=1)
+    lrn.store.publish(lrn.model, lrn.state)
+    _step(lrn)
+    lrn.saver.wait()
+    lrn.cache.close()
+    assert lrn.state.train["lr"] == 1e-2 and lrn.state.train["autocast"] == "off"
+    with caplog.at_level(logging.WARNING, logger="steadyrl.learner"):
+        again = make_learner(checkpoint_every=1, train={"lr": 1e-3, "micro_batch_size": 64, "autocast": "bf16"})
+    assert again.state.step == 1
+    [rec] = [r for r in caplog.records if r.getMessage() == "resumed with changed training settings"]
+    assert rec.changed == {"lr": "0.01 -> 0.001", "autocast": "'off' -> 'bf16'"}
+    assert again.state.train["lr"] == 1e-3
+    again.cache.close()
+
+
+def test_a_state_saved_before_the_training_settings_names_no_change(caplog):
+    from services.learner.resume import settings_changed
+    from services.learner.state import RunState
+
+    old = RunState.parse('{"run_id": "r-a", "step": 7}', "state.json")   # no "train": main up to 137f24c
+    with caplog.at_level(logging.WARNING, logger="steadyrl.learner"):
+        assert settings_changed(old, {"lr": 1e-3, "autocast": "bf16"}) == {}
+    assert not caplog.records and old.train == {"lr": 1e-3, "autocast": "bf16"}
+    newer = RunState(run_id="r-a", train={"lr": 1e-3})          # a setting that joined TrainConfig later
+    assert settings_changed(newer, {"lr": 1e-3, "clip": 0.2}) == {"clip": "(not set) -> 0.2"}

@@ -25,7 +25,8 @@ FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "run-4bba081"
 RUN = "r20261201T075848-5c73"
 # Keys of state.json added since 4bba081, with the value an old state reads back as
 ADDED = {"dlq_replaced": 0,   # issue 18: the fixture lost no prompt to rl.dlq (counts.dlq absent)
-         "release_offsets": {}}  # issue 21: rl.releases (open_consumer reads it from the start)
+         "release_offsets": {},  # issue 21: rl.releases (open_consumer reads it from the start)
+         "train": {}}            # the training settings: none recorded, so no change named at resume
 MOVED = {"history", "trained"}   # out of state.json (history.jsonl; consumed.jsonl)
 
 
