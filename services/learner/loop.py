@@ -80,7 +80,8 @@ class Learner:
         self.run_dir = lc.state_dir / st.run_id
         # a continued run's folder has its state already (a new run's folder is made just now)
         self.resumed: int | None = st.step if (self.run_dir / "state.json").exists() else None
-        settings_changed(st, lc.train.model_dump(mode="json"))   # a new run's {} names nothing
+        settings_changed(st, lc.train.model_dump(mode="json"),   # a new run's {} names nothing
+                         from_checkpoint=restorer.checkpoint_step is not None)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         trim_audit(self.run_dir, st.step)
         trim_history(self.run_dir, st)

@@ -48,18 +48,34 @@ def recorded(want: dict, saved: dict, what: str) -> dict:
     return {k: v for k, v in want.items() if k in saved}
 
 
-def settings_changed(st: RunState, now: dict) -> dict[str, str]:
+#: learner.train settings the optimizer's state holds (AdamW's param groups, LambdaLR's base
+#: lrs): a resume from a checkpoint restores them with it, so the saved values stay in effect
+OPTIMIZER_HELD = ("lr", "weight_decay")
+
+
+def settings_changed(st: RunState, now: dict, from_checkpoint: bool) -> dict[str, str]:
     """The learner.train settings (`now`, `TrainConfig.model_dump(mode="json")`) a continued run
-    `st` changes: {name: "saved -> now"}, logged as a warning (a resume may switch `lr` or
-    `autocast`, and with autocast the log-probs' numerics, without starting a new run; before,
-    it did so silently). Records `now` in `st.train`. A state written before `train` was
-    recorded ({}) changes nothing that could be named."""
-    changed = {k: f"{st.train[k]!r} -> {v!r}" for k, v in now.items() if k in st.train and st.train[k] != v}
-    changed |= {k: f"(not set) -> {v!r}" for k, v in now.items() if st.train and k not in st.train}
+    `st` changes: {name: "saved -> now"}, logged as a warning (a resume may switch `autocast`,
+    and with it the log-probs' numerics, without starting a new run; before, it did so
+    silently). `lr` and `weight_decay` changed on a resume `from_checkpoint` are named "not
+    applied": the checkpoint's optimizer state brings the saved values back (from the policy
+    store, with no checkpoint yet, the optimizer starts from `now`). Records in `st.train` what
+    is in effect. A state written before `train` was recorded ({}) changes nothing that could
+    be named."""
+    changed: dict[str, str] = {}
+    effective = dict(now)
+    for k, v in now.items() if st.train else ():
+        if k not in st.train:
+            changed[k] = f"(not set) -> {v!r}"
+        elif st.train[k] != v and from_checkpoint and k in OPTIMIZER_HELD:
+            changed[k] = f"{st.train[k]!r} -> {v!r} not applied: the checkpoint's optimizer state keeps {st.train[k]!r}"
+            effective[k] = st.train[k]
+        elif st.train[k] != v:
+            changed[k] = f"{st.train[k]!r} -> {v!r}"
     if changed:
         log.warning("resumed with changed training settings",
                     extra={"run_id": st.run_id, "step": st.step, "changed": changed})
-    st.train = dict(now)
+    st.train = effective
     return changed
 
 

@@ -3,7 +3,7 @@
 A learner keeps each run in `<state_dir>/<run_id>/` (`state_dir` is the learner's
 `--learner.state-dir`; under `steadyrl up` it is `<up state dir>/learner`):
 
-    state.json       RunState: run_id, config, step, policy_uri, policy_sha256, offsets,
+    state.json       RunState: run_id, config, train, step, policy_uri, policy_sha256, offsets,
                      release_offsets, dlq_offset, feeder_position, fed, gate, in_flight, requeue, quarantined,
                      watch, counts, eval_before, eval_after, finished (before history.jsonl
                      also history and trained)

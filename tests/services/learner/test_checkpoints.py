@@ -75,9 +75,11 @@ def test_verification_can_be_turned_off(tmp_path):
 
 
 def test_a_resume_that_changes_training_settings_says_which(make_learner, caplog):
-    """learner.train is not in the fingerprint (a run may go on with another lr or autocast),
-    but a resume that changes it now logs what changed, from the checkpoint's saved settings;
-    before, the switch (and with autocast the log-probs' numerics) went unsaid."""
+    """learner.train is not in the fingerprint (a run may go on with another autocast), but a
+    resume that changes it now logs what changed, from the checkpoint's saved settings; before,
+    the switch (and with autocast the log-probs' numerics) went unsaid. A new lr is named as
+    not applied: the checkpoint's optimizer state brings the saved one back (review finding:
+    the first version of this said "0.01 -> 0.001" while the optimizer kept 0.01)."""
     lrn = make_learner(checkpoint_every=1)
     lrn.store.publish(lrn.model, lrn.state)
     _step(lrn)
@@ -88,8 +90,10 @@ def test_a_resume_that_changes_training_settings_says_which(make_learner, caplog
         again = make_learner(checkpoint_every=1, train={"lr": 1e-3, "micro_batch_size": 64, "autocast": "bf16"})
     assert again.state.step == 1
     [rec] = [r for r in caplog.records if r.getMessage() == "resumed with changed training settings"]
-    assert rec.changed == {"lr": "0.01 -> 0.001", "autocast": "'off' -> 'bf16'"}
-    assert again.state.train["lr"] == 1e-3
+    assert rec.changed == {"lr": "0.01 -> 0.001 not applied: the checkpoint's optimizer state keeps 0.01",
+                           "autocast": "'off' -> 'bf16'"}
+    assert [g["lr"] for g in again.trainer.opt.param_groups] == [1e-2]   # what the log says is in effect
+    assert again.state.train["lr"] == 1e-2 and again.state.train["autocast"] == "bf16"
     again.cache.close()
 
 
@@ -99,7 +103,10 @@ def test_a_state_saved_before_the_training_settings_names_no_change(caplog):
 
     old = RunState.parse('{"run_id": "r-a", "step": 7}', "state.json")   # no "train": main up to 137f24c
     with caplog.at_level(logging.WARNING, logger="steadyrl.learner"):
-        assert settings_changed(old, {"lr": 1e-3, "autocast": "bf16"}) == {}
+        assert settings_changed(old, {"lr": 1e-3, "autocast": "bf16"}, from_checkpoint=True) == {}
     assert not caplog.records and old.train == {"lr": 1e-3, "autocast": "bf16"}
     newer = RunState(run_id="r-a", train={"lr": 1e-3})          # a setting that joined TrainConfig later
-    assert settings_changed(newer, {"lr": 1e-3, "clip": 0.2}) == {"clip": "(not set) -> 0.2"}
+    assert settings_changed(newer, {"lr": 1e-3, "clip": 0.2}, from_checkpoint=True) == {"clip": "(not set) -> 0.2"}
+    policy_only = RunState(run_id="r-a", train={"lr": 1e-3})    # no checkpoint yet: a fresh optimizer
+    assert settings_changed(policy_only, {"lr": 1e-4}, from_checkpoint=False) == {"lr": "0.001 -> 0.0001"}
+    assert policy_only.train == {"lr": 1e-4}
