@@ -70,8 +70,9 @@ class RunState(_Saved):
 
     run_id: str
     config: dict = Field(default_factory=dict)                  # the run's fingerprint (resume.fingerprint)
-    # the learner.train settings of the last save: what a resume may change (lr, autocast, ...),
-    # logged when it does (resume.settings_changed); {}: a state written before this field
+    # the learner.train settings in effect at the last save: what a resume may change (autocast,
+    # clip, ...; lr and weight_decay stay the checkpoint optimizer's), logged when it does
+    # (resume.settings_changed); {}: a state written before this field
     train: dict = Field(default_factory=dict)
     step: int = 0
     policy_uri: str = ""
