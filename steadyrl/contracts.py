@@ -221,7 +221,8 @@ class PolicyUpdate(Contract):
     high_water: Count64 = Field(default=0, description=(
         "The highest version of run_id any learner wrote (steadyrl/policy_files.py raise_high_water); "
         "above `version` after a learner resumed from an earlier checkpoint: the versions between were "
-        "thrown away, and the actor serves prompts stamped with them this version. Before 1.4: 0."))
+        "thrown away, and the actor serves prompts stamped with one of them with the version it serves. "
+        "Before 1.4: 0."))
 
 
 class DLQReason(str, Enum):

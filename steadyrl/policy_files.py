@@ -26,7 +26,7 @@ and `prune` is the one rule by which the learner deletes versions.
                                               (`raise_high_water`), one decimal integer
 
 `prune` deletes the versions a crash threw away (after the version a resumed learner goes on
-from); `high_water` keeps their number, which prompts stamped by the dead learner still name.
+from); `high_water` keeps the highest of them, which prompts stamped by the dead learner still name.
 """
 
 from __future__ import annotations

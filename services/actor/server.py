@@ -39,7 +39,9 @@ of an earlier run gets 409. "Behind" is measured against the run's high-water ma
 record's `high_water`: the highest version any learner of the run wrote), not the served
 version: after a learner resumed from a checkpoint, prompts its dead predecessor stamped with
 versions past the checkpoint are served with the resumed learner's weights (the learner's
-staleness rule judges the group) instead of waiting for a version that may never come again.
+staleness rule judges the group) instead of waiting for a version that may never come again,
+once the follower has polled rl.policy empty since the request came (so the resumed learner's
+own next version, whose record it flushed before stamping prompts, is never passed over).
 Each prompt may carry its own sampling `seed` (reproducible samples, see generation.py).
 Stateless: a restarted actor rebuilds everything from the model name and `rl.policy`.
 """
@@ -248,6 +250,9 @@ class Actor:
         #: (run_id, version) the follower is reading and verifying now, else None; a request
         #: that this version satisfies waits for it instead of 503 (see wait_for_loading)
         self.loading: tuple[str, int] | None = None
+        #: monotonic time at which the follower began its newest poll of rl.policy that returned
+        #: nothing: no record was on its way then (see wait_for_loading)
+        self.quiet_since = float("-inf")
         self._loaded = threading.Condition()
         POLICY_VERSION.set(0)
 
@@ -318,24 +323,43 @@ class Actor:
                 self.loading = None
                 self._loaded.notify_all()
 
-    def wait_for_loading(self, run_id: str, min_version: int, timeout_s: float) -> None:
+    def policy_quiet(self, since: float) -> None:
+        """The follower's poll of rl.policy begun at monotonic `since` returned no record."""
+        with self._loaded:
+            self.quiet_since = since
+            self._loaded.notify_all()
+
+    def wait_for_loading(self, run_id: str, min_version: int, timeout_s: float) -> bool:
         """While a request of (run_id, min_version) is ahead of the served weights but the
         version being loaded satisfies it, wait (at most timeout_s) for that load to end.
 
         At max_staleness 0 the next step's prompts come right after the policy record: the
         actor is then reading and verifying that version (~0.6 s for SmolLM2-135M), and a 503
-        would cost the rollout worker a backoff and a refetch on top of the load."""
-        def ahead_of_served_and_loading_covers() -> bool:
+        would cost the rollout worker a backoff and a refetch on top of the load.
+
+        A request for a version above the served one but at most the high-water mark (thrown
+        away by a crash, or the resumed learner's next version whose record is on its way)
+        waits until the follower has polled rl.policy empty after the request came: the
+        learner flushes a version's record before it stamps prompts with it, so by then that
+        record was read (and its load covers the request) or it does not exist. Returns True
+        when that was settled (check_version may then serve such a request with the served
+        version), False on the timeout."""
+        t0 = time.monotonic()
+
+        def must_wait() -> bool:
             # against the served version, not the high-water mark: a resumed learner's prompt
             # for the version being read waits for it rather than taking the one before
             ahead = bool(run_id) and (run_id > self.run_id or (run_id == self.run_id and self.version < min_version))
             lo = self.loading
-            return ahead and lo is not None and (lo[0] > run_id or (lo[0] == run_id and lo[1] >= min_version))
+            if ahead and lo is not None and (lo[0] > run_id or (lo[0] == run_id and lo[1] >= min_version)):
+                return True
+            thrown_away = ahead and run_id == self.run_id and min_version <= self.high_water
+            return thrown_away and self.quiet_since < t0
 
         with self._loaded:
-            self._loaded.wait_for(lambda: not ahead_of_served_and_loading_covers(), timeout=timeout_s)
+            return self._loaded.wait_for(lambda: not must_wait(), timeout=timeout_s)
 
-    def check_version(self, run_id: str, min_version: int) -> None:
+    def check_version(self, run_id: str, min_version: int, settled: bool = True) -> None:
         """Raise HTTPException 503 while behind the request's run/version, 409 for an earlier run.
 
         Within the served run, behind means `min_version` above the run's high-water mark, not
@@ -343,12 +367,14 @@ class Actor:
         by a crash (the learner resumed from an earlier checkpoint and redoes the steps since),
         and a prompt stamped with it would otherwise hold its rollout worker's partition until
         the resumed learner reaches it again, which needs that partition's prompts: the
-        compose-test deadlock (docs/architecture.md, the Feeder)."""
+        compose-test deadlock (docs/architecture.md, the Feeder). `settled`: wait_for_loading's
+        answer; False (no empty poll of rl.policy since the request came) measures against the
+        served version, as before the mark."""
         if not run_id:
             return
         if run_id < self.run_id:
             raise HTTPException(409, f"prompt of run {run_id!r}, earlier than the served run {self.run_id!r}")
-        if run_id > self.run_id or self.high_water < min_version:
+        if run_id > self.run_id or (self.high_water if settled else self.version) < min_version:
             raise HTTPException(503, f"serving run {self.run_id!r} version {self.version}; waiting for run "
                                      f"{run_id!r} version >= {min_version}")
 
@@ -377,10 +403,10 @@ class Actor:
             self._check_length(i, len(ids[-1]), req.max_new_tokens)
         params = SamplingParams(n=req.n, temperature=req.temperature, top_p=req.top_p,
                                 max_new_tokens=req.max_new_tokens, seed=req.seed)
-        self.wait_for_loading(req.run_id, req.min_policy_version, LOADING_WAIT_S)
+        settled = self.wait_for_loading(req.run_id, req.min_policy_version, LOADING_WAIT_S)
         t0 = time.perf_counter()
         with self.gate.shared(), self.serial:
-            self.check_version(req.run_id, req.min_policy_version)
+            self.check_version(req.run_id, req.min_policy_version, settled)
             version = self.version
             try:
                 out = self.gen.generate(ids, params, seeds=seeds)
@@ -456,7 +482,10 @@ class PolicyFollower:
             if self.actor.engine == "vllm" and self.actor.gen.dead:
                 raise EngineDead("the vLLM engine died (its log above says why): exiting, to be restarted")
             health.beat()
+            started = time.monotonic()
             msg = self.consumer.poll(0.5)
+            if msg is None and self.actor.caught_up:
+                self.actor.policy_quiet(started)
             if msg is not None and msg.error() is None:
                 position = msg.offset() + 1
                 try:

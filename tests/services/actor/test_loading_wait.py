@@ -17,6 +17,7 @@ from services.actor.server import Actor
 def _actor(run_id: str = "r1", version: int = 3) -> Actor:
     a = Actor.__new__(Actor)  # only what the version checks read
     a.run_id, a.version, a.high_water, a.loading, a._loaded = run_id, version, version, None, threading.Condition()
+    a.quiet_since = float("-inf")
     return a
 
 
@@ -87,3 +88,26 @@ def test_a_resumed_learners_prompt_waits_for_its_version_below_the_high_water_ma
     a.high_water = 260
     a.loading = ("r1", 256)
     assert 0.15 < _waits(a, "r1", 256, timeout_s=0.2) < 3.0
+
+
+def test_a_prompt_under_the_mark_waits_for_an_empty_poll_of_the_policy_topic():
+    """Review finding (newcomer helper): a resumed learner's prompt for its next version (under
+    the mark) could reach the actor before the follower had read that version's record, and was
+    served with the version before: stale at max_staleness 0, republished with a new seed, so a
+    killed-and-resumed run no longer trained on the uninterrupted run's samples. Now such a
+    request waits until the follower polled rl.policy empty after the request came: a record on
+    its way is read first (and its load waited for); a thrown-away version is then served with
+    the served one. Without an empty poll it is not settled: 503 as before the mark."""
+    from fastapi import HTTPException
+
+    a = _actor(version=255)
+    a.high_water = 260
+    threading.Timer(0.3, a.policy_quiet, args=(time.monotonic() + 0.1,)).start()
+    assert 0.25 < _waits(a, "r1", 258, timeout_s=5.0) < 2.5   # until the empty poll begun after it
+    a.check_version("r1", 258, settled=True)                   # then served with 255: no raise
+    quiet = _actor(version=255)
+    quiet.high_water = 260
+    assert quiet.wait_for_loading("r1", 258, timeout_s=0.2) is False   # no empty poll: not settled
+    with pytest.raises(HTTPException) as e:
+        quiet.check_version("r1", 258, settled=False)
+    assert e.value.status_code == 503
