@@ -24,6 +24,12 @@ minors to have the checks; an older reader still trains what they refuse.
 
 A contract that embeds another moves its minor with the embedded one's (its JSON Schema
 changes with it): rollout_group 1.3 (`engine`) is scored_group 1.3 and quarantined_group 1.2.
+
+Behaviour log-probs are in [LOGPROB_MIN, LOGPROB_MAX] = [-1e5, 0.01] nats (`LogProb`; issue
+33): rollout_group 1.4, scored_group 1.4, quarantined_group 1.3. One of -1e30, finite, made
+an off-policy step NaN; the learner now clamps the log-ratio too (steadyrl/rl/core.py
+policy_loss), and the bound makes such a record a DLQ record (`validation_failed`) instead.
+Like the finite bounds it refuses only what no correct engine writes.
 """
 
 from __future__ import annotations
@@ -39,6 +45,23 @@ TOKEN_ID_MAX = 2**31 - 1
 
 #: A float that is neither NaN nor +-Infinity.
 Finite = Annotated[float, Field(allow_inf_nan=False)]
+#: Lowest behaviour log-prob a record may carry, nats. A sampled token's log-prob is above
+#: about -104 when the sampler draws from float32 probabilities (e^-103.3 is float32's smallest
+#: positive: a token below it has probability 0 and is never drawn); an engine reporting
+#: log-probs of another distribution than it sampled from (raw logits, another temperature)
+#: can go lower, by the logit range over the temperature: a float32 log_softmax of logits with
+#: std 100 reaches -1.8e3. -1e5 leaves a wide margin below both (-1e4 is accepted) and keeps what
+#: the learner forms from log-probs finite in float32 (a square such as k2 = d^2 / 2 is 5e9, a
+#: sum over 32768 tokens 3.3e9); -1e30 squared is inf. The loss no longer depends on it (the
+#: log-ratio is clamped at +-20, steadyrl/rl/core.py policy_loss): it refuses a broken writer.
+LOGPROB_MIN = -1e5
+#: Highest: a log-prob is <= 0, and torch's (and vLLM's) log_softmax subtracts the max first,
+#: so it never rounds above 0; log(p) of a probability that rounded above 1 does: by at most
+#: log(1 + 2**-7) = 0.0078 in bfloat16 (its spacing above 1), 1.2e-7 in float32. 0.01 allows
+#: that rounding from any engine; a larger positive value is not a rounding of a log-prob.
+LOGPROB_MAX = 0.01
+#: A behaviour log-prob: finite and in [LOGPROB_MIN, LOGPROB_MAX] nats.
+LogProb = Annotated[float, Field(ge=LOGPROB_MIN, le=LOGPROB_MAX, allow_inf_nan=False)]
 #: An integer that fits int64 (counters, versions, offsets, ms timestamps).
 Int64 = Annotated[int, Field(ge=-INT64_MAX - 1, le=INT64_MAX)]
 #: A count, index or version: int64, never negative.
@@ -116,7 +139,8 @@ class Sample(BaseModel):
 
     text: str
     token_ids: list[TokenId] = Field(description="Response token ids, (T,), each in [0, 2**31 - 1].")
-    logprobs: list[Finite] = Field(description="Behaviour-policy log-probabilities of token_ids, (T,), nats; finite.")
+    logprobs: list[LogProb] = Field(description="Behaviour-policy log-probabilities of token_ids, (T,), nats; "
+                                                "finite, in [-1e5, 0.01] (1.4; before: finite).")
     finish_reason: Literal["stop", "length", "error"] = "stop"
 
     @model_validator(mode="after")
@@ -133,8 +157,8 @@ class RolloutGroup(Contract):
     SCHEMA_NAME: ClassVar[str] = "rollout_group"
     # 1.1: rejected; 1.2: token ids in [0, 2**31 - 1], finite log-probs, at most 1024 samples
     # (Prompt.n_samples' bound), int64 version/time/counts (refuses only what no writer makes);
-    # 1.3: engine
-    SCHEMA_VERSION: ClassVar[str] = "1.3"
+    # 1.3: engine; 1.4: log-probs in [LOGPROB_MIN, LOGPROB_MAX] (refuses only what no engine makes)
+    SCHEMA_VERSION: ClassVar[str] = "1.4"
 
     prompt: Prompt
     prompt_token_ids: list[TokenId] = Field(default_factory=list, description="Tokenized chat, (P,).")
@@ -174,8 +198,8 @@ class ScoredGroup(Contract):
     SCHEMA_NAME: ClassVar[str] = "scored_group"
     # 1.1: group.rejected (rollout_group 1.1); 1.2: finite rewards and cache_similarity,
     # rollout_group 1.2's bounds, int64 scored_ms (refuses only what no writer makes);
-    # 1.3: group.engine (rollout_group 1.3)
-    SCHEMA_VERSION: ClassVar[str] = "1.3"
+    # 1.3: group.engine (rollout_group 1.3); 1.4: bounded log-probs (rollout_group 1.4)
+    SCHEMA_VERSION: ClassVar[str] = "1.4"
 
     group: RolloutGroup
     rewards: list[Finite] = Field(description="One scalar reward per sample, (n,); finite.")
@@ -276,8 +300,9 @@ class QuarantinedGroup(Contract):
 
     SCHEMA_NAME: ClassVar[str] = "quarantined_group"
     # 1.1: finite watch figures, int64 step/index/count/time, index < count, scored_group 1.2's
-    # bounds (refuses only what no writer makes); 1.2: group.group.engine (scored_group 1.3)
-    SCHEMA_VERSION: ClassVar[str] = "1.2"
+    # bounds (refuses only what no writer makes); 1.2: group.group.engine (scored_group 1.3);
+    # 1.3: bounded log-probs (scored_group 1.4)
+    SCHEMA_VERSION: ClassVar[str] = "1.3"
 
     batch_id: str = Field(min_length=1, max_length=256, description="`{run_id}/q{step:06d}-{hash of its prompt ids}`: "
                                                                      "the same groups held again get the same id.")

@@ -257,13 +257,17 @@ def microbatch_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, mode: L
 
 # ---------------------------------------------------------------- policy loss
 
+#: Bound of the log-ratio log pi_theta - log pi_behaviour before exp (verl's +-20.0).
+LOG_RATIO_CLAMP = 20.0
+
+
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 clip_low: float = 0.2, clip_high: float = 0.2, clip_ratio_c: float | None = 3.0,
                 agg: LossAgg = "token-mean",
                 is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate policy loss, with asymmetric clip and dual clip.
 
-    ratio    = exp(logp - old_logp)
+    ratio    = exp(clamp(logp - old_logp, -20, 20))                 log-ratio clamped as verl's
     pg_loss1 = -A * ratio
     pg_loss2 = -A * clip(ratio, 1 - clip_low, 1 + clip_high)
     loss     = max(pg_loss1, pg_loss2)                         PPO, Schulman et al. 2017, eq. 7
@@ -272,6 +276,17 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     Asymmetric (low, high) clip: DAPO "clip-higher", Yu et al. 2025, eq. 10. The weights
     multiply the per-token loss after both clips and before the aggregation, as verl's
     `compute_policy_loss_vanilla` does with `rollout_is_weights`; the clip metrics do not see them.
+
+    The log-ratio is clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] = [-20, 20] before exp,
+    as verl's `compute_policy_loss_vanilla` (verl/trainer/ppo/core_algos.py: negative_approx_kl
+    clamped at +-20.0, then ratio = exp): one absurd behaviour log-prob (an off-policy group
+    brings the sampler's, e.g. -1e4) made the ratio inf, and -A * inf, inf - inf and
+    0 * inf turned the loss or its gradient into NaN. exp(20) ~ 4.9e8 is finite in float32.
+    A clamped token has no gradient through the ratio, and loses next to nothing: above +20
+    its loss is the clip's constant -A * (1 + clip_high) for A > 0 and the dual clip's
+    -A * clip_ratio_c for A < 0 (neither has a gradient unclamped either); below -20 it is
+    -A * exp(-20) ~ -2e-9 * A for A > 0 and the clip's constant for A < 0. approx_kl is taken
+    from the clamped log-ratio, as verl's ppo_kl.
 
     Args:
         logp, old_logp: (B, T) log-probs of the taken tokens under the current / behaviour policy.
@@ -282,9 +297,10 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
             computed exactly as without them).
     Returns:
         scalar loss, and metrics: clip_frac (share of tokens where the clip was active),
-        dual_clip_frac, approx_kl (k1 between behaviour and current, mean over tokens).
+        dual_clip_frac, approx_kl (k1 between behaviour and current, from the clamped
+        log-ratio, mean over tokens).
     """
-    log_ratio = logp - old_logp                                               # (B, T)
+    log_ratio = torch.clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)   # (B, T)
     ratio = torch.exp(log_ratio)                                              # (B, T)
     pg_loss1 = -advantages * ratio                                            # (B, T)
     pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)

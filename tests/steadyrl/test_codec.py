@@ -13,6 +13,8 @@ import pytest
 
 from steadyrl import codec
 from steadyrl.contracts import (
+    LOGPROB_MAX,
+    LOGPROB_MIN,
     DLQReason,
     PolicyUpdate,
     Prompt,
@@ -150,6 +152,48 @@ def test_non_finite_watch_figure_is_refused():
     assert rej.reason == DLQReason.non_finite
 
 
+# ---------------------------------------------------------------- issue 33: log-probs a model cannot produce
+
+
+@pytest.mark.parametrize("logprob", [-1e30, -1.0000001e5, -1.7976931348623157e308, 0.0100001, 1.0, 1e30])
+@pytest.mark.parametrize("contract", [RolloutGroup, ScoredGroup, QuarantinedGroup])
+def test_a_logprob_out_of_range_is_a_dlq_record_naming_it(logprob, contract):
+    """Finite, so it passed rollout_group 1.3; as a stale group's behaviour log-prob, -1e30
+    made exp(logp - old_logp) inf and the learner's step NaN."""
+    samples = [{"text": "x", "token_ids": [1, 2, 3], "logprobs": [-0.5, logprob, -0.1]}]
+    value = json.dumps(_wrapped(contract, samples)).encode()
+    rej = _rejects(value, [("schema", contract.schema_header().encode())], contract)
+    assert rej.reason == DLQReason.validation_failed
+    assert "samples.0.logprobs.1" in rej.detail
+    rec = codec.dlq_record(rej, stage="learner", topic="rl.scored", partition=0, offset=7, key=b"k", value=value)
+    assert rec.reason == DLQReason.validation_failed and "logprobs" in rec.error
+
+
+@pytest.mark.parametrize("logprob", [-1e4, LOGPROB_MIN, -103.9, -5e-324, 0.0, 1.2e-7, 0.0078, LOGPROB_MAX])
+@pytest.mark.parametrize("contract", [RolloutGroup, ScoredGroup, QuarantinedGroup])
+@pytest.mark.parametrize("minor", ["1.2", "1.3", "current"])
+def test_a_logprob_a_model_can_produce_decodes_in_every_minor(logprob, contract, minor):
+    """-1e4 and rounding just above 0 pass, in records of this minor and of earlier ones."""
+    samples = [{"text": "x", "token_ids": [1, 2], "logprobs": [logprob, -0.2]}]
+    obj = _wrapped(contract, samples)
+    header = contract.schema_header() if minor == "current" else f"{contract.SCHEMA_NAME}/v{minor}"
+    got = codec.decode(json.dumps(obj).encode(), [("schema", header.encode())], contract)
+    group = got if isinstance(got, RolloutGroup) else got.group if isinstance(got, ScoredGroup) else got.group.group
+    assert group.samples[0].logprobs == [logprob, -0.2]
+
+
+def _wrapped(contract, samples: list[dict]) -> dict:
+    """A record of `contract` (rollout, scored or quarantined group) whose group has `samples`."""
+    sg = _scored_json()
+    sg["group"]["samples"] = samples
+    sg["rewards"] = [1.0] * len(samples)
+    if contract is RolloutGroup:
+        return sg["group"]
+    if contract is ScoredGroup:
+        return sg
+    return {"batch_id": "b", "run_id": "r", "step": 1, "index": 0, "count": 1, "rules": ["variance"], "group": sg}
+
+
 @pytest.mark.parametrize("samples,prompt_ids", [
     ([{"text": "x", "token_ids": [-1], "logprobs": [0.0]}], []),
     ([{"text": "x", "token_ids": [-(2**31)], "logprobs": [0.0]}], []),
@@ -181,7 +225,7 @@ def test_extra_info_nested_past_the_serializer_limit_is_refused():
     value = json.dumps(_group_json()).replace('"extra_info": {}', '"extra_info": {"a": ' + "[" * 70 + "]" * 70 + "}")
     rej = _rejects(value.encode(), RG)   # our MAX_DEPTH, 64, names the place
     assert rej.reason == DLQReason.undecodable
-    assert rej.detail == "rollout_group/v1.3: nested deeper than 64 levels at prompt.extra_info.a" + "[0]" * 61
+    assert rej.detail == "rollout_group/v1.4: nested deeper than 64 levels at prompt.extra_info.a" + "[0]" * 61
 
 
 def test_policy_version_too_big_for_a_metric_is_refused():
@@ -218,7 +262,7 @@ def test_dlq_record_of_a_huge_header_fits_rl_dlq():
 def test_encode_refuses_nan_and_names_the_field():
     g = rollout_group(1)
     g.samples[0].logprobs[1] = float("nan")   # wrote "logprobs":[-0.1,null] before
-    with pytest.raises(ValueError, match=r"rollout_group/v1.3: cannot encode a non-finite number: "
+    with pytest.raises(ValueError, match=r"rollout_group/v1.4: cannot encode a non-finite number: "
                                          r"samples\[0\]\.logprobs\[1\] = nan"):
         codec.encode(g)
 
@@ -244,7 +288,7 @@ def test_constructing_a_contract_with_nan_raises_naming_the_field():
 def test_encode_of_a_lone_surrogate_is_a_value_error():
     g = rollout_group(1)
     g.samples[0].text = "\ud800"
-    with pytest.raises(ValueError, match="rollout_group/v1.3: cannot encode"):
+    with pytest.raises(ValueError, match="rollout_group/v1.4: cannot encode"):
         codec.encode(g)
 
 
@@ -262,7 +306,7 @@ def test_largest_allowed_values_round_trip():
     p = Prompt(prompt_id="p", epoch=2**63 - 1, index=0, messages=[{"role": "user", "content": "x"}], n_samples=1024,
                seed=2**80, created_ms=-(2**63))
     g = RolloutGroup(prompt=p, prompt_token_ids=[0, 2**31 - 1],
-                     samples=[Sample(text="", token_ids=[2**31 - 1], logprobs=[-1.7976931348623157e308])],
+                     samples=[Sample(text="", token_ids=[2**31 - 1, 0], logprobs=[LOGPROB_MIN, LOGPROB_MAX])],
                      policy_version=2**63 - 1)
     assert codec.decode(*codec.encode(g), RolloutGroup) == g
 

@@ -37,6 +37,8 @@ from steadyrl import codec
 from steadyrl.contracts import (
     ALL_CONTRACTS,
     INT64_MAX,
+    LOGPROB_MAX,
+    LOGPROB_MIN,
     TOKEN_ID_MAX,
     Contract,
     DLQReason,
@@ -85,6 +87,11 @@ def _float(r: random.Random, lo: float | None = None, hi: float | None = None) -
                      r.uniform(-20, 0), r.gauss(0, 1e6)])
 
 
+def _logprob(r: random.Random) -> float:
+    return r.choice([LOGPROB_MIN, LOGPROB_MAX, 0.0, -0.0, -5e-324, 1e-300, r.uniform(-20, 0),
+                     r.uniform(LOGPROB_MIN, LOGPROB_MAX)])
+
+
 def _json(r: random.Random, depth: int = 0) -> Any:
     k = r.randint(0, 7 if depth < 3 else 4)
     if k == 0:
@@ -131,7 +138,7 @@ def rollout_group(r: random.Random) -> RolloutGroup:
     samples = []
     for _ in range(r.randint(1, 3)):
         n = r.randint(0, 4)
-        samples.append({"text": _text(r), "token_ids": _tokens(r, n), "logprobs": [_float(r) for _ in range(n)],
+        samples.append({"text": _text(r), "token_ids": _tokens(r, n), "logprobs": [_logprob(r) for _ in range(n)],
                         "finish_reason": r.choice(["stop", "length", "error"])})
     return RolloutGroup(prompt=prompt(r), prompt_token_ids=_tokens(r, r.randint(0, 4)), samples=samples,
                         policy_version=_int(r, 0, INT64_MAX), actor=_text(r),

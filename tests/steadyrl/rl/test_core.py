@@ -141,6 +141,28 @@ def test_policy_loss_gradient_is_zero_where_clipped():
     assert logp.grad[0, 0] == 0 and abs(logp.grad[0, 1].item() + 0.5) < ATOL  # d(-ratio)/dlogp / 2
 
 
+def test_policy_loss_clamps_the_log_ratio_at_20_hand_computed():
+    # behaviour log-probs -1e4 (tokens 0-2) and logp - old = -25 (token 3): unclamped, exp(1e4)
+    # is inf, and -A * inf (A > 0), -0 * inf (A = 0) and the dual clip's gradient are NaN
+    old = torch.tensor([[-1e4, -1e4, -1e4, 0.0]])
+    logp = torch.tensor([[0.0, 0.0, 0.0, -25.0]], requires_grad=True)
+    A = torch.tensor([[1.0, -1.0, 0.0, 1.0]])
+    M = torch.ones(1, 4)
+    loss, m = core.policy_loss(logp, old, A, M, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
+    # token 0: A=1,  ratio e^20 -> max(-e^20, -1.2) = -1.2 (clipped)
+    # token 1: A=-1, ratio e^20 -> max(e^20, 1.2) = e^20; dual: min(e^20, 3) = 3
+    # token 2: A=0 -> 0
+    # token 3: A=1,  ratio e^-20 (not e^-25) -> max(-e^-20, -0.8) = -e^-20
+    per_token = [-1.2, 3.0, 0.0, -math.exp(-20.0)]
+    assert abs(loss.item() - sum(per_token) / 4) < ATOL
+    assert abs(m["approx_kl"].item() - (-20.0 - 20.0 - 20.0 + 20.0) / 4) < 1e-4   # -mean(clamped log-ratio)
+    assert abs(m["clip_frac"].item() - 0.25) < ATOL         # token 0
+    assert abs(m["dual_clip_frac"].item() - 0.25) < ATOL    # token 1
+    loss.backward()
+    assert torch.isfinite(logp.grad).all()
+    assert (logp.grad == 0).all()    # every token is clipped, dual-clipped, A = 0 or past the clamp
+
+
 def test_aggregation_modes():
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
     M = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])

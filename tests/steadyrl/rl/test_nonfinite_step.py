@@ -9,7 +9,7 @@ import torch
 
 from steadyrl.models import load_policy
 from steadyrl.rl import core
-from steadyrl.rl.trainer import Group, NonFiniteStep, TrainConfig, Trainer
+from steadyrl.rl.trainer import Group, NonFiniteStep, TrainConfig, Trainer, build_batch
 
 GROUPS = [Group([1, 5, 40, 7], [[6, 7, 9], [8, 9, 2], [3, 3], [4, 5, 6, 7]], [1.0, 0.0, 0.5, 0.0]),
           Group([2, 9, 11], [[6, 1], [8, 8, 8], [3], [5, 6]], [0.0, 1.0, 1.0, 0.0])]
@@ -156,3 +156,33 @@ def test_finite_steps_take_no_snapshot_when_one_optimizer_step_is_all(monkeypatc
     assert copies == []
     _trainer(mini_batch_size=4, ppo_epochs=2).step(GROUPS)
     assert copies == [1]
+
+
+@pytest.mark.parametrize("cfg", [{}, {"ppo_epochs": 2, "mini_batch_size": 4}, {"algorithm": "ppo"}],
+                         ids=["grpo-one-pass", "grpo-epochs-minibatches", "ppo"])
+def test_an_absurd_behaviour_logprob_of_a_stale_group_gives_a_finite_step(cfg, monkeypatch):
+    """Issue 33: a stale group (max_staleness >= 1) brings its sampler's log-probs; one of
+    -1e4 (the contracts accept it: steadyrl/contracts.py LOGPROB_MIN) made exp(logp - old_logp)
+    inf and the step NaN. The ratio's log is clamped at +-20 (core.LOG_RATIO_CLAMP)."""
+    probe = _trainer(**cfg)
+    lp, _ = probe._no_grad_pass(probe.module, build_batch(GROUPS, probe.pad_id))   # (N, T)
+    g0 = GROUPS[0]
+    behaviour = [lp[i, :len(r)].tolist() for i, r in enumerate(g0.responses)]
+    behaviour[1][2] = -1e4                                     # one token of one sample
+    groups = [Group(g0.prompt_ids, g0.responses, g0.rewards, behaviour), *GROUPS[1:]]
+
+    tr = _trainer(**cfg)
+    before = _state(tr)
+    m = tr.step(groups)
+    assert tr.global_step == 1
+    for k in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", "actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
+        assert math.isfinite(m[k]), (k, m[k])
+    assert m["actor/pg_clipfrac"] + m["actor/pg_clipfrac_lower"] > 0   # the -1e4 token: clip or dual clip
+    after = _state(tr)["weights"]
+    assert all(torch.isfinite(v).all() for v in after.values())
+    assert any(not torch.equal(before["weights"][k], after[k]) for k in after)   # the step was applied
+
+    # the same batch without the clamp is the NaN step the issue saw
+    monkeypatch.setattr(core, "LOG_RATIO_CLAMP", math.inf)
+    with pytest.raises(NonFiniteStep):
+        _trainer(**cfg).step(groups)
