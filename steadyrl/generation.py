@@ -17,6 +17,7 @@ the last entry of `token_ids` (the policy must learn to stop) but not part of `t
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -35,9 +36,34 @@ class SamplingParams(BaseModel):
     seed: int | None = Field(None, description="Seed of every prompt without its own (see generate's seeds).")
 
 
+#: Seeds the engines are given are below this: 2**63.
+SEED_MODULUS = 1 << 63
+
+
+def engine_seed(seed: int) -> int:
+    """A prompt's sampling seed as both actor engines take it: `seed mod 2**63`, in [0, 2**63 - 1].
+
+    Prompt seeds have no upper bound (steadyrl/rl/loop.py prompt_seed is about
+    run_seed * 1e13, so a learner.seed of ~1.85 million or more gives seeds >= 2**64), but
+    `torch.Generator.manual_seed` refuses 2**64 and above ("Overflow when unpacking long
+    long"). The torch backend (`sample_seed`) and the vLLM one
+    (services/actor/vllm_engine.py `request_kwargs`) both reduce through this function;
+    below 2**63 it is the identity, so the seeds of every run that worked before are
+    unchanged. 63 bits, not 64: vLLM seeds sample i of a request's n with seed + i (its
+    ParentRequest, vllm/v1/engine/parallel_sampling.py), and 2**63 + 1024 is still below 2**64.
+    Python's `%` makes a negative seed non-negative too. Raises TypeError for what is not an
+    integer (a float, a str; numpy integers are taken).
+    """
+    return operator.index(seed) % SEED_MODULUS
+
+
 def sample_seed(prompt_seed: int, j: int) -> int:
-    """Seed of completion j of a prompt seeded `prompt_seed` (a 63-bit mix, no collisions for small j)."""
-    return (prompt_seed * 6364136223846793005 + 1442695040888963407 * (j + 1)) % (1 << 63)
+    """Seed of completion j of a prompt seeded `prompt_seed` (a 63-bit mix, no collisions for small j).
+
+    The prompt's seed goes through `engine_seed` first; the mix is linear mod 2**63, so the
+    result is the one it was before that reduction came, for every seed."""
+    s = engine_seed(prompt_seed)
+    return (s * 6364136223846793005 + 1442695040888963407 * (j + 1)) % SEED_MODULUS
 
 
 class SeededSampler:

@@ -44,7 +44,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from steadyrl.generation import Completion, SamplingParams
+from steadyrl.generation import Completion, SamplingParams, engine_seed
 
 log = logging.getLogger("steadyrl.actor.vllm")
 
@@ -252,9 +252,7 @@ class VLLMGenerator:
 
         # FINAL_ONLY: one output with all n samples (streamed outputs of n > 1 carry only the
         # samples that changed in that step)
-        sp = VLLMSamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
-                                max_tokens=params.max_new_tokens, seed=seed, logprobs=0,
-                                skip_special_tokens=True, output_kind=RequestOutputKind.FINAL_ONLY)
+        sp = VLLMSamplingParams(**request_kwargs(params, seed), output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
         async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt), sp,
                                               request_id=f"steadyrl-{next(self._ids)}"):
@@ -283,6 +281,17 @@ class VLLMGenerator:
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=10)
+
+
+def request_kwargs(params: SamplingParams, seed: int | None) -> dict:
+    """Keyword arguments of vLLM's `SamplingParams` for one prompt's request (all but
+    output_kind, which needs vLLM's import): n samples, temperature, top_p, max_tokens, the
+    sampled token's log-prob only (logprobs=0), and the seed reduced as the torch backend
+    reduces it (steadyrl.generation.engine_seed: mod 2**63; a prompt seed >= 2**64, from a
+    learner.seed of ~1.85 million or more, made vLLM's torch.Generator raise). None: unseeded."""
+    return {"n": params.n, "temperature": params.temperature, "top_p": params.top_p,
+            "max_tokens": params.max_new_tokens, "seed": None if seed is None else engine_seed(seed),
+            "logprobs": 0, "skip_special_tokens": True}
 
 
 def vllm_available() -> tuple[bool, str]:

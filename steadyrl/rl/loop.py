@@ -46,7 +46,12 @@ def encode_prompt(tokenizer, row: PromptRow) -> list[int]:
 
 
 def prompt_seed(run_seed: int, epoch: int, index: int) -> int:
-    """Sampling seed of dataset row `index` in `epoch` (the learner's feeder uses the same)."""
+    """Sampling seed of dataset row `index` in `epoch` (the learner's feeder uses the same).
+
+    About run_seed * 1e13, with no upper bound: a run_seed of ~1.85 million or more gives seeds
+    >= 2**64, which torch.Generator refuses; the engines take it through
+    steadyrl.generation.engine_seed (mod 2**63), both the same way. Non-negative for
+    non-negative arguments (the Prompt contract's seed is >= 0)."""
     return (run_seed * 1_000_003 + epoch) * 10_000_019 + index
 
 

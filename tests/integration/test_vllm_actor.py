@@ -133,6 +133,20 @@ def test_generates_with_the_served_versions_log_probs(actor):
             assert torch.allclose(mine, torch.tensor(c["logprobs"]), atol=1e-3), (mine, c["logprobs"])
 
 
+def test_a_seed_above_2_64_is_reduced_as_the_torch_backend_reduces_it(actor):
+    """Issue 33: a learner.seed of ~1.85 million or more gives prompt seeds >= 2**64; the vLLM
+    backend passed them on and torch.Generator refused them. Both engines now take
+    steadyrl.generation.engine_seed (mod 2**63): 2**64 + 3 samples as 3 does."""
+    svc = actor["svc"]
+    body = {"n": 4, "max_new_tokens": 12, "temperature": 1.0}
+    big = generate(svc, {**body, "prompts": [{"prompt_ids": [5, 6, 7], "seed": 2**64 + 3},
+                                             {"prompt_ids": [8, 9], "seed": 2**70 + 2**63 + 4}]})
+    small = generate(svc, {**body, "prompts": [{"prompt_ids": [5, 6, 7], "seed": 3},
+                                               {"prompt_ids": [8, 9], "seed": 4}]})
+    assert big["completions"] == small["completions"]
+    assert [len(g) for g in big["completions"]] == [4, 4]
+
+
 def test_seeded_requests_survive_a_chunked_prefill(actor):
     """A 100-token prompt is prefilled over two engine steps (64 tokens a step): vLLM discards
     the token sampled after the first and rewinds the request's seeded generator, which a CPU
