@@ -32,15 +32,65 @@ from); `high_water` keeps the highest of them, which prompts stamped by the dead
 from __future__ import annotations
 
 import json
+import logging
 import os
+import random
 import re
 import shutil
+import time
 from pathlib import Path
 
 INDEX = "model.safetensors.index.json"
-#: the learner's run ids (services/learner/state.py `new_run_id`: UTC start time to the second,
-#: then 16 random bits); they sort by start time. Only folders so named are pruned.
+#: the learner's run ids (`new_run_id`: a UTC second, then 16 random bits); a later run's id
+#: sorts after every earlier run's, whatever the clocks said. Only folders so named are pruned.
 RUN_ID = re.compile(r"r\d{8}T\d{6}-[0-9a-f]{4}")
+_RUN_TIME = "r%Y%m%dT%H%M%S"
+
+log = logging.getLogger(__name__)
+
+
+def new_run_id(*places: Path, now: float | None = None) -> str:
+    """A new learner run's id, `r%Y%m%dT%H%M%S-xxxx` (RUN_ID): a UTC second, then 16 random
+    bits, made to sort after every run already present under `places` (the learner's state
+    dir and the policy root: entries named like a run id).
+
+    The actor and the policy store order runs by their ids as strings (a later run's version 0
+    replaces an earlier run's weights; prune deletes earlier runs), so the order must not hang
+    on the clock of the node a learner happens to start on: the second is the clock's (`now`,
+    default time.time()) unless a run present has the same second or a later one (a clock
+    behind the previous run's start, or two runs within one second); then it is that newest
+    run's second plus one, logged as a warning when the clock is behind. The runs present are
+    the high-water mark, which only grows: one learner owns a state dir and a policy root, and
+    prune deletes only runs that sort before the current one, so the newest run stays. The
+    actor loads a version only from its run's folder under the policy root (check_run), so
+    every run it can serve is counted (unless its folder was deleted by hand while an actor
+    still serves it from memory). Ids of earlier mains (the start second only) have the same
+    form and keep sorting among these as before.
+
+    Raises ConfigError (exit 2) when a present name matches RUN_ID but holds no date
+    (`r20261399T...`) or the last second of year 9999: no id can sort after it.
+    """
+    from datetime import datetime, timedelta, timezone
+
+    t = time.time() if now is None else now
+    clock = datetime.fromtimestamp(int(t // 1), timezone.utc)
+    newest = max((p.name for place in places if place.is_dir() for p in place.iterdir()
+                  if RUN_ID.fullmatch(p.name)), default="")
+    stamp = clock
+    if newest and newest >= clock.strftime(_RUN_TIME):
+        try:
+            stamp = datetime.strptime(newest[:16], _RUN_TIME).replace(tzinfo=timezone.utc) + timedelta(seconds=1)
+        except (ValueError, OverflowError) as e:
+            from steadyrl.config import ConfigError
+
+            where = [str(place / newest) for place in places if (place / newest).exists()]
+            raise ConfigError(f"a new learner run cannot sort after {where[0]}: its name is not a start "
+                              f"time ({e}); rename or remove it") from None
+        if newest[:16] > clock.strftime(_RUN_TIME):
+            log.warning("the clock is behind the newest run present: the new run's id takes the second after it",
+                        extra={"newest_run": newest, "clock": clock.strftime(_RUN_TIME),
+                               "run_id_time": stamp.strftime(_RUN_TIME)})
+    return stamp.strftime(_RUN_TIME) + f"-{random.getrandbits(16):04x}"
 
 
 class PolicyRefused(Exception):

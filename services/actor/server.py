@@ -6,7 +6,7 @@
 On start the actor reads `rl.policy` from the beginning (compacted: the newest record per
 key survives) and loads the newest version it can verify (older ones if the newest is refused);
 afterwards every new record is loaded as it
-arrives. A later learner run (run ids sort by start time) replaces whatever an earlier run
+arrives. A later learner run (run ids sort in start order: policy_files.new_run_id) replaces whatever an earlier run
 left; within a run the newest record wins, even a lower version (a learner that resumed
 from a checkpoint redoes the steps since). A version is loaded only if its `uri`
 resolves to the folder `<policy_root>/<run_id>/v{version:06d}` of the record's own run and

@@ -76,7 +76,7 @@ class Learner:
         self.outbox = Outbox(cfg.bootstrap, f"learner-{cfg.instance_id}", self.topics, cfg.metrics_interval)
         self.store = PolicyStore(lc.policy_root, self.outbox, lc.keep_policies, lc.keep_earlier_runs)
         restorer = Weights(self)
-        self.state = st = open_run(lc.state_dir, lc.resume, self.fingerprint, restorer)
+        self.state = st = open_run(lc.state_dir, lc.resume, self.fingerprint, restorer, lc.policy_root)
         self.run_dir = lc.state_dir / st.run_id
         # a continued run's folder has its state already (a new run's folder is made just now)
         self.resumed: int | None = st.step if (self.run_dir / "state.json").exists() else None

@@ -20,8 +20,9 @@ import logging
 from pathlib import Path
 from typing import Protocol
 
-from services.learner.state import RunState, new_run_id
+from services.learner.state import RunState
 from steadyrl import checkpoint as ck
+from steadyrl import policy_files
 from steadyrl.config import ConfigError
 from steadyrl.files import read_step_lines, write_atomic
 
@@ -79,12 +80,17 @@ def settings_changed(st: RunState, now: dict, from_checkpoint: bool) -> dict[str
     return changed
 
 
-def open_run(state_dir: Path, resume: str, fingerprint: dict, restorer: Restorer) -> RunState:
+def open_run(state_dir: Path, resume: str, fingerprint: dict, restorer: Restorer,
+             policy_root: Path | None = None) -> RunState:
     """The run to continue, or a new one (see the module doc); CURRENT names it afterwards.
 
+    A new run's id sorts after every run under `state_dir` and `policy_root` whatever the
+    clock says (policy_files.new_run_id): the actor would refuse the policy of a run whose id
+    sorts before the one it serves, and answer its prompts 409.
+
     Raises ConfigError (exit 2) when an explicit `resume` checkpoint does not verify or does
-    not match; StateError when a saved state cannot be read; CheckpointError when every
-    checkpoint of the run to continue is broken.
+    not match, or when no new run id can sort after a run present; StateError when a saved
+    state cannot be read; CheckpointError when every checkpoint of the run to continue is broken.
     """
     current = state_dir / "CURRENT"
     if resume not in ("auto", "never"):
@@ -104,7 +110,8 @@ def open_run(state_dir: Path, resume: str, fingerprint: dict, restorer: Restorer
         resumed = _continue(state_dir / current.read_text().strip(), fingerprint, restorer)
         if resumed is not None:
             return resumed
-    st = RunState(run_id=new_run_id(), config=fingerprint)
+    places = [state_dir] + ([policy_root] if policy_root is not None else [])
+    st = RunState(run_id=policy_files.new_run_id(*places), config=fingerprint)
     write_atomic(current, st.run_id + "\n")
     return st
 

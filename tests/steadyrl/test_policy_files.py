@@ -103,3 +103,59 @@ def test_the_high_water_mark_outlives_the_versions_prune_deletes(tmp_path):
     assert policy_files.raise_high_water(tmp_path, A, 4) == 4
     assert policy_files.raise_high_water(tmp_path, B, 0) == 0   # a new run: its own folder and mark
     assert (tmp_path / B / "high_water").read_text() == "0\n"
+
+
+# new_run_id: runs sort by the runs present, not by the clock of the node a learner starts on
+NOON = 1796299200.0   # 2026-12-03T12:00:00Z
+
+
+def test_a_new_run_id_is_the_clocks_second_when_the_clock_is_ahead_of_every_run(tmp_path):
+    (tmp_path / "state" / A).mkdir(parents=True)          # an earlier run (1 Nov)
+    (tmp_path / "state" / "CURRENT").write_text(A + "\n")
+    (tmp_path / "policies" / "base-model").mkdir(parents=True)
+    run = policy_files.new_run_id(tmp_path / "state", tmp_path / "policies", tmp_path / "absent", now=NOON + 0.9)
+    assert policy_files.RUN_ID.fullmatch(run) and run[:16] == "r20261203T120000"   # unchanged form
+    assert policy_files.RUN_ID.fullmatch(policy_files.new_run_id())  # no place: the clock alone
+
+
+def test_a_new_run_id_sorts_after_the_newest_run_when_the_clock_is_behind(tmp_path, caplog):
+    later = "r20261203T130000-0000"   # started an hour after the skewed clock's now, random bits 0
+    (tmp_path / "state" / A).mkdir(parents=True)
+    (tmp_path / "policies" / later / "v000003").mkdir(parents=True)   # seen only in the policy root
+    with caplog.at_level("WARNING", logger="steadyrl.policy_files"):
+        run = policy_files.new_run_id(tmp_path / "state", tmp_path / "policies", now=NOON)
+    assert run[:16] == "r20261203T130001" and run > later and policy_files.RUN_ID.fullmatch(run)
+    (rec,) = caplog.records
+    assert "the clock is behind the newest run present" in rec.getMessage() and rec.newest_run == later
+    # and so on for each run after it while the clock stays behind: the ids only grow
+    (tmp_path / "policies" / run).mkdir()
+    assert policy_files.new_run_id(tmp_path / "state", tmp_path / "policies", now=NOON)[:16] == "r20261203T130002"
+
+
+def test_two_runs_within_one_second_sort_in_start_order(tmp_path, caplog):
+    """Before, the random bits ordered them: the second run sorted first half the time."""
+    (tmp_path / "r20261203T120000-ffff").mkdir()
+    with caplog.at_level("WARNING", logger="steadyrl.policy_files"):
+        run = policy_files.new_run_id(tmp_path, now=NOON + 0.5)
+    assert run[:16] == "r20261203T120001"
+    assert not caplog.records   # the clock is not behind: nothing to warn about
+
+
+def test_ids_of_earlier_mains_still_match_and_sort_below_a_new_run(tmp_path):
+    """Ids written by main up to e844ab6 (the 4bba081 fixture's, `make run`'s) keep their place:
+    the same pattern, and a run started after them sorts after them."""
+    for old in ("r20261201T075848-5c73", "r20261203T091918-9e77"):
+        assert policy_files.RUN_ID.fullmatch(old)
+        (tmp_path / old).mkdir()
+    run = policy_files.new_run_id(tmp_path, now=NOON)
+    assert run[:16] == "r20261203T120000" and run > "r20261203T091918-9e77"
+
+
+@pytest.mark.parametrize("name", ["r20261399T000000-aaaa", "r99991231T235959-ffff"])
+def test_a_run_named_beyond_any_start_time_refuses_the_start(tmp_path, name):
+    from steadyrl.config import ConfigError
+
+    (tmp_path / name).mkdir()
+    with pytest.raises(ConfigError) as e:
+        policy_files.new_run_id(tmp_path, now=NOON)
+    assert name in e.value.message and "rename or remove it" in e.value.message

@@ -5,7 +5,7 @@ import shutil
 from pathlib import Path
 
 from services.learner.policy_store import PolicyStore
-from services.learner.state import RunState, new_run_id
+from services.learner.state import RunState
 from steadyrl import policy_files
 from steadyrl.models import load_policy
 from tests.services.learner.conftest import FakeOutbox
@@ -15,7 +15,7 @@ OLD = "r20261201T075848-5c73"   # the fixture's run (main at 4bba081: legacy one
 
 
 def test_the_learners_run_ids_are_what_prune_recognises():
-    assert policy_files.RUN_ID.fullmatch(new_run_id())
+    assert policy_files.RUN_ID.fullmatch(policy_files.new_run_id())
 
 
 def test_a_new_runs_first_publish_prunes_earlier_runs_and_is_accepted_by_the_run_check(tmp_path):
