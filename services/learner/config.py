@@ -11,6 +11,8 @@ from services.learner.prompt_gate import PromptGateConfig
 from services.learner.watch import WatchConfig
 from steadyrl.config import ServiceConfig
 from steadyrl.data import load_rows, tiny_copy_rows
+from steadyrl.limits import GenerationLimits
+from steadyrl.models import check_model_name
 from steadyrl.rl.trainer import TrainConfig
 
 DEFAULT_EVAL_SPLITS = {"level04": "data/arithmetic/test_level04.parquet",
@@ -55,12 +57,14 @@ class LearnerSection(BaseModel):
     eval_max_new_tokens: int = Field(32, ge=1)
     steps: int = Field(20, ge=1, description="Policy updates; the learner exits when done.")
     prompts_per_step: int = Field(8, ge=1, description="B: groups per update.")
-    group_size: int = Field(8, ge=1, description="G: samples per prompt.")
-    max_new_tokens: int = Field(32, ge=1)
+    # the prompt contract's bounds (steadyrl/contracts.py Prompt): a value past them would make
+    # every prompt record invalid, so it fails here, at start, naming the field
+    group_size: int = Field(8, ge=1, le=1024, description="G: samples per prompt.")
+    max_new_tokens: int = Field(32, ge=1, le=32768)
     top_p: float = Field(1.0, gt=0, le=1)
     max_staleness: int = Field(0, ge=0, description="Train on groups from versions >= step - max_staleness "
                                "(0 on a CPU-only machine: generation and training share the cores).")
-    seed: int = Field(0, description="Prompt order, sampling seeds and the tiny model's init.")
+    seed: int = Field(0, ge=0, description="Prompt order, sampling seeds and the tiny model's init.")
     policy_root: Path = Field(Path(".steadyrl/policies"),
                               description="Weights are written under it (the actor's root).")
     keep_policies: int = Field(3, ge=2, description="Policy files kept per run (the newest; >= 2 so the one "
@@ -86,6 +90,20 @@ class LearnerSection(BaseModel):
                                 "waiting or training with prompts in flight and no step for longer than "
                                 "max(stall_factor x the median seconds between the last 20 steps, stall_min_s).")
     stall_min_s: float = Field(120.0, ge=0, description="The least time without a step that counts as a stall.")
+    prompt_max_refusals: int = Field(5, ge=1, description="A prompt sent back by rl.dlq this many times (each "
+                                     "time published again with a new seed, after a backoff of 1, 2, 4, ... 60 s) "
+                                     "is abandoned once prompt_min_refusal_s have also passed since its first "
+                                     "refusal: recorded in <run>/abandoned.jsonl, counted, and its slot goes to the "
+                                     "next row.")
+    prompt_min_refusal_s: float = Field(60.0, ge=0, description="The least time from a prompt's first refusal "
+                                        "to its abandonment (a refusal that lasts a moment, e.g. a reward server "
+                                        "restarting, costs no prompt).")
+    republish_factor: float = Field(5.0, gt=0, description="A prompt in flight, not refused, not waiting, for "
+                                    "longer than max(republish_factor x the median seconds between the last 20 "
+                                    "steps, republish_min_s) is published again with the same id: its records "
+                                    "were lost (a topic's retention passed, a consumer group reset).")
+    republish_min_s: float = Field(300.0, gt=0, description="The least time in flight before a prompt is "
+                                   "published again (see republish_factor).")
     rollout_cache_max_file_bytes: int = Field(2 * 1024 ** 3, ge=1024,
                                               description="Size cap of one rollout-cache part file, bytes.")
     cache_scored_weight: float = Field(1.0, ge=0, le=1,
@@ -139,6 +157,20 @@ class LearnerSection(BaseModel):
     def _once_each(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(v))
 
+    @field_validator("model")
+    @classmethod
+    def _model_exists(cls, v: str) -> str:
+        check_model_name(v)
+        return v
+
+    @field_validator("train")
+    @classmethod
+    def _temperature_in_contract(cls, v: TrainConfig) -> TrainConfig:
+        # the prompt contract's bound: every prompt record carries it (Prompt.temperature)
+        if not 0 <= v.temperature <= 10:
+            raise ValueError(f"temperature {v.temperature} is outside [0, 10] (the prompt contract's bound)")
+        return v
+
     @model_validator(mode="after")
     def _buffer_holds_a_batch(self) -> "LearnerSection":
         if self.max_buffer_size < self.prompts_per_step:
@@ -158,16 +190,27 @@ class LearnerSection(BaseModel):
 
 
 class LearnerConfig(ServiceConfig):
-    """The learner process: the shared service settings and its own section."""
+    """The learner process: the shared service settings, its own section, and the actor's
+    request limits (the `actor:` section's `GenerationLimits`; the rest of it is ignored): the
+    learner checks its data against them at start (services/learner/rows.py)."""
 
     learner: LearnerSection = LearnerSection()
+    actor: GenerationLimits = GenerationLimits()
+
+    @model_validator(mode="after")
+    def _actor_takes_max_new_tokens(self) -> "LearnerConfig":
+        if self.learner.max_new_tokens > self.actor.max_new_tokens_limit:
+            raise ValueError(f"learner.max_new_tokens {self.learner.max_new_tokens} > actor.max_new_tokens_limit "
+                             f"{self.actor.max_new_tokens_limit}: the actor would refuse every prompt")
+        return self
 
 
-def load_dataset(spec: str):
-    """Rows of `spec`: a file (see steadyrl.data.load_rows) or `tiny_copy:N`."""
+def load_dataset(spec: str, lenient: bool = False):
+    """Rows of `spec`: a file (see steadyrl.data.load_rows) or `tiny_copy:N`; with `lenient`, a
+    row that is not a prompt is a steadyrl.data.RowError at its index instead of an error."""
     if spec.startswith("tiny_copy:"):
         return tiny_copy_rows(int(spec.split(":", 1)[1]), seed=0)
-    return load_rows(spec)
+    return load_rows(spec, lenient)
 
 
 def spread(rows: list, limit: int) -> list:

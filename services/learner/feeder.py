@@ -10,10 +10,18 @@ released, and one for each prompt an older learner lost to rl.dlq: `RunState.dlq
 so a finished run leaves none untrained. Prompts whose group was dropped (stale, evicted) or
 named on rl.dlq are published again with the same id and a new seed (`requeue`). The prompt
 gate (services/learner/prompt_gate.py) keeps near-duplicates of recent prompts waiting.
+
+Rows the start-time check left out (services/learner/rows.py) are skipped in the dataset
+order: never published. A prompt abandoned (refused past its budget: intake.py) is replaced
+like one lost to rl.dlq once was: one more new prompt each (`counts.abandoned`). A prompt in
+flight past a bound with no group and no refusal is published again, same id and seed
+(`overdue`): its records were lost; a duplicate group, if the first publish still yields one,
+is dropped as any duplicate is.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 from prometheus_client import Counter, Gauge
@@ -21,23 +29,32 @@ from prometheus_client import Counter, Gauge
 from services.learner.config import LearnerSection
 from services.learner.outbox import Outbox
 from services.learner.prompt_gate import PromptGate
+from services.learner.rows import prompt_record
 from services.learner.state import Count, InFlight, RunState
-from steadyrl.contracts import Prompt
-from steadyrl.rl.loop import prompt_batches, prompt_seed
+from steadyrl.contracts import Prompt, now_ms
+from steadyrl.rl.loop import prompt_batches
 
 IN_FLIGHT = Gauge("steadyrl_learner_prompts_in_flight", "Prompts published and not yet trained")
 PUBLISHED = Counter("steadyrl_learner_prompts_published", "Prompts published to rl.prompts", ["kind"])
+REPUBLISHED = Counter("steadyrl_learner_prompts_republished", "Prompts in flight longer than the bound "
+                      "(learner.republish_factor, republish_min_s) without a group or a refusal: published again, "
+                      "same id (their records were lost)")
+log = logging.getLogger("steadyrl.learner")
 
 
 class Feeder:
     """Tops up rl.prompts from the dataset `rows` for the run in `st`."""
 
     def __init__(self, lc: LearnerSection, rows: list, st: RunState, outbox: Outbox,
-                 retry_at: dict[str, float] | None = None):
+                 retry_at: dict[str, float] | None = None, skip: frozenset[int] = frozenset()):
         self.lc, self.rows, self.st, self.outbox = lc, rows, st, outbox
+        self.skip = skip  # rows left out at start (services/learner/rows.py): never published
         self.retry_at = retry_at if retry_at is not None else {}  # prompt id -> monotonic time: wait until
         self.gate = PromptGate(lambda i: "\n".join(m["content"] for m in rows[i].messages),
                                **lc.prompt_gate.model_dump())
+        now = now_ms()
+        for f in st.in_flight.values():  # a state of before published_ms: its age counts from now
+            f.published_ms = f.published_ms or now
         if st.gate:
             self.gate.restore(st.gate)
         self._order = self._dataset_order()
@@ -45,7 +62,7 @@ class Feeder:
     def _dataset_order(self):
         def flat():
             for batch in prompt_batches(self.rows, self.lc.prompts_per_step, self.lc.seed):
-                yield from ((e, i) for e, i, _ in batch)
+                yield from ((e, i) for e, i, _ in batch if i not in self.skip)
 
         it = flat()
         for _ in range(self.st.feeder_position):  # resume: skip what was already taken
@@ -60,13 +77,8 @@ class Feeder:
 
     def prompt(self, pid: str, f: InFlight) -> Prompt:
         """The record of prompt `pid` (attempt n > 0: seed + 7919 n, a new sample)."""
-        row, lc = self.rows[f.index], self.lc
-        return Prompt(prompt_id=pid, epoch=f.epoch, index=f.index, messages=row.messages,
-                      n_samples=lc.group_size, data_source=row.data_source, ground_truth=row.ground_truth,
-                      extra_info=row.extra_info, run_id=self.st.run_id, temperature=lc.train.temperature,
-                      top_p=lc.top_p, max_new_tokens=lc.max_new_tokens,
-                      seed=prompt_seed(lc.seed, f.epoch, f.index) + 7919 * f.attempt,
-                      min_policy_version=self.st.step)
+        return prompt_record(self.lc, self.rows[f.index], pid, f.epoch, f.index, f.attempt, self.st.run_id,
+                             self.st.step)
 
     def top_up(self) -> int:
         """Publish (and flush) prompts until (max_staleness + 1) x B are in flight and no prompt
@@ -78,8 +90,9 @@ class Feeder:
         # Prompts held on rl.quarantine are replaced (less those released), and so were prompts lost
         # to rl.dlq before they were published again instead (dlq_replaced: a run of then resumed).
         c = st.counts
+        # Abandoned prompts (refused past their budget) are replaced the same way.
         total = (lc.steps * lc.prompts_per_step + st.dlq_replaced + c.get(Count.quarantined.value, 0)
-                 - c.get(Count.released.value, 0))
+                 - c.get(Count.released.value, 0) + c.get(Count.abandoned.value, 0))
         n, now = 0, time.monotonic()
         due = [pid for pid in st.requeue if self.retry_at.get(pid, 0.0) <= now]
         while (len(st.in_flight) < cap and st.fed < total) or due:
@@ -96,8 +109,30 @@ class Feeder:
                 f = st.in_flight[pid] = InFlight(seq=st.fed, epoch=epoch, index=index)
                 PUBLISHED.labels("new").inc()
             self.outbox.produce("rl.prompts", pid, self.prompt(pid, f))
+            f.published_ms = now_ms()
             n += 1
         if n:
             self.outbox.flush()
         IN_FLIGHT.set(len(st.in_flight))
         return n
+
+    def overdue(self, waiting, bound_s: float) -> list[str]:
+        """Prompts in flight for longer than `bound_s` since their last publish, neither waiting
+        in the train buffer (`waiting`), nor queued to go out again, nor held: their records were
+        lost (a topic's retention passed while the stack was paused, a consumer group reset, a
+        worker that consumed without producing). Each is queued to be published again at once,
+        same id and seed (a group that still comes from the first publish is a duplicate,
+        dropped), counted and logged. Returns their ids."""
+        st, now = self.st, now_ms()
+        late = [pid for pid, f in st.in_flight.items()
+                if pid not in waiting and pid not in st.requeue and not f.released
+                and now - f.published_ms > bound_s * 1000]
+        for pid in late:
+            st.requeue.append(pid)
+            self.retry_at.pop(pid, None)
+            st.count(Count.republished)
+            REPUBLISHED.inc()
+        if late:
+            log.warning("prompts in flight too long: published again (their records were lost?)",
+                        extra={"prompts": late[:10], "count": len(late), "bound_s": round(bound_s, 1)})
+        return late

@@ -36,12 +36,21 @@ reads them back, one rule for all). The prompt is published again, same id, atte
 them: a configuration that cannot work sends every prompt there, and the alert on that
 counter tells a person. A forged or poison DLQ record costs one more generation of a
 prompt, never the prompt.
+
+Every prompt has an end: one refused `learner.prompt_max_refusals` times (each a publish of
+the learner's own, after its backoff) over at least `prompt_min_refusal_s` since its first
+refusal is abandoned (`abandon`): taken out of flight, recorded once in `state.abandoned` and
+`<run>/abandoned.jsonl` with its last reasons, counted (`counts.abandoned`,
+`steadyrl_learner_prompts_abandoned_total`, alert `PromptsAbandoned`), and replaced by the next
+row (feeder.py). The budget is counted in the learner's own publishes, so one record's word
+cannot end a prompt: a record naming a prompt already queued to go out again is ignored.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Callable
 
 from confluent_kafka import Consumer, TopicPartition
@@ -50,11 +59,12 @@ from prometheus_client import Counter, Gauge
 from services.learner.buffer import MAX_EVICTIONS, evictions
 from services.learner.config import LearnerSection
 from services.learner.outbox import Outbox
-from services.learner.state import Count, InFlight, Ready, RunState
+from services.learner.state import REASONS_KEPT, Count, InFlight, Ready, RunState
 from services.learner.tokens import TokenLimits
 from steadyrl import codec
 from steadyrl.bus.kafka import consumer_config
-from steadyrl.contracts import DLQReason, DLQRecord, Prompt, ScoredGroup
+from steadyrl.contracts import DLQReason, DLQRecord, Prompt, ScoredGroup, now_ms
+from steadyrl.files import append_line
 from steadyrl.quarantine import RELEASE_HEADER
 
 log = logging.getLogger("steadyrl.learner")
@@ -66,6 +76,9 @@ DLQ_PROMPTS = Counter("steadyrl_learner_dlq_prompts", "Prompts in flight that a 
 RELEASE_ON_SCORED = Counter("steadyrl_learner_release_on_scored", "Groups on rl.scored carrying the release "
                             "header: not releases (only rl.releases' groups are), read as any other")
 BUFFER_SIZE = Gauge("steadyrl_rollout_buffer_size", "Scored groups waiting in a buffer", ["stage"])
+ABANDONED = Counter("steadyrl_learner_prompts_abandoned", "Prompts abandoned: refused (sent back by rl.dlq) "
+                    "learner.prompt_max_refusals times over at least prompt_min_refusal_s, or left out at start "
+                    "as unservable; never trained, each replaced by the next row (<run>/abandoned.jsonl)")
 EVICTED = Counter("steadyrl_learner_buffer_evictions", "Groups evicted from the full train buffer (their prompts "
                   "published again)", ["policy"])
 
@@ -127,8 +140,9 @@ class Intake:
     """The train buffer `ready` (prompt id -> Ready) and the rules that fill and empty it."""
 
     def __init__(self, lc: LearnerSection, st: RunState, outbox: Outbox, stage: str,
-                 limits: TokenLimits | None = None):
+                 limits: TokenLimits | None = None, run_dir: Path | None = None):
         self.lc, self.st, self.outbox, self.stage, self.limits = lc, st, outbox, stage, limits
+        self.run_dir = run_dir  # where abandoned.jsonl goes (None: not written)
         self.ready: dict[str, Ready] = {}
         self._arrivals = 0
         self.dlq_in_a_row = 0  # prompts sent back by rl.dlq since the last step (the loop resets it)
@@ -244,21 +258,52 @@ class Intake:
         f = st.in_flight[pid]
         f.attempt += 1
         f.released = False  # what comes back is a new sample
+        f.refused += 1
+        f.first_refused_ms = f.first_refused_ms or now_ms()
+        f.reasons = (f.reasons + [why[:500]])[-REASONS_KEPT:]
+        st.count(Count.dlq)
+        self.dlq_in_a_row += 1
+        GROUPS.labels("dlq").inc()
+        DLQ_PROMPTS.labels(reason).inc()
+        lc = self.lc
+        if f.refused >= lc.prompt_max_refusals and now_ms() - f.first_refused_ms >= lc.prompt_min_refusal_s * 1000:
+            self.abandon(pid, f"refused {f.refused} times over "
+                              f"{(now_ms() - f.first_refused_ms) / 1000:.0f} s; last: {why}")
+            return
         st.requeue.append(pid)
         # Not at once: a configuration that can never work (or a poison record) would cycle the
         # prompt through rl.dlq as fast as a worker refuses it. 1, 2, 4, ... 60 s (in memory:
         # a restarted learner sends its requeue at once).
         self.retry_at[pid] = time.monotonic() + dlq_backoff_s(f.attempt)
-        st.count(Count.dlq)
-        self.dlq_in_a_row += 1
-        GROUPS.labels("dlq").inc()
-        DLQ_PROMPTS.labels(reason).inc()
         log.warning("prompt went to rl.dlq; publishing it again with a new seed",
-                    extra={"prompt_id": pid, "attempt": f.attempt, "why": why, "in_a_row": self.dlq_in_a_row})
+                    extra={"prompt_id": pid, "attempt": f.attempt, "refused": f.refused, "why": why,
+                           "in_a_row": self.dlq_in_a_row})
         if self.dlq_in_a_row == self.lc.prompts_per_step:  # once per streak; the alert is on the counter
             log.error("a batch's worth of prompts in a row went to rl.dlq since the last step: the configuration "
                       "may not work (e.g. group_size above what the actor allows); the learner goes on",
                       extra={"in_a_row": self.dlq_in_a_row, "last": why})
+
+    def abandon(self, pid: str, why: str) -> None:
+        """Give up prompt `pid` (in flight): never trained, out of the run's books, recorded once
+        in `<run>/abandoned.jsonl` and `state.abandoned` with `why`, counted
+        (`steadyrl_learner_prompts_abandoned_total`); the feeder gives its slot to the next row.
+        The caller saves the state."""
+        st = self.st
+        f = st.in_flight.pop(pid)
+        self.ready.pop(pid, None)
+        self.retry_at.pop(pid, None)
+        if pid in st.requeue:
+            st.requeue.remove(pid)
+        st.abandoned[pid] = why
+        st.count(Count.abandoned)
+        ABANDONED.inc()
+        if self.run_dir is not None:
+            append_line(self.run_dir / "abandoned.jsonl", {"prompt_id": pid, "epoch": f.epoch, "index": f.index,
+                                                           "attempts": f.attempt, "refused": f.refused,
+                                                           "step": st.step, "reasons": f.reasons or [why],
+                                                           "why": why, "time_ms": now_ms()})
+        log.error("prompt abandoned: refused past its budget; the next row takes its place",
+                  extra={"prompt_id": pid, "index": f.index, "refused": f.refused, "why": why})
 
     def drop_stale(self) -> None:
         """Groups older than max_staleness allows, or newer than this learner (made by weights a

@@ -25,7 +25,7 @@ import time
 import torch
 from confluent_kafka import Consumer
 
-from services.learner import report
+from services.learner import report, rows
 from services.learner.config import LearnerConfig, load_dataset
 from services.learner.drift import ParamDrift
 from services.learner.feeder import IN_FLIGHT, Feeder
@@ -37,9 +37,12 @@ from services.learner.policy_store import PolicyStore
 from services.learner.resume import open_run, settings_changed, trim_audit, trim_history
 from services.learner.screen import Screen
 from services.learner.stall import Stall
+from services.learner.state import Count
 from services.learner.tokens import TokenLimits
 from services.learner.trackers import Trackers, provenance
 from steadyrl.checkpoint import AsyncCheckpointer, rng_state
+from steadyrl.config import ConfigError
+from steadyrl.contracts import now_ms
 from steadyrl.files import write_atomic
 from steadyrl.models import load_policy
 from steadyrl.rl import distributed
@@ -57,15 +60,20 @@ class Learner:
     def __init__(self, cfg: LearnerConfig, health):
         self.cfg, self.lc, self.health = cfg, cfg.learner, health
         lc = self.lc
+        self.rows = load_dataset(lc.data, lenient=True)  # a row that is not a prompt: a RowError, left out
+        if len(self.rows) < lc.prompts_per_step:  # before the broker is asked and the model loads
+            raise ConfigError(f"learner.data {lc.data} has {len(self.rows)} rows < learner.prompts_per_step "
+                              f"{lc.prompts_per_step}")
         self.topics = {t: topic_name(t, cfg.topic_prefix) for t in TOPICS}
         # Asked first: a broker not up yet costs no model load (resume.py: the fingerprint).
         self.fingerprint = {**lc.fingerprint(), "topic_prefix": cfg.topic_prefix,
                             "scored_topic_id": topic_id(cfg.bootstrap, self.topics["rl.scored"], health)}
-        self.rows = load_dataset(lc.data)
-        if len(self.rows) < lc.prompts_per_step:
-            raise ValueError(f"learner.data has {len(self.rows)} rows < prompts_per_step {lc.prompts_per_step}")
         torch.manual_seed(lc.seed)
         self.model, self.tok = load_policy(lc.model, seed=lc.seed)
+        limits = TokenLimits.of(self.model, self.tok)
+        # every row checked as it will be used; the bad ones are never published (services/learner/rows.py)
+        self.bad_rows = rows.check_rows(lc, self.rows, self.tok, limits.context, cfg.actor)
+        rows.refuse_too_few(lc, self.rows, self.bad_rows, lc.state_dir)
         self.drift = ParamDrift(self.model)  # the weights as loaded: the reference of the drift metric
         self.trainer = Trainer(self.model, self.tok.pad_token_id, lc.train)
         self.ranks = distributed.Leader(self.trainer.world) if self.trainer.world > 1 else None  # rank 0 of N
@@ -83,6 +91,8 @@ class Learner:
         settings_changed(st, lc.train.model_dump(mode="json"),   # a new run's {} names nothing
                          from_checkpoint=restorer.checkpoint_step is not None)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        rows.report(lc, self.rows, self.bad_rows, self.run_dir)
+        st.counts[Count.bad_rows.value] = len(self.bad_rows)
         trim_audit(self.run_dir, st.step)
         trim_history(self.run_dir, st)
         self.trackers = Trackers.of(lc, self.run_dir, {"steadyrl.run_id": st.run_id, "steadyrl.model": lc.model,
@@ -91,9 +101,15 @@ class Learner:
         self.saver = AsyncCheckpointer(self.run_dir / "checkpoints", {**self.fingerprint, "tokenizer": lc.model},
                                        keep=lc.keep_checkpoints, verified_step=restorer.checkpoint_step)
         self.cache = open_cache(self.run_dir, st, lc.rollout_cache_max_file_bytes)
-        self.intake = Intake(lc, st, self.outbox, stage=f"learner/{cfg.instance_id}",
-                             limits=TokenLimits.of(self.model, self.tok))
-        self.feeder = Feeder(lc, self.rows, st, self.outbox, retry_at=self.intake.retry_at)
+        self.intake = Intake(lc, st, self.outbox, stage=f"learner/{cfg.instance_id}", limits=limits,
+                             run_dir=self.run_dir)
+        skip = {b.index: b for b in self.bad_rows}
+        self.feeder = Feeder(lc, self.rows, st, self.outbox, retry_at=self.intake.retry_at, skip=frozenset(skip))
+        for pid, f in list(st.in_flight.items()):  # published before this check existed: never served
+            if f.index in skip and not f.released:
+                self.intake.abandon(pid, f"row {f.index} left out at start: {skip[f.index].field}: "
+                                         f"{skip[f.index].reason}")
+        self._overdue_t = 0.0
         self.intake.published = self.feeder.prompt  # a group's prompt must be the one published
         self.screen = Screen(lc, st, self.outbox)
         self.consumer: Consumer | None = None  # opened in run()
@@ -226,6 +242,17 @@ class Learner:
         self.intake.drop_stale()
         self.intake.evict()
 
+    def republish_overdue(self) -> None:
+        """At most once a second: prompts in flight past the bound (max(republish_factor x the
+        median step seconds, republish_min_s)) go out again (Feeder.overdue)."""
+        now = time.monotonic()
+        if now - self._overdue_t < 1.0:
+            return
+        self._overdue_t = now
+        median = self.stall.median()
+        bound = max(self.lc.republish_factor * median, self.lc.republish_min_s) if median else self.lc.republish_min_s
+        self.feeder.overdue(self.intake.ready, bound)
+
     def top_up(self) -> None:
         if self.feeder.top_up():
             self.save_state()  # the gate's wall-clock decisions are not repeatable: keep them
@@ -252,11 +279,18 @@ class Learner:
                 st.eval_before.setdefault("splits", {}).update(report.evaluate_splits(
                     lc, self.model, self.tok, "before", self.health.beat, names=pending))
                 self.save_state()
+            if self.progress["phase"] == "eval before":  # in flight since before it: their age starts now
+                for f in st.in_flight.values():
+                    f.published_ms = now_ms()
             self.progress["phase"] = "waiting"
             self.stall.waiting()
             while st.step < lc.steps and not stop.is_set():
                 self.health.beat()
+                abandoned = st.counts.get(Count.abandoned.value, 0)
                 self.poll()
+                self.republish_overdue()
+                if st.counts.get(Count.abandoned.value, 0) != abandoned:
+                    self.save_state()  # an abandonment is recorded once: its state goes with it
                 if len(self.intake.ready) >= lc.prompts_per_step:
                     self.train_step()
                 self.top_up()

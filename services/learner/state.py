@@ -9,8 +9,6 @@ name (`StateError`) rather than dropped.
 
 from __future__ import annotations
 
-import random
-import time
 from dataclasses import dataclass
 from enum import Enum
 
@@ -42,6 +40,13 @@ class Count(str, Enum):
     oom_fallback = "oom_fallback"                # steps retried in the safe mode
     reward_watch_alerts = "reward_watch_alerts"
     reward_watch_rebaselined = "reward_watch_rebaselined"
+    abandoned = "abandoned"                      # prompts refused past their budget: never trained, replaced
+    republished = "republished"                  # prompts in flight too long (records lost): published again
+    bad_rows = "bad_rows"                        # dataset rows left out at start (services/learner/rows.py)
+
+
+#: refusal reasons an in-flight prompt keeps (the newest)
+REASONS_KEPT = 3
 
 
 class _Saved(BaseModel):
@@ -57,6 +62,10 @@ class InFlight(_Saved):
     attempt: int = 0         # > 0: published again (stale, evicted): a new seed
     released: bool = False   # its group came back from rl.quarantine: trained as-is, however stale
     evicted: int = 0         # times its group was evicted from the full train buffer
+    refused: int = 0         # times rl.dlq sent it back (its budget: learner.prompt_max_refusals)
+    first_refused_ms: int = 0  # wall time of its first refusal (0: never refused)
+    reasons: list[str] = Field(default_factory=list)  # the last refusals' reasons (at most REASONS_KEPT)
+    published_ms: int = 0    # wall time of its last publish (0: not recorded, a state of before)
 
 
 class Held(InFlight):
@@ -91,6 +100,9 @@ class RunState(_Saved):
     in_flight: dict[str, InFlight] = Field(default_factory=dict)
     requeue: list[str] = Field(default_factory=list)             # prompt ids to publish again
     quarantined: dict[str, Held] = Field(default_factory=dict)
+    # prompt id -> its last refusal's reason: refused past its budget, never trained, its slot
+    # given to the next row (services/learner/intake.py abandon; <run>/abandoned.jsonl)
+    abandoned: dict[str, str] = Field(default_factory=dict)
     watch: dict = Field(default_factory=dict)                    # the reward watch (RewardWatch.state)
     # Read from states written before history.jsonl, never written: a list that grew with every
     # step made each step's save O(steps) (5.5 MB of JSON, 131 ms a save, at step 10 000:
@@ -133,8 +145,3 @@ class Ready:
     offset: int
     arrival: int = 0           # arrival number (fifo eviction: services/learner/buffer.py)
     topic: str = "rl.scored"   # where it was read (catalogue name): rl.scored or rl.releases
-
-
-def new_run_id() -> str:
-    """Sorts by start time, so the actor can tell a later run from an earlier one."""
-    return time.strftime("r%Y%m%dT%H%M%S", time.gmtime()) + f"-{random.getrandbits(16):04x}"

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, TypeVar
 
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -273,8 +274,39 @@ def consumer_config(bootstrap: str, client: str, group_id: str, stats_interval_s
         "statistics.interval.ms": int(stats_interval_s * 1000),
         "stats_cb": STATS.callback(client),
         "error_cb": _error_cb(client),
-        "logger": logging.getLogger(f"rdkafka.{client}"),
+        "logger": watch_offset_resets(logging.getLogger(f"rdkafka.{client}")),
     }
+
+
+#: librdkafka's line when a consumer's position is gone from the log (retention, deleted
+#: records, a group reset past the end): it moves to auto.offset.reset's end and says so
+#: (facility OFFSET, "... t [0]: offset reset (at offset 2 ...) to offset BEGINNING ...:
+#: fetch failed due to requested offset not available on the broker: Broker: Offset out of range")
+_OFFSET_RESET = re.compile(r"(?P<topic>[^\s\[\]]+) \[(?P<partition>\d+)\]: offset reset \(at offset (?P<at>-?\d+)"
+                           r".*? to offset (?P<to>\S+).*?: (?P<why>[^:]*(?:out of range|not available)[^:]*)")
+OFFSET_RESETS = Counter("steadyrl_consumer_offset_resets", "A consumer's position was gone from the log (records "
+                        "deleted by retention or by hand, or a group offset out of range): it moved to the earliest "
+                        "record, and the records between were never read", ["topic"])
+
+
+class _OffsetResetWatch(logging.Filter):
+    """Counts and names each out-of-range offset reset librdkafka reports on this logger."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        m = _OFFSET_RESET.search(record.getMessage())
+        if m is not None:
+            OFFSET_RESETS.labels(m["topic"]).inc()
+            log.error("consumer offset out of range: records between it and the log's start were never read",
+                      extra={"topic": m["topic"], "partition": int(m["partition"]), "at_offset": int(m["at"]),
+                             "moved_to": m["to"], "why": m["why"].strip()})
+        return True
+
+
+def watch_offset_resets(logger: logging.Logger) -> logging.Logger:
+    """`logger` (a librdkafka client's) with the offset-reset watch on it (once)."""
+    if not any(isinstance(f, _OffsetResetWatch) for f in logger.filters):
+        logger.addFilter(_OffsetResetWatch())
+    return logger
 
 
 def reader_config(bootstrap: str, client: str) -> dict[str, Any]:

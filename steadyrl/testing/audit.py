@@ -7,8 +7,10 @@ What it checks (each a named entry of the report's `checks`, all must hold for `
 - `trained_count_is_steps_x_batch`: steps x batch groups were trained;
 - `no_prompt_trained_twice`: no prompt id appears twice in consumed.jsonl;
 - `every_trained_prompt_was_published`: each trained prompt id is on rl.prompts;
-- `no_published_prompt_lost`: each prompt id of the run on rl.prompts was trained, or is
-  excused (its key is on rl.dlq, or the reward watch holds it) where the caller allows that;
+- `no_published_prompt_lost`: each prompt id of the run on rl.prompts was trained, or
+  abandoned (the state's `abandoned`: refused past its budget), or is excused (its key is on
+  rl.dlq, or the reward watch holds it) where the caller allows that;
+- `no_abandoned_prompt_trained`: a prompt is trained once or abandoned once, never both;
 - `audit_log_in_step_order`: consumed.jsonl never goes back a step;
 - `rollout_stage_exactly_once`, `reward_stage_exactly_once` (`audit_pipeline` only): every
   input record below the stage's committed group offsets became exactly one output record
@@ -40,13 +42,15 @@ def audit_run(run: RunDir, steps: int, batch: int, published: Iterable[str] | No
         steps, batch: the steps the run was asked for and the prompts per step.
         published: the prompt id of every record on rl.prompts (one per publish; other runs'
             ids are left out here). None: the two checks against rl.prompts are not made.
-        excused: prompt ids that may stay untrained (on rl.dlq, held by the reward watch).
+        excused: prompt ids that may stay untrained (on rl.dlq, held by the reward watch);
+            the run's abandoned prompts (state.json `abandoned`) always may.
 
     Returns a JSON-able report: `ok`, `checks` (name -> bool) and the evidence: counts of
     published, republished and trained ids, and up to 10 examples of each failure
     (`trained_twice`, `not_published`, `lost`; `lost_count` in full).
     """
     state, consumed = run.state, run.consumed()
+    abandoned = state.get("abandoned") or {}
     trained = Counter(c["prompt_id"] for c in consumed)
     steps_seen = sorted({c["step"] for c in consumed})
     twice = sorted(p for p, n in trained.items() if n > 1)
@@ -55,6 +59,7 @@ def audit_run(run: RunDir, steps: int, batch: int, published: Iterable[str] | No
                               and steps_seen == list(range(1, steps + 1)),
         "trained_count_is_steps_x_batch": sum(trained.values()) == steps * batch,
         "no_prompt_trained_twice": not twice,
+        "no_abandoned_prompt_trained": not (set(abandoned) & set(trained)),
     }
     report: dict = {"run_id": run.run_id, "step": state.get("step"), "finished": state.get("finished"),
                     "counts": state.get("counts", {})}
@@ -62,7 +67,7 @@ def audit_run(run: RunDir, steps: int, batch: int, published: Iterable[str] | No
         run_prefix = run.run_id + "/"
         pub = Counter(p for p in published if p.startswith(run_prefix))
         not_published = sorted(set(trained) - set(pub))
-        lost = sorted(set(pub) - set(trained) - set(excused))
+        lost = sorted(set(pub) - set(trained) - set(excused) - set(abandoned))
         checks["every_trained_prompt_was_published"] = not not_published
         checks["no_published_prompt_lost"] = not lost
         report.update(published_ids=len(pub), publish_records=sum(pub.values()),
@@ -70,7 +75,7 @@ def audit_run(run: RunDir, steps: int, batch: int, published: Iterable[str] | No
                       not_published=not_published[:10], lost=lost[:10], lost_count=len(lost))
     steps_in_order = [c["step"] for c in consumed]
     checks["audit_log_in_step_order"] = steps_in_order == sorted(steps_in_order)
-    report.update(trained=sum(trained.values()), trained_twice=twice[:10])
+    report.update(trained=sum(trained.values()), trained_twice=twice[:10], abandoned=len(abandoned))
     return {"ok": all(checks.values()), "checks": checks, **report}
 
 

@@ -33,7 +33,8 @@ from steadyrl.files import read_step_lines
 #: outside this list read through `Counts` raises instead of reading as 0.
 COUNT_KEYS = ("stale_dropped", "future_dropped", "dlq", "rejected", "foreign", "duplicate", "released",
               "released_in_flight", "release_on_scored", "quarantined", "quarantined_batches", "evicted",
-              "cache_scored", "oom_fallback", "reward_watch_alerts", "reward_watch_rebaselined")
+              "cache_scored", "oom_fallback", "reward_watch_alerts", "reward_watch_rebaselined", "abandoned",
+              "republished", "bad_rows")
 
 
 def _name(key) -> str:

@@ -26,8 +26,12 @@ RUN = "r20261201T075848-5c73"
 # Keys of state.json added since 4bba081, with the value an old state reads back as
 ADDED = {"dlq_replaced": 0,   # issue 18: the fixture lost no prompt to rl.dlq (counts.dlq absent)
          "release_offsets": {},  # issue 21: rl.releases (open_consumer reads it from the start)
-         "train": {}}            # the training settings: none recorded, so no change named at resume
+         "train": {},            # the training settings: none recorded, so no change named at resume
+         "abandoned": {}}        # issue 33: prompts refused past their budget (none then)
 MOVED = {"history", "trained"}   # out of state.json (history.jsonl; consumed.jsonl)
+# Keys of each in-flight prompt added since, with the value an old one reads back as (issue 33:
+# its refusal budget and its publish time; 0: unknown, the feeder counts its age from its start)
+IN_FLIGHT_ADDED = {"refused": 0, "first_refused_ms": 0, "reasons": [], "published_ms": 0}
 
 
 @pytest.fixture
@@ -114,6 +118,7 @@ def test_the_resumed_run_publishes_in_the_folder_layout_and_both_read_back(old_r
 def test_run_state_round_trips_the_old_json():
     text = (FIXTURE / "learner" / RUN / "state.json").read_text()
     old = {k: v for k, v in json.loads(text).items() if k not in MOVED}
+    old["in_flight"] = {pid: f | IN_FLIGHT_ADDED for pid, f in old["in_flight"].items()}
     assert json.loads(RunState.parse(text, "fixture").model_dump_json()) == old | ADDED
     assert len(RunState.parse(text, "fixture").history) == 6        # read, kept in memory
 

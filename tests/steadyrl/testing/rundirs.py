@@ -8,7 +8,8 @@ from pathlib import Path
 
 def write_run(state_dir: Path, run_id: str = "r20260101T000000-abcd", *, steps: int = 3, batch: int = 2,
               counts: dict | None = None, finished: bool = True, consumed: list[dict] | None = None,
-              history: list[dict] | None = None, current: bool = True, summary: dict | None = None) -> Path:
+              history: list[dict] | None = None, current: bool = True, summary: dict | None = None,
+              abandoned: dict[str, str] | None = None) -> Path:
     """A run folder under `state_dir` (CURRENT names it unless current=False). By default an
     exactly-once run: `steps` steps of `batch` prompts `<run_id>/e0-i<k>`, each trained once."""
     run = state_dir / run_id
@@ -24,7 +25,7 @@ def write_run(state_dir: Path, run_id: str = "r20260101T000000-abcd", *, steps: 
              "policy_sha256": "0" * 64, "offsets": {}, "dlq_offset": -1, "feeder_position": steps * batch,
              "fed": steps * batch, "gate": {}, "in_flight": {}, "requeue": [], "quarantined": {}, "watch": {},
              "trained": [c["prompt_id"] for c in consumed], "counts": counts or {}, "history": history,
-             "eval_before": None, "eval_after": None, "finished": finished}
+             "eval_before": None, "eval_after": None, "finished": finished, "abandoned": abandoned or {}}
     (run / "state.json").write_text(json.dumps(state))
     (run / "consumed.jsonl").write_text("".join(json.dumps(c) + "\n" for c in consumed))
     if summary is not None:

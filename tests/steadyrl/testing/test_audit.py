@@ -22,9 +22,25 @@ def test_a_clean_run_passes_every_check(tmp_path):
     assert rep["ok"], explain(rep)
     assert set(rep["checks"]) == {"final_step_reached", "trained_count_is_steps_x_batch", "no_prompt_trained_twice",
                                   "every_trained_prompt_was_published", "no_published_prompt_lost",
-                                  "audit_log_in_step_order"}
+                                  "audit_log_in_step_order", "no_abandoned_prompt_trained"}
     assert rep["trained"] == 6 and rep["published_ids"] == 6 and rep["lost_count"] == 0
     assert explain(rep) == "all checks passed"
+
+
+def test_an_abandoned_prompt_is_accounted_for_and_never_also_trained(tmp_path):
+    # i6 was published, refused past its budget and abandoned: not lost; i7 was published and
+    # is neither trained nor abandoned: lost
+    write_run(tmp_path, abandoned={f"{RUN}/e0-i6": "refused 5 times"})
+    rep = audit_run(RunDir(tmp_path), 3, 2, published=published_ids() + [f"{RUN}/e0-i6"])
+    assert rep["ok"], explain(rep)
+    assert rep["abandoned"] == 1 and rep["lost_count"] == 0
+    rep = audit_run(RunDir(tmp_path), 3, 2, published=published_ids() + [f"{RUN}/e0-i6", f"{RUN}/e0-i7"])
+    assert not rep["ok"] and rep["lost"] == [f"{RUN}/e0-i7"]
+    # a prompt both abandoned and trained breaks "trained once, or abandoned once"
+    other = tmp_path / "other"
+    write_run(other, abandoned={f"{RUN}/e0-i0": "refused 5 times"})
+    rep = audit_run(RunDir(other), 3, 2, published=published_ids())
+    assert not rep["ok"] and not rep["checks"]["no_abandoned_prompt_trained"]
 
 
 def test_a_prompt_trained_twice_and_one_never_trained_are_reported(tmp_path):

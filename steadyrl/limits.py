@@ -1,0 +1,24 @@
+"""The actor's request limits: which prompts it serves.
+
+The actor enforces them on every `POST /generate` (services/actor/server.py, `actor:` section);
+the learner reads the same `actor:` section of the stack's settings and checks its dataset
+against them at start (services/learner/rows.py), so a prompt the actor would always refuse is
+reported and never published. One definition, two readers.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class GenerationLimits(BaseModel):
+    """What one `/generate` request may ask of the actor (the rest of the `actor:` section is
+    ignored here: the learner reads only these two)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    max_new_tokens_limit: int = Field(1024, ge=1, description="Largest max_new_tokens a request may ask for.")
+    max_prompt_tokens: int = Field(4096, ge=1,
+                                   description="Longest prompt, in tokens (its prompt_ids, or its messages through "
+                                               "the chat template); longer gets 422. Prompt + max_new_tokens must "
+                                               "also fit the model's context (max_position_embeddings).")

@@ -1,0 +1,123 @@
+"""The learner's start-time check of its dataset (services/learner/rows.py) and of its settings:
+a row the actor or the prompt contract cannot take is reported (index, field, reason) and left
+out, never published; too few rows left, or a setting past the prompt contract's bounds, stops
+the learner at start with exit 2 naming the file or the field."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pydantic import ValidationError
+
+from services.learner.config import LearnerConfig, LearnerSection, load_dataset
+from services.learner.rows import check_rows
+from steadyrl.limits import GenerationLimits
+from steadyrl.models import load_policy
+from tests.helpers import ROOT
+
+
+def _verl(content, role="user", truth="3", extra=None, prompt=None) -> dict:
+    chat = prompt if prompt is not None else [{"role": role, "content": content}]
+    return {"data_source": "tiny_copy", "prompt": chat,
+            "reward_model": {"style": "rule", "ground_truth": truth}, "extra_info": extra or {"index": 0}}
+
+
+#: one good row, then one of each bad kind the issue names, then good rows
+ROWS = [_verl("3"),
+        _verl("4", extra={"score": math.nan}),             # 1: NaN in extra_info
+        _verl("5", role="tool"),                           # 2: a role the chat contract does not take
+        _verl(None),                                       # 3: null content
+        _verl("6" * 200),                                  # 4: longer than the tiny model's context (128)
+        _verl(None, prompt="7"),                           # 5: the prompt as a string
+        *[_verl(str(d)) for d in range(8)]]
+BAD = {1: "extra_info.score", 2: "prompt[0].role", 3: "prompt[0].content", 4: "prompt", 5: "prompt"}
+
+
+def _write(tmp_path, rows) -> str:
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))   # NaN written as the literal NaN
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_policy("tiny")
+
+
+def test_every_bad_kind_of_row_is_named_and_the_good_ones_kept(tmp_path, tiny):
+    model, tok = tiny
+    path = _write(tmp_path, ROWS)
+    lc = LearnerSection(model="tiny", data=str(path), eval_data=None, max_new_tokens=4)
+    rows = load_dataset(lc.data, lenient=True)
+    bad = check_rows(lc, rows, tok, 128, GenerationLimits())
+    assert {b.index: b.field for b in bad} == BAD, bad
+    by = {b.index: b.reason for b in bad}
+    assert "finite" in by[1] and "201 tokens + learner.max_new_tokens 4 = 205 > the model's context 128" in by[4]
+    assert "list" in by[5]
+
+
+def test_a_parquet_file_with_string_prompts_names_each_row(tmp_path):
+    """verl's parquet with `prompt` as text, not a chat list: every row is named, nothing raised."""
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist([_verl(None, prompt=f"what is {i}?") for i in range(3)]), path)
+    rows = load_dataset(str(path), lenient=True)
+    assert [(r.field, "got str" in r.reason) for r in rows] == [("prompt", True)] * 3
+    with pytest.raises(ValueError, match="row 0: prompt"):
+        load_dataset(str(path))
+
+
+def test_a_row_over_the_actors_prompt_limit_is_named(tmp_path, tiny):
+    model, tok = tiny
+    path = _write(tmp_path, [_verl("3" * 20), _verl("3")])
+    lc = LearnerSection(model="tiny", data=str(path), eval_data=None, max_new_tokens=4, prompts_per_step=1)
+    bad = check_rows(lc, load_dataset(lc.data, lenient=True), tok, 128, GenerationLimits(max_prompt_tokens=10))
+    assert [(b.index, b.reason) for b in bad] == [(0, "21 tokens > actor.max_prompt_tokens 10")]
+
+
+def _learner(tmp_path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m services.learner` with no broker reachable: what it says before it needs one."""
+    import os
+
+    return subprocess.run([sys.executable, "-m", "services.learner", "--bootstrap", "127.0.0.1:9", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "STEADYRL_LEARNER__STATE_DIR": str(tmp_path / "learner"), **(env or {})})
+
+
+@pytest.mark.parametrize(("flag", "value", "named"), [
+    ("--learner.group-size", "1025", "learner.group_size"),
+    ("--learner.max-new-tokens", "32769", "learner.max_new_tokens"),
+    ("--learner.seed", "-1", "learner.seed"),
+    ("--learner.train.temperature", "10.5", "learner.train"),
+    ("--learner.model", "no-such-model", "learner.model"),
+    ("--learner.max-new-tokens", "2000", "actor.max_new_tokens_limit"),
+])
+def test_a_setting_past_its_bound_exits_2_naming_the_field(tmp_path, flag, value, named):
+    r = _learner(tmp_path, flag, value)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert named in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_fewer_rows_than_a_step_exits_2_naming_the_file(tmp_path):
+    path = _write(tmp_path, ROWS[:3])
+    r = _learner(tmp_path, "--learner.data", path, "--learner.prompts-per-step", "4")
+    assert r.returncode == 2 and f"learner.data {path} has 3 rows < learner.prompts_per_step 4" in r.stderr, r.stderr
+
+
+def test_the_config_bounds_match_the_prompt_contract():
+    from steadyrl.contracts import Prompt
+
+    for field, contract in (("group_size", "n_samples"), ("max_new_tokens", "max_new_tokens")):
+        bound = [m.le for m in Prompt.model_fields[contract].metadata if hasattr(m, "le")]
+        assert bound and LearnerSection(**{field: bound[0]}) and bound[0] == [
+            m.le for m in LearnerSection.model_fields[field].metadata if hasattr(m, "le")][0]
+        with pytest.raises(ValidationError):
+            LearnerSection(**{field: bound[0] + 1})
+    with pytest.raises(ValidationError, match="outside"):
+        LearnerSection(train={"temperature": 11})
+    LearnerConfig(learner={"max_new_tokens": 64}, actor={"max_new_tokens_limit": 64, "backend": "vllm"})
