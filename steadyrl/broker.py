@@ -5,13 +5,16 @@ default (`make run`, `steadyrl up`), or a local cluster of three (`LocalCluster`
 
     <state_dir>/server.properties   written on every start
     <state_dir>/cluster.id          KRaft cluster id, created once
-    <state_dir>/data/               log.dirs (kept across restarts)
+    <state_dir>/data/               log.dirs (kept across restarts); `data_dir` puts it elsewhere
+                                    (its own volume: a full disk halts Kafka, not the state folder)
     <state_dir>/logs/server.log     broker log (log4j2), stdout/stderr in logs/stdout.log
     <state_dir>/broker.pid          pid of the running `kafka.Kafka`
 
 The jars come from `broker/pom.xml` (`mvn dependency:copy-dependencies` into `broker/libs/`).
-Guarantees: `start()` returns only once metadata answers on the bootstrap address; `stop()`
-ends only the pid this state dir recorded, SIGTERM first, SIGKILL after a grace period.
+Guarantees: `start()` returns only once metadata answers on the bootstrap address, from a
+broker of this state dir's cluster (its `cluster.id`): a broker of another cluster answering
+there raises ForeignBroker, never is used; `stop()` ends only the pid this state dir recorded,
+SIGTERM first, SIGKILL after a grace period.
 
 `LocalCluster` runs `size` (3) such nodes on 127.0.0.1, each a combined broker+controller of
 one static KRaft quorum (`controller.quorum.voters` names all of them), under
@@ -45,6 +48,11 @@ BROKER_DIR = PROJECT_ROOT / "broker"
 
 class BrokerError(RuntimeError):
     """The broker could not be fetched, formatted, started or reached."""
+
+
+class ForeignBroker(BrokerError):
+    """The broker answering on a LocalBroker's address belongs to another cluster (another
+    stack's state folder): its cluster id is not the one in this state dir's `cluster.id`."""
 
 
 def libs_dir() -> Path:
@@ -145,6 +153,8 @@ class LocalBroker:
             `default.replication.factor`.
         min_insync_replicas: `min.insync.replicas` of the transaction log and share state; above 1
             also the broker's default for every topic.
+        data_dir: the broker's data (`log.dirs`; default `<state_dir>/data`), e.g. a volume of
+            its own; the cluster id, config, logs and pid stay in `state_dir`.
         sasl: clients must log in (SASL_PLAINTEXT, SCRAM-SHA-512) and the StandardAuthorizer
             allows only what ACLs grant (steadyrl/acl.py); `admin` is the super user, its password
             generated once into `secrets_dir/kafka-admin` and its credential written at format
@@ -164,9 +174,11 @@ class LocalBroker:
     replication_factor: int = 1
     min_insync_replicas: int = 1
     sasl: bool = False
+    data_dir: Path | None = None
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).resolve()
+        self.data_dir = Path(self.data_dir).resolve() if self.data_dir is not None else self.state_dir / "data"
         if self.voters is not None and self.voters.get(self.node_id) != self.controller_port:
             raise ValueError(f"node {self.node_id} with controller port {self.controller_port} is not among "
                              f"the voters {self.voters}")
@@ -211,8 +223,16 @@ class LocalBroker:
             return pid
         return None
 
+    def cluster_id(self) -> str | None:
+        """This state dir's KRaft cluster id (`cluster.id`, made at the first format); None
+        before that."""
+        try:
+            return (self.state_dir / "cluster.id").read_text().strip() or None
+        except OSError:
+            return None
+
     def _server_properties(self) -> str:
-        data = self.state_dir / "data"
+        data = self.data
         rf, min_isr = str(self.replication_factor), str(self.min_insync_replicas)
         quorum = ({"controller.quorum.voters": ",".join(f"{n}@127.0.0.1:{p}" for n, p in sorted(self.voters.items()))}
                   if self.voters else {"controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}"})
@@ -289,7 +309,7 @@ class LocalBroker:
     def format(self) -> None:
         """Write server.properties and format KRaft storage (no-op if already formatted)."""
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (self.state_dir / "data").mkdir(parents=True, exist_ok=True)
+        self.data.mkdir(parents=True, exist_ok=True)
         cfg = self.state_dir / "server.properties"
         cfg.touch(mode=0o600)
         cfg.chmod(0o600)  # the admin's password, with sasl (also a file an earlier start made 0644)
@@ -352,8 +372,17 @@ class LocalBroker:
         self._proc = proc
         return proc
 
+    @property
+    def data(self) -> Path:
+        """The broker's data folder (`log.dirs`)."""
+        assert self.data_dir is not None   # set in __post_init__
+        return self.data_dir
+
     def wait_ready(self, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
-        """Block until the broker answers a metadata request (not merely the port)."""
+        """Block until the broker answers a metadata request (not merely the port) with this
+        state dir's cluster id (when it has one). Raises ForeignBroker at once when a broker of
+        another cluster answers (another stack's, on this port), BrokerError when `proc` exits
+        or nothing answers within `timeout_s`."""
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + timeout_s
@@ -365,8 +394,14 @@ class LocalBroker:
                 raise BrokerError(f"broker exited with code {proc.returncode}:\n{self.log_tail()}")
             try:
                 md = admin.list_topics(timeout=2.0)
+                own = self.cluster_id()
+                if md.brokers and own is not None and md.cluster_id != own:
+                    raise ForeignBroker(f"the broker answering at {self.bootstrap} is of cluster {md.cluster_id}, "
+                                        f"not of {self.state_dir} (cluster {own}): another stack's broker")
                 if md.brokers:
                     return
+            except ForeignBroker:
+                raise
             except Exception as e:  # KafkaException while the broker is coming up
                 last_err = e
             time.sleep(0.2)
@@ -416,6 +451,24 @@ class LocalBroker:
         pid = self.pid()
         return {"running": pid is not None, "pid": pid, "bootstrap": self.bootstrap,
                 "state_dir": str(self.state_dir)}
+
+    def exit_code(self) -> int | None:
+        """The exit status of the JVM this object spawned last, once it has exited (None: still
+        running, or started by another process)."""
+        proc = getattr(self, "_proc", None)
+        return None if proc is None else proc.poll()
+
+    def failure(self) -> str | None:
+        """Why the broker stopped, from the end of its logs: its log folder failed (Kafka halts
+        when its only log dir fails: "No space left on device", "all log dirs ... have failed"),
+        as one line; None when the logs say neither."""
+        tail = self.log_tail(200)
+        if "No space left on device" in tail:
+            return "its data volume is full (No space left on device)"
+        for line in reversed(tail.splitlines()):
+            if "log dirs" in line and "failed" in line:
+                return line.strip()[-300:]
+        return None
 
     def log_tail(self, lines: int = 30) -> str:
         texts = []

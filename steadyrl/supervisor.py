@@ -157,3 +157,118 @@ class Supervisor:
         for c in self.children:
             for t in c.threads:
                 t.join(timeout=2)
+
+
+def volume_of(path) -> str:
+    """The mount point of the filesystem that holds `path` (its nearest existing folder): the
+    name a full volume is reported by."""
+    from pathlib import Path
+
+    p = Path(path).resolve()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    while not os.path.ismount(p) and p != p.parent:
+        p = p.parent
+    return str(p)
+
+
+class BrokerWatch:
+    """Keeps `steadyrl up`'s own broker (a steadyrl.broker.LocalBroker it started) running, as
+    the Supervisor keeps the services: `tick()`, called from up's loop, never blocks.
+
+    - A broker that is gone (killed, crashed, or halted: Kafka halts its JVM when its only log
+      folder fails, e.g. on a full disk) is reported in one line -- `broker | exited (code C,
+      pid P): <why>; data folder D on volume V: N bytes free; restart #n in Bs` -- and started
+      again on the same data after its backoff (1 s doubling to 30 s; reset after 60 s of
+      healthy running), in a thread (start waits until metadata answers). A start that fails
+      (the volume still full) is reported the same way and tried again after the next backoff,
+      so the broker comes back by itself once space returns.
+    - A data volume with less than `low_free_bytes` free is reported once per fall below it,
+      by its mount point and free bytes (`broker | data folder D on volume V is nearly full: N
+      bytes free`), before Kafka's writes fail.
+
+    `restarts` counts the restarts begun. `close()` waits for a restart under way to end (up to
+    `ready_timeout_s`); the caller stops the broker after it.
+    """
+
+    def __init__(self, broker, out=sys.stdout, check_s: float = 1.0, ready_timeout_s: float = 120.0,
+                 low_free_bytes: int = 256 * 1024 * 1024):
+        self.broker = broker
+        self.out = out
+        self.check_s = check_s
+        self.ready_timeout_s = ready_timeout_s
+        self.low_free_bytes = low_free_bytes
+        self.restarts = 0
+        self.backoff_s = 1.0
+        self._next_check = 0.0
+        self._next_start: float | None = None   # set while the broker is down
+        self._up_since = time.monotonic()
+        self._low = False
+        self._thread: threading.Thread | None = None
+        self._pid = broker.pid()
+
+    def _say(self, text: str) -> None:
+        self.out.write(f"broker | {text}\n")
+        self.out.flush()
+
+    def _space(self) -> tuple[str, int]:
+        import shutil
+
+        data = self.broker.data
+        try:
+            free = shutil.disk_usage(data).free
+        except OSError:
+            free = -1
+        return f"data folder {data} on volume {volume_of(data)}: {free} bytes free", free
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if (self._thread is not None and self._thread.is_alive()) or now < self._next_check:
+            return
+        self._next_check = now + self.check_s
+        space, free = self._space()
+        if 0 <= free < self.low_free_bytes:
+            if not self._low:
+                self._say(f"{space.replace(':', ' is nearly full:', 1)}")
+            self._low = True
+        else:
+            self._low = False
+        pid = self.broker.pid()
+        if pid is not None:
+            self._pid = pid
+            if now - self._up_since > 60:
+                self.backoff_s = 1.0
+            return
+        if self._next_start is None:   # just found down
+            why = self.broker.failure() or "no reason in its log"
+            self._next_start = now + self.backoff_s
+            self._say(f"exited (code {self.broker.exit_code()}, pid {self._pid}): {why}; {space}; "
+                      f"restart #{self.restarts + 1} in {self.backoff_s:.0f}s")
+            self.backoff_s = min(self.backoff_s * 2, 30.0)
+        elif now >= self._next_start:
+            self.restarts += 1
+            self._thread = threading.Thread(target=self._restart, name="broker-restart", daemon=True)
+            self._thread.start()
+
+    def _restart(self) -> None:
+        from steadyrl.broker import BrokerError
+
+        try:
+            proc = self.broker.spawn()
+            self.broker.wait_ready(self.ready_timeout_s, proc)
+        except BrokerError as e:
+            self.broker.stop(grace_s=5.0)   # a JVM that came up without answering: ours, by its pid file
+            space, _ = self._space()
+            why = self.broker.failure() or str(e).splitlines()[0]
+            self._next_start = time.monotonic() + self.backoff_s
+            self._say(f"restart #{self.restarts} failed: {why}; {space}; next try in {self.backoff_s:.0f}s")
+            self.backoff_s = min(self.backoff_s * 2, 30.0)
+            return
+        self._pid = proc.pid
+        self._next_start = None
+        self._up_since = time.monotonic()
+        self._say(f"restarted (pid {proc.pid}, {self.broker.bootstrap}, restart #{self.restarts})")
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join(self.ready_timeout_s)

@@ -1,6 +1,15 @@
 """`steadyrl up`: broker, topics and every service as processes (steadyrl.supervisor), with
 `--scale`, a progress line from the learner's /progress, and a stop when its run is done.
 
+Which broker: without `--bootstrap`, its own, in `<state-dir>/broker` (data in `--broker-data`,
+default `<state-dir>/broker/data`), known by its pid file and cluster id; it is started if it
+is not running, kept running (steadyrl.supervisor.BrokerWatch: restarted when it dies or halts,
+a full data volume reported by name) and stopped at the end if `up` started it. A broker of
+another stack on `--port` is refused (exit 2), never used: only `--bootstrap` uses a broker
+`up` did not start. Every port `up` would listen on (the broker's two, each service's) is
+checked before anything starts: one already taken stops `up` with exit 2, naming the port and
+the process that holds it.
+
 Services are started by module name (`python -m services.<name>`): nothing here imports them.
 """
 
@@ -86,9 +95,48 @@ def _parse_scale(items: list[str]) -> dict[str, int]:
     return scale
 
 
+def _up_broker(args):
+    """The LocalBroker `up` runs without --bootstrap: `<state-dir>/broker`, its data in
+    `--broker-data` when given."""
+    import dataclasses
+
+    lb = _local_broker(args)
+    return dataclasses.replace(lb, data_dir=Path(args.broker_data)) if args.broker_data else lb
+
+
+def _check_ports(args, scale: dict[str, int], bootstrap: str | None) -> None:
+    """Raise CliError (2) naming the port and its holder when a port `up` would listen on is
+    taken: the broker's (--port, and --port + 1 for its controller; unless --bootstrap) by any
+    process but this state folder's own running broker (its pid file), and each service's."""
+    from steadyrl import ports
+
+    if bootstrap is None:
+        lb = _up_broker(args)
+        own = lb.pid()
+        for port, what in ((args.port, "the broker (--port)"), (args.port + 1, "the broker's controller (--port + 1)")):
+            if not ports.taken(port):
+                continue
+            holders = ports.holders(port)
+            if own is not None and holders and all(h.pid == own for h in holders):
+                continue   # this state folder's own broker, running: up uses it
+            raise CliError(f"port {port}, for {what}, is held by {ports.describe(port)}, not by the broker of "
+                           f"{lb.state_dir} (pid file {lb.pid_file}); up never uses a broker it did not start: stop "
+                           f"that one, give another --port, or pass --bootstrap 127.0.0.1:{args.port} to use it", 2)
+    for svc in SERVICES:
+        for i in range(scale.get(svc, 1)):
+            port = SERVICE_PORTS[svc] + args.port_offset + i
+            if ports.taken(port):
+                raise CliError(f"port {port}, for {svc}-{i} (its HTTP port: {SERVICE_PORTS[svc]} + i + --port-offset "
+                               f"{args.port_offset}), is held by {ports.describe(port)}; stop it or give another "
+                               f"--port-offset", 2)
+
+
 def _check_up_args(args) -> dict[str, int]:
-    """`up`'s arguments, checked before anything starts; returns the scale. Raises CliError (2)."""
+    """`up`'s arguments, checked before anything starts (the ports too: `_check_ports`);
+    returns the scale. Raises CliError (2)."""
     scale = _parse_scale(args.scale)
+    if args.broker_data and Path(args.broker_data).exists() and not Path(args.broker_data).is_dir():
+        raise CliError(f"--broker-data {args.broker_data}: not a folder", 2)
     if args.config:
         config = Path(args.config)
         if not config.is_file():
@@ -98,6 +146,7 @@ def _check_up_args(args) -> dict[str, int]:
     if low < 1 or high > 65535:
         raise CliError(f"--port-offset {args.port_offset}: the service ports would be {low}..{high}; "
                        f"give {1 - min(ports)}..{65535 - max(ports)}", 2)
+    _check_ports(args, scale, _bootstrap(args))
     return scale
 
 
@@ -228,7 +277,7 @@ def _gpus() -> int:
 def cmd_up(args) -> int:
     from steadyrl import broker as b
     from steadyrl import placement
-    from steadyrl.supervisor import Child, Supervisor
+    from steadyrl.supervisor import BrokerWatch, Child, Supervisor
     from steadyrl.topics import create_topics
 
     scale = _check_up_args(args)
@@ -239,11 +288,16 @@ def cmd_up(args) -> int:
     lb = None
     if bootstrap is None:
         b.fetch()
-        lb = _local_broker(args)
-        print(f"starting Kafka broker ({lb.state_dir}) ...", flush=True)
+        lb = _up_broker(args)
+        print(f"starting Kafka broker ({lb.state_dir}, data in {lb.data}) ...", flush=True)
         bootstrap = lb.bootstrap
-        if not lb.start():
-            print("a broker was already running there: using it, and leaving it running", flush=True)
+        try:
+            started = lb.start()
+        except b.ForeignBroker as e:   # one took the port after the checks: never used
+            lb.stop(grace_s=5.0)   # our JVM, if it still runs (by our pid file)
+            raise CliError(f"{e}; up never uses a broker it did not start (--bootstrap does)", 2) from None
+        if not started:
+            print("this state folder's broker was already running: using it, and leaving it running", flush=True)
             lb = None  # not ours to stop
     secrets = _kafka_secrets(args, lb)
     _require_broker(bootstrap)
@@ -273,6 +327,12 @@ def cmd_up(args) -> int:
     # the learner exited 0: done, or only stopped from outside? (the one reader of a run's files)
     sup = Supervisor(children, is_done=lambda: run_finished(state / "learner"))
     progress = Progress(url["learner"])
+    watch = BrokerWatch(lb) if lb is not None else None   # the broker up started: kept running
+
+    def tick() -> None:
+        progress.tick()
+        if watch is not None:
+            watch.tick()
 
     def _stop(signum, frame):
         sup.stop.set()
@@ -287,7 +347,7 @@ def cmd_up(args) -> int:
         if args.exit_when_ready:
             return 0 if all(ready.values()) else 1
         print(_readiness(ready), flush=True)
-        sup.run_until_stopped(tick=progress.tick)
+        sup.run_until_stopped(tick=tick)
         if sup.failed:
             print(f"{sup.failed} cannot start (configuration error, see its output above); stopping the stack",
                   flush=True)
@@ -298,6 +358,8 @@ def cmd_up(args) -> int:
     finally:
         print("stopping services ...", flush=True)
         sup.stop_all()
+        if watch is not None:
+            watch.close()   # a restart under way ends first: its JVM is stopped below
         if lb is not None:
             print("stopping broker ...", flush=True)
             lb.stop()
@@ -314,6 +376,9 @@ def add_parsers(sub) -> None:
     sp.add_argument("--kafka-secrets", metavar="DIR",
                     help="with --sasl on an existing cluster: the kafka-<principal> password files (kafka-admin "
                          "among them); up logs in as admin, applies the ACLs, and each service logs in as its own")
+    sp.add_argument("--broker-data", metavar="DIR",
+                    help="the local broker's data folder (Kafka's log.dirs; default <state-dir>/broker/data): "
+                         "a volume of its own, so a full broker disk and a full state disk are apart")
     sp.add_argument("--port-offset", type=int, default=0,
                     help="added to every service's HTTP port (actor 8100, rollout 8200+i, reward 8300+i, "
                          "reward-server 8390, learner 8400)")

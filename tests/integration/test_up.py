@@ -1,12 +1,15 @@
 """`steadyrl up` (what `make run` calls): broker, topics, services ready; Ctrl-C stops all."""
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import httpx
+import pytest
 import yaml
 
 from steadyrl.broker import LocalBroker, free_port_pair
@@ -84,3 +87,137 @@ def test_up_gives_each_service_its_placement_and_each_reports_what_it_got(bootst
         assert "placement actor=" in up.log()
     finally:
         up.close()
+
+
+def _offset() -> int:
+    """A --port-offset whose service ports are all free now."""
+    from steadyrl import ports
+
+    while True:
+        offset = 3000 + random.randrange(20000)
+        if not any(ports.taken(base + offset + i) for base in (8100, 8200, 8300, 8390, 8400) for i in range(2)):
+            return offset
+
+
+def _run_up(tmp_path, port: int, offset: int, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "steadyrl.cli", "up", "--state-dir", str(tmp_path / "state"),
+                           "--port", str(port), "--port-offset", str(offset), "--prefix", "up.",
+                           "--config", str(ROOT / "configs" / "tiny.yaml"), *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def _nothing_started(tmp_path, port: int, offset: int) -> None:
+    from steadyrl import ports
+
+    assert not (tmp_path / "state" / "broker" / "broker.pid").exists()
+    assert not (tmp_path / "state" / "broker" / "cluster.id").exists()   # not even formatted
+    for base in (8100, 8200, 8300, 8390, 8400):
+        assert not ports.taken(base + offset), base
+
+
+def test_up_refuses_a_foreign_broker_on_its_port_and_leaves_that_stack_alone(tmp_path):
+    """Another stack's broker on up's --port: up stops in its argument checks (exit 2) naming
+    the port and the broker's process; it used to go on with whatever broker answered there, its
+    workers joining the other stack's consumer groups. A broker that takes the port after the
+    checks is refused by its cluster id (ForeignBroker)."""
+    from confluent_kafka.admin import AdminClient
+
+    from steadyrl.broker import ForeignBroker, random_cluster_id
+    from steadyrl.topics import create_topics
+
+    port, offset = free_port_pair(), _offset()
+    foreign = LocalBroker(tmp_path / "foreign", port=port, controller_port=port + 1)
+    foreign.start()
+    try:
+        pid = foreign.pid()
+        create_topics(foreign.bootstrap, "other.")
+        before = set(AdminClient({"bootstrap.servers": foreign.bootstrap}).list_topics(timeout=10).topics)
+        r = _run_up(tmp_path, port, offset)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert f"port {port}, for the broker (--port), is held by pid {pid} (java" in r.stderr, r.stderr
+        assert "kafka.Kafka" in r.stderr and "--bootstrap" in r.stderr
+        assert "starting Kafka broker" not in r.stdout
+        _nothing_started(tmp_path, port, offset)
+        assert foreign.pid() == pid   # untouched: running, no topic of up's
+        assert set(AdminClient({"bootstrap.servers": foreign.bootstrap}).list_topics(timeout=10).topics) == before
+
+        # the same broker met after the checks (it took the port a moment later): refused by cluster id
+        mine = LocalBroker(tmp_path / "mine", port=port, controller_port=port + 1)
+        mine.state_dir.mkdir(parents=True)
+        (mine.state_dir / "cluster.id").write_text(random_cluster_id())
+        t0 = time.monotonic()
+        with pytest.raises(ForeignBroker, match=f"127.0.0.1:{port} is of cluster {foreign.cluster_id()}"):
+            mine.wait_ready(30)
+        assert time.monotonic() - t0 < 10   # at once, not after the timeout
+    finally:
+        foreign.stop()
+
+
+def test_up_with_a_busy_service_port_stops_before_starting_anything(tmp_path):
+    """A service's HTTP port already taken: exit 2 naming the port, the service and the holder
+    (this test's process), before the broker or any service starts (it used to crash-loop the
+    service: 6 restarts in 75 s, a traceback each)."""
+    port, offset = free_port_pair(), _offset()
+    with socket.create_server(("127.0.0.1", 8300 + offset)):   # reward-0's port
+        r = _run_up(tmp_path, port, offset)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert f"port {8300 + offset}, for reward-0" in r.stderr, r.stderr
+        assert f"is held by pid {os.getpid()} (" in r.stderr, r.stderr
+        assert r.stdout == ""
+        from steadyrl import ports
+
+        assert not ports.taken(port)   # no broker
+        assert not (tmp_path / "state" / "broker" / "broker.pid").exists()
+        for base in (8100, 8200, 8390, 8400):
+            assert not ports.taken(base + offset), base
+
+
+@pytest.mark.slow
+def test_up_restarts_its_broker_after_a_sigkill_and_the_run_finishes(tmp_path):
+    """The broker `up` started, SIGKILLed mid-run: up reports it (exit, data folder and its
+    volume's free bytes), starts it again on the same data (here a folder of its own,
+    --broker-data) and the run reaches its last step."""
+    port, offset = free_port_pair(), _offset()
+    state, data = tmp_path / "state", tmp_path / "broker-data"
+    cfg = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    cfg["learner"].update(steps=30, eval_data=None)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    log = open(tmp_path / "up.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "steadyrl.cli", "up", "--state-dir", str(state), "--port",
+                             str(port), "--port-offset", str(offset), "--prefix", "up.", "--broker-data", str(data),
+                             "--config", str(tmp_path / "config.yaml")],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    broker = LocalBroker(state / "broker", port=port, data_dir=data)
+
+    def out() -> str:
+        return (tmp_path / "up.log").read_text(errors="replace")
+
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                step = httpx.get(f"http://127.0.0.1:{8400 + offset}/progress", timeout=2).json().get("step") or 0
+            except (httpx.HTTPError, ValueError):
+                step = 0
+            if step >= 3:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, out()[-4000:]
+            time.sleep(0.3)
+        assert (data / "meta.properties").exists() and not (state / "broker" / "data").exists()
+        killed = broker.kill()
+        assert killed is not None
+        rc = proc.wait(300)
+        text = out()
+        assert rc == 0, text[-4000:]
+        assert f"broker | exited (code -9, pid {killed})" in text, text[-4000:]
+        assert f"data folder {data} on volume " in text and " bytes free; restart #1 in 1s" in text
+        assert "broker | restarted (pid " in text and "learner-0 finished its run" in text, text[-4000:]
+        from steadyrl.testing.run import run_finished
+
+        assert run_finished(state / "learner")
+        assert broker.pid() is None   # stopped at the end: the restarted one was up's too
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        broker.stop()
+        log.close()
