@@ -452,11 +452,17 @@ class LocalBroker:
         return {"running": pid is not None, "pid": pid, "bootstrap": self.bootstrap,
                 "state_dir": str(self.state_dir)}
 
-    def exit_code(self) -> int | None:
-        """The exit status of the JVM this object spawned last, once it has exited (None: still
-        running, or started by another process)."""
+    def exit_code(self, wait_s: float = 0.0) -> int | None:
+        """The exit status of the JVM this object spawned last, once it has exited, waiting up
+        to `wait_s` seconds for it (a JVM that halts is gone from `pid()` a moment before its
+        status is there); None: still running, or started by another process."""
         proc = getattr(self, "_proc", None)
-        return None if proc is None else proc.poll()
+        if proc is None:
+            return None
+        try:
+            return proc.wait(timeout=wait_s) if wait_s > 0 else proc.poll()
+        except subprocess.TimeoutExpired:
+            return None
 
     def failure(self) -> str | None:
         """Why the broker stopped, from the end of its logs: its log folder failed (Kafka halts

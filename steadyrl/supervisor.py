@@ -242,7 +242,7 @@ class BrokerWatch:
         if self._next_start is None:   # just found down
             why = self.broker.failure() or "no reason in its log"
             self._next_start = now + self.backoff_s
-            self._say(f"exited (code {self.broker.exit_code()}, pid {self._pid}): {why}; {space}; "
+            self._say(f"exited (code {self.broker.exit_code(wait_s=2.0)}, pid {self._pid}): {why}; {space}; "
                       f"restart #{self.restarts + 1} in {self.backoff_s:.0f}s")
             self.backoff_s = min(self.backoff_s * 2, 30.0)
         elif now >= self._next_start:

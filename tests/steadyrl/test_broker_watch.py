@@ -36,7 +36,7 @@ class FakeBroker:
     def pid(self):
         return self.alive
 
-    def exit_code(self):
+    def exit_code(self, wait_s=0.0):
         return None if self.alive else 1
 
     def failure(self):
