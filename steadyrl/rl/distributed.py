@@ -36,15 +36,103 @@ from datetime import timedelta
 log = logging.getLogger(__name__)
 
 
-def torchrun_argv(world_size: int, module: str, argv: list[str], max_restarts: int = 3) -> list[str]:
-    """The command that runs `python -m module argv` as `world_size` ranks under torchrun
-    (`torch.distributed.run --standalone`, through steadyrl.rl.torchrun so that a stop is not a
-    traceback: one machine, a free rendezvous port), starting the
-    group again up to `max_restarts` times when a rank dies (rank 0 resumes from its checkpoint).
+#: The address the rank group listens on (torchrun's store, gloo's and NCCL's sockets):
+#: `STEADYRL_RANKS_HOST`, else loopback. All ranks on one host (what `torchrun_argv` starts)
+#: need nothing else; an address other hosts reach must be firewalled to the learner's hosts
+#: (docs/deploy.md, "The learner's rank group").
+RANKS_HOST_ENV = "STEADYRL_RANKS_HOST"
+LOOPBACK = "127.0.0.1"
+
+
+def ranks_host() -> str:
+    """The address the rank group binds: `STEADYRL_RANKS_HOST`, else 127.0.0.1 (IPv4 only)."""
+    return os.environ.get(RANKS_HOST_ENV) or LOOPBACK
+
+
+def torchrun_argv(world_size: int, module: str, argv: list[str], max_restarts: int = 3,
+                  host: str | None = None) -> list[str]:
+    """The command that runs `python -m module argv` as `world_size` ranks under torchrun on this
+    one machine (`torch.distributed.run`, through steadyrl.rl.torchrun so that a stop is not a
+    traceback and the group listens on `host` only), starting the group again up to
+    `max_restarts` times when a rank dies (rank 0 resumes from its checkpoint).
+
+    `host` (default `ranks_host()`, 127.0.0.1) is the one address of every listening socket of
+    the group: the agent's rendezvous store (a c10d store on a free port; torchrun's
+    `--standalone` listened on every interface, unauthenticated), the ranks' MASTER_ADDR
+    (`--local-addr`) and gloo's and NCCL's sockets (steadyrl.rl.torchrun sets their interface).
     The learner execs it when `learner.world_size` > 1 and it is not a rank already (no RANK
     in the environment), so `steadyrl up`, compose and Kubernetes start the ranks alike."""
-    return [sys.executable, "-m", "steadyrl.rl.torchrun", "--standalone", "--nproc-per-node", str(world_size),
-            "--max-restarts", str(max_restarts), "-m", module, *argv]
+    host = host or ranks_host()
+    return [sys.executable, "-m", "steadyrl.rl.torchrun", "--ranks-host", host, "--nnodes", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:0", "--local-addr", host,
+            "--nproc-per-node", str(world_size), "--max-restarts", str(max_restarts), "-m", module, *argv]
+
+
+_LISTENERS: list = []   # the sockets the stores `listening_store` made listen on (kept open)
+
+
+def listening_store(host: str, port: int, **kw):
+    """A TCPStore server that listens on `host`:`port` only (0: a free port). torch's TCPStore
+    listens on every interface whatever host it is given (`::`, seen in /proc/net/tcp6), so the
+    socket is bound here and handed over (`master_listen_fd`, libuv backend). `kw`: TCPStore's
+    other arguments (timeout, multi_tenant, ...). Raises OSError when `host`:`port` cannot be
+    bound."""
+    import socket
+
+    import torch.distributed as dist
+
+    kw.pop("use_libuv", None)
+    kw.pop("is_master", None)
+    sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    _LISTENERS.append(sock)
+    return dist.TCPStore(host, sock.getsockname()[1], is_master=True, master_listen_fd=sock.fileno(),
+                         use_libuv=True, **kw)
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the network interface that holds the IPv4 `address` (its first address,
+    SIOCGIFADDR), "lo" for 127.0.0.1 on Linux; None when no interface holds it."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+            except OSError:
+                continue
+            if socket.inet_ntoa(raw[20:24]) == address:
+                return name
+    return None
+
+
+def bind_group_to(host: str) -> None:
+    """In torchrun's agent, before it starts: every listening socket of the rank group on `host`.
+    The c10d rendezvous store (and the shared store a dynamic rendezvous may make) listen on
+    `host` only (`listening_store`), and the ranks' gloo and NCCL sockets use the interface
+    that holds it (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME; one already set is kept, and none is
+    set when no interface holds `host`, with a warning). The ranks inherit the environment."""
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
+
+    client = c10d.TCPStore
+
+    def store(host_name, port, *args, is_master: bool = False, **kw):
+        if is_master:
+            return listening_store(host, port, **kw)
+        return client(host_name, port, *args, **kw)   # is_master False
+
+    setattr(c10d, "TCPStore", store)   # the name c10d's _create_tcp_store calls  # noqa: B010
+    dyn.DynamicRendezvousHandler._create_tcp_store_server = (   # type: ignore[method-assign]
+        lambda self, master_addr, master_port: listening_store(host, master_port, multi_tenant=True))
+    iface = interface_of(host)
+    if iface is None:
+        log.warning("no network interface holds the ranks' address; gloo picks its own",
+                    extra={"host": host})
+        return
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        os.environ.setdefault(var, iface)
 
 
 def attempt_store(timeout_s: float):

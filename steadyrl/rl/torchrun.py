@@ -4,7 +4,11 @@ when it is stopped by a signal.
 torchrun turns SIGTERM/SIGINT into a SignalException, stops its ranks (each rank 0 finishes
 its step and checkpoint, the others wait for its "stop": services/learner/main.py) and then
 lets the exception escape as a traceback, on every `up` Ctrl-C, `docker compose stop` and
-pod deletion. Here that stop is one log line and exit status 0, as the one-rank learner's."""
+pod deletion. Here that stop is one log line and exit status 0, as the one-rank learner's.
+
+`--ranks-host ADDR` (first, consumed here; steadyrl.rl.distributed.torchrun_argv passes it):
+every listening socket of the group is on ADDR (`distributed.bind_group_to`), not on every
+interface as torchrun's own store is."""
 
 from __future__ import annotations
 
@@ -15,6 +19,11 @@ def main() -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
 
+    if sys.argv[1:2] == ["--ranks-host"]:
+        from steadyrl.rl.distributed import bind_group_to
+
+        bind_group_to(sys.argv[2])
+        del sys.argv[1:3]
     try:
         torchrun()
     except SignalException as e:  # the ranks are already stopped (torchrun's own finally)

@@ -91,13 +91,50 @@ def test_sigkill_of_rank_1_restarts_the_group_and_nothing_is_lost_or_trained_twi
     assert report["ok"], explain(report)
 
 
+def _listening(pids: list[int]) -> dict[int, list[str]]:
+    """pid -> the local addresses ("127.0.0.1:port", "[::]:port", ...) of the TCP sockets each
+    of `pids` listens on, from /proc/net/tcp and tcp6 and the processes' open files."""
+    import ipaddress
+    import socket
+
+    listen: dict[str, str] = {}   # socket inode -> address
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] != "0A":   # TCP_LISTEN
+                continue
+            hexaddr, hexport = f[1].split(":")
+            raw = bytes.fromhex(hexaddr)
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))   # each 32-bit word is host order
+            addr = ipaddress.ip_address(raw)
+            listen[f[9]] = (f"{addr}:{int(hexport, 16)}" if family == socket.AF_INET
+                            else f"[{addr}]:{int(hexport, 16)}")
+    out: dict[int, list[str]] = {}
+    for pid in pids:
+        try:
+            links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+        except OSError:
+            continue
+        out[pid] = sorted(listen[ln[8:-1]] for ln in links if ln.startswith("socket:[") and ln[8:-1] in listen)
+    return out
+
+
 def test_stop_mid_run_ends_every_rank_without_a_traceback(bootstrap, tmp_path):
     """`up` stopped from outside (SIGTERM) while the 2 ranks train: torchrun passes the stop to
     both at once; rank 1 waits for rank 0 to finish its step and say stop, so neither rank's
-    collective meets a dead peer (it did: rank 0's stop broadcast failed with a gloo traceback)."""
+    collective meets a dead peer (it did: rank 0's stop broadcast failed with a gloo traceback).
+
+    While they train, every socket the group listens on (torchrun's rendezvous store, gloo's
+    pairs, rank 0's probes) is on loopback: torchrun's `--standalone` store listened on every
+    interface (`[::]:port`), reachable and unauthenticated from any host."""
     up = Up(bootstrap, tmp_path, _config(tmp_path, steps=400, world_size=2, eval_data=None))
     try:
         up.wait_step(5, timeout_s=300)
+        group = [up.child_pid("learner-0"), _rank_pid(up, 0), _rank_pid(up, 1)]   # torchrun's agent, the ranks
+        assert None not in group, group
+        sockets = _listening(group)   # type: ignore[arg-type]
+        assert len(sockets[group[0]]) >= 1 and sockets[group[1]] and sockets[group[2]], sockets  # store, gloo
+        assert all(a.startswith("127.0.0.1:") for addrs in sockets.values() for a in addrs), sockets
         os.kill(up.proc.pid, signal.SIGTERM)
         rc = up.wait(120)
     finally:

@@ -32,14 +32,18 @@ def test_world_size_two_execs_torchrun_with_the_same_arguments(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     argv = ["--learner.world-size", "2", "--metrics-port", "0", "--bootstrap", "127.0.0.1:1"]
     assert _exec_args(monkeypatch, argv) == [
-        sys.executable, "-m", "steadyrl.rl.torchrun", "--standalone", "--nproc-per-node", "2",
-        "--max-restarts", "3", "-m", "services.learner", *argv]
+        sys.executable, "-m", "steadyrl.rl.torchrun", "--ranks-host", "127.0.0.1", "--nnodes", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
+        "--nproc-per-node", "2", "--max-restarts", "3", "-m", "services.learner", *argv]
 
 
 def test_from_the_environment_too(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setenv("STEADYRL_LEARNER__WORLD_SIZE", "3")
-    assert _exec_args(monkeypatch, ["--bootstrap", "127.0.0.1:1"])[5] == "3"
+    monkeypatch.setenv("STEADYRL_RANKS_HOST", "10.0.0.7")   # the group's address, across hosts
+    args = _exec_args(monkeypatch, ["--bootstrap", "127.0.0.1:1"])
+    assert args[args.index("--nproc-per-node") + 1] == "3"
+    assert args[args.index("--ranks-host") + 1] == "10.0.0.7" and "10.0.0.7:0" in args
 
 
 def test_a_rank_does_not_exec_again(monkeypatch):
