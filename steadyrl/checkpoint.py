@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from steadyrl import failpoints
+from steadyrl import diskspace, failpoints
 from steadyrl.files import sha256_file, write_atomic
 
 log = logging.getLogger(__name__)
@@ -554,11 +554,18 @@ class AsyncCheckpointer:
         self.wait()
         snap = snapshot(model, optimizer, scheduler)
 
+        def attempt() -> Path:
+            try:
+                return write(self.root, step, snap, meta, self.config, self.keep)
+            except OSError:  # a refused write's temporary goes at once; LATEST stays the last good one
+                shutil.rmtree(self.root / f"step_{step:06d}.tmp-{os.getpid()}", ignore_errors=True)
+                raise
+
         def run():
             _lower_priority()
             t0 = time.perf_counter()
-            try:
-                final = write(self.root, step, snap, meta, self.config, self.keep)
+            try:  # a full disk: retried with backoff until space returns (steadyrl.diskspace.retry)
+                final = diskspace.retry(attempt, "checkpoint", self.root / f"step_{step:06d}", beat=lambda: None)
                 self.last_seconds = time.perf_counter() - t0
             except BaseException as e:  # reported by wait()
                 self.error = e

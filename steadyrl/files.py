@@ -25,13 +25,30 @@ def sha256_file(path: Path | str) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write, fsync, rename: readers see the old file or the new one, never half."""
+    """Write `.<name>.tmp-<pid>`, fsync it, rename it over `path`, fsync the folder: readers
+    see the old file or the new one, never half, and after a crash the new one if this
+    returned. When the disk refuses (OSError: ENOSPC...) the temporary is removed, `path` is
+    left as it was, and the error is raised (steadyrl.diskspace.retry retries it)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a folder: the renames and new entries in it survive a crash."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_step_lines(path: Path) -> tuple[list[dict], int]:
@@ -54,7 +71,23 @@ def read_step_lines(path: Path) -> tuple[list[dict], int]:
 
 def append_line(path: Path, row: dict) -> None:
     """Append `row` as one JSON line to `path`, fsynced (a record a person or an audit reads)."""
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_lines(path, [json.dumps(row)])
+
+
+def append_lines(path: Path, lines: list[str], fsync: bool = True) -> None:
+    """Append `lines` (each without its newline) to `path` in one write, fsynced unless told
+    not to. All or nothing: when the disk refuses part way (OSError: ENOSPC...), the file is
+    cut back to its size before the call and the error raised, so a retry never leaves a
+    half line in front of the whole one."""
+    data = "".join(line + "\n" for line in lines).encode()
+    with open(path, "ab", buffering=0) as f:
+        start = f.seek(0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[f.write(view) or 0:]
+            if fsync:
+                os.fsync(f.fileno())
+        except BaseException:
+            f.truncate(start)
+            raise

@@ -31,6 +31,7 @@ from); `high_water` keeps the highest of them, which prompts stamped by the dead
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -110,34 +111,45 @@ def write_version(root: Path, rel: Path, tensors: dict) -> str:
     """Write `tensors` (name -> CPU torch.Tensor, no shared storage) as the version folder
     `root/rel`; returns the sha256 of its index (what `rl.policy` announces).
 
-    Rewriting a version with the same bytes keeps the folder; other bytes replace it.
-    Raises OSError when the disk refuses.
+    Written into `.vNNNNNN.tmp-<pid>` (shard and index fsynced, then the folder), renamed into
+    place, and the run's folder fsynced: a reader sees a whole version or none, and a version
+    announced after this returned survives a crash. Rewriting a version with the same bytes
+    keeps the folder; other bytes replace it. Raises OSError when the disk refuses (ENOSPC...),
+    having removed its temporary and left any version already there as it was.
     """
     from steadyrl.checkpoint import write_safetensors
+    from steadyrl.files import fsync_dir, sha256_file
 
     final = root / rel
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    shard = "model-00001-of-00001.safetensors"
-    written = write_safetensors(tmp / shard, tensors)  # fsynced, hashed on the way
-    index = {"metadata": {"total_size": written["size"], "sha256": {shard: written["sha256"]}},
-             "weight_map": {name: shard for name in tensors}}
-    text = json.dumps(index, indent=1, sort_keys=True) + "\n"
-    (tmp / INDEX).write_text(text)
-    from steadyrl.files import sha256_file
-
-    digest = sha256_file(tmp / INDEX)
-    if (final / INDEX).is_file() and sha256_file(final / INDEX) == digest:
-        shutil.rmtree(tmp)  # the same version again (a resumed run re-announces it)
-        return digest
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(final)
+    try:
+        tmp.mkdir(parents=True)
+        shard = "model-00001-of-00001.safetensors"
+        written = write_safetensors(tmp / shard, tensors)  # fsynced, hashed on the way
+        index = {"metadata": {"total_size": written["size"], "sha256": {shard: written["sha256"]}},
+                 "weight_map": {name: shard for name in tensors}}
+        text = (json.dumps(index, indent=1, sort_keys=True) + "\n").encode()
+        with open(tmp / INDEX, "wb") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        digest = hashlib.sha256(text).hexdigest()
+        if (final / INDEX).is_file() and sha256_file(final / INDEX) == digest:
+            shutil.rmtree(tmp)  # the same version again (a resumed run re-announces it)
+            return digest
+        fsync_dir(tmp)
+        if final.exists():
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(final.parent)
     return digest
 
 

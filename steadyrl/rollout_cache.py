@@ -4,19 +4,24 @@
 
 One row per sample (prompt id, run, step, policy version, reward and its source, the
 response text and token ids, the prompt's last user turn and ground truth). Each file
-carries the schema version in its metadata (`steadyrl.rollout_cache.schema`). A file is
-written as `*.arrow.tmp` and renamed when it is closed: at every learner checkpoint, when
-the UTC hour changes, and when it passes `max_file_bytes` (default 2 GB). A crash leaves
-only a `.tmp` part, whose steps the resumed learner trains again; `RolloutCache` removes
-it on open, and the learner drops rows of steps after the checkpoint it resumes from
-(`truncate_after`), so every trained group is in the cache exactly once. Read with pyarrow
-(`pyarrow.dataset.dataset(root, format="ipc")`), polars
-(`pl.read_ipc`) or duckdb (over that pyarrow dataset).
+carries the schema version in its metadata (`steadyrl.rollout_cache.schema`). The rows of the
+open part are held in memory and the part is written when it is closed: at every learner
+checkpoint, when the UTC hour changes, and when its rows pass `max_file_bytes` (default 2 GB);
+it is written as `*.arrow.tmp`, fsynced, renamed and its folder fsynced, so a reader sees
+whole parts only. A crash loses only the open part, whose steps the resumed learner trains
+again (an unclosed `.tmp` left by a crash mid-write is removed on open), and the learner
+drops rows of steps after the checkpoint it resumes from (`truncate_after`), so every trained
+group is in the cache exactly once -- until the cache's own limits delete the oldest parts
+(`max_total_bytes`, `retention_s`: oldest part number first). A close the disk refuses
+(ENOSPC) removes its temporary, keeps the rows and is retried until space returns
+(steadyrl.diskspace.retry). Read with pyarrow (`pyarrow.dataset.dataset(root, format="ipc")`),
+polars (`pl.read_ipc`) or duckdb (over that pyarrow dataset).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -62,45 +67,49 @@ def check_schema(root: Path) -> None:
 
 
 class RolloutCache:
-    """Appends rows to the current hour's part file.
+    """Holds appended rows as the open part; writes it whole at `close()`.
 
     Args:
         root: cache folder.
-        max_file_bytes: a part is closed once it reaches this size.
+        max_file_bytes: a part is closed once its rows reach this size (in memory: the rows of
+            one part are held until it is written).
+        max_total_bytes: after each close, the oldest closed parts are deleted until the closed
+            parts take at most this (None: no cap); the part just closed always stays.
+        retention_s: after each close, closed parts last modified longer ago are deleted (None:
+            kept forever).
     Raises CacheSchemaError on open if existing files use another schema major version.
     """
 
-    def __init__(self, root: Path, max_file_bytes: int = 2 * 1024 ** 3):
+    def __init__(self, root: Path, max_file_bytes: int = 2 * 1024 ** 3, max_total_bytes: int | None = None,
+                 retention_s: float | None = None):
         self.root, self.max_file_bytes = Path(root), max_file_bytes
+        self.max_total_bytes, self.retention_s = max_total_bytes, retention_s
         self.root.mkdir(parents=True, exist_ok=True)
         for stray in self.root.rglob("*.arrow.tmp"):  # a crash: those steps are trained again
             log.warning("removing an unclosed rollout cache part", extra={"path": str(stray)})
             stray.unlink()
         check_schema(self.root)
-        self._writer = None
-        self._sink = None
-        self._path: Path | None = None
+        self._batches: list[pa.RecordBatch] = []
+        self._bytes = 0
         self._hour: str | None = None
 
-    def _open(self, hour: str) -> None:
-        folder = self.root / hour
-        folder.mkdir(parents=True, exist_ok=True)
-        n = len(list(self.root.rglob("part-*.arrow"))) + 1
-        self._path = folder / f"part-{n:06d}.arrow"
-        self._sink = pa.OSFile(str(self._path) + ".tmp", "wb")
-        self._writer = pa.ipc.new_file(self._sink, SCHEMA)
-        self._hour = hour
+    def parts(self) -> list[Path]:
+        """The closed parts, oldest (lowest part number) first."""
+        return sorted(self.root.rglob("part-*.arrow"), key=lambda p: (_number(p), str(p)))
 
     def append(self, rows: list[dict[str, Any]]) -> None:
+        """Add `rows` to the open part (closing it first when the UTC hour changed, after when
+        it reached max_file_bytes). May block in `close()` while the disk is full."""
         if not rows:
             return
         hour = time.strftime("%Y-%m-%d/%H", time.gmtime())
-        if self._writer is not None and hour != self._hour:
+        if self._batches and hour != self._hour:
             self.close()
-        if self._writer is None:
-            self._open(hour)
-        self._writer.write_batch(pa.RecordBatch.from_pylist(rows, schema=SCHEMA))
-        if self._sink.tell() >= self.max_file_bytes:
+        self._hour = hour
+        batch = pa.RecordBatch.from_pylist(rows, schema=SCHEMA)
+        self._batches.append(batch)
+        self._bytes += batch.nbytes
+        if self._bytes >= self.max_file_bytes:
             self.close()
 
     def truncate_after(self, step: int) -> int:
@@ -116,17 +125,80 @@ class RolloutCache:
             if keep.num_rows == table.num_rows:
                 continue
             dropped += table.num_rows - keep.num_rows
-            tmp = Path(str(f) + ".tmp")
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as w:
-                w.write_table(keep)
-            tmp.replace(f)
+            _write_part(f, keep.to_batches())
         return dropped
 
     def close(self) -> None:
-        """Finish the current part (footer written, renamed from .tmp); the next append opens a new one."""
-        if self._writer is None:
+        """Write the open part (footer, fsync, renamed from .tmp, folder fsynced), then apply
+        the total cap and the retention; the next append opens a new part. On a full disk it
+        retries until space returns, the rows kept (steadyrl.diskspace.retry, writer
+        `rollout_cache`)."""
+        if not self._batches:
             return
-        self._writer.close()
-        self._sink.close()
-        Path(str(self._path) + ".tmp").rename(self._path)
-        self._writer = self._sink = None
+        from steadyrl import diskspace
+
+        folder = self.root / (self._hour or time.strftime("%Y-%m-%d/%H", time.gmtime()))
+        n = max((_number(p) for p in self.root.rglob("part-*.arrow")), default=0) + 1
+        path = folder / f"part-{n:06d}.arrow"
+        diskspace.retry(lambda: _write_part(path, self._batches), "rollout_cache", path)
+        self._batches, self._bytes = [], 0
+        self.prune(keep=path)
+
+    def prune(self, keep: Path | None = None) -> list[Path]:
+        """Delete closed parts past the retention, then the oldest until the closed parts fit
+        max_total_bytes (never `keep`); empty hour and date folders go with them. Returns the
+        parts deleted (logged)."""
+        parts = self.parts()
+        gone: list[Path] = []
+        if self.retention_s is not None:
+            cutoff = time.time() - self.retention_s
+            for p in parts:
+                if p != keep and p.stat().st_mtime < cutoff:
+                    gone.append(p)
+        if self.max_total_bytes is not None:
+            left = [p for p in parts if p not in gone]
+            total = sum(p.stat().st_size for p in left)
+            for p in left:
+                if total <= self.max_total_bytes or p == keep:
+                    break
+                total -= p.stat().st_size
+                gone.append(p)
+        for p in gone:
+            p.unlink(missing_ok=True)
+            for d in (p.parent, p.parent.parent):
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+        if gone:
+            log.info("rollout cache parts deleted (total cap, retention)", extra={
+                "parts": [str(p.relative_to(self.root)) for p in gone], "max_total_bytes": self.max_total_bytes,
+                "retention_s": self.retention_s})
+        return gone
+
+
+def _number(p: Path) -> int:
+    try:
+        return int(p.stem.removeprefix("part-"))
+    except ValueError:
+        return 0
+
+
+def _write_part(path: Path, batches: list[pa.RecordBatch]) -> None:
+    """`batches` as the Arrow IPC file `path`: written as `path.tmp`, fsynced, renamed, the
+    folder fsynced. On an error the temporary is removed and `path` left as it was."""
+    from steadyrl.files import fsync_dir
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(str(path) + ".tmp")
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as w:
+            for b in batches:
+                w.write_batch(b)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)

@@ -107,6 +107,12 @@ class LearnerSection(BaseModel):
                                    "published again (see republish_factor).")
     rollout_cache_max_file_bytes: int = Field(2 * 1024 ** 3, ge=1024,
                                               description="Size cap of one rollout-cache part file, bytes.")
+    rollout_cache_max_bytes: int | None = Field(20 * 1024 ** 3, ge=1024, description="Total cap of the run's "
+                                                "rollout cache, bytes: after each part is closed the oldest parts "
+                                                "are deleted until the rest fit (None: no cap).")
+    rollout_cache_retention_h: float | None = Field(None, gt=0, description="Rollout-cache parts older than this "
+                                                    "many hours are deleted after each part is closed (None: "
+                                                    "kept until the total cap).")
     cache_scored_weight: float = Field(1.0, ge=0, le=1,
                                        description="Scales the advantages of a cache-scored group (scored from a "
                                                    "similar prompt while the reward server was down): its share "

@@ -61,7 +61,7 @@ from services.learner.config import LearnerSection
 from services.learner.outbox import Outbox
 from services.learner.state import REASONS_KEPT, Count, InFlight, Ready, RunState
 from services.learner.tokens import TokenLimits
-from steadyrl import codec
+from steadyrl import codec, diskspace
 from steadyrl.bus.kafka import consumer_config
 from steadyrl.contracts import DLQReason, DLQRecord, Prompt, ScoredGroup, now_ms
 from steadyrl.files import append_line
@@ -298,10 +298,10 @@ class Intake:
         st.count(Count.abandoned)
         ABANDONED.inc()
         if self.run_dir is not None:
-            append_line(self.run_dir / "abandoned.jsonl", {"prompt_id": pid, "epoch": f.epoch, "index": f.index,
-                                                           "attempts": f.attempt, "refused": f.refused,
-                                                           "step": st.step, "reasons": f.reasons or [why],
-                                                           "why": why, "time_ms": now_ms()})
+            path = self.run_dir / "abandoned.jsonl"
+            row = {"prompt_id": pid, "epoch": f.epoch, "index": f.index, "attempts": f.attempt, "refused": f.refused,
+                   "step": st.step, "reasons": f.reasons or [why], "why": why, "time_ms": now_ms()}
+            diskspace.retry(lambda: append_line(path, row), "abandoned", path)   # a full disk: until space returns
         log.error("prompt abandoned: refused past its budget; the next row takes its place",
                   extra={"prompt_id": pid, "index": f.index, "refused": f.refused, "why": why})
 

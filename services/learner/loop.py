@@ -25,7 +25,7 @@ import time
 import torch
 from confluent_kafka import Consumer
 
-from services.learner import report, rows
+from services.learner import disk, report, rows
 from services.learner.config import LearnerConfig, load_dataset
 from services.learner.drift import ParamDrift
 from services.learner.feeder import IN_FLIGHT, Feeder
@@ -40,6 +40,7 @@ from services.learner.stall import Stall
 from services.learner.state import Count
 from services.learner.tokens import TokenLimits
 from services.learner.trackers import Trackers, provenance
+from steadyrl import diskspace
 from steadyrl.checkpoint import AsyncCheckpointer, rng_state
 from steadyrl.config import ConfigError
 from steadyrl.contracts import now_ms
@@ -91,6 +92,8 @@ class Learner:
         settings_changed(st, lc.train.model_dump(mode="json"),   # a new run's {} names nothing
                          from_checkpoint=restorer.checkpoint_step is not None)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # free-space gauges, /readyz `disk`, dead processes' temporaries; exit 2 when the volumes are too small
+        disk.prepare(lc, self.model, health, self.run_dir, st.run_id)
         rows.report(lc, self.rows, self.bad_rows, self.run_dir)
         st.counts[Count.bad_rows.value] = len(self.bad_rows)
         trim_audit(self.run_dir, st.step)
@@ -100,7 +103,8 @@ class Learner:
                                                        **provenance(lc.data)})
         self.saver = AsyncCheckpointer(self.run_dir / "checkpoints", {**self.fingerprint, "tokenizer": lc.model},
                                        keep=lc.keep_checkpoints, verified_step=restorer.checkpoint_step)
-        self.cache = open_cache(self.run_dir, st, lc.rollout_cache_max_file_bytes)
+        self.cache = open_cache(self.run_dir, st, lc.rollout_cache_max_file_bytes, lc.rollout_cache_max_bytes,
+                                lc.rollout_cache_retention_h)
         self.intake = Intake(lc, st, self.outbox, stage=f"learner/{cfg.instance_id}", limits=limits,
                              run_dir=self.run_dir)
         skip = {b.index: b for b in self.bad_rows}
@@ -141,7 +145,10 @@ class Learner:
         return json.dumps({**st.model_dump(mode="json"), **self.intake.saved_offsets()})
 
     def save_state(self) -> None:
-        write_atomic(self.run_dir / "state.json", self._state_json())
+        """state.json, written atomically (fsynced); on a full disk retried until space returns
+        (steadyrl.diskspace.retry: the previous state stays whole meanwhile)."""
+        path, text = self.run_dir / "state.json", self._state_json()
+        diskspace.retry(lambda: write_atomic(path, text), "state", path)
 
     def checkpoint(self, wait: bool = False) -> None:
         """Hand a snapshot of this step to the background writer (`wait`: until it is on disk)."""

@@ -2,7 +2,8 @@
 
 /readyz checks real things: `model` (the weights are loaded and version `step` is in the
 policy store), `assignment` (the consumer holds every partition of rl.scored and rl.releases) and `progress`
-(not stalled: services/learner/stall.py, the rule behind `steadyrl_learner_stalled`).
+(not stalled: services/learner/stall.py, the rule behind `steadyrl_learner_stalled`) and `disk`
+(no write waits for space: steadyrl/diskspace.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def main(argv: list[str]) -> int:
 def leader(cfg, world: int) -> int:
     """Rank 0 (the only rank when world is 1): the learner service, its probes and /progress."""
     from services.learner.loop import Learner
+    from steadyrl import diskspace
     from steadyrl.rl import distributed
     from steadyrl.service import run_service
 
@@ -61,6 +63,7 @@ def leader(cfg, world: int) -> int:
         health.add_check("model", lambda: model_check(learner))
         health.add_check("assignment", lambda: assignment_check(learner))
         health.add_check("progress", lambda: progress_check(learner))
+        health.add_check("disk", diskspace.readiness)   # not ready while a write waits for space
         return learner
 
     try:

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
 from services.learner.metrics import EXPORTED
 from services.learner.state import Ready, RunState
 from steadyrl import checkpoint as ck
+from steadyrl import diskspace
 from steadyrl.config import ConfigError
 from steadyrl.contracts import ScoredGroup
+from steadyrl.files import append_lines
 from steadyrl.rollout_cache import CacheSchemaError, RolloutCache
 
 log = logging.getLogger("steadyrl.learner")
@@ -45,11 +46,14 @@ class Weights:
             self.trainer.sched.step()
 
 
-def open_cache(run_dir: Path, st: RunState, max_file_bytes: int) -> RolloutCache:
-    """The run's Arrow rollout cache, without rows of steps after the resumed one.
+def open_cache(run_dir: Path, st: RunState, max_file_bytes: int, max_total_bytes: int | None = None,
+               retention_h: float | None = None) -> RolloutCache:
+    """The run's Arrow rollout cache, without rows of steps after the resumed one, with its
+    total cap and retention (learner.rollout_cache_max_bytes, rollout_cache_retention_h).
     Raises ConfigError (exit 2) when the cache was written with another schema."""
     try:
-        cache = RolloutCache(run_dir / "rollout-cache", max_file_bytes)
+        cache = RolloutCache(run_dir / "rollout-cache", max_file_bytes, max_total_bytes,
+                             None if retention_h is None else retention_h * 3600)
     except CacheSchemaError as e:  # cannot resume onto it: say so and stop
         raise ConfigError(f"cannot resume run {st.run_id}: {e}") from None
     if cache.truncate_after(st.step):
@@ -90,20 +94,21 @@ def history_row(step: int, metrics: dict, groups: list[ScoredGroup], seconds: fl
 def append_history(run_dir: Path, row: dict) -> None:
     """Append one step's history row to history.jsonl, before the step's state.json is saved
     (so the file holds at least the saved steps; `trim_history` drops any beyond them on resume).
-    Flushed, not fsynced: a row lost to a power cut is one point of a curve, not a prompt."""
-    with open(run_dir / "history.jsonl", "a") as f:
-        f.write(json.dumps(row) + "\n")
+    Written, not fsynced: a row lost to a power cut is one point of a curve, not a prompt. On a
+    full disk the row is retried until space returns (steadyrl.diskspace.retry); a refused
+    write leaves no part of the line."""
+    path = run_dir / "history.jsonl"
+    diskspace.retry(lambda: append_lines(path, [json.dumps(row)], fsync=False), "history", path)
 
 
 def append_audit(run_dir: Path, step: int, batch: list[Ready]) -> None:
     """Append the groups trained by `step` to consumed.jsonl (the audit log of exactly-once:
     step, prompt_id, topic (where the trained copy was read: rl.scored, or rl.releases for a
-    released group), partition, offset, policy_version, reward_mean), fsynced."""
-    with open(run_dir / "consumed.jsonl", "a") as f:
-        for r in batch:
-            f.write(json.dumps({"step": step, "prompt_id": r.group.prompt_id, "topic": r.topic,
-                                "partition": r.partition, "offset": r.offset,
-                                "policy_version": r.group.group.policy_version,
-                                "reward_mean": sum(r.group.rewards) / len(r.group.rewards)}) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    released group), partition, offset, policy_version, reward_mean), fsynced, all the step's
+    lines or none: on a full disk they are retried until space returns (steadyrl.diskspace.retry)."""
+    path = run_dir / "consumed.jsonl"
+    lines = [json.dumps({"step": step, "prompt_id": r.group.prompt_id, "topic": r.topic,
+                         "partition": r.partition, "offset": r.offset,
+                         "policy_version": r.group.group.policy_version,
+                         "reward_mean": sum(r.group.rewards) / len(r.group.rewards)}) for r in batch]
+    diskspace.retry(lambda: append_lines(path, lines), "audit", path)

@@ -17,7 +17,7 @@ from prometheus_client import Gauge
 
 from services.learner.outbox import Outbox
 from services.learner.state import RunState
-from steadyrl import policy_files
+from steadyrl import diskspace, policy_files
 from steadyrl.checkpoint import CheckpointError, refuse_nonfinite, unique_tensors
 from steadyrl.contracts import PolicyUpdate
 from steadyrl.models import state_dict_mismatch
@@ -41,13 +41,19 @@ class PolicyStore:
         policy_files.raise_high_water) and prune older versions.
 
         Raises steadyrl.checkpoint.NonFiniteWeights, writing and announcing nothing, when a
-        weight holds NaN or infinity (the trainer skips such steps: this never should)."""
+        weight holds NaN or infinity (the trainer skips such steps: this never should).
+
+        On a full disk (ENOSPC) the write is retried with backoff until space returns
+        (steadyrl.diskspace.retry, writer `policy`: logged, counted, /readyz `disk`): nothing is
+        announced meanwhile, the previous version stays the newest on disk and on rl.policy."""
         rel = policy_files.version_dir(st.run_id, st.step)
         tensors = unique_tensors(model.state_dict())
         refuse_nonfinite(tensors, f"policy version {st.step} of run {st.run_id}")
-        digest = policy_files.write_version(self.root, rel, tensors)
+        digest = diskspace.retry(lambda: policy_files.write_version(self.root, rel, tensors), "policy",
+                                 self.root / rel)
         st.policy_uri, st.policy_sha256 = str(rel), digest
-        high_water = policy_files.raise_high_water(self.root, st.run_id, st.step)   # before prune
+        high_water = diskspace.retry(lambda: policy_files.raise_high_water(self.root, st.run_id, st.step),
+                                     "policy", self.root / st.run_id / policy_files.HIGH_WATER)   # before prune
         self.outbox.produce("rl.policy", "policy", PolicyUpdate(
             version=st.step, step=st.step, uri=st.policy_uri, sha256=st.policy_sha256, run_id=st.run_id,
             high_water=high_water))
