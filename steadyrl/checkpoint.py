@@ -32,16 +32,31 @@ Tensors are streamed into safetensors files by `write_safetensors` in 16 MiB chu
 hashed and written by calls that release the GIL, so the step loop's Python thread is not
 held up (the library's `save_file`/`save` serialise under the GIL, which cost the step
 loop most of a save's duration: measured in docs/benchmarks.md). Files are hashed as they
-are written; `write` never reads them back (the verification after it does). Nothing is
-pickled: the optimizer's tensors are safetensors and the rest is JSON.
+are written; `write` never reads them back (the verification after it does). Format 2
+pickles nothing: the optimizer's tensors are safetensors and the rest is JSON. Format 3's
+`shards/.metadata` is torch.distributed.checkpoint's, a pickle: it is read only through
+`shard_metadata`'s allow-list (DCP's metadata classes, torch.Size, dtypes, layouts, a
+PosixPath), so a pickle naming anything else is refused (CheckpointError naming it) without
+running any of it, by `verify` and by `read`; the shards' tensors are read with
+`torch.load(weights_only=True)` (DCP's reader).
+
+Signing (`key`: the bytes of a key file kept off the checkpoint volume, `read_key`): a
+checkpoint written with a key holds `manifest.sig`, the HMAC-SHA256 of manifest.json's
+bytes ("hmac-sha256 <hex>"). The manifest hashes every other file, so the signature
+covers the whole folder. `verify(path, key=...)` refuses a folder with no signature or
+one that does not match (a checkpoint written without the key, or by someone without it);
+without a key the signature is not checked and unsigned folders verify as before.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import io
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -268,11 +283,12 @@ def snapshot(model, optimizer, scheduler) -> dict[str, Any]:
 
 
 def write(root: Path, step: int, snap: dict[str, Any], meta: dict[str, Any], config: dict[str, Any],
-          keep: int = 3) -> Path:
+          keep: int = 3, key: bytes | None = None) -> Path:
     """Write one checkpoint for `step` and make it LATEST. Returns its folder.
 
     `config` (model, tokenizer, algorithm, ...) is recorded in the manifest and checked on
-    resume. Keeps the newest `keep` complete checkpoints. Raises NonFiniteWeights (nothing
+    resume. Keeps the newest `keep` complete checkpoints. With `key`, the manifest is signed
+    (manifest.sig, see the module doc). Raises NonFiniteWeights (nothing
     written) when a weight or optimizer tensor holds NaN or infinity.
     """
     opt_tensors, opt_json = _optimizer_parts(snap["optimizer"])
@@ -290,17 +306,21 @@ def write(root: Path, step: int, snap: dict[str, Any], meta: dict[str, Any], con
     files["optimizer/optimizer.safetensors"] = write_safetensors(tmp / "optimizer" / "optimizer.safetensors",
                                                                  opt_tensors)
     meta = {**meta, "optimizer": opt_json, "scheduler": snap["scheduler"]}
-    return _finish(root, tmp, final, step, files, meta, config, keep, FORMAT_VERSION)
+    return _finish(root, tmp, final, step, files, meta, config, keep, FORMAT_VERSION, key)
 
 
 def _finish(root: Path, tmp: Path, final: Path, step: int, files: dict[str, Any], meta: dict[str, Any],
-            config: dict[str, Any], keep: int, version: str) -> Path:
-    """meta.json and manifest.json into `tmp` (every file fsynced), `tmp` renamed to `final`,
-    LATEST replaced, old checkpoints pruned. Returns `final`."""
+            config: dict[str, Any], keep: int, version: str, key: bytes | None = None) -> Path:
+    """meta.json and manifest.json (and with `key` its signature, manifest.sig) into `tmp`
+    (every file fsynced), `tmp` renamed to `final`, LATEST replaced, old checkpoints pruned.
+    Returns `final`."""
     files["meta.json"] = _write_chunks(tmp / "meta.json", [json.dumps(meta).encode()])
     manifest = {"format_version": version, "step": step, "config": config, "files": files,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    _write_chunks(tmp / "manifest.json", [json.dumps(manifest, indent=2).encode()])
+    body = json.dumps(manifest, indent=2).encode()
+    _write_chunks(tmp / "manifest.json", [body])
+    if key is not None:
+        _write_chunks(tmp / SIGNATURE, [(_signature(key, body) + "\n").encode()])
     for d in [*(p for p in tmp.iterdir() if p.is_dir()), tmp]:
         _fsync_dir(d)
     replaced = None
@@ -328,18 +348,140 @@ def list_checkpoints(root: Path) -> list[str]:
     return sorted(p.name for p in root.glob("step_*") if p.is_dir() and re.fullmatch(r"step_\d{6,}", p.name))
 
 
-def verify(path: Path, expect_config: dict[str, Any] | None = None) -> dict[str, Any]:
+SIGNATURE = "manifest.sig"   # "hmac-sha256 <hex of HMAC-SHA256(key, manifest.json's bytes)>"
+MIN_KEY_BYTES = 32
+
+
+def read_key(path: Path) -> bytes:
+    """The signing key held in `path` (surrounding whitespace dropped). Raises CheckpointError
+    naming the file when it cannot be read or holds fewer than MIN_KEY_BYTES bytes (e.g. make
+    one with `openssl rand -hex 32 > FILE`)."""
+    try:
+        key = Path(path).read_bytes().strip()
+    except OSError as e:
+        raise CheckpointError(f"checkpoint key file {path}: cannot read it: {e.strerror}") from None
+    if len(key) < MIN_KEY_BYTES:
+        raise CheckpointError(f"checkpoint key file {path}: {len(key)} bytes, at least {MIN_KEY_BYTES} needed "
+                              "(openssl rand -hex 32)")
+    return key
+
+
+def _signature(key: bytes, manifest: bytes) -> str:
+    return "hmac-sha256 " + hmac.new(key, manifest, hashlib.sha256).hexdigest()
+
+
+def sign(path: Path, key: bytes) -> None:
+    """Sign the checkpoint folder `path` (its manifest.json as it is) with `key`: writes
+    manifest.sig atomically. For a checkpoint you trust that was written without the key
+    (`steadyrl ckpt sign`); the learner signs what it writes itself."""
+    write_atomic(path / SIGNATURE, _signature(key, (path / "manifest.json").read_bytes()) + "\n")
+
+
+def _check_signature(path: Path, manifest: bytes, key: bytes) -> None:
+    sig = path / SIGNATURE
+    if not sig.is_file():
+        raise CheckpointError(f"{path}: not signed (no {SIGNATURE}) and a checkpoint key is configured: a "
+                              "checkpoint written without the key is refused (if you trust it: steadyrl ckpt sign "
+                              f"{path} --key-file KEY)")
+    if not hmac.compare_digest(sig.read_bytes().strip(), _signature(key, manifest).encode()):
+        raise CheckpointError(f"{path}: {SIGNATURE} does not match manifest.json under the configured key "
+                              "(signed with another key, or the manifest was changed after signing)")
+
+
+#: (module, name) a format-3 `.metadata` pickle may name: torch.distributed.checkpoint's
+#: metadata dataclasses and what their fields hold. Everything else is refused unresolved.
+_METADATA_GLOBALS = frozenset({
+    *(("torch.distributed.checkpoint.metadata", n) for n in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),   # torch.layout pickles as _get_layout("torch.strided")
+    ("pathlib", "PosixPath"),                 # StorageMeta.checkpoint_id: the folder it was written to
+})
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Resolves only _METADATA_GLOBALS and torch's dtypes; refuses any other global before it is
+    imported or called (and any persistent id: the default `persistent_load` raises)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _METADATA_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise CheckpointError(f"names {module}.{name}, which a checkpoint's metadata does not hold "
+                              "(refused, not loaded)")
+
+
+def shard_metadata(folder: Path, data: bytes | None = None) -> Any:
+    """The torch.distributed.checkpoint `Metadata` of a format-3 shards folder (its `.metadata`,
+    or `data`), unpickled through an allow-list (_METADATA_GLOBALS), so nothing in it runs.
+
+    Also checks what `read` relies on: every entry is a tensor of the `model` or `optimizer`
+    table, and every piece of data lies in a plain file of `folder` with no transform.
+    Raises CheckpointError naming the folder and what is refused (a global outside the list,
+    an unexpected entry, a path, a file that is not DCP's metadata)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+    where = Path(folder) / ".metadata"
+    try:
+        raw = data if data is not None else where.read_bytes()
+        md = _MetadataUnpickler(io.BytesIO(raw)).load()
+    except CheckpointError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    except Exception as e:   # a truncated or foreign pickle: UnpicklingError, EOFError, TypeError, ...
+        raise CheckpointError(f"{where}: not a distributed checkpoint's metadata: {type(e).__name__}: {e}") from None
+    if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict) \
+            or not isinstance(md.storage_data, dict):
+        raise CheckpointError(f"{where}: not a distributed checkpoint's metadata (a {type(md).__name__})")
+    for key, entry in md.state_dict_metadata.items():
+        if str(key).partition(".")[0] not in ("model", "optimizer") or not isinstance(entry, TensorStorageMetadata):
+            raise CheckpointError(f"{folder}: unexpected entry {key!r} in the shards' metadata")
+    for info in md.storage_data.values():
+        if not isinstance(info, _StorageInfo) or not isinstance(info.relative_path, str) \
+                or not re.fullmatch(r"[\w.-]+", info.relative_path) or info.relative_path.startswith(".") \
+                or getattr(info, "transform_descriptors", None):
+            raise CheckpointError(f"{folder}: the shards' metadata points at {info!r}: only plain files of "
+                                  "the folder, untransformed, are read")
+    return md
+
+
+def _safe_reader(folder: Path):
+    """A torch.distributed.checkpoint FileSystemReader of `folder` whose metadata is read by
+    `shard_metadata` (torch's own reader unpickles it unrestricted)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Reader(dcp.FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            md = shard_metadata(folder)
+            if getattr(md, "storage_meta", None) is None:
+                md.storage_meta = StorageMeta()
+            md.storage_meta.load_id = self.load_id
+            return md
+
+    return Reader(str(folder))
+
+
+def verify(path: Path, expect_config: dict[str, Any] | None = None, key: bytes | None = None) -> dict[str, Any]:
     """Check one checkpoint folder; returns its manifest.
 
-    Raises CheckpointError naming the first mismatch: missing manifest, other format
-    version, a missing/truncated/changed file (size or sha256, expected vs got), or a
-    config key (model, tokenizer, algorithm, ...) that differs from `expect_config`.
+    Raises CheckpointError naming the first mismatch: missing manifest, with `key` a missing
+    or wrong signature (checked before anything the manifest says is trusted), other format
+    version, a missing/truncated/changed file (size or sha256, expected vs got), format 3's
+    metadata refused by `shard_metadata` (never executed), or a config key (model, tokenizer,
+    algorithm, ...) that differs from `expect_config`.
     """
     mpath = path / "manifest.json"
     if not mpath.is_file():
         raise CheckpointError(f"{path}: no manifest.json (incomplete checkpoint)")
+    body = mpath.read_bytes()
+    if key is not None:
+        _check_signature(path, body, key)
     try:
-        manifest = json.loads(mpath.read_text())
+        manifest = json.loads(body)
     except ValueError as e:
         raise CheckpointError(f"{mpath}: not JSON: {e}") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
@@ -365,15 +507,23 @@ def verify(path: Path, expect_config: dict[str, Any] | None = None) -> dict[str,
                      ("model/model.safetensors", "optimizer/optimizer.safetensors", "meta.json")):
         if required not in manifest["files"]:
             raise CheckpointError(f"{path}: {required} not in the manifest")
-    for key, want in (expect_config or {}).items():
-        have = manifest.get("config", {}).get(key)
+    if sharded:
+        md = shard_metadata(path / "shards")
+        for info in md.storage_data.values():
+            if f"shards/{info.relative_path}" not in manifest["files"]:
+                raise CheckpointError(f"{path}: the shards' metadata names shards/{info.relative_path}, "
+                                      "which the manifest does not list")
+    for name, want in (expect_config or {}).items():
+        have = manifest.get("config", {}).get(name)
         if have != want:
-            raise CheckpointError(f"{path}: {key} mismatch: expected {want!r}, got {have!r}")
+            raise CheckpointError(f"{path}: {name} mismatch: expected {want!r}, got {have!r}")
     return manifest
 
 
-def latest_valid(root: Path, expect_config: dict[str, Any] | None = None) -> Path | None:
-    """The newest checkpoint that verifies: LATEST, else older ones with a warning saying why.
+def latest_valid(root: Path, expect_config: dict[str, Any] | None = None, key: bytes | None = None
+                 ) -> Path | None:
+    """The newest checkpoint that verifies (`verify`, with `key` when given): LATEST, else older
+    ones with a warning saying why.
 
     Returns None when root holds no checkpoint at all. Raises CheckpointError when there
     are checkpoints but none verifies (never silently starts from zero).
@@ -386,7 +536,7 @@ def latest_valid(root: Path, expect_config: dict[str, Any] | None = None) -> Pat
     errors = []
     for name in order:
         try:
-            verify(root / name, expect_config)
+            verify(root / name, expect_config, key)
         except CheckpointError as e:
             errors.append(str(e))
             log.warning("checkpoint unusable; trying the previous one", extra={"checkpoint": name, "why": str(e)})
@@ -397,16 +547,14 @@ def latest_valid(root: Path, expect_config: dict[str, Any] | None = None) -> Pat
 
 def _read_shards(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The whole `model` and `optimizer` tables of a torch.distributed.checkpoint folder, on this
-    process alone (no collective: DCP's no_dist load reassembles every rank's shards)."""
+    process alone (no collective: DCP's no_dist load reassembles every rank's shards). The
+    metadata is read through `shard_metadata`'s allow-list, here and inside DCP's load."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader = dcp.FileSystemReader(str(folder))
+    reader = _safe_reader(folder)
     tables: dict[str, dict[str, torch.Tensor]] = {"model": {}, "optimizer": {}}
-    for key, md in reader.read_metadata().state_dict_metadata.items():
+    for key, md in reader.read_metadata().state_dict_metadata.items():   # shard_metadata checked each
         table, _, name = key.partition(".")
-        if table not in tables or not isinstance(md, TensorStorageMetadata):
-            raise CheckpointError(f"{folder}: unexpected entry {key!r} in the shards' metadata")
         tables[table][name] = torch.empty(md.size, dtype=md.properties.dtype)
     with warnings.catch_warnings():   # "assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -533,6 +681,7 @@ class AsyncCheckpointer:
         verify: re-read and re-hash each checkpoint after writing it (`verify()`).
         verified_step: the step of a checkpoint known to verify already (the one a resume
             verified), or None.
+        key: sign every checkpoint with it (manifest.sig) and verify with it (`read_key`).
 
     Attributes:
         last_verified_step: the newest step whose checkpoint verified after it was written
@@ -541,8 +690,9 @@ class AsyncCheckpointer:
     """
 
     def __init__(self, root: Path, config: dict[str, Any], keep: int = 3, verify: bool = True,
-                 verified_step: int | None = None):
+                 verified_step: int | None = None, key: bytes | None = None):
         self.root, self.config, self.keep, self.verify = Path(root), config, keep, verify
+        self.key = key
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.last_seconds: float | None = None
@@ -556,7 +706,7 @@ class AsyncCheckpointer:
 
         def attempt() -> Path:
             try:
-                return write(self.root, step, snap, meta, self.config, self.keep)
+                return write(self.root, step, snap, meta, self.config, self.keep, self.key)
             except OSError:  # a refused write's temporary goes at once; LATEST stays the last good one
                 shutil.rmtree(self.root / f"step_{step:06d}.tmp-{os.getpid()}", ignore_errors=True)
                 raise
@@ -599,7 +749,7 @@ class AsyncCheckpointer:
             files = {str(p.relative_to(tmp)): _file_entry(p) for p in sorted((tmp / "shards").iterdir())}
             full_meta = {**meta, "optimizer": opt_json, "scheduler": scheduler}
             written = _finish(self.root, tmp, final, step, files, full_meta, self.config, self.keep,
-                              SHARDED_FORMAT_VERSION)
+                              SHARDED_FORMAT_VERSION, self.key)
             self.last_seconds = time.perf_counter() - t0
             if self.verify:
                 self._verify(written, step)
@@ -610,7 +760,7 @@ class AsyncCheckpointer:
         """Verify the checkpoint just written (as a resume would); record its step when it does."""
         t0 = time.perf_counter()
         try:
-            verify(path, self.config)
+            verify(path, self.config, self.key)
         except CheckpointError as e:  # the previous verified checkpoint stays the one to count on
             log.error("checkpoint did not verify after it was written", extra={"checkpoint": str(path),
                                                                                 "why": str(e)})

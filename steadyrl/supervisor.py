@@ -187,8 +187,9 @@ class BrokerWatch:
       by its mount point and free bytes (`broker | data folder D on volume V is nearly full: N
       bytes free`), before Kafka's writes fail.
 
-    `restarts` counts the restarts begun. `close()` waits for a restart under way to end (up to
-    `ready_timeout_s`); the caller stops the broker after it.
+    `restarts` counts the restarts begun. `close()` ends a restart under way (its wait for the
+    broker to answer, within about 5 s) and returns; the caller stops the broker after it (its
+    pid file names the JVM a restart spawned).
     """
 
     def __init__(self, broker, out=sys.stdout, check_s: float = 1.0, ready_timeout_s: float = 120.0,
@@ -205,6 +206,7 @@ class BrokerWatch:
         self._up_since = time.monotonic()
         self._low = False
         self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
         self._pid = broker.pid()
 
     def _say(self, text: str) -> None:
@@ -251,12 +253,23 @@ class BrokerWatch:
             self._thread.start()
 
     def _restart(self) -> None:
-        from steadyrl.broker import BrokerError
+        from steadyrl.broker import BrokerError, ForeignBroker
 
         try:
             proc = self.broker.spawn()
-            self.broker.wait_ready(self.ready_timeout_s, proc)
+            deadline = time.monotonic() + self.ready_timeout_s
+            while True:   # in slices, so that close() need not wait the whole timeout
+                try:
+                    self.broker.wait_ready(min(5.0, max(0.1, deadline - time.monotonic())), proc)
+                    break
+                except ForeignBroker:
+                    raise
+                except BrokerError:
+                    if self._closing.is_set() or proc.poll() is not None or time.monotonic() >= deadline:
+                        raise
         except BrokerError as e:
+            if self._closing.is_set():
+                return   # up is stopping: it stops the broker itself
             self.broker.stop(grace_s=5.0)   # a JVM that came up without answering: ours, by its pid file
             space, _ = self._space()
             why = self.broker.failure() or str(e).splitlines()[0]
@@ -270,5 +283,6 @@ class BrokerWatch:
         self._say(f"restarted (pid {proc.pid}, {self.broker.bootstrap}, restart #{self.restarts})")
 
     def close(self) -> None:
+        self._closing.set()
         if self._thread is not None:
-            self._thread.join(self.ready_timeout_s)
+            self._thread.join(10.0)

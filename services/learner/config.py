@@ -87,6 +87,11 @@ class LearnerSection(BaseModel):
                             "restart an exited learner into a new run).")
     checkpoint_every: int = Field(5, ge=1, description="Steps between checkpoints (also one on stop and at the end).")
     keep_checkpoints: int = Field(3, ge=1, description="Complete checkpoints kept per run.")
+    checkpoint_key_file: Path | None = Field(
+        None, description="A file holding the checkpoint signing key (a secret, at least 32 bytes: `openssl rand "
+                          "-hex 32`), kept off the checkpoint volume (not under state_dir). When set, every "
+                          "checkpoint is signed (manifest.sig, HMAC-SHA256 of its manifest) and a resume takes "
+                          "only checkpoints signed with it. None: unsigned; a resume checks the hashes only.")
     stall_factor: float = Field(5.0, gt=0, description="Stalled (/readyz `progress`, steadyrl_learner_stalled): "
                                 "waiting or training with prompts in flight and no step for longer than "
                                 "max(stall_factor x the median seconds between the last 20 steps, stall_min_s).")
@@ -185,6 +190,28 @@ class LearnerSection(BaseModel):
         if not 0 <= v.temperature <= 10:
             raise ValueError(f"temperature {v.temperature} is outside [0, 10] (the prompt contract's bound)")
         return v
+
+    @model_validator(mode="after")
+    def _key_readable_and_apart(self) -> "LearnerSection":
+        from steadyrl.checkpoint import CheckpointError, read_key
+
+        if self.checkpoint_key_file is None:
+            return self
+        try:
+            read_key(self.checkpoint_key_file)
+        except CheckpointError as e:
+            raise ValueError(f"checkpoint_key_file: {e}") from None
+        key, state = self.checkpoint_key_file.resolve(), self.state_dir.resolve()
+        if key.is_relative_to(state):
+            raise ValueError(f"checkpoint_key_file {self.checkpoint_key_file} is under state_dir {self.state_dir}: "
+                             "a key kept beside the checkpoints signs nothing (keep it off the checkpoint volume)")
+        return self
+
+    def checkpoint_key(self) -> bytes | None:
+        """The bytes of `checkpoint_key_file` (None: checkpoints are not signed)."""
+        from steadyrl.checkpoint import read_key
+
+        return read_key(self.checkpoint_key_file) if self.checkpoint_key_file is not None else None
 
     @model_validator(mode="after")
     def _buffer_holds_a_batch(self) -> "LearnerSection":

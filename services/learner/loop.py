@@ -85,7 +85,8 @@ class Learner:
         self.outbox = Outbox(cfg.bootstrap, f"learner-{cfg.instance_id}", self.topics, cfg.metrics_interval)
         self.store = PolicyStore(lc.policy_root, self.outbox, lc.keep_policies, lc.keep_earlier_runs)
         restorer = Weights(self)
-        self.state = st = open_run(lc.state_dir, lc.resume, self.fingerprint, restorer, lc.policy_root)
+        key = lc.checkpoint_key()   # None: checkpoints unsigned (learner.checkpoint_key_file)
+        self.state = st = open_run(lc.state_dir, lc.resume, self.fingerprint, restorer, lc.policy_root, key)
         self.run_dir = lc.state_dir / st.run_id
         # a continued run's folder has its state already (a new run's folder is made just now)
         self.resumed: int | None = st.step if (self.run_dir / "state.json").exists() else None
@@ -102,7 +103,8 @@ class Learner:
                                                        "steadyrl.algorithm": lc.train.algorithm,
                                                        **provenance(lc.data)})
         self.saver = AsyncCheckpointer(self.run_dir / "checkpoints", {**self.fingerprint, "tokenizer": lc.model},
-                                       keep=lc.keep_checkpoints, verified_step=restorer.checkpoint_step)
+                                       keep=lc.keep_checkpoints, verified_step=restorer.checkpoint_step,
+                                       key=key)
         self.cache = open_cache(self.run_dir, st, lc.rollout_cache_max_file_bytes, lc.rollout_cache_max_bytes,
                                 lc.rollout_cache_retention_h)
         self.intake = Intake(lc, st, self.outbox, stage=f"learner/{cfg.instance_id}", limits=limits,

@@ -8,6 +8,11 @@ Files live in `<state_dir>/<run_id>/`; `<state_dir>/CURRENT` names the run in pr
     learner.resume = never    always a new run
     learner.resume = <folder> that checkpoint; it must verify and match (else ConfigError)
 
+With `learner.checkpoint_key_file` set, every checkpoint resumed from must carry a signature
+made with that key (steadyrl/checkpoint.py, "Signing"): an unsigned or foreign one is refused
+as a broken one is (`auto` falls back to an older signed one, else stops naming why). Format
+3's pickled metadata is read through an allow-list either way (never executed).
+
 The fingerprint is what a run cannot change on resume: the learner section's
 (`LearnerSection.fingerprint`), the topic prefix and the id of rl.scored (its offsets point
 into that topic: the id differs between prefixes, clusters and re-creations).
@@ -81,22 +86,26 @@ def settings_changed(st: RunState, now: dict, from_checkpoint: bool) -> dict[str
 
 
 def open_run(state_dir: Path, resume: str, fingerprint: dict, restorer: Restorer,
-             policy_root: Path | None = None) -> RunState:
+             policy_root: Path | None = None, key: bytes | None = None) -> RunState:
     """The run to continue, or a new one (see the module doc); CURRENT names it afterwards.
 
     A new run's id sorts after every run under `state_dir` and `policy_root` whatever the
     clock says (policy_files.new_run_id): the actor would refuse the policy of a run whose id
     sorts before the one it serves, and answer its prompts 409.
 
-    Raises ConfigError (exit 2) when an explicit `resume` checkpoint does not verify or does
-    not match, or when no new run id can sort after a run present; StateError when a saved
-    state cannot be read; CheckpointError when every checkpoint of the run to continue is broken.
+    `key`: the checkpoint signing key (steadyrl.checkpoint.read_key), or None (signatures not
+    checked).
+
+    Raises ConfigError (exit 2) when an explicit `resume` checkpoint does not verify (with
+    `key`: is not signed with it) or does not match, or when no new run id can sort after a
+    run present; StateError when a saved state cannot be read; CheckpointError when every
+    checkpoint of the run to continue is broken (with `key`: or unsigned).
     """
     current = state_dir / "CURRENT"
     if resume not in ("auto", "never"):
         path = Path(resume)
         try:
-            saved = ck.verify(path).get("config", {})
+            saved = ck.verify(path, key=key).get("config", {})
         except ck.CheckpointError as e:
             raise ConfigError(f"learner.resume: {e}") from None
         for k, v in recorded(fingerprint, saved, str(path)).items():
@@ -107,7 +116,7 @@ def open_run(state_dir: Path, resume: str, fingerprint: dict, restorer: Restorer
         write_atomic(current, st.run_id + "\n")
         return st
     if resume == "auto" and current.exists():
-        resumed = _continue(state_dir / current.read_text().strip(), fingerprint, restorer)
+        resumed = _continue(state_dir / current.read_text().strip(), fingerprint, restorer, key)
         if resumed is not None:
             return resumed
     places = [state_dir] + ([policy_root] if policy_root is not None else [])
@@ -116,7 +125,8 @@ def open_run(state_dir: Path, resume: str, fingerprint: dict, restorer: Restorer
     return st
 
 
-def _continue(run_dir: Path, fingerprint: dict, restorer: Restorer) -> RunState | None:
+def _continue(run_dir: Path, fingerprint: dict, restorer: Restorer, key: bytes | None = None
+              ) -> RunState | None:
     """The unfinished run in `run_dir` if its fingerprint matches; None: start a new run."""
     path = run_dir / "state.json"
     if not path.exists():
@@ -130,7 +140,7 @@ def _continue(run_dir: Path, fingerprint: dict, restorer: Restorer) -> RunState 
         log.warning("not resuming the unfinished run: its configuration differs; starting a new run",
                     extra={"run_id": st.run_id, "step": st.step, "changed": changed})
         return None
-    found = ck.latest_valid(run_dir / "checkpoints", check)  # raises if all are broken
+    found = ck.latest_valid(run_dir / "checkpoints", check, key)  # raises if all are broken (or unsigned)
     if found is not None:
         st = restorer.from_checkpoint(found)  # latest_valid verified it
     else:

@@ -21,6 +21,9 @@ class FakeProc:
     def __init__(self, pid: int):
         self.pid = pid
 
+    def poll(self):
+        return 1   # asked only once wait_ready failed: the JVM exited
+
 
 class FakeBroker:
     """Alive until `die()`; each spawn fails while `full` (as Kafka halts on a full volume)."""
@@ -109,3 +112,30 @@ def test_a_connection_in_time_wait_does_not_take_a_port():
     client.close()
     server.close()
     assert not ports.taken(port)
+
+
+def test_close_ends_a_restart_that_waits_for_a_slow_broker(tmp_path, monkeypatch):
+    """up stopping (Ctrl-C) while its broker restarts: close() returns within a slice of the
+    wait, not after the whole ready timeout, and the abandoned restart reports no failure."""
+    monkeypatch.setattr("shutil.disk_usage", lambda p: Usage(20 << 30, 0, 10 << 30))
+
+    class Slow(FakeBroker):
+        def wait_ready(self, timeout_s, proc):
+            time.sleep(min(timeout_s, 0.5))
+            raise BrokerError("did not answer metadata")
+
+    class Running(FakeProc):
+        def poll(self):
+            return None
+
+    broker, out = Slow(tmp_path), io.StringIO()
+    broker.spawn = lambda: Running(200)   # type: ignore[method-assign]
+    watch = BrokerWatch(broker, out=out, check_s=0.0, ready_timeout_s=600.0)
+    broker.alive = None
+    _tick_until(watch, lambda: watch.restarts == 1)
+    time.sleep(1.0)   # inside the wait
+    t0 = time.monotonic()
+    watch.close()
+    assert time.monotonic() - t0 < 7.0
+    assert watch._thread is not None and not watch._thread.is_alive()
+    assert "failed" not in out.getvalue()

@@ -290,3 +290,122 @@ def test_an_unknown_format_is_refused_naming_both_readable_ones(tmp_path):
     mpath.write_text(json.dumps({**manifest, "format_version": "4.0"}))
     with pytest.raises(ck.CheckpointError, match=r"expected v2.0 or v3.0, got v4.0"):
         ck.verify(tmp_path / "step_000001", CONFIG)
+
+
+# -- no code from the folder: format 3's pickled metadata through an allow-list; signatures ---
+KEY = b"k" * 32
+
+
+class _RunsCode:
+    """Pickles as a call of `open(marker, "w")`: unpickling it creates the marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _plant_code(step_dir, marker) -> None:
+    """Replace the shards' metadata with a pickle of the same metadata that also runs code, and
+    re-hash it into the manifest (as whoever hands the folder over can)."""
+    import pickle
+
+    meta_path = step_dir / "shards" / ".metadata"
+    md = ck.shard_metadata(step_dir / "shards")
+    md.planner_data = {"x": _RunsCode(marker)}
+    meta_path.write_bytes(pickle.dumps(md))
+    mpath = step_dir / "manifest.json"
+    manifest = json.loads(mpath.read_text())
+    manifest["files"]["shards/.metadata"] = ck._file_entry(meta_path)
+    mpath.write_text(json.dumps(manifest, indent=2))
+
+
+def test_a_sharded_checkpoint_whose_metadata_runs_code_is_refused_and_the_code_never_runs(tmp_path, capsys):
+    import pickle
+
+    from steadyrl.cli import main
+
+    _, tr = _trained()
+    _sharded_save(tr, tmp_path, 1)
+    step_dir = tmp_path / "step_000001"
+    marker = tmp_path / "ran"
+    _plant_code(step_dir, marker)
+    # the planted pickle does run code when unpickled as torch's reader does (pickle.load)
+    pickle.loads((step_dir / "shards" / ".metadata").read_bytes().replace(b"/ran", b"/ra2"))
+    assert (tmp_path / "ra2").exists()
+
+    with pytest.raises(ck.CheckpointError, match=r"\.metadata: names io\.open, which a checkpoint's "
+                                                 r"metadata does not hold \(refused, not loaded\)"):
+        ck.verify(step_dir, CONFIG)
+    with pytest.raises(ck.CheckpointError, match=r"(?s)no usable checkpoint.*io\.open"):
+        ck.latest_valid(tmp_path, CONFIG)
+    with pytest.raises(ck.CheckpointError, match=r"io\.open"):   # read (load) refuses it unverified too
+        ck.read(step_dir)
+    assert main(["ckpt", "verify", str(step_dir)]) == 1
+    assert "invalid:" in (err := capsys.readouterr().err) and "names io.open" in err
+    assert main(["ckpt", "verify", str(tmp_path)]) == 1
+    got = capsys.readouterr()
+    assert "step_000001  BROKEN:" in got.out and "io.open" in got.out and "a resume would fail" in got.err
+    assert not marker.exists()
+
+
+def test_the_shards_metadata_may_only_point_at_listed_plain_files(tmp_path):
+    import pickle
+
+    _, tr = _trained()
+    _sharded_save(tr, tmp_path, 1)
+    step_dir = tmp_path / "step_000001"
+    md = ck.shard_metadata(step_dir / "shards")
+    index = next(iter(md.storage_data))
+    md.storage_data[index].relative_path = "../meta.json"
+    with pytest.raises(ck.CheckpointError, match=r"points at .*\.\./meta\.json.*only plain files"):
+        ck.shard_metadata(step_dir / "shards", pickle.dumps(md))
+    for junk, why in ((b"not a pickle", "not a distributed checkpoint's metadata"),
+                      (pickle.dumps({"a": 1}), r"not a distributed checkpoint's metadata \(a dict\)")):
+        with pytest.raises(ck.CheckpointError, match=why):
+            ck.shard_metadata(step_dir / "shards", junk)
+
+
+def test_a_signed_checkpoint_verifies_only_under_its_key_and_unsigned_ones_only_without(tmp_path, capsys):
+    from steadyrl.cli import main
+
+    model, tr = _trained(1)
+    ck.write(tmp_path / "whole", 1, ck.snapshot(model, tr.opt, tr.sched), {}, CONFIG, key=KEY)
+    saver = ck.AsyncCheckpointer(tmp_path / "sharded", CONFIG, key=KEY)
+    saver.save_sharded(1, tr, {"global_step": 1}, announce=lambda tmp: None)
+    saver.wait()
+    assert saver.last_verified_step == 1          # verified after writing, with the key
+    for folder in (tmp_path / "whole" / "step_000001", tmp_path / "sharded" / "step_000001"):
+        assert (folder / ck.SIGNATURE).read_text().startswith("hmac-sha256 ")
+        ck.verify(folder, CONFIG, KEY)
+        ck.verify(folder, CONFIG)                 # no key: not checked (as the last main read them)
+        with pytest.raises(ck.CheckpointError, match="does not match manifest.json under the configured key"):
+            ck.verify(folder, CONFIG, b"o" * 32)
+    # a manifest changed after signing (here: the config it records) is refused
+    mpath = tmp_path / "whole" / "step_000001" / "manifest.json"
+    mpath.write_text(mpath.read_text().replace('"grpo"', '"ppo"'))
+    with pytest.raises(ck.CheckpointError, match="does not match"):
+        ck.verify(mpath.parent, key=KEY)
+    # unsigned (written by the last main, or without the key): fine without a key, refused with one
+    ck.write(tmp_path / "plain", 1, ck.snapshot(model, tr.opt, tr.sched), {}, CONFIG)
+    plain = tmp_path / "plain" / "step_000001"
+    ck.verify(plain, CONFIG)
+    with pytest.raises(ck.CheckpointError, match=r"not signed \(no manifest.sig\) and a checkpoint key is "
+                                                 r"configured.*steadyrl ckpt sign"):
+        ck.verify(plain, CONFIG, KEY)
+    with pytest.raises(ck.CheckpointError, match="(?s)no usable checkpoint.*not signed"):
+        ck.latest_valid(tmp_path / "plain", CONFIG, KEY)
+
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY.decode() + "\n")
+    assert main(["ckpt", "verify", str(plain), "--key-file", str(key_file)]) == 1
+    assert "not signed" in capsys.readouterr().err
+    assert main(["ckpt", "verify", str(plain)]) == 0 and "unsigned" in capsys.readouterr().out
+    assert main(["ckpt", "sign", str(plain), "--key-file", str(key_file)]) == 0     # trusted: adopt it
+    assert main(["ckpt", "verify", str(tmp_path / "plain"), "--key-file", str(key_file)]) == 0
+    assert "signature ok" in capsys.readouterr().out
+    short = tmp_path / "short"
+    short.write_text("abc\n")
+    assert main(["ckpt", "verify", str(plain), "--key-file", str(short)]) == 2
+    assert "at least 32 needed" in capsys.readouterr().err

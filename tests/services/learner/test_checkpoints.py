@@ -110,3 +110,79 @@ def test_a_state_saved_before_the_training_settings_names_no_change(caplog):
     policy_only = RunState(run_id="r-a", train={"lr": 1e-3})    # no checkpoint yet: a fresh optimizer
     assert settings_changed(policy_only, {"lr": 1e-4}, from_checkpoint=False) == {"lr": "0.001 -> 0.0001"}
     assert policy_only.train == {"lr": 1e-4}
+
+
+def _sharded_checkpoint(lrn, step: int) -> None:
+    """A format-3 checkpoint of the learner's trainer at `step` in its run's checkpoints (one
+    process: DCP writes one shard), as a sharded learner writes it, with the meta a resume reads."""
+    meta = {"global_step": step, "rng": ck.rng_state(), "learner_state": lrn.state.model_dump(mode="json")}
+    saver = ck.AsyncCheckpointer(lrn.run_dir / "checkpoints", lrn.saver.config, key=lrn.saver.key)
+    saver.save_sharded(step, lrn.trainer, meta, announce=lambda tmp: None)
+    saver.wait()
+    assert saver.last_verified_step == step
+
+
+def test_a_resume_refuses_a_sharded_checkpoint_whose_metadata_runs_code_and_the_code_never_runs(
+        make_learner, tmp_path, caplog):
+    import pytest
+
+    from steadyrl.config import ConfigError
+    from tests.steadyrl.test_checkpoint import _plant_code
+
+    lrn = make_learner(checkpoint_every=1)
+    lrn.store.publish(lrn.model, lrn.state)
+    _step(lrn)
+    lrn.saver.wait()                                  # step_000001: the learner's own (format 2)
+    _sharded_checkpoint(lrn, 2)                       # step_000002, LATEST: format 3
+    lrn.cache.close()
+    step2, marker = lrn.run_dir / "checkpoints" / "step_000002", tmp_path / "ran"
+    _plant_code(step2, marker)                        # its .metadata now opens `marker` when unpickled
+    with caplog.at_level(logging.WARNING):
+        again = make_learner(checkpoint_every=1)       # auto: refused, the previous one used
+    assert again.state.step == 1
+    assert any("names io.open" in getattr(r, "why", "") for r in caplog.records)
+    again.cache.close()
+    with pytest.raises(ConfigError, match=r"learner.resume: .*names io\.open.*refused, not loaded"):
+        make_learner(checkpoint_every=1, resume=str(step2))
+    assert not marker.exists()
+
+
+def test_with_a_key_checkpoints_are_signed_and_a_resume_takes_only_signed_ones(make_learner, tmp_path):
+    import pytest
+    from pydantic import ValidationError
+
+    key_file, other = tmp_path / "ckpt-key", tmp_path / "other-key"
+    key_file.write_text("a" * 64 + "\n")
+    other.write_text("b" * 64 + "\n")
+    lrn = make_learner(checkpoint_every=1)            # unsigned, as the last main wrote them
+    lrn.store.publish(lrn.model, lrn.state)
+    _step(lrn)
+    lrn.saver.wait()
+    lrn.cache.close()
+    with pytest.raises(ck.CheckpointError, match=r"(?s)no usable checkpoint.*step_000001: not signed"):
+        make_learner(checkpoint_every=1, checkpoint_key_file=key_file)
+    again = make_learner(checkpoint_every=1)          # no key: resumes as before
+    assert again.state.step == 1
+    again.cache.close()
+
+    signed = make_learner(checkpoint_every=1, resume="never", checkpoint_key_file=key_file)
+    signed.store.publish(signed.model, signed.state)
+    _step(signed)
+    signed.saver.wait()
+    signed.cache.close()
+    folder = signed.run_dir / "checkpoints" / "step_000001"
+    assert (folder / ck.SIGNATURE).is_file() and signed.saver.last_verified_step == 1
+    resumed = make_learner(checkpoint_every=1, checkpoint_key_file=key_file)
+    assert resumed.state.run_id == signed.state.run_id and resumed.state.step == 1
+    resumed.cache.close()
+    with pytest.raises(ck.CheckpointError, match="does not match manifest.json under the configured key"):
+        make_learner(checkpoint_every=1, checkpoint_key_file=other)
+
+    inside = tmp_path / "learner" / "key"
+    inside.write_text("c" * 64)
+    with pytest.raises(ValidationError, match="is under state_dir"):
+        make_learner(checkpoint_key_file=inside)
+    short = tmp_path / "short-key"
+    short.write_text("abc")
+    with pytest.raises(ValidationError, match="at least 32 needed"):
+        make_learner(checkpoint_key_file=short)

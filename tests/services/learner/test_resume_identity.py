@@ -83,7 +83,7 @@ def test_a_run_saved_before_the_topic_keys_existed_resumes_and_records_them(tmp_
 
 
 def test_an_explicit_checkpoint_of_other_topics_is_a_config_error_naming_the_key(tmp_path, monkeypatch):
-    monkeypatch.setattr(ck, "verify", lambda path, expect=None: {"config": fingerprint("a.", "id-1")})
+    monkeypatch.setattr(ck, "verify", lambda path, expect=None, key=None: {"config": fingerprint("a.", "id-1")})
     lrn = learner(tmp_path, "b.", "id-1")
     lrn.lc.resume = str(tmp_path / "step-00000010")
     with pytest.raises(ConfigError, match=r"learner.resume: .*topic_prefix mismatch: expected 'b.', got 'a.'"):
