@@ -390,7 +390,7 @@ for a in r.get("attempts", []):
 for t, n in r.get("scanned", {}).items():
     print(f"{sys.argv[2]}forge: {t} records read as admin, forged among them\t{n['records']}, {n['forged']}")
 for h in r.get("http", []):
-    print(f"{sys.argv[2]}forge: HTTP {h['service']} no token, wrong token, /livez\t{h['no_token']}, {h['wrong_token']}, {h['livez_no_token']}")
+    print(f"{sys.argv[2]}forge: HTTP {h['service']} no token, wrong token, other routes' token, /livez\t{h['no_token']}, {h['wrong_token']}, {h.get('other_routes_token')}, {h['livez_no_token']}")
 for f in r.get("failures", []):
     print(f, file=sys.stderr)
 sys.exit(1 if r.get("failures") else 0)

@@ -492,18 +492,25 @@ def forge(args) -> dict:
             rep["failures"].append(f"{t}: {len(forged)} forged records are on the topic")
 
     token = (secrets / "http-token").read_text().strip() if (secrets / "http-token").exists() else None
+    alert = (secrets / "alert-token").read_text().strip() if (secrets / "alert-token").exists() else None
     rep["http"] = []
-    routes = (("actor", args.actor_url, "/generate"), ("reward-server", args.reward_server_url, "/score"),
-              ("alertbridge", args.alertbridge_url, "/alert/dingtalk"))
-    for name, base, path in () if args.skip_http else routes:
+    # each route with the other route's token: the alert bridge's must not open /generate or
+    # /score, the work token must not open /alert/* (tokens per caller route, issue 34)
+    routes = (("actor", args.actor_url, "/generate", alert), ("reward-server", args.reward_server_url, "/score", alert),
+              ("alertbridge", args.alertbridge_url, "/alert/dingtalk", token))
+    for name, base, path, other in () if args.skip_http else routes:
         row = {"service": name,
                "no_token": http_status(base + path, method="POST", body=b"{}"),
                "wrong_token": http_status(base + path, token="wrong-" + nonce, method="POST", body=b"{}"),
+               "other_routes_token": http_status(base + path, token=other, method="POST", body=b"{}")
+               if other else None,
                "livez_no_token": http_status(base + "/livez")}
         rep["http"].append(row)
-        say(f"HTTP {name}: POST {path} without a token {row['no_token']}, with a wrong one {row['wrong_token']}; "
-            f"GET /livez without one {row['livez_no_token']}")
-        if row["no_token"] != 401 or row["wrong_token"] != 401 or row["livez_no_token"] != 200:
+        say(f"HTTP {name}: POST {path} without a token {row['no_token']}, with a wrong one {row['wrong_token']}, "
+            f"with the other routes' token {row['other_routes_token']}; GET /livez without one "
+            f"{row['livez_no_token']}")
+        if row["no_token"] != 401 or row["wrong_token"] != 401 or row["livez_no_token"] != 200 \
+                or row["other_routes_token"] not in (None, 401):
             rep["failures"].append(f"HTTP {name}: {row}")
     rep["http_token_known"] = token is not None
     return rep

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The stack's secrets (issue 21; docs/deploy.md, "Trust"): one random SCRAM password per Kafka
-# principal (kafka-<principal>: the principals of steadyrl/acl.py and the super user admin) and
-# the HTTP bearer token (http-token), one file each, in DIR. Never in the repository: the default
+# principal (kafka-<principal>: the principals of steadyrl/acl.py and the super user admin), the
+# HTTP work token (http-token: the actor's /generate, the reward server's /score) and the alert
+# routes' token (alert-token: the alert bridge and Alertmanager only), one file each, in DIR. Never in the repository: the default
 # DIRs (compose/secrets/, deploy/k8s/base/secrets/) are gitignored.
 #
 #   deploy/secrets.sh [DIR]       # default compose/secrets; make compose-secrets
@@ -54,3 +55,4 @@ for p in "${PRINCIPALS[@]}"; do
   write_secret "kafka-$p"
 done
 write_secret http-token
+write_secret alert-token

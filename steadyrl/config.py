@@ -77,10 +77,11 @@ class ServiceConfig(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
     http_token_file: Path | None = Field(
-        None, description="A file holding the stack's HTTP bearer token (a secret: never in the repo). When set, "
-                          "the work routes (actor /generate, reward server /score, alert bridge /alert/*) answer "
-                          "401 without `Authorization: Bearer <token>`, and the rollout and reward workers send "
-                          "it; /livez, /readyz and /metrics stay open. None: no HTTP authentication (loopback).")
+        None, description="A file holding the stack's HTTP work token (a secret: never in the repo). When set, "
+                          "the work routes (actor /generate, reward server /score) answer 401 without "
+                          "`Authorization: Bearer <token>`, and the rollout and reward workers send it; /livez, "
+                          "/readyz and /metrics stay open. The alert bridge refuses it: its routes take their "
+                          "own token (alertbridge.token_file). None: no HTTP authentication (loopback).")
 
     @field_validator("http_token_file")
     @classmethod

@@ -238,17 +238,18 @@ def _validation_detail(e: ValidationError, limit: int = 20) -> list[dict]:
     return out
 
 
-def unauthorized(request: Request, token: str | None) -> JSONResponse | None:
+def unauthorized(request: Request, token: str | None, setting: str = "http_token_file") -> JSONResponse | None:
     """The 401 answer for a request without `Authorization: Bearer <token>`, or None when it has
-    it (or `token` is None: no authentication). Compared in constant time (hmac.compare_digest)."""
+    it (or `token` is None: no authentication). Compared in constant time (hmac.compare_digest).
+    `setting` names where the token is configured (the answer says so)."""
     if token is None:
         return None
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
         return None
     why = "no bearer token" if scheme.lower() != "bearer" else "wrong bearer token"
-    return JSONResponse({"detail": f"{request.url.path}: {why} (Authorization: Bearer <the stack's token>; "
-                                   f"http_token_file)"}, 401, headers={"WWW-Authenticate": "Bearer"})
+    return JSONResponse({"detail": f"{request.url.path}: {why} (Authorization: Bearer <the token of "
+                                   f"{setting}>)"}, 401, headers={"WWW-Authenticate": "Bearer"})
 
 
 def add_work_route(app: FastAPI, path: str, model: type[BaseModel], handler: Callable[[Any], Any], *,

@@ -349,7 +349,8 @@ class Bridge:
 
 def add_routes(app, bridge: Bridge, token: str | None = None) -> None:
     """`POST /alert/dingtalk` and `POST /alert/wecom` on `app`, answered by `bridge`; with
-    `token`, 401 without `Authorization: Bearer <token>` (Alertmanager's webhook_configs
+    `token` (alertbridge.token_file: the alert routes' own token, never the stack's work token),
+    401 without `Authorization: Bearer <token>` (Alertmanager's webhook_configs
     `http_config.authorization.credentials_file` sends it)."""
     from steadyrl.http import unauthorized
 
@@ -357,7 +358,7 @@ def add_routes(app, bridge: Bridge, token: str | None = None) -> None:
 
     def route(robot: str):
         async def receive(request: Request) -> JSONResponse:
-            refusal = unauthorized(request, token)
+            refusal = unauthorized(request, token, "alertbridge.token_file")
             if refusal is not None:
                 log.warning("webhook refused", extra={"robot": robot, "status": 401})
                 return refusal
@@ -407,7 +408,7 @@ def main(argv: list[str]) -> int:
         return Idle()
 
     try:
-        token = cfg.http_token()
+        token = cfg.alertbridge.token()   # the alert routes' own (http_token_file is refused: config.py)
         return run_service("alertbridge", cfg, build, extra_routes=lambda app: add_routes(app, bridge, token))
     finally:
         bridge.close()

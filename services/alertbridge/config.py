@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from steadyrl.config import ServiceConfig
 
@@ -47,6 +47,28 @@ class AlertBridgeSection(BaseModel):
                                                        "as one summary when the quota allows.")
     critical_severities: list[str] = Field(["critical", "P0", "page"], description="severity label values that "
                                                                                  "make a notification critical.")
+    token_file: Path | None = Field(
+        None, description="A file holding the alert routes' own bearer token (a secret: `alert-token` of "
+                          "deploy/secrets.sh). When set, POST /alert/* answer 401 without `Authorization: Bearer "
+                          "<token>` (Alertmanager's webhook sends it); /livez, /readyz and /metrics stay open. "
+                          "It opens the alert routes only: the bridge never holds the stack's work token "
+                          "(http_token_file, which opens /generate and /score). None: no authentication.")
+
+    @field_validator("token_file")
+    @classmethod
+    def _token_file_readable(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            try:
+                token = path.read_text().strip()
+            except OSError as e:
+                raise ValueError(f"cannot read the token file: {e.strerror}") from None
+            if not token:
+                raise ValueError("the token file is empty")
+        return path
+
+    def token(self) -> str | None:
+        """The alert routes' bearer token (`token_file`), or None (no authentication)."""
+        return self.token_file.read_text().strip() if self.token_file is not None else None
 
     @model_validator(mode="after")
     def _reserve_below_quota(self):
@@ -61,6 +83,18 @@ class AlertBridgeConfig(ServiceConfig):
     metrics_port: int = Field(8500, ge=0, le=65535, description="Port of the HTTP server (the webhook routes, "
                                                                 "/livez, /readyz, /metrics); 0 picks a free one.")
     alertbridge: AlertBridgeSection = AlertBridgeSection()
+
+    @field_validator("http_token_file")
+    @classmethod
+    def _no_work_token(cls, path: Path | None) -> Path | None:
+        # the stack's work token opens the actor's /generate and the reward server's /score: a
+        # bridge that held it (as every service did before issue 34) would hold their key
+        if path is not None:
+            raise ValueError("the alert bridge no longer takes the stack's work token (it opens /generate and "
+                             "/score): its alert routes have a token of their own, alertbridge.token_file "
+                             "(STEADYRL_ALERTBRIDGE__TOKEN_FILE; `make compose-secrets` and deploy/secrets.sh "
+                             "write alert-token), which Alertmanager's webhook sends; unset http_token_file here")
+        return path
 
 
 # ---------------------------------------------------------------------------- the webhook

@@ -70,7 +70,8 @@ KAFKA_PRINCIPAL = {"actor": "actor", "actor-gpu": "actor", "rollout": "rollout",
                    "learner": "learner", "topic-init": "admin", "ops": "replay"}
 #: The services that serve (actor, reward server, alert bridge) or send (rollout, reward) the HTTP
 #: bearer token; the learner and the one-shot jobs call no work route, so they do not get it.
-HTTP_TOKEN_SERVICES = {"actor", "actor-gpu", "reward-server", "alertbridge", "rollout", "reward"}
+HTTP_TOKEN_SERVICES = {"actor", "actor-gpu", "reward-server", "rollout", "reward"}   # http-token: work routes
+ALERT_TOKEN_SERVICES = {"alertbridge"}   # alert-token: the alert routes only, never the work token
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -803,6 +804,8 @@ def test_compose_service_configs_load(config_env, monkeypatch):
             assert cfg.http_token_file == secret_standin(f"{SECRETS_MOUNT}/http-token"), name
         else:
             assert cfg.http_token_file is None, name
+        if name in ALERT_TOKEN_SERVICES:
+            assert cfg.alertbridge.token_file == secret_standin(f"{SECRETS_MOUNT}/alert-token"), name
         if name == "actor-gpu":
             assert cfg.actor.backend == "vllm"
 
@@ -851,7 +854,7 @@ def all_principals() -> list[str]:
 
 def secret_names() -> set[str]:
     """Every file deploy/secrets.sh writes: kafka-<principal> for each principal, and the token."""
-    return {f"kafka-{p}" for p in all_principals()} | {"http-token"}
+    return {f"kafka-{p}" for p in all_principals()} | {"http-token", "alert-token"}
 
 
 def test_secrets_script_names_every_principal():
@@ -972,14 +975,19 @@ def test_compose_every_service_logs_in_as_its_own_principal():
             assert env["STEADYRL_HTTP_TOKEN_FILE"] == f"{SECRETS_MOUNT}/http-token" and "http-token" in refs, name
         else:
             assert "STEADYRL_HTTP_TOKEN_FILE" not in env and "http-token" not in refs, name
-    assert KAFKA_PRINCIPAL.keys() | HTTP_TOKEN_SERVICES <= set(our_compose_services())
+        if name in ALERT_TOKEN_SERVICES:
+            assert env["STEADYRL_ALERTBRIDGE__TOKEN_FILE"] == f"{SECRETS_MOUNT}/alert-token", name
+            assert "alert-token" in refs, name
+        else:
+            assert "alert-token" not in refs, name
+    assert KAFKA_PRINCIPAL.keys() | HTTP_TOKEN_SERVICES | ALERT_TOKEN_SERVICES <= set(our_compose_services())
     # topic-init applies every principal's ACLs from those files, as admin
     acl_cmd = shell_commands(services["topic-init"]["command"])[1]
     args = cli.build_parser().parse_args(acl_cmd[1:])
     assert Path(args.secrets_dir) == Path(SECRETS_MOUNT)
     # the broker reads the admin's password from its own secret; Alertmanager has the token
     assert compose_secret_refs(services["kafka"]) == {"kafka-admin"}
-    assert compose_secret_refs(services["alertmanager"]) == {"http-token"}
+    assert compose_secret_refs(services["alertmanager"]) == {"alert-token"}   # not the work token
     for name in ("prometheus", "grafana"):
         assert not compose_secret_refs(services[name]), f"{name}: scrapes and dashboards need no secret"
 
@@ -1009,7 +1017,7 @@ def test_compose_alertmanager_sends_the_token_to_the_bridge_only():
             auth = (hook.get("http_config") or {}).get("authorization")
             if hook["url"].startswith("http://alertbridge:"):
                 to_bridge += 1
-                assert auth == {"type": "Bearer", "credentials_file": f"{SECRETS_MOUNT}/http-token"}, hook["url"]
+                assert auth == {"type": "Bearer", "credentials_file": f"{SECRETS_MOUNT}/alert-token"}, hook["url"]
             else:
                 assert auth is None, f"{hook['url']}: the bridge's token must not go to another receiver"
     assert to_bridge >= 2
@@ -1289,6 +1297,7 @@ def check_manifests(docs: list[dict], monkeypatch, tmp_path: Path) -> None:
         principal = KAFKA_PRINCIPAL.get(name)
         own = {f"kafka-{principal}"} if principal else set()
         own |= {"http-token"} if name in HTTP_TOKEN_SERVICES else set()
+        own |= {"alert-token"} if name in ALERT_TOKEN_SERVICES else set()
         mounted = secret_keys_mounted(docs, obj, c)
         assert mounted == own, f"k8s {name}: mounts {mounted}"
         if principal:
@@ -1298,6 +1307,8 @@ def check_manifests(docs: list[dict], monkeypatch, tmp_path: Path) -> None:
             assert cfg.kafka.security_protocol == "PLAINTEXT" and not [k for k in env if "KAFKA__" in k], name
         token = secret_standin(f"{SECRETS_MOUNT}/http-token") if name in HTTP_TOKEN_SERVICES else None
         assert cfg.http_token_file == token, name
+        if name in ALERT_TOKEN_SERVICES:
+            assert cfg.alertbridge.token_file == secret_standin(f"{SECRETS_MOUNT}/alert-token"), name
         # its Service: selects these pods, on the named port
         svc = services[name]
         assert svc["spec"]["selector"].items() <= obj["spec"]["template"]["metadata"]["labels"].items(), name

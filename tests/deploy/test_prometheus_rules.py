@@ -324,7 +324,7 @@ def test_alertmanager_config_holds_no_secret():
             assert re.fullmatch(allowed, w["url"]), w
             if w["url"].startswith("http://alertbridge:"):
                 assert w["http_config"] == {"authorization": {"type": "Bearer",
-                                                              "credentials_file": "/run/secrets/http-token"}}, w
+                                                              "credentials_file": "/run/secrets/alert-token"}}, w
             else:
                 assert "http_config" not in w, w
     assert not re.search(r"access_token|oapi\.dingtalk|qyapi\.weixin", AM_CONFIG.read_text())
