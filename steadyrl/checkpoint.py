@@ -64,7 +64,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -660,13 +660,21 @@ class ShardWriter:
         self._thread = threading.Thread(target=run, name="checkpoint-shards", daemon=False)
         self._thread.start()
 
-    def wait(self) -> None:
+    def wait(self, beat: Callable[[], None] = lambda: None) -> None:
+        """Block until this rank's write (if any) is done, calling `beat` about every second."""
         if self._thread is not None:
-            self._thread.join()
+            _join(self._thread, beat)
             self._thread = None
         if self.error is not None:
             err, self.error = self.error, None
             raise CheckpointError(f"checkpoint save failed: {type(err).__name__}: {err}") from err
+
+
+def _join(thread: threading.Thread, beat: Callable[[], None]) -> None:
+    """Join `thread`, calling `beat` about every second until it ends."""
+    while thread.is_alive():
+        thread.join(timeout=1.0)
+        beat()
 
 
 class AsyncCheckpointer:
@@ -682,6 +690,8 @@ class AsyncCheckpointer:
         verified_step: the step of a checkpoint known to verify already (the one a resume
             verified), or None.
         key: sign every checkpoint with it (manifest.sig) and verify with it (`read_key`).
+        beat: called about every second while `save` or `wait` waits for the write in
+            flight (the liveness heartbeat of the thread that waits).
 
     Attributes:
         last_verified_step: the newest step whose checkpoint verified after it was written
@@ -690,9 +700,11 @@ class AsyncCheckpointer:
     """
 
     def __init__(self, root: Path, config: dict[str, Any], keep: int = 3, verify: bool = True,
-                 verified_step: int | None = None, key: bytes | None = None):
+                 verified_step: int | None = None, beat: Callable[[], None] = lambda: None,
+                 key: bytes | None = None):
         self.root, self.config, self.keep, self.verify = Path(root), config, keep, verify
         self.key = key
+        self.beat = beat
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.last_seconds: float | None = None
@@ -770,12 +782,13 @@ class AsyncCheckpointer:
             self.last_verify_seconds = time.perf_counter() - t0
 
     def wait(self) -> None:
-        """Block until the save in flight (if any) is complete. Re-raises its error."""
+        """Block until the save in flight (if any) is complete, calling `beat` about every
+        second meanwhile (the waiting thread stays live). Re-raises its error."""
         if self._thread is not None:
-            self._thread.join()
+            _join(self._thread, self.beat)
             self._thread = None
         if self.shards is not None:
-            self.shards.wait()   # raises CheckpointError naming the failed sharded save
+            self.shards.wait(self.beat)   # raises CheckpointError naming the failed sharded save
         if self.error is not None:
             err, self.error = self.error, None
             raise CheckpointError(f"checkpoint save failed: {type(err).__name__}: {err}") from err

@@ -74,6 +74,9 @@ class ServiceConfig(BaseSettings):
     metrics_port: int = Field(0, ge=0, le=65535, description="Port of the HTTP server; 0 picks a free one.")
     metrics_interval: float = Field(5.0, gt=0, le=3600,
                                     description="Seconds between librdkafka statistics and process metrics.")
+    liveness_timeout_s: float | None = Field(
+        None, gt=0, description="/livez fails once the service's loop has not beaten its heartbeat for this long "
+                                "(an orchestrator then restarts it). None: max(60, 6 x metrics_interval).")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
     http_token_file: Path | None = Field(

@@ -39,7 +39,7 @@ def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
     from steadyrl import hardware
 
     hardware.register()  # steadyrl_gpu_available, GPU memory/temperature/utilisation/PCIe, host cores
-    health = Health(liveness_timeout_s=max(60.0, 6 * cfg.metrics_interval))
+    health = Health(liveness_timeout_s=cfg.liveness_timeout_s or max(60.0, 6 * cfg.metrics_interval))
     app = make_app(name, health)
     if extra_routes is not None:
         extra_routes(app)

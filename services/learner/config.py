@@ -133,6 +133,14 @@ class LearnerSection(BaseModel):
                                "jsonl (<run>/metrics.jsonl), console, tensorboard, mlflow, wandb (the last three "
                                "need the `trackers` extra). One that fails logs one error and is off; training "
                                "goes on.")
+    tracker_queue: int = Field(1000, ge=1, description="Calls (a step's figures, an artifact) each tracker other "
+                                                      "than jsonl and console holds while it is behind; past it a "
+                                                      "call is dropped and counted, the learner never waits "
+                                                      "(docs/trackers.md).")
+    tracker_timeout_s: float = Field(60.0, gt=0, description="A tracker call (other than jsonl's and console's) "
+                                                             "running longer is reported hung and the learner goes "
+                                                             "on without it; at the end the learner waits this long "
+                                                             "at most for the trackers to finish.")
     tensorboard_dir: Path | None = Field(None, description="TensorBoard event files go in <tensorboard_dir>/<run_id> "
                                                             "(None: <run folder>/tensorboard).")
     mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI (None: a local SQLite store, "

@@ -101,10 +101,10 @@ class Learner:
         trim_history(self.run_dir, st)
         self.trackers = Trackers.of(lc, self.run_dir, {"steadyrl.run_id": st.run_id, "steadyrl.model": lc.model,
                                                        "steadyrl.algorithm": lc.train.algorithm,
-                                                       **provenance(lc.data)})
+                                                       **provenance(lc.data)}, beat=health.beat)
         self.saver = AsyncCheckpointer(self.run_dir / "checkpoints", {**self.fingerprint, "tokenizer": lc.model},
                                        keep=lc.keep_checkpoints, verified_step=restorer.checkpoint_step,
-                                       key=key)
+                                       beat=health.beat, key=key)
         self.cache = open_cache(self.run_dir, st, lc.rollout_cache_max_file_bytes, lc.rollout_cache_max_bytes,
                                 lc.rollout_cache_retention_h)
         self.intake = Intake(lc, st, self.outbox, stage=f"learner/{cfg.instance_id}", limits=limits,
@@ -320,7 +320,7 @@ class Learner:
                 blank_step_gauges()
             if st.finished and lc.on_finish == "idle":
                 log.info("run finished; idling until stopped (learner.on_finish: idle)", extra={"run_id": st.run_id})
-                while not stop.wait(self.cfg.metrics_interval):
+                while not stop.wait(1.0):  # each second: a liveness_timeout_s below metrics_interval holds
                     self.health.beat()
         finally:
             self.trackers.close()

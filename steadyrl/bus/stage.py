@@ -288,7 +288,15 @@ class Stage:
                                                "why": str(why)})
             self._rewind()
             if not progressed:  # only held records left: wait before trying them again
-                time.sleep(max(h.why.backoff_s for h in batch.held.values()))
+                self._backoff(max(h.why.backoff_s for h in batch.held.values()))
+
+    def _backoff(self, seconds: float) -> None:
+        """Wait `seconds` before held records are tried again, beating the heartbeat about every
+        second (a dependency down for longer than the liveness window is not a dead stage: a
+        Retry-After may say 60 s); a stop ends the wait at once."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0 and not self._stop.wait(min(left, 1.0)):
+            self.health.beat()
 
     @staticmethod
     def _offsets_to_commit(msgs: list, batch: Transformed, has_outputs: bool) -> tuple[list, bool]:

@@ -80,3 +80,53 @@ def test_every_tracker_has_every_step_once_across_a_learner_kill(bootstrap, tmp_
     assert {a.path for a in client.list_artifacts(mrun.info.run_id)} == {"summary.json", "curve.png"}
     assert mrun.data.tags["steadyrl.data"] == "tiny_copy:256" and mrun.data.tags["steadyrl.run_id"] == run.run_id
     assert mrun.data.params["learner.steps"] == str(steps) and mrun.info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_a_hung_tracker_server_does_not_fail_the_learners_liveness(bootstrap, tmp_path):
+    """MLflow pointed at a server that takes the connection and never answers (a hung tracking
+    server; MLflow's client waits 120 s a request, then retries), for the whole run; the
+    learner's liveness window 5 s. While the learner steps, every /livez answers 200, for many
+    windows; the steps keep rising; the hang is reported (a log line, the hung gauge at 1, the
+    calls its full queue dropped counted); the run ends (the tracker left behind) and the jsonl
+    record has every step (issue 34)."""
+    import socket
+    import time
+
+    import httpx
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(16)           # connections complete in the kernel; nobody ever reads or answers
+    steps = 200
+    up = Up(bootstrap, tmp_path, _config(tmp_path, steps=steps, trackers=["mlflow", "jsonl"], eval_data=None,
+                                         mlflow_tracking_uri=f"http://127.0.0.1:{hung.getsockname()[1]}",
+                                         tracker_timeout_s=1.0, tracker_queue=2),
+            env={"STEADYRL_LIVENESS_TIMEOUT_S": "5"})
+    try:
+        up.wait_step(2)
+        learner = up.url(8400)
+        first = up.progress()["step"]
+        t0, codes, seen = time.monotonic(), [], first
+        while seen < steps - 2:
+            codes.append(httpx.get(f"{learner}/livez", timeout=5).status_code)
+            seen = up.progress().get("step") or seen
+            assert up.proc.poll() is None and time.monotonic() - t0 < 300, up.log()[-4000:]
+            time.sleep(0.2)
+        watched = time.monotonic() - t0
+        metrics = httpx.get(f"{learner}/metrics", timeout=5).text
+        rc = up.wait(300)
+    finally:
+        up.close()
+        hung.close()
+    out = up.log()
+    assert rc == 0, out[-4000:]
+    assert watched > 3 * 5 and set(codes) == {200}, (watched, codes)   # several liveness windows, all live
+    assert seen - first >= 10
+    assert 'steadyrl_learner_tracker_hung{tracker="mlflow"} 1.0' in metrics
+    dropped = [float(line.split()[-1]) for line in metrics.splitlines()
+               if line.startswith('steadyrl_learner_tracker_dropped_total{tracker="mlflow"}')]
+    assert dropped and dropped[0] > 0, metrics[-2000:]
+    assert "experiment tracker hangs; the learner goes on without it" in out
+    assert "experiment tracker left behind at the end" in out
+    assert dict(read.jsonl(up.run().path / "metrics.jsonl")[1]) == {s: 1 for s in range(1, steps + 1)}

@@ -5,6 +5,8 @@ and a tracker that fails logging one error while training goes on."""
 import json
 import logging
 import math
+import threading
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -199,6 +201,144 @@ def test_a_tracker_whose_library_is_missing_logs_one_error(make_learner, caplog,
     with caplog.at_level(logging.ERROR, logger="steadyrl.learner"):
         _start(lrn)
         _steps(lrn, 1)
+        lrn.trackers.close()   # W&B runs on its own thread: its error is in once it has drained
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name == "steadyrl.learner"]
     assert [r.tracker for r in errors] == ["wandb"] and "No module named" in errors[0].error
     assert lrn.state.step == 1
+
+
+# ---- a slow or hung tracker never holds up the learner's loop --------------------------------
+
+class Gate:
+    """A remote tracker whose calls named in `hold` wait for `release` (a server that does not
+    answer); it records the calls it made."""
+
+    name = "gate"
+
+    def __init__(self, hold=("start",)):
+        self.hold, self.release, self.entered = set(hold), threading.Event(), threading.Event()
+        self.calls: list = []
+
+    def _wait(self, during):
+        if during in self.hold:
+            self.entered.set()
+            assert self.release.wait(60), "the test never released the tracker"
+
+    def start(self, run_id, config, resumed, history):
+        self.calls.append("start")
+        self._wait("start")
+
+    def log(self, step, metrics):
+        self.calls.append(step)
+        self._wait("log")
+
+    def artifact(self, path):
+        self.calls.append(path.name)
+
+    def close(self):
+        self.calls.append("close")
+        self._wait("close")
+
+
+def _sample(name: str, tracker: str = "gate") -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, {"tracker": tracker}) or 0.0
+
+
+def _until(cond, what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_a_full_queue_drops_with_a_count_never_blocks_and_jsonl_stays_complete(tmp_path):
+    """The remote tracker is stuck in its start; its queue holds 2 calls. 10 steps are logged
+    on a thread of the test's: they all return (the logging thread ends while the tracker is
+    still stuck), 8 of the 10 are dropped and counted, and the jsonl record has all 10."""
+    from services.learner.trackers import Jsonl
+
+    gate = Gate(hold=("start",))
+    t = Trackers([Jsonl(tmp_path), gate], queue_size=2, timeout_s=60)
+    dropped0 = _sample("steadyrl_learner_tracker_dropped_total")
+    t.start("run", {}, None, [])
+    assert gate.entered.wait(30)          # its thread is in start(): the queue is empty
+    rows = [{"step": s, "reward_mean": s / 10} for s in range(1, 11)]
+    logger = threading.Thread(target=lambda: [t.log(r["step"], r) for r in rows])
+    logger.start()
+    logger.join(timeout=30)
+    assert not logger.is_alive(), "Trackers.log blocked on a tracker that does not answer"
+    assert not gate.release.is_set() and gate.calls == ["start"]
+    assert _sample("steadyrl_learner_tracker_dropped_total") - dropped0 == 8
+    assert t.workers["gate"].dropped == 8 and _sample("steadyrl_learner_tracker_queued") == 2
+    assert dict(read.jsonl(tmp_path / "metrics.jsonl")[1]) == {s: 1 for s in range(1, 11)}
+    gate.release.set()
+    t.close()
+    assert gate.calls == ["start", 1, 2, "close"]      # what its queue held, in order; then closed
+    assert [x.name for x in t.on] == []
+
+
+def test_a_hung_tracker_is_reported_and_left_behind_and_answers_again(tmp_path, caplog):
+    """A call past timeout_s: one error line naming the tracker and the call, the hung gauge
+    at 1; when it returns, a line saying so and the gauge at 0. Hung again at the end: close
+    does not wait for it, says it is left behind, and the local tracker is complete."""
+    from services.learner.trackers import Jsonl
+
+    gate = Gate(hold=("log",))
+    t = Trackers([Jsonl(tmp_path), gate], queue_size=4, timeout_s=0.2)
+    with caplog.at_level(logging.INFO, logger="steadyrl.learner"):
+        t.start("run", {}, None, [])
+        t.log(1, {"step": 1, "reward_mean": 0.5})
+        _until(lambda: _sample("steadyrl_learner_tracker_hung") == 1, "the hang was not reported")
+        hung = [r for r in caplog.records
+                if r.getMessage() == "experiment tracker hangs; the learner goes on without it"]
+        assert len(hung) == 1 and hung[0].levelno == logging.ERROR
+        assert (hung[0].tracker, hung[0].during) == ("gate", "log") and hung[0].seconds >= 0.2
+        assert t.check() == ["gate"] and len([r for r in caplog.records if "hangs" in r.getMessage()]) == 1  # once
+
+        gate.release.set()
+        _until(lambda: _sample("steadyrl_learner_tracker_hung") == 0, "its return was not noticed")
+        assert any(r.getMessage() == "experiment tracker answered again" for r in caplog.records)
+
+        gate.release.clear()
+        t.log(2, {"step": 2, "reward_mean": 0.6})
+        _until(lambda: t.check() == ["gate"], "the second hang was not reported")
+        t.log(3, {"step": 3, "reward_mean": 0.7})
+        t.close()           # returns while the tracker is still in log(2)
+    assert t.workers["gate"].thread.is_alive() and gate.calls == ["start", 1, 2]
+    behind = [r for r in caplog.records if r.getMessage() == "experiment tracker left behind at the end"]
+    assert len(behind) == 1 and behind[0].tracker == "gate" and behind[0].during == "log" and behind[0].queued == 1
+    assert dict(read.jsonl(tmp_path / "metrics.jsonl")[1]) == {1: 1, 2: 1, 3: 1}
+    gate.release.set()
+    _until(lambda: not t.workers["gate"].thread.is_alive(), "the left-behind thread did not end")
+    assert gate.calls == ["start", 1, 2]      # left behind: nothing more is done with it, not even close
+
+
+def test_close_waits_for_a_slow_tracker_beating_meanwhile():
+    """A tracker still busy (not hung) at the end: close waits for it, calling the heartbeat
+    while it does (the tracker's close returns only after two beats)."""
+    beats = []
+    gate = Gate(hold=("close",))
+    t = Trackers([gate], timeout_s=120, beat=lambda: (beats.append(1), len(beats) >= 2 and gate.release.set()))
+    t.start("run", {}, None, [])
+    t.close()
+    assert gate.calls == ["start", "close"] and len(beats) >= 2 and not t.workers["gate"].thread.is_alive()
+
+
+def test_a_new_mlflow_store_is_made_whole_before_it_is_used(tmp_path):
+    """The SQLite store is created beside its place and renamed in: a half-made one that a
+    killed start left (`.tmp-<pid>`, here garbage) is removed, and the store opens."""
+    pytest.importorskip("mlflow")
+    from services.learner.trackers import _new_sqlite_store
+
+    db = tmp_path / "mlflow.db"
+    (tmp_path / "mlflow.db.tmp-999999").write_text("half a store")
+    _new_sqlite_store(mlflow_uri(tmp_path))
+    assert db.is_file() and not list(tmp_path.glob("mlflow.db.tmp-*"))
+    from mlflow.tracking import MlflowClient
+
+    assert [e.name for e in MlflowClient(tracking_uri=mlflow_uri(tmp_path)).search_experiments()] == ["Default"]
+    before = db.stat().st_mtime_ns
+    _new_sqlite_store(mlflow_uri(tmp_path))    # there already: left as it is
+    assert db.stat().st_mtime_ns == before
