@@ -65,7 +65,7 @@ class LearnerSection(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1)
     max_staleness: int = Field(0, ge=0, description="Train on groups from versions >= step - max_staleness "
                                "(0 on a CPU-only machine: generation and training share the cores).")
-    seed: int = Field(0, ge=0, description="Prompt order, sampling seeds and the tiny model's init.")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Prompt order, sampling seeds and the tiny model's init.")
     policy_root: Path = Field(Path(".steadyrl/policies"),
                               description="Weights are written under it (the actor's root).")
     keep_policies: int = Field(3, ge=2, description="Policy files kept per run (the newest; >= 2 so the one "

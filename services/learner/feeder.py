@@ -62,7 +62,7 @@ class Feeder:
     def _dataset_order(self):
         def flat():
             for batch in prompt_batches(self.rows, self.lc.prompts_per_step, self.lc.seed):
-                yield from ((e, i) for e, i, _ in batch if i not in self.skip)
+                yield from ((e, i) for e, i, _ in batch)
 
         it = flat()
         for _ in range(self.st.feeder_position):  # resume: skip what was already taken
@@ -71,9 +71,13 @@ class Feeder:
 
     def _pull(self) -> tuple[int, int]:
         """The next (epoch, index) of the dataset order (the prompt gate may keep it waiting)."""
-        epoch, index = next(self._order)
-        self.st.feeder_position += 1
-        return epoch, index
+        # The position counts the unfiltered order: a resume whose left-out rows differ (a limit
+        # raised, a newer check) continues at the same place, never repeating a prompt id.
+        while True:
+            epoch, index = next(self._order)
+            self.st.feeder_position += 1
+            if index not in self.skip:
+                return epoch, index
 
     def prompt(self, pid: str, f: InFlight) -> Prompt:
         """The record of prompt `pid` (attempt n > 0: seed + 7919 n, a new sample)."""
@@ -126,8 +130,9 @@ class Feeder:
         st, now = self.st, now_ms()
         late = [pid for pid, f in st.in_flight.items()
                 if pid not in waiting and pid not in st.requeue and not f.released
-                and now - f.published_ms > bound_s * 1000]
-        for pid in late:
+                and now - f.published_ms > bound_s * 1000 * 2 ** min(f.overdue, 6)]
+        for pid in late:  # each time again, the bound doubles: an outage does not flood rl.prompts
+            st.in_flight[pid].overdue += 1
             st.requeue.append(pid)
             self.retry_at.pop(pid, None)
             st.count(Count.republished)

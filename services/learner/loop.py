@@ -260,6 +260,7 @@ class Learner:
         self._overdue_t = now
         median = self.stall.median()
         bound = max(self.lc.republish_factor * median, self.lc.republish_min_s) if median else self.lc.republish_min_s
+        bound *= self.lc.max_staleness + 1  # a prompt may wait up to max_staleness + 1 steps for its group
         self.feeder.overdue(self.intake.ready, bound)
 
     def top_up(self) -> None:

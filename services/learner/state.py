@@ -66,6 +66,7 @@ class InFlight(_Saved):
     first_refused_ms: int = 0  # wall time of its first refusal (0: never refused)
     reasons: list[str] = Field(default_factory=list)  # the last refusals' reasons (at most REASONS_KEPT)
     published_ms: int = 0    # wall time of its last publish (0: not recorded, a state of before)
+    overdue: int = 0         # times published again as overdue (the bound doubles each time)
 
 
 class Held(InFlight):

@@ -111,3 +111,25 @@ def test_an_old_in_flight_prompt_of_a_row_now_left_out_is_abandoned_at_start(mak
     again = make_learner(data=str(rows))
     assert pid in again.state.abandoned and f"row {f.index} left out at start" in again.state.abandoned[pid]
     assert pid not in again.state.in_flight and isinstance(f, InFlight)
+
+
+def test_a_resume_with_other_rows_left_out_never_publishes_a_prompt_id_twice(make_learner, tmp_path):
+    """Regression (review of issue 33): the feeder's position counted the filtered order, so a
+    resume that left out fewer rows (a limit raised) published a trained prompt id again."""
+    rows = tmp_path / "d.jsonl"
+    good = [json.dumps({"question": str(i % 10), "answer": str(i % 10)}) for i in range(16)]
+    bad = good[:]
+    for i in (1, 5, 9, 13):
+        bad[i] = json.dumps({"question": ["not", "text"], "answer": "1"})
+    rows.write_text("\n".join(bad) + "\n")
+    lrn = make_learner(data=str(rows))
+    lrn.feeder.top_up()
+    first = [k for k, _ in lrn.outbox.on("rl.prompts")]
+    lrn.store.publish(lrn.model, lrn.state)
+    lrn.save_state()
+    rows.write_text("\n".join(good) + "\n")      # every row servable now
+    again = make_learner(data=str(rows))
+    for pid in list(again.state.in_flight):      # as if they were trained
+        del again.state.in_flight[pid]
+    again.feeder.top_up()
+    assert not set(first) & {k for k, _ in again.outbox.on("rl.prompts")}

@@ -31,7 +31,7 @@ ADDED = {"dlq_replaced": 0,   # issue 18: the fixture lost no prompt to rl.dlq (
 MOVED = {"history", "trained"}   # out of state.json (history.jsonl; consumed.jsonl)
 # Keys of each in-flight prompt added since, with the value an old one reads back as (issue 33:
 # its refusal budget and its publish time; 0: unknown, the feeder counts its age from its start)
-IN_FLIGHT_ADDED = {"refused": 0, "first_refused_ms": 0, "reasons": [], "published_ms": 0}
+IN_FLIGHT_ADDED = {"refused": 0, "first_refused_ms": 0, "reasons": [], "published_ms": 0, "overdue": 0}
 
 
 @pytest.fixture
