@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from steadyrl.bus.kafka import client_config
+from steadyrl.diskspace import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -98,21 +99,6 @@ def free_port_pair() -> int:
                 return p
             except OSError:
                 continue
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); look at its state.
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _cmdline(pid: int) -> str:
@@ -219,7 +205,7 @@ class LocalBroker:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        if _pid_alive(pid) and "kafka.Kafka" in _cmdline(pid):
+        if pid_alive(pid) and "kafka.Kafka" in _cmdline(pid):
             return pid
         return None
 
@@ -441,7 +427,7 @@ class LocalBroker:
             if proc is not None and proc.pid == pid:
                 if proc.poll() is not None:
                     return True
-            elif not _pid_alive(pid):
+            elif not pid_alive(pid):
                 return True
             time.sleep(0.1)
         return False

@@ -69,7 +69,7 @@ from typing import Any, Callable
 import torch
 
 from steadyrl import diskspace, failpoints
-from steadyrl.files import sha256_file, write_atomic
+from steadyrl.files import fsync_dir, sha256_file, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -127,14 +127,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
@@ -322,14 +314,14 @@ def _finish(root: Path, tmp: Path, final: Path, step: int, files: dict[str, Any]
     if key is not None:
         _write_chunks(tmp / SIGNATURE, [(_signature(key, body) + "\n").encode()])
     for d in [*(p for p in tmp.iterdir() if p.is_dir()), tmp]:
-        _fsync_dir(d)
+        fsync_dir(d)
     replaced = None
     if final.exists():  # the same step saved again: the old folder stays whole until the new one is in
         replaced = root / f"{final.name}.old-{os.getpid()}"
         shutil.rmtree(replaced, ignore_errors=True)
         final.rename(replaced)
     tmp.rename(final)
-    _fsync_dir(root)
+    fsync_dir(root)
     write_atomic(root / "LATEST", final.name + "\n")
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)

@@ -51,6 +51,23 @@ class _StackYaml(YamlConfigSettingsSource):
         return {k: v for k, v in data.items() if k in own or k not in STACK_SECTIONS}
 
 
+def read_token(path: Path | None) -> str | None:
+    """The bearer token a token file holds (stripped), or None when `path` is None."""
+    return path.read_text().strip() if path is not None else None
+
+
+def check_token_file(path: Path | None) -> Path | None:
+    """`path` as it is when it is None or names a readable file holding a token (a settings
+    validator). Raises ValueError: the file cannot be read, or is empty."""
+    try:
+        token = read_token(path)
+    except OSError as e:
+        raise ValueError(f"cannot read the token file: {e.strerror}") from None
+    if token == "":
+        raise ValueError("the token file is empty")
+    return path
+
+
 def _default_instance() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -89,18 +106,11 @@ class ServiceConfig(BaseSettings):
     @field_validator("http_token_file")
     @classmethod
     def _token_file_readable(cls, path: Path | None) -> Path | None:
-        if path is not None:
-            try:
-                token = path.read_text().strip()
-            except OSError as e:
-                raise ValueError(f"cannot read the token file: {e.strerror}") from None
-            if not token:
-                raise ValueError("the token file is empty")
-        return path
+        return check_token_file(path)
 
     def http_token(self) -> str | None:
         """The bearer token of `http_token_file` (None: no HTTP authentication)."""
-        return self.http_token_file.read_text().strip() if self.http_token_file is not None else None
+        return read_token(self.http_token_file)
 
     def http_auth_headers(self) -> dict[str, str]:
         """The headers a client of the stack's HTTP services sends: the bearer token, if any."""

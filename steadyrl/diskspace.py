@@ -167,14 +167,19 @@ def _free_or_none(path: Path | str) -> int | None:
 
 
 def pid_alive(pid: int) -> bool:
-    """True when a process with this pid exists (one we may not signal counts as alive)."""
+    """True when a process with this pid runs (one we may not signal counts as alive; a zombie
+    does not: it still answers kill(0), so its state is read from /proc)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def clean_temporaries(folder: Path) -> list[Path]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -24,22 +26,29 @@ def sha256_file(path: Path | str) -> str:
     return sha256_files([path])
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `.<name>.tmp-<pid>`, fsync it, rename it over `path`, fsync the folder: readers
-    see the old file or the new one, never half, and after a crash the new one if this
-    returned. When the disk refuses (OSError: ENOSPC...) the temporary is removed, `path` is
-    left as it was, and the error is raised (steadyrl.diskspace.retry retries it)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+@contextmanager
+def replacing(path: Path, tmp: Path | None = None) -> Iterator[Path]:
+    """A temporary (`tmp`, default `.<name>.tmp-<pid>` beside `path`) for the caller to write and fsync; when
+    the block ends, it is renamed over `path` and the folder fsynced: readers see the old file
+    or the new one, never half, and after a crash the new one once this returned. When the
+    block raises (OSError: ENOSPC...) the temporary is removed, `path` is left as it was, and
+    the error goes on (steadyrl.diskspace.retry retries it)."""
+    tmp = tmp if tmp is not None else path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`text` as the file `path`, written, fsynced and renamed into place (`replacing`)."""
+    with replacing(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def fsync_dir(path: Path) -> None:

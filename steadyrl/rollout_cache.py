@@ -185,20 +185,14 @@ def _number(p: Path) -> int:
 
 
 def _write_part(path: Path, batches: list[pa.RecordBatch]) -> None:
-    """`batches` as the Arrow IPC file `path`: written as `path.tmp`, fsynced, renamed, the
-    folder fsynced. On an error the temporary is removed and `path` left as it was."""
-    from steadyrl.files import fsync_dir
+    """`batches` as the Arrow IPC file `path`, fsynced and renamed into place
+    (steadyrl.files.replacing: on an error `path` is left as it was)."""
+    from steadyrl.files import replacing
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(str(path) + ".tmp")
-    try:
+    with replacing(path, Path(str(path) + ".tmp")) as tmp:  # *.arrow.tmp: removed on open after a crash
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as w:
             for b in batches:
                 w.write_batch(b)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)

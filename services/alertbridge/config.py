@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from steadyrl.config import ServiceConfig
+from steadyrl.config import ServiceConfig, check_token_file, read_token
 
 # ---------------------------------------------------------------------------- configuration
 
@@ -57,18 +57,11 @@ class AlertBridgeSection(BaseModel):
     @field_validator("token_file")
     @classmethod
     def _token_file_readable(cls, path: Path | None) -> Path | None:
-        if path is not None:
-            try:
-                token = path.read_text().strip()
-            except OSError as e:
-                raise ValueError(f"cannot read the token file: {e.strerror}") from None
-            if not token:
-                raise ValueError("the token file is empty")
-        return path
+        return check_token_file(path)
 
     def token(self) -> str | None:
         """The alert routes' bearer token (`token_file`), or None (no authentication)."""
-        return self.token_file.read_text().strip() if self.token_file is not None else None
+        return read_token(self.token_file)
 
     @model_validator(mode="after")
     def _reserve_below_quota(self):
