@@ -76,6 +76,8 @@ DLQ_PROMPTS = Counter("steadyrl_learner_dlq_prompts", "Prompts in flight that a 
 RELEASE_ON_SCORED = Counter("steadyrl_learner_release_on_scored", "Groups on rl.scored carrying the release "
                             "header: not releases (only rl.releases' groups are), read as any other")
 BUFFER_SIZE = Gauge("steadyrl_rollout_buffer_size", "Scored groups waiting in a buffer", ["stage"])
+#: characters of a DLQ record's error kept as a refusal's reason (state.json holds them)
+REASON_CHARS = 500
 ABANDONED = Counter("steadyrl_learner_prompts_abandoned", "Prompts abandoned: refused (sent back by rl.dlq) "
                     "learner.prompt_max_refusals times over at least prompt_min_refusal_s, or left out at start "
                     "as unservable; never trained, each replaced by the next row (<run>/abandoned.jsonl)")
@@ -252,7 +254,8 @@ class Intake:
             return
         try:
             rec = codec.decode(msg.value(), msg.headers(), DLQRecord)
-            reason, why = rec.reason.value, f"{rec.stage}: {rec.reason.value}: {rec.error}"
+            # the error is the writer's text, of any length: a reason is kept and logged cut short
+            reason, why = rec.reason.value, f"{rec.stage[:100]}: {rec.reason.value}: {rec.error[:REASON_CHARS]}"
         except codec.Rejected as rej:
             reason, why = "unreadable", f"unreadable DLQ record: {rej.detail}"
         f = st.in_flight[pid]
@@ -260,7 +263,7 @@ class Intake:
         f.released = False  # what comes back is a new sample
         f.refused += 1
         f.first_refused_ms = f.first_refused_ms or now_ms()
-        f.reasons = (f.reasons + [why[:500]])[-REASONS_KEPT:]
+        f.reasons = (f.reasons + [why])[-REASONS_KEPT:]
         st.count(Count.dlq)
         self.dlq_in_a_row += 1
         GROUPS.labels("dlq").inc()

@@ -61,7 +61,10 @@ class Learner:
     def __init__(self, cfg: LearnerConfig, health):
         self.cfg, self.lc, self.health = cfg, cfg.learner, health
         lc = self.lc
-        self.rows = load_dataset(lc.data, lenient=True)  # a row that is not a prompt: a RowError, left out
+        try:  # a row that is not a prompt is a RowError, left out; a file that is not a dataset stops here
+            self.rows = load_dataset(lc.data, lenient=True)
+        except Exception as e:
+            raise ConfigError(f"learner.data {lc.data}: cannot be read as a dataset: {type(e).__name__}: {e}") from None
         if len(self.rows) < lc.prompts_per_step:  # before the broker is asked and the model loads
             raise ConfigError(f"learner.data {lc.data} has {len(self.rows)} rows < learner.prompts_per_step "
                               f"{lc.prompts_per_step}")

@@ -133,3 +133,20 @@ def test_a_resume_with_other_rows_left_out_never_publishes_a_prompt_id_twice(mak
         del again.state.in_flight[pid]
     again.feeder.top_up()
     assert not set(first) & {k for k, _ in again.outbox.on("rl.prompts")}
+
+
+def test_a_dlq_records_long_error_is_kept_cut_short(make_learner):
+    """Regression (review): a forged DLQ record's 900 KB error went whole into state.abandoned,
+    state.json grew to 18 MB after 20 of them."""
+    from steadyrl import codec
+    from steadyrl.contracts import DLQReason
+    from tests.services.learner.conftest import Msg
+
+    lrn = make_learner(prompt_max_refusals=1, prompt_min_refusal_s=0)
+    lrn.feeder.top_up()
+    pid = sorted(lrn.state.in_flight)[0]
+    rec = codec.dlq_record(codec.Rejected(DLQReason.handler_error, "x"), stage="reward/0", topic="rl.rollouts",
+                           partition=0, offset=0, key=pid.encode(), value=b"{}")
+    rec.error = "y" * 900_000
+    lrn.intake.dead_letter(Msg(rec, pid, topic="rl.dlq"))
+    assert pid in lrn.state.abandoned and len(lrn.state.abandoned[pid]) < 700

@@ -121,3 +121,29 @@ def test_the_config_bounds_match_the_prompt_contract():
     with pytest.raises(ValidationError, match="outside"):
         LearnerSection(train={"temperature": 11})
     LearnerConfig(learner={"max_new_tokens": 64}, actor={"max_new_tokens_limit": 64, "backend": "vllm"})
+
+
+def test_a_file_that_is_not_a_dataset_exits_2_naming_it(tmp_path):
+    """Regression (review): a parquet file without `reward_model` exited 1 (KeyError) and
+    was restarted without end."""
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": [{"role": "user", "content": "3"}]}] * 8), path)
+    r = _learner(tmp_path, "--learner.data", str(path))
+    assert r.returncode == 2 and "cannot be read as a dataset" in r.stderr and "reward_model" in r.stderr, r.stderr
+
+
+def test_a_row_within_a_few_bytes_of_the_record_limit_is_left_out(tmp_path, tiny):
+    """Regression (review): the check's record has placeholder ids; a real one is a few bytes
+    longer, so a row just under the limit passed and failed at publish."""
+    from services.learner.rows import RECORD_MARGIN, check_row, prompt_record
+    from steadyrl import codec
+
+    model, tok = tiny
+    lc = LearnerSection(model="tiny", data="tiny_copy:8", eval_data=None, max_new_tokens=4)
+    row = load_dataset("tiny_copy:8")[0]
+    row.extra_info = {"pad": "a" * 2000}
+    record = prompt_record(lc, row, "r00000000T000000-0000/e0-i0", 0, 0, 0, "r00000000T000000-0000", 0)
+    size = len(codec.encode(record)[0])
+    bad = check_row(lc, row, 0, tok, 128, GenerationLimits(), size + RECORD_MARGIN // 2)
+    assert bad is not None and "less 1024 for its ids" in bad.reason
+    assert check_row(lc, row, 0, tok, 128, GenerationLimits(), size + RECORD_MARGIN) is None
