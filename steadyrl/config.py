@@ -173,6 +173,8 @@ def load(cls: type[S], argv: list[str] | None = None, prog: str | None = None) -
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {known.config} is not valid YAML: {e}") from None
     except ValidationError as e:
-        lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}{_shown_input(err)}" for err in e.errors()]
+        # a check across fields (a model validator) has no location: its message names the fields
+        lines = [f"  {'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}{_shown_input(err)}"
+                 for err in e.errors()]
         raise ConfigError(f"invalid {cls.__name__}:\n" + "\n".join(lines)) from None
     return loaded

@@ -96,6 +96,7 @@ def _learner(tmp_path, *args: str, env: dict | None = None) -> subprocess.Comple
     ("--learner.train.temperature", "10.5", "learner.train"),
     ("--learner.model", "no-such-model", "learner.model"),
     ("--learner.max-new-tokens", "2000", "actor.max_new_tokens_limit"),
+    ("--learner.group-size", "600", "settings: Value error, learner.group_size 600 > 256"),
 ])
 def test_a_setting_past_its_bound_exits_2_naming_the_field(tmp_path, flag, value, named):
     r = _learner(tmp_path, flag, value)
