@@ -3,11 +3,11 @@
 #   docker build --target cpu -t steadyrl:0.1.0 .        # CPU (also the last stage, `default`)
 #   docker build --target gpu -t steadyrl:0.1.0-gpu .    # CUDA torch + vLLM 0.32.0 (untried: no GPU here)
 #
-#   docker run steadyrl:0.1.0 python -m services.reward.server
+#   docker run steadyrl:0.1.0 python -m steadyrl.services.reward.server
 #   docker run steadyrl:0.1.0 steadyrl topics create --bootstrap kafka:9092
 #
-# Entry points: python -m services.actor | services.rollout | services.reward |
-# services.reward.server | services.learner | services.alertbridge, and the `steadyrl` CLI.
+# Entry points: python -m steadyrl.services.actor | steadyrl.services.rollout | steadyrl.services.reward |
+# steadyrl.services.reward.server | steadyrl.services.learner | steadyrl.services.alertbridge, and the `steadyrl` CLI.
 # Every service reads its HTTP port (/livez /readyz /metrics) from STEADYRL_METRICS_PORT; the
 # health check probes /readyz there with the standard library (python -m steadyrl.probe), no curl.
 #

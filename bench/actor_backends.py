@@ -62,7 +62,7 @@ def inproc(engine: str, dtype: str) -> list[dict]:
         model, tok = load_policy(SMOLLM2)
         gen = TorchGenerator(model.eval(), tok, batch_size=64)
     else:
-        from services.actor.vllm_engine import VLLMGenerator, VLLMSettings
+        from steadyrl.services.actor.vllm_engine import VLLMGenerator, VLLMSettings
 
         folder = hf_folder(SMOLLM2)
         tok = load_tokenizer(folder)

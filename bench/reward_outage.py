@@ -106,7 +106,7 @@ def unseen_prompt_matches(n: int, floors=(0.8, 0.9, 0.95)) -> dict:
     """Offline: cache the first n prompts' scored groups, look up the next n (never scored).
     At each floor: how many match another prompt on text alone (what the answer-key check
     refuses), and how many match one with the same data_source and ground truth (served)."""
-    from services.reward.cache import ScoreCache
+    from steadyrl.services.reward.cache import ScoreCache
 
     prompts = load_prompts(2 * n)
     rng = random.Random(1)

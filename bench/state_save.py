@@ -41,8 +41,8 @@ def _median_ms(fn, repeats: int) -> float:
 
 
 def main() -> None:
-    from services.learner.parts import append_history
-    from services.learner.state import InFlight, RunState
+    from steadyrl.services.learner.parts import append_history
+    from steadyrl.services.learner.state import InFlight, RunState
     from steadyrl.files import write_atomic
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

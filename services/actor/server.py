@@ -61,7 +61,7 @@ from fastapi import HTTPException
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from services.actor.vllm_engine import EngineDead
+from steadyrl.services.actor.vllm_engine import EngineDead
 from steadyrl import policy_files
 from steadyrl.config import ServiceConfig, load
 from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits
@@ -219,7 +219,7 @@ class Actor:
         self.gate = Gate()
         self.model = None   # torch: the served model; vllm: the engine holds the weights
         if self.engine == "vllm":
-            from services.actor.vllm_engine import VLLMGenerator, VLLMSettings, vllm_available
+            from steadyrl.services.actor.vllm_engine import VLLMGenerator, VLLMSettings, vllm_available
             from steadyrl.config import ConfigError
             from steadyrl.models import hf_folder, load_tokenizer, safetensors_shapes
 

@@ -1,1 +1,1 @@
-"""alertbridge: Alertmanager webhooks in, DingTalk and WeCom group-robot markdown out (services.alertbridge.bridge)."""
+"""alertbridge: Alertmanager webhooks in, DingTalk and WeCom group-robot markdown out (steadyrl.services.alertbridge.bridge)."""

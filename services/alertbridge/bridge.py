@@ -6,7 +6,7 @@ take group-robot messages in their own formats. This service sits between the tw
     Alertmanager ──POST /alert/dingtalk──▶ alertbridge ──POST (signed)──▶ DingTalk robot
                  ──POST /alert/wecom─────▶             ──POST──────────▶ WeCom robot
 
-Run: `python -m services.alertbridge` (binds 127.0.0.1:8500; `--metrics-host 0.0.0.0` in a
+Run: `python -m steadyrl.services.alertbridge` (binds 127.0.0.1:8500; `--metrics-host 0.0.0.0` in a
 container). Besides the two routes it serves `/livez`, `/readyz` (check `robots`: 503 when
 no robot is configured) and `/metrics`, like every steadyrl service (steadyrl.service).
 
@@ -107,8 +107,8 @@ from fastapi.responses import JSONResponse
 from prometheus_client import Counter, Histogram
 from starlette.concurrency import run_in_threadpool
 
-# Re-exported: tests and the docs name these as services.alertbridge.bridge.X.
-from services.alertbridge.config import (  # noqa: F401
+# Re-exported: tests and the docs name these as steadyrl.services.alertbridge.bridge.X.
+from steadyrl.services.alertbridge.config import (  # noqa: F401
     AlertBridgeConfig,
     AlertBridgeSection,
     Webhook,
@@ -116,7 +116,7 @@ from services.alertbridge.config import (  # noqa: F401
     WebhookRejected,
     parse_webhook,
 )
-from services.alertbridge.render import (  # noqa: F401
+from steadyrl.services.alertbridge.render import (  # noqa: F401
     TEMPLATES,
     Rendered,
     Renderer,
@@ -126,7 +126,7 @@ from services.alertbridge.render import (  # noqa: F401
     render_context,
     utf8_len,
 )
-from services.alertbridge.robots import (  # noqa: F401
+from steadyrl.services.alertbridge.robots import (  # noqa: F401
     RATE_LIMIT_CODES,
     REDACTOR,
     ROBOTS,

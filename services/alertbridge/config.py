@@ -1,5 +1,5 @@
 """The alert bridge's settings (`alertbridge:`) and the Alertmanager webhook it accepts
-(services.alertbridge.bridge documents the service)."""
+(steadyrl.services.alertbridge.bridge documents the service)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Rendering a webhook into robot markdown: the Jinja2 templates, their context, and fitting a
-message into a robot's byte limit (services.alertbridge.bridge, Rendering and Limits)."""
+message into a robot's byte limit (steadyrl.services.alertbridge.bridge, Rendering and Limits)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import jinja2
 
-from services.alertbridge.config import Webhook, WebhookAlert
+from steadyrl.services.alertbridge.config import Webhook, WebhookAlert
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 

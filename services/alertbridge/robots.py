@@ -1,5 +1,5 @@
 """The robots: one configured DingTalk or WeCom webhook each, DingTalk signing (加签), and
-keeping their credentials out of every log line and message (services.alertbridge.bridge,
+keeping their credentials out of every log line and message (steadyrl.services.alertbridge.bridge,
 DingTalk signing and Secrets)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import urllib.parse
 from collections import deque
 from dataclasses import dataclass
 
-from services.alertbridge.config import Webhook
-from services.alertbridge.render import Rendered, Renderer, cut_utf8, md_text
+from steadyrl.services.alertbridge.config import Webhook
+from steadyrl.services.alertbridge.render import Rendered, Renderer, cut_utf8, md_text
 
 ROBOTS = ("dingtalk", "wecom")
 #: errcode each robot answers when it throttles a webhook; retried with backoff.

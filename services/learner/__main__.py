@@ -1,4 +1,4 @@
-from services.learner.main import main
+from steadyrl.services.learner.main import main
 from steadyrl.service import main_guard
 
 main_guard(main)

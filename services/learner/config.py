@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from services.learner.prompt_gate import PromptGateConfig
-from services.learner.watch import WatchConfig
+from steadyrl.services.learner.prompt_gate import PromptGateConfig
+from steadyrl.services.learner.watch import WatchConfig
 from steadyrl.config import ServiceConfig
 from steadyrl.data import load_rows, tiny_copy_rows
 from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits

@@ -26,11 +26,11 @@ import time
 
 from prometheus_client import Counter, Gauge
 
-from services.learner.config import LearnerSection
-from services.learner.outbox import Outbox
-from services.learner.prompt_gate import PromptGate
-from services.learner.rows import prompt_record
-from services.learner.state import Count, InFlight, RunState
+from steadyrl.services.learner.config import LearnerSection
+from steadyrl.services.learner.outbox import Outbox
+from steadyrl.services.learner.prompt_gate import PromptGate
+from steadyrl.services.learner.rows import prompt_record
+from steadyrl.services.learner.state import Count, InFlight, RunState
 from steadyrl.contracts import Prompt, now_ms
 from steadyrl.rl.loop import prompt_batches
 

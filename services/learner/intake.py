@@ -56,11 +56,11 @@ from typing import Callable
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import Counter, Gauge
 
-from services.learner.buffer import MAX_EVICTIONS, evictions
-from services.learner.config import LearnerSection
-from services.learner.outbox import Outbox
-from services.learner.state import REASONS_KEPT, Count, InFlight, Ready, RunState
-from services.learner.tokens import TokenLimits
+from steadyrl.services.learner.buffer import MAX_EVICTIONS, evictions
+from steadyrl.services.learner.config import LearnerSection
+from steadyrl.services.learner.outbox import Outbox
+from steadyrl.services.learner.state import REASONS_KEPT, Count, InFlight, Ready, RunState
+from steadyrl.services.learner.tokens import TokenLimits
 from steadyrl import codec, diskspace
 from steadyrl.bus.kafka import consumer_config
 from steadyrl.contracts import DLQReason, DLQRecord, Prompt, ScoredGroup, now_ms

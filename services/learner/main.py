@@ -1,4 +1,4 @@
-"""`python -m services.learner`: the learner process, its probes and `GET /progress`.
+"""`python -m steadyrl.services.learner`: the learner process, its probes and `GET /progress`.
 
 /readyz checks real things: `model` (the weights are loaded and version `step` is in the
 policy store), `assignment` (the consumer holds every partition of rl.scored and rl.releases) and `progress`
@@ -16,7 +16,7 @@ from steadyrl.config import load
 
 
 def main(argv: list[str]) -> int:
-    from services.learner.config import LearnerConfig
+    from steadyrl.services.learner.config import LearnerConfig
 
     cfg = load(LearnerConfig, argv, prog="steadyrl-learner")
     from steadyrl.rl import distributed
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
             if torch.cuda.device_count() < cfg.learner.world_size:
                 raise ConfigError(f"learner.world_size is {cfg.learner.world_size} with learner.train.device cuda, "
                                  f"but {torch.cuda.device_count()} GPUs are visible: one rank per GPU")
-        launch = distributed.torchrun_argv(cfg.learner.world_size, "services.learner", argv)
+        launch = distributed.torchrun_argv(cfg.learner.world_size, "steadyrl.services.learner", argv)
         logging.getLogger(__name__).info("starting the learner's ranks under torchrun",
                                          extra={"world_size": cfg.learner.world_size})
         os.execv(launch[0], launch)  # the same process, now torchrun; it starts the N ranks
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
 
 def leader(cfg, world: int) -> int:
     """Rank 0 (the only rank when world is 1): the learner service, its probes and /progress."""
-    from services.learner.loop import Learner
+    from steadyrl.services.learner.loop import Learner
     from steadyrl import diskspace
     from steadyrl.rl import distributed
     from steadyrl.service import run_service

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.learner.drift import ParamDrift, kl_trend
-from services.learner.state import Count, RunState
+from steadyrl.services.learner.drift import ParamDrift, kl_trend
+from steadyrl.services.learner.state import Count, RunState
 from steadyrl.contracts import ScoredGroup
 
 REWARD_MEAN = Gauge("steadyrl_learner_reward_mean", "Mean reward of the last step's batch")

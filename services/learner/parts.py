@@ -8,8 +8,8 @@ import logging
 import time
 from pathlib import Path
 
-from services.learner.metrics import EXPORTED
-from services.learner.state import Ready, RunState
+from steadyrl.services.learner.metrics import EXPORTED
+from steadyrl.services.learner.state import Ready, RunState
 from steadyrl import checkpoint as ck
 from steadyrl import diskspace
 from steadyrl.config import ConfigError

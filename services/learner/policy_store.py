@@ -15,8 +15,8 @@ from pathlib import Path
 
 from prometheus_client import Gauge
 
-from services.learner.outbox import Outbox
-from services.learner.state import RunState
+from steadyrl.services.learner.outbox import Outbox
+from steadyrl.services.learner.state import RunState
 from steadyrl import diskspace, policy_files
 from steadyrl.checkpoint import CheckpointError, refuse_nonfinite, unique_tensors
 from steadyrl.contracts import PolicyUpdate

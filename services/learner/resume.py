@@ -25,7 +25,7 @@ import logging
 from pathlib import Path
 from typing import Protocol
 
-from services.learner.state import RunState
+from steadyrl.services.learner.state import RunState
 from steadyrl import checkpoint as ck
 from steadyrl import policy_files
 from steadyrl.config import ConfigError

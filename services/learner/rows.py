@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from services.learner.config import LearnerSection
+from steadyrl.services.learner.config import LearnerSection
 from steadyrl import codec
 from steadyrl.config import ConfigError
 from steadyrl.contracts import Prompt

@@ -32,7 +32,7 @@ Around each call to `POST /score`:
                  answered half-opens it (as does `reset_timeout_s` passing); the trial
                  call's success closes it
     fallback     while open, each group is scored from the most similar of the last 1000
-                 prompts the server scored (services.reward.cache), marked
+                 prompts the server scored (steadyrl.services.reward.cache), marked
                  `reward_source=cache` with the similarity; a group below the similarity
                  floor, or whose ground truth differs, is held until the server is back
 
@@ -60,7 +60,7 @@ from steadyrl.contracts import DLQReason, RewardSource, RolloutGroup
 from steadyrl.http import response_detail
 
 if TYPE_CHECKING:
-    from services.reward.cache import ScoreCache
+    from steadyrl.services.reward.cache import ScoreCache
 
 log = logging.getLogger("steadyrl.reward")
 
@@ -129,7 +129,7 @@ class RewardClient:
         timeout_s: per call, seconds (connect, each read, each write).
         retry_backoff_s: how long a held batch or group waits before it is retried.
         breaker: the circuit breaker (default: 3 failures, 30 s reset timeout).
-        cache: the cached-score fallback (services.reward.cache.ScoreCache); None: no
+        cache: the cached-score fallback (steadyrl.services.reward.cache.ScoreCache); None: no
             fallback (groups are held while the breaker is open).
         probe_interval_s: seconds between probes while open (0: no probe thread); see probe_once.
         headers: sent with every call (the stack's bearer token: ServiceConfig.http_auth_headers).

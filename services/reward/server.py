@@ -28,7 +28,7 @@ not finite JSON, the whole call is 422, the same every time, naming the items:
 above `max_body_bytes` gets 413, one slower than `body_timeout_s` 408, a call past
 `max_concurrent` in progress 503 with Retry-After (steadyrl/http.py `add_work_route`; the
 probes never wait behind /score). Reward workers call it through
-`services.reward.client.RewardClient`. Run: `python -m services.reward.server`.
+`steadyrl.services.reward.client.RewardClient`. Run: `python -m steadyrl.services.reward.server`.
 Metrics: `steadyrl_reward_server_score_seconds{scorer}`, `_items_total{scorer}`,
 `_errors_total{kind}` (kind: unknown_scorer, too_many_items, not_ready, model_error, scorer_error,
 non_finite).

@@ -78,8 +78,8 @@ def make_handler(client):
 
 def main(argv: list[str]) -> int:
     cfg = load(RewardConfig, argv, prog="steadyrl-reward")
-    from services.reward.cache import ScoreCache
-    from services.reward.client import RewardClient
+    from steadyrl.services.reward.cache import ScoreCache
+    from steadyrl.services.reward.client import RewardClient
     from steadyrl.breaker import CircuitBreaker
     from steadyrl.bus.stage import Stage
     from steadyrl.service import run_service

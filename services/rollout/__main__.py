@@ -1,4 +1,4 @@
-from services.rollout.worker import main
+from steadyrl.services.rollout.worker import main
 from steadyrl.service import main_guard
 
 main_guard(main)

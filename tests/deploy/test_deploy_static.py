@@ -52,14 +52,14 @@ COMPOSECHECK = ROOT / "tests" / "tools" / "composecheck"
 OUR_IMAGES = re.compile(r"^(\$\{STEADYRL(_GPU)?_IMAGE:-)?steadyrl:[0-9][^:}]*\}?$")
 #: Entry-point module -> (module, class) of its config, for every long-running steadyrl service.
 CONFIG_CLASSES = {
-    "services.reward.server": ("services.reward.server", "RewardServerConfig"),
-    "services.actor": ("services.actor.server", "ActorConfig"),
-    "services.rollout": ("services.rollout.worker", "RolloutConfig"),
-    "services.reward": ("services.reward.worker", "RewardConfig"),
-    "services.learner": ("services.learner.config", "LearnerConfig"),
-    "services.alertbridge": ("services.alertbridge.bridge", "AlertBridgeConfig"),
+    "steadyrl.services.reward.server": ("steadyrl.services.reward.server", "RewardServerConfig"),
+    "steadyrl.services.actor": ("steadyrl.services.actor.server", "ActorConfig"),
+    "steadyrl.services.rollout": ("steadyrl.services.rollout.worker", "RolloutConfig"),
+    "steadyrl.services.reward": ("steadyrl.services.reward.worker", "RewardConfig"),
+    "steadyrl.services.learner": ("steadyrl.services.learner.config", "LearnerConfig"),
+    "steadyrl.services.alertbridge": ("steadyrl.services.alertbridge.bridge", "AlertBridgeConfig"),
 }
-MODULE_OF = {**cli.SERVICES, "alertbridge": "services.alertbridge"}  # service name -> module
+MODULE_OF = {**cli.SERVICES, "alertbridge": "steadyrl.services.alertbridge"}  # service name -> module
 SCALABLE = set(cli.SCALABLE)
 #: Kubernetes releases the manifests must be valid for (kubernetes-validate bundles 1.25+).
 K8S_VERSIONS = ("1.29.0", "latest")
@@ -222,6 +222,15 @@ def shell_commands(argv: list[str]) -> list[list[str]]:
     return parts
 
 
+def module_path(module: str) -> Path:
+    """The folder or file stem of a module of this checkout, without importing it:
+    steadyrl.services.x lives in services/x (pyproject's package-dir)."""
+    parts = module.split(".")
+    if parts[:2] == ["steadyrl", "services"]:
+        parts = parts[1:]
+    return ROOT.joinpath(*parts)
+
+
 def check_command(argv: list[str], where: str) -> None:
     """Fail unless `argv` starts a real entry point of this repository (every one of a
     `sh -c "A && B"`)."""
@@ -232,7 +241,7 @@ def check_command(argv: list[str], where: str) -> None:
         return
     if argv[:2] == ["python", "-m"]:
         module = argv[2]
-        path = ROOT.joinpath(*module.split("."))
+        path = module_path(module)
         if (path / "__main__.py").is_file():
             return
         src = path.with_suffix(".py")
@@ -273,7 +282,7 @@ def catalogue_partitions() -> dict[str, int]:
 
 def stage_input_topic(module: str) -> str:
     """The input topic a worker's Stage consumes (`input_topic="rl.prompts"` in its source)."""
-    src = ROOT.joinpath(*config_class(module).__module__.split(".")).with_suffix(".py").read_text()
+    src = module_path(config_class(module).__module__).with_suffix(".py").read_text()
     topics = set(re.findall(r'input_topic="([^"]+)"', src))
     assert len(topics) == 1, topics
     return topics.pop()
@@ -1518,7 +1527,7 @@ def test_k8s_rendered_gpu_overlay(rendered, monkeypatch, tmp_path):
     assert c["image"].endswith("-gpu") and c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     env = container_env(docs, c, "actor-0")
     assert env["STEADYRL_ACTOR__BACKEND"] == "vllm"
-    cfg = load_service_config("services.actor", [], env, None, monkeypatch)
+    cfg = load_service_config("steadyrl.services.actor", [], env, None, monkeypatch)
     assert cfg.actor.backend == "vllm"
     assert "gpu" in dockerfile_stages()
     cpu = {f"{d['kind']}/{d['metadata']['name']}" for d in rendered["cpu"]}

@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 from confluent_kafka import Producer
 
-from services.learner import loop
-from services.learner.config import LearnerConfig
-from services.learner.intake import open_consumer
-from services.learner.state import Held, RunState
+from steadyrl.services.learner import loop
+from steadyrl.services.learner.config import LearnerConfig
+from steadyrl.services.learner.intake import open_consumer
+from steadyrl.services.learner.state import Held, RunState
 from steadyrl import codec
 from steadyrl.bus.kafka import read_topic
 from steadyrl.contracts import QuarantineAction, QuarantinedGroup

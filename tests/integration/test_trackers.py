@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from services.learner.trackers import mlflow_uri, tracked
+from steadyrl.services.learner.trackers import mlflow_uri, tracked
 from tests.integration.test_pipeline import Up, _config
 from tests.services.learner import tracker_readers as read
 

@@ -78,7 +78,7 @@ def test_missing_config_file():
 
 
 def test_service_refuses_bad_config_at_start():
-    r = subprocess.run([sys.executable, "-m", "services.reward", "--reward.batch-size", "-1"],
+    r = subprocess.run([sys.executable, "-m", "steadyrl.services.reward", "--reward.batch-size", "-1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "reward.batch_size" in r.stderr
@@ -87,7 +87,7 @@ def test_service_refuses_bad_config_at_start():
 def test_malformed_yaml_is_a_config_error(tmp_path):
     import pytest
 
-    from services.reward.worker import RewardConfig
+    from steadyrl.services.reward.worker import RewardConfig
     from steadyrl.config import ConfigError, load
 
     bad = tmp_path / "bad.yaml"

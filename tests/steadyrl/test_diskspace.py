@@ -116,8 +116,8 @@ def test_append_lines_is_all_or_nothing_so_a_retry_never_follows_half_a_line(tmp
 
 
 def test_append_audit_retries_until_the_disk_takes_the_lines(tmp_path, monkeypatch, no_sleep):
-    from services.learner.parts import append_audit
-    from services.learner.state import Ready
+    from steadyrl.services.learner.parts import append_audit
+    from steadyrl.services.learner.state import Ready
 
     batch = [Ready(group=_scored(i), topic="rl.scored", partition=0, offset=i) for i in range(3)]
     refuse_fsync(monkeypatch)
@@ -144,8 +144,8 @@ def test_a_policy_version_the_disk_refuses_leaves_the_previous_one_and_no_tempor
 
 def test_the_policy_store_retries_a_full_disk_and_announces_only_the_written_version(tmp_path, monkeypatch,
                                                                                      no_sleep):
-    from services.learner.policy_store import PolicyStore
-    from services.learner.state import RunState
+    from steadyrl.services.learner.policy_store import PolicyStore
+    from steadyrl.services.learner.state import RunState
     from steadyrl.models import load_policy
     from tests.services.learner.conftest import FakeOutbox
 

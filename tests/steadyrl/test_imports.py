@@ -43,7 +43,14 @@ def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def is_services(module: str) -> bool:
-    return module == "services" or module.startswith("services.")
+    """A service module, under its one import path (steadyrl.services) or the checkout's folder name."""
+    return any(module == p or module.startswith(p + ".") for p in ("steadyrl.services", "services"))
+
+
+def service_of(module: str) -> str | None:
+    """`learner` for steadyrl.services.learner.x (the folder services/learner/), else None."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["steadyrl", "services"] and len(parts) > 2 else None
 
 
 def py_files(folder: Path) -> list[Path]:
@@ -54,22 +61,33 @@ def test_the_reader_finds_every_kind_of_import():
     """The check below would see each of these (so an empty answer there means something)."""
     src = '''
 import os, services
-import services.reward.server as srv
-from services.learner import learner
+import steadyrl.services.reward.server as srv
+from steadyrl.services.learner import learner
 from services import actor
 def f():
-    from services.reward.server import RewardServer
+    from steadyrl.services.reward.server import RewardServer
     import importlib
-    importlib.import_module("services.rollout")
-    return __import__("services.actor")
+    importlib.import_module("steadyrl.services.rollout")
+    return __import__("steadyrl.services.actor")
 from . import sibling
 from steadyrl.scorers import build_scorer
 '''
     hits = [(line, m) for line, m in imported_modules(ast.parse(src)) if is_services(m)]
     assert [line for line, _ in hits] == [2, 3, 4, 4, 5, 5, 7, 7, 9, 10]
-    assert {"services", "services.actor", "services.rollout", "services.reward.server.RewardServer"} <= {
-        m for _, m in hits}
-    assert not is_services("servicesx") and not is_services("steadyrl.services")
+    assert {"services", "steadyrl.services.actor", "steadyrl.services.rollout",
+            "steadyrl.services.reward.server.RewardServer"} <= {m for _, m in hits}
+    assert not is_services("servicesx") and not is_services("steadyrl.servicesx")
+    assert service_of("steadyrl.services.learner.main") == "learner" and service_of("services.learner") is None
+
+
+def test_every_module_has_one_import_path():
+    """The services ship as steadyrl.services (pyproject's package-dir); nothing imports the
+    checkout's folder name `services`, or every Prometheus metric would register twice."""
+    files = [f for d in ("steadyrl", "services", "tests", "bench", "scripts") for f in py_files(ROOT / d)]
+    bad = [f"{f.relative_to(ROOT)}:{line}: {m}" for f in files
+           for line, m in imported_modules(ast.parse(f.read_text(), str(f)))
+           if m == "services" or m.startswith("services.")]
+    assert bad == []
 
 
 def test_steadyrl_never_imports_services():
@@ -77,12 +95,12 @@ def test_steadyrl_never_imports_services():
     assert len(files) > 30 and ROOT / "steadyrl" / "cli" / "score.py" in files
     bad = [f"{f.relative_to(ROOT)}:{line}: {m}" for f in files
            for line, m in imported_modules(ast.parse(f.read_text(), str(f))) if is_services(m)]
-    assert bad == [], "steadyrl/ must not import services/ (move the shared code into steadyrl/)"
+    assert bad == [], "steadyrl/ must not import a service (move the shared code into steadyrl/)"
 
 
 def _module_path(module: str) -> Path | None:
     """The file `python -m module` runs, looked up on disk (nothing imported), or None."""
-    base = ROOT.joinpath(*module.split("."))
+    base = ROOT.joinpath("services", *module.split(".")[2:])
     for p in (base / "__main__.py", base.with_suffix(".py")):
         if p.is_file():
             return p
@@ -95,8 +113,8 @@ def test_up_starts_every_service_as_python_m_its_module(monkeypatch, tmp_path):
     from steadyrl.cli import up as up_cmd
 
     for svc, module in SERVICES.items():
-        assert isinstance(module, str) and module.startswith("services."), (svc, module)
-        assert (ROOT / "services" / module.split(".")[1]).is_dir(), module
+        assert isinstance(module, str) and service_of(module), (svc, module)
+        assert (ROOT / "services" / service_of(module)).is_dir(), module
         assert _module_path(module) is not None, f"{module}: no services/.../__main__.py or .py to run"
 
     started = []
@@ -140,7 +158,6 @@ def test_no_service_imports_another_services_package(service):
     bad = []
     for f in py_files(ROOT / "services" / service):
         for line, m in imported_modules(ast.parse(f.read_text(), str(f))):
-            parts = m.split(".")
-            if parts[0] == "services" and len(parts) > 1 and parts[1] in others:
+            if service_of(m) in others:
                 bad.append(f"{f.relative_to(ROOT)}:{line}: {m}")
     assert bad == [], f"services/{service}/ imports another service (talk over Kafka or HTTP instead)"

@@ -7,7 +7,7 @@ import re
 from steadyrl.broker import PROJECT_ROOT
 
 CATALOGUE = PROJECT_ROOT / "docs" / "metrics.md"
-PACKAGES = ("steadyrl", "services")
+PACKAGES = {"steadyrl": "steadyrl", "steadyrl.services": "services"}  # import name -> folder
 OPTIONAL = ("vllm",)  # a module that needs an optional extra is skipped where it is missing
 UNLISTED = re.compile(r"^(python_gc_|python_info)")
 
@@ -21,8 +21,8 @@ def catalogue() -> dict[str, str]:
 def all_modules() -> list[str]:
     """Every module of the project's packages (so a metric in a new module is not missed)."""
     mods = []
-    for pkg in PACKAGES:
-        for info in pkgutil.walk_packages([str(PROJECT_ROOT / pkg)], prefix=f"{pkg}."):
+    for pkg, folder in PACKAGES.items():
+        for info in pkgutil.walk_packages([str(PROJECT_ROOT / folder)], prefix=f"{pkg}."):
             if not info.name.endswith("__main__"):
                 mods.append(info.name)
     return mods

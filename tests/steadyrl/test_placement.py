@@ -70,7 +70,7 @@ def test_child_env_sets_every_thread_variable():
 
 
 def test_up_default_staleness_is_the_learners():
-    from services.learner.config import LearnerSection
+    from steadyrl.services.learner.config import LearnerSection
     from steadyrl.cli.up import DEFAULT_MAX_STALENESS
 
     assert LearnerSection.model_fields["max_staleness"].default == DEFAULT_MAX_STALENESS

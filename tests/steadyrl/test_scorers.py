@@ -8,7 +8,7 @@ import httpx
 import pytest
 import torch
 
-from services.reward.server import RewardServer, RewardServerSection, ScoreItem, add_routes
+from steadyrl.services.reward.server import RewardServer, RewardServerSection, ScoreItem, add_routes
 from steadyrl.cli import main as cli
 from steadyrl.models import tiny_config, tiny_tokenizer
 from steadyrl.scorers import EmbeddingScorer, RewardModelScorer, build_scorer

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from services.actor.vllm_engine import request_kwargs
+from steadyrl.services.actor.vllm_engine import request_kwargs
 from steadyrl.generation import SEED_MODULUS, SamplingParams, TorchGenerator, engine_seed, sample_seed
 from steadyrl.models import load_policy
 from steadyrl.rl.loop import prompt_seed

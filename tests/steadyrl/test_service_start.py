@@ -17,7 +17,7 @@ def test_a_taken_metrics_port_exits_2_naming_it():
     holder.listen()
     port = holder.getsockname()[1]
     try:
-        r = subprocess.run([sys.executable, "-m", "services.reward.server", "--metrics-port", str(port)],
+        r = subprocess.run([sys.executable, "-m", "steadyrl.services.reward.server", "--metrics-port", str(port)],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     finally:
         holder.close()
@@ -26,7 +26,7 @@ def test_a_taken_metrics_port_exits_2_naming_it():
 
 
 def test_an_unknown_eval_scorer_exits_2_naming_it(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "services.learner", "--bootstrap", "127.0.0.1:9",
+    r = subprocess.run([sys.executable, "-m", "steadyrl.services.learner", "--bootstrap", "127.0.0.1:9",
                         "--learner.eval-scorer", "no_such_scorer"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "learner.eval_scorer" in r.stderr and "no_such_scorer" in r.stderr, r.stderr[-2000:]

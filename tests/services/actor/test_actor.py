@@ -2,7 +2,7 @@ import pytest
 import torch
 from safetensors.torch import save_model
 
-from services.actor.server import Actor, ActorConfig, ActorSection, PolicyRefused
+from steadyrl.services.actor.server import Actor, ActorConfig, ActorSection, PolicyRefused
 from steadyrl.files import sha256_file
 from steadyrl.models import tiny_model
 
@@ -182,7 +182,7 @@ def test_a_version_that_cannot_be_loaded_is_refused_and_the_follower_goes_on(tmp
 
     from prometheus_client import REGISTRY
 
-    from services.actor.server import PolicyFollower
+    from steadyrl.services.actor.server import PolicyFollower
     from steadyrl.contracts import PolicyUpdate
     from steadyrl.policy_files import INDEX
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from services.actor.server import Actor
+from steadyrl.services.actor.server import Actor
 
 
 def _actor(run_id: str = "r1", version: int = 3) -> Actor:

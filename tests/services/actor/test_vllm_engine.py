@@ -5,7 +5,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from services.actor.vllm_engine import VLLMSettings, cpu_threads_bind, engine_dtype
+from steadyrl.services.actor.vllm_engine import VLLMSettings, cpu_threads_bind, engine_dtype
 
 
 @pytest.mark.parametrize("cuda, bf16, amx, expect", [

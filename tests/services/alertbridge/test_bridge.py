@@ -19,7 +19,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.alertbridge.bridge import (
+from steadyrl.services.alertbridge.bridge import (
     AlertBridgeConfig,
     AlertBridgeSection,
     Bridge,
@@ -474,7 +474,7 @@ def test_config_defaults_env_overrides_and_masked_errors(monkeypatch):
 
 
 def test_the_service_process_end_to_end(robot, monkeypatch, tmp_path):
-    """`python -m services.alertbridge`, configured from the environment, logging at DEBUG."""
+    """`python -m steadyrl.services.alertbridge`, configured from the environment, logging at DEBUG."""
     from tests.helpers import ServiceProc
 
     monkeypatch.setenv("STEADYRL_ALERTBRIDGE__DINGTALK_URL", f"{robot.url}/robot/send?access_token={DT_TOKEN}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.alertbridge.bridge import Bridge, Webhook
+from steadyrl.services.alertbridge.bridge import Bridge, Webhook
 from steadyrl.config import ConfigError, load
 from tests.services.alertbridge.test_bridge import FakeRobot, _section, alert, sent_text, webhook
 
@@ -80,6 +80,6 @@ def test_markdown_in_alert_text_is_shown_as_text(robot):
 
 def test_a_reserve_as_large_as_the_quota_fails_at_start():
     with pytest.raises(ConfigError, match="critical_reserve 20 >= dingtalk_per_minute 20"):
-        from services.alertbridge.bridge import AlertBridgeConfig
+        from steadyrl.services.alertbridge.bridge import AlertBridgeConfig
 
         load(AlertBridgeConfig, ["--alertbridge.critical-reserve", "20"])

@@ -71,8 +71,8 @@ def scored(st, pid: str, version: int | None = None, prompt_ids=(5, 6, 7), seed:
 @pytest.fixture
 def make_learner(tmp_path, monkeypatch):
     """make_learner(**learner_section) -> a Learner (services/learner/loop.py) on the tiny model."""
-    from services.learner import loop
-    from services.learner.config import LearnerConfig
+    from steadyrl.services.learner import loop
+    from steadyrl.services.learner.config import LearnerConfig
 
     monkeypatch.setattr(loop, "topic_id", lambda *a, **kw: "test-topic-id")
     monkeypatch.setattr(loop, "Outbox", FakeOutbox)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.learner.buffer import evictions, mean_abs_advantage
+from steadyrl.services.learner.buffer import evictions, mean_abs_advantage
 
 
 def _waiting(n, released=()):

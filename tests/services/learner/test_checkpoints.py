@@ -98,8 +98,8 @@ def test_a_resume_that_changes_training_settings_says_which(make_learner, caplog
 
 
 def test_a_state_saved_before_the_training_settings_names_no_change(caplog):
-    from services.learner.resume import settings_changed
-    from services.learner.state import RunState
+    from steadyrl.services.learner.resume import settings_changed
+    from steadyrl.services.learner.state import RunState
 
     old = RunState.parse('{"run_id": "r-a", "step": 7}', "state.json")   # no "train": main up to 137f24c
     with caplog.at_level(logging.WARNING, logger="steadyrl.learner"):

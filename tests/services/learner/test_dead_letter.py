@@ -8,9 +8,9 @@ import json
 
 from prometheus_client import REGISTRY
 
-from services.learner.config import LearnerSection, load_dataset
-from services.learner.feeder import Feeder
-from services.learner.state import InFlight, RunState
+from steadyrl.services.learner.config import LearnerSection, load_dataset
+from steadyrl.services.learner.feeder import Feeder
+from steadyrl.services.learner.state import InFlight, RunState
 from steadyrl import codec
 from steadyrl.contracts import DLQReason
 from tests.services.learner.conftest import FakeOutbox, Msg, scored
@@ -37,9 +37,9 @@ def _backoff_passed(lrn) -> None:
 def test_a_prompt_sent_back_by_the_dlq_waits_its_backoff(make_learner, monkeypatch):
     """Regression: with the exit gone, a configuration that cannot work sent each prompt through
     rl.dlq as fast as a worker refused it. Attempt k waits 1, 2, 4, ... 60 s."""
-    import services.learner.feeder as feeder_mod
-    import services.learner.intake as intake_mod
-    from services.learner.intake import dlq_backoff_s
+    import steadyrl.services.learner.feeder as feeder_mod
+    import steadyrl.services.learner.intake as intake_mod
+    from steadyrl.services.learner.intake import dlq_backoff_s
 
     assert [dlq_backoff_s(k) for k in (1, 2, 3, 7, 8, 20)] == [1.0, 2.0, 4.0, 60.0, 60.0, 60.0]
     now = [1000.0]

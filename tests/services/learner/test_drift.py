@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from services.learner.drift import ParamDrift, kl_trend, layer_of
+from steadyrl.services.learner.drift import ParamDrift, kl_trend, layer_of
 from steadyrl.models import tiny_config
 
 

@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from services.learner import report
-from services.learner.config import DEFAULT_EVAL_SPLITS, LearnerSection
-from services.learner.state import RunState
+from steadyrl.services.learner import report
+from steadyrl.services.learner.config import DEFAULT_EVAL_SPLITS, LearnerSection
+from steadyrl.services.learner.state import RunState
 
 ROOT = Path(__file__).resolve().parents[3]
 OLD_STATE = ROOT / "tests/fixtures/run-4bba081/learner/r20261201T075848-5c73/state.json"
@@ -142,7 +142,7 @@ def test_a_config_file_sets_the_splits_instead_of_adding_to_the_defaults(tmp_pat
     """Regression (newcomer report): through the config loader, `eval_splits: {}` kept both
     default splits and `{only: ...}` came out as the defaults plus `only` (the loader merges a
     value into a dict default), so tiny.yaml's tests evaluated the arithmetic splits."""
-    from services.learner.config import DEFAULT_EVAL_SPLITS, LearnerConfig
+    from steadyrl.services.learner.config import DEFAULT_EVAL_SPLITS, LearnerConfig
     from steadyrl.config import load
 
     root = Path(__file__).resolve().parents[3]

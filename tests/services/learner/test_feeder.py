@@ -1,9 +1,9 @@
 """The feeder publishes exactly steps x B new prompts in a run, at most (max_staleness + 1) x B
 in flight (regression: a new run's state started at fed = -1 and published one prompt more)."""
 
-from services.learner.config import LearnerSection, load_dataset
-from services.learner.feeder import Feeder
-from services.learner.state import RunState
+from steadyrl.services.learner.config import LearnerSection, load_dataset
+from steadyrl.services.learner.feeder import Feeder
+from steadyrl.services.learner.state import RunState
 
 
 class Outbox:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 
-from services.learner.parts import append_history
-from services.learner.resume import trim_history
-from services.learner.state import RunState
+from steadyrl.services.learner.parts import append_history
+from steadyrl.services.learner.resume import trim_history
+from steadyrl.services.learner.state import RunState
 from steadyrl.testing.run import RunDir
 
 
@@ -50,7 +50,7 @@ def test_a_run_from_before_the_file_moves_its_history_into_it(tmp_path):
 def test_an_audit_line_cut_short_by_a_crash_is_dropped_not_fatal(tmp_path):
     """Regression: trim_audit parsed every consumed.jsonl line, so a line a crash cut short
     mid-append made every restart of the learner fail in json.loads."""
-    from services.learner.resume import trim_audit
+    from steadyrl.services.learner.resume import trim_audit
 
     path = tmp_path / "consumed.jsonl"
     path.write_text('{"step": 1, "prompt_id": "a"}\n{"step": 2, "prompt_id": "b"}\n{"step": 3, "prom')

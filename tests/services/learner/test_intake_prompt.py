@@ -3,8 +3,8 @@ prompt_differs): a stage that rewrote it (its ground truth, its question) is ref
 to rl.dlq, never trained. Regression from the issue 21 review: the rollout principal may write
 rl.rollouts, and the reward workers score against the ground truth the record carries."""
 
-from services.learner.intake import Intake, prompt_differs
-from services.learner.state import InFlight, RunState
+from steadyrl.services.learner.intake import Intake, prompt_differs
+from steadyrl.services.learner.state import InFlight, RunState
 from tests.services.learner.conftest import FakeOutbox
 from tests.services.learner.test_intake_release import Msg, group
 

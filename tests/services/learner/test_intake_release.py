@@ -5,8 +5,8 @@ releases nothing."""
 
 from prometheus_client import REGISTRY
 
-from services.learner.intake import Intake
-from services.learner.state import Held, InFlight, RunState
+from steadyrl.services.learner.intake import Intake
+from steadyrl.services.learner.state import Held, InFlight, RunState
 from steadyrl import codec
 from steadyrl.contracts import Prompt, RewardSource, RolloutGroup, Sample, ScoredGroup
 from steadyrl.quarantine import RELEASE_HEADER, batch_id

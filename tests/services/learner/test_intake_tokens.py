@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from services.learner.tokens import TokenLimits
+from steadyrl.services.learner.tokens import TokenLimits
 from steadyrl.contracts import DLQReason, DLQRecord
 from steadyrl.models import load_policy
 from tests.services.learner.conftest import Msg, scored

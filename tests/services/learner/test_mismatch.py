@@ -71,7 +71,7 @@ def test_torch_groups_are_measured_not_weighed(make_learner, monkeypatch):
 
 
 def test_the_summary_has_the_mismatch_kl_per_step_and_none_for_older_steps(make_learner, monkeypatch):
-    from services.learner import report
+    from steadyrl.services.learner import report
 
     lrn = make_learner()
     lrn.state.history.append({"step": 0, "reward_mean": 0.5, "seconds": 1.0})   # a step of a run before it

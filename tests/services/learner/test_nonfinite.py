@@ -6,7 +6,7 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
-from services.learner.state import RunState
+from steadyrl.services.learner.state import RunState
 from steadyrl import checkpoint as ck
 from steadyrl import policy_files
 from steadyrl.contracts import QuarantinedGroup

@@ -4,8 +4,8 @@ and each publish prunes by policy_files.prune's rule (earlier runs too)."""
 import shutil
 from pathlib import Path
 
-from services.learner.policy_store import PolicyStore
-from services.learner.state import RunState
+from steadyrl.services.learner.policy_store import PolicyStore
+from steadyrl.services.learner.state import RunState
 from steadyrl import policy_files
 from steadyrl.models import load_policy
 from tests.services.learner.conftest import FakeOutbox

@@ -8,9 +8,9 @@ import json
 
 from prometheus_client import REGISTRY
 
-from services.learner import feeder as feeder_mod
-from services.learner import intake as intake_mod
-from services.learner.state import InFlight
+from steadyrl.services.learner import feeder as feeder_mod
+from steadyrl.services.learner import intake as intake_mod
+from steadyrl.services.learner.state import InFlight
 from tests.services.learner.test_dead_letter import _backoff_passed, _dlq
 
 

@@ -8,7 +8,7 @@ import string
 import pytest
 from prometheus_client import REGISTRY
 
-from services.learner.prompt_gate import PromptGate
+from steadyrl.services.learner.prompt_gate import PromptGate
 from steadyrl.similarity import shingles
 
 QUESTION = ("A farmer has 17 sheep and buys 5 more every spring. Each sheep gives 3 kilograms of wool a "

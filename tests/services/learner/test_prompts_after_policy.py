@@ -5,7 +5,7 @@ rollout cache, the history and the drift gauges)."""
 
 import json
 
-from services.learner import loop
+from steadyrl.services.learner import loop
 from tests.services.learner.conftest import Msg, scored
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from services.learner import main as learner_main
+from steadyrl.services.learner import main as learner_main
 
 
 class Exec(Exception):
@@ -34,7 +34,7 @@ def test_world_size_two_execs_torchrun_with_the_same_arguments(monkeypatch):
     assert _exec_args(monkeypatch, argv) == [
         sys.executable, "-m", "steadyrl.rl.torchrun", "--ranks-host", "127.0.0.1", "--nnodes", "1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
-        "--nproc-per-node", "2", "--max-restarts", "3", "-m", "services.learner", *argv]
+        "--nproc-per-node", "2", "--max-restarts", "3", "-m", "steadyrl.services.learner", *argv]
 
 
 def test_from_the_environment_too(monkeypatch):

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 from confluent_kafka import TopicPartition
 
-from services.learner.main import assignment_check, model_check
-from services.learner.state import RunState
+from steadyrl.services.learner.main import assignment_check, model_check
+from steadyrl.services.learner.state import RunState
 
 
 class NeverAsk:

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.learner.resume import open_run
-from services.learner.state import RunState
+from steadyrl.services.learner.resume import open_run
+from steadyrl.services.learner.state import RunState
 from steadyrl import checkpoint as ck
 from steadyrl.config import ConfigError
 

@@ -12,11 +12,11 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from services.learner.config import LearnerSection
-from services.learner.parts import Weights
-from services.learner.policy_store import PolicyStore
-from services.learner.resume import open_run, trim_history
-from services.learner.state import InFlight, RunState, StateError
+from steadyrl.services.learner.config import LearnerSection
+from steadyrl.services.learner.parts import Weights
+from steadyrl.services.learner.policy_store import PolicyStore
+from steadyrl.services.learner.resume import open_run, trim_history
+from steadyrl.services.learner.state import InFlight, RunState, StateError
 from steadyrl import policy_files
 from steadyrl.models import load_policy
 from steadyrl.rl.trainer import Trainer

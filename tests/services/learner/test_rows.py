@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from services.learner.config import LearnerConfig, LearnerSection, load_dataset
-from services.learner.rows import check_rows
+from steadyrl.services.learner.config import LearnerConfig, LearnerSection, load_dataset
+from steadyrl.services.learner.rows import check_rows
 from steadyrl.limits import GenerationLimits
 from steadyrl.models import load_policy
 from tests.helpers import ROOT
@@ -81,10 +81,10 @@ def test_a_row_over_the_actors_prompt_limit_is_named(tmp_path, tiny):
 
 
 def _learner(tmp_path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python -m services.learner` with no broker reachable: what it says before it needs one."""
+    """`python -m steadyrl.services.learner` with no broker reachable: what it says before it needs one."""
     import os
 
-    return subprocess.run([sys.executable, "-m", "services.learner", "--bootstrap", "127.0.0.1:9", *args],
+    return subprocess.run([sys.executable, "-m", "steadyrl.services.learner", "--bootstrap", "127.0.0.1:9", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "STEADYRL_LEARNER__STATE_DIR": str(tmp_path / "learner"), **(env or {})})
 
@@ -136,7 +136,7 @@ def test_a_file_that_is_not_a_dataset_exits_2_naming_it(tmp_path):
 def test_a_row_within_a_few_bytes_of_the_record_limit_is_left_out(tmp_path, tiny):
     """Regression (review): the check's record has placeholder ids; a real one is a few bytes
     longer, so a row just under the limit passed and failed at publish."""
-    from services.learner.rows import RECORD_MARGIN, check_row, prompt_record
+    from steadyrl.services.learner.rows import RECORD_MARGIN, check_row, prompt_record
     from steadyrl import codec
 
     model, tok = tiny

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import REGISTRY
 
-from services.learner.main import progress_check
-from services.learner.stall import Stall
+from steadyrl.services.learner.main import progress_check
+from steadyrl.services.learner.stall import Stall
 
 
 class Clock:

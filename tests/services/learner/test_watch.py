@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from services.learner.watch import RewardWatch
+from steadyrl.services.learner.watch import RewardWatch
 
 
 def _watch(ref, **kw):

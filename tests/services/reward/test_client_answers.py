@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from services.reward.client import RewardClient
+from steadyrl.services.reward.client import RewardClient
 from steadyrl.breaker import CircuitBreaker, State
 from steadyrl.bus.stage import RetryLater
 from steadyrl.codec import Rejected

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from services.reward.server import RewardServer, RewardServerSection, add_routes
+from steadyrl.services.reward.server import RewardServer, RewardServerSection, add_routes
 from steadyrl.contracts import RewardSource
 from steadyrl.http import Health, HealthServer, make_app
 from steadyrl.scorers import Scorer
@@ -100,7 +100,7 @@ def test_the_reward_client_takes_the_422_as_a_refusal_not_a_retry(served):
     """The contract with services/reward/client.py: a 422 is the group's fault (rl.dlq), where a
     5xx would be retried. Either form the client has used passes: ValueError raised, or the
     group's rejection returned in its place."""
-    from services.reward.client import RewardClient, Scores
+    from steadyrl.services.reward.client import RewardClient, Scores
     from steadyrl.bus.stage import RetryLater
     from tests.helpers import rollout_group
 

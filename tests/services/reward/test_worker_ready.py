@@ -7,7 +7,7 @@ from steadyrl.http import Health
 def test_readyz_fails_until_the_stage_checks_exist_and_pass(monkeypatch):
     import steadyrl.bus.stage as stage_mod
     import steadyrl.service as service
-    from services.reward import worker
+    from steadyrl.services.reward import worker
 
     seen, real = {}, stage_mod.Stage
 

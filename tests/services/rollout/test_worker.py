@@ -6,7 +6,7 @@ import json
 
 import httpx
 
-from services.rollout.worker import RolloutConfig, make_handler
+from steadyrl.services.rollout.worker import RolloutConfig, make_handler
 from steadyrl.bus.stage import Output, RetryLater
 from steadyrl.codec import Rejected
 from steadyrl.contracts import DLQReason, Prompt

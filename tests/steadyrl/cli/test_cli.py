@@ -180,7 +180,7 @@ def test_readme_layout_names_every_service_and_doc():
 
 
 def test_alert_bridge_doc_matches_its_config_and_its_curl_example_is_a_webhook():
-    from services.alertbridge.bridge import AlertBridgeConfig, AlertBridgeSection, parse_webhook
+    from steadyrl.services.alertbridge.bridge import AlertBridgeConfig, AlertBridgeSection, parse_webhook
 
     doc = (ROOT / "docs" / "alerts.md").read_text()
     section = doc.split("## Running the alert bridge", 1)[1].split("\n## ", 1)[0]

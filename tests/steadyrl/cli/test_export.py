@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from services.learner.policy_store import PolicyStore
-from services.learner.state import RunState
+from steadyrl.services.learner.policy_store import PolicyStore
+from steadyrl.services.learner.state import RunState
 from steadyrl import checkpoint as ck
 from steadyrl import cli
 from steadyrl.export import MARKER, ExportError, export_base, export_version

@@ -53,8 +53,8 @@ def test_counts_take_an_enum_with_the_same_values():
 
 
 def test_count_keys_are_the_learners_own_names():
-    """steadyrl.testing may not import services; this test holds the two lists together."""
-    from services.learner.state import Count
+    """steadyrl.testing may not import steadyrl.services; this test holds the two lists together."""
+    from steadyrl.services.learner.state import Count
 
     assert set(COUNT_KEYS) == {c.value for c in Count}
     assert Counts({"dlq": 2})[Count.dlq] == 2 and Counts({})[Count.stale_dropped] == 0
@@ -99,7 +99,7 @@ def test_run_finished_is_what_up_asks_when_the_learner_exits_0(tmp_path):
 
 def test_the_run_reader_imports_neither_services_nor_tests_and_nothing_heavy():
     code = ("import sys, steadyrl.testing.run; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('services', 'tests', 'httpx', 'confluent_kafka')]; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('services', 'tests', 'httpx', 'confluent_kafka') or m.startswith('steadyrl.services')]; "
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
