@@ -55,10 +55,10 @@ def arm_loop(lc: dict, min_seconds: float) -> dict:
     import torch
 
     t_imported = time.time()
-    from steadyrl.services.learner.config import load_dataset
     from steadyrl.models import load_policy
     from steadyrl.rl.loop import LoopConfig, run_loop
     from steadyrl.rl.trainer import TrainConfig
+    from steadyrl.services.learner.config import load_dataset
 
     rows = load_dataset(lc["data"])
     runs, spent = [], 0.0
@@ -115,10 +115,10 @@ def arm_trl(lc: dict, min_seconds: float) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from steadyrl.services.learner.config import load_dataset
     from steadyrl.models import load_policy
     from steadyrl.rewards import resolve_scorer, score_value
     from steadyrl.rl.loop import encode_prompt
+    from steadyrl.services.learner.config import load_dataset
 
     t_imported = time.time()
     scorer = resolve_scorer(lc["scorer"])

@@ -41,9 +41,9 @@ def _median_ms(fn, repeats: int) -> float:
 
 
 def main() -> None:
+    from steadyrl.files import write_atomic
     from steadyrl.services.learner.parts import append_history
     from steadyrl.services.learner.state import InFlight, RunState
-    from steadyrl.files import write_atomic
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", default="100,1000,10000")

@@ -61,12 +61,12 @@ from fastapi import HTTPException
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from steadyrl.services.actor.vllm_engine import EngineDead
 from steadyrl import policy_files
 from steadyrl.config import ServiceConfig, load
 from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits
 from steadyrl.models import check_model_name
 from steadyrl.policy_files import PolicyRefused
+from steadyrl.services.actor.vllm_engine import EngineDead
 
 log = logging.getLogger("steadyrl.actor")
 
@@ -219,9 +219,9 @@ class Actor:
         self.gate = Gate()
         self.model = None   # torch: the served model; vllm: the engine holds the weights
         if self.engine == "vllm":
-            from steadyrl.services.actor.vllm_engine import VLLMGenerator, VLLMSettings, vllm_available
             from steadyrl.config import ConfigError
             from steadyrl.models import hf_folder, load_tokenizer, safetensors_shapes
+            from steadyrl.services.actor.vllm_engine import VLLMGenerator, VLLMSettings, vllm_available
 
             ok, why = vllm_available()
             if not ok:

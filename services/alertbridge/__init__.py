@@ -1,1 +1,2 @@
-"""alertbridge: Alertmanager webhooks in, DingTalk and WeCom group-robot markdown out (steadyrl.services.alertbridge.bridge)."""
+"""alertbridge: Alertmanager webhooks in, DingTalk and WeCom group-robot markdown out
+(steadyrl.services.alertbridge.bridge)."""

@@ -1,4 +1,4 @@
-from steadyrl.services.alertbridge.bridge import main
 from steadyrl.service import main_guard
+from steadyrl.services.alertbridge.bridge import main
 
 main_guard(main)

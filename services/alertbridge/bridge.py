@@ -107,6 +107,8 @@ from fastapi.responses import JSONResponse
 from prometheus_client import Counter, Histogram
 from starlette.concurrency import run_in_threadpool
 
+from steadyrl.config import load
+
 # Re-exported: tests and the docs name these as steadyrl.services.alertbridge.bridge.X.
 from steadyrl.services.alertbridge.config import (  # noqa: F401
     AlertBridgeConfig,
@@ -140,7 +142,6 @@ from steadyrl.services.alertbridge.robots import (  # noqa: F401
     redact,
     signed_url,
 )
-from steadyrl.config import load
 
 log = logging.getLogger("steadyrl.alertbridge")
 

@@ -1,4 +1,4 @@
-from steadyrl.services.learner.main import main
 from steadyrl.service import main_guard
+from steadyrl.services.learner.main import main
 
 main_guard(main)

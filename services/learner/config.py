@@ -7,13 +7,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from steadyrl.services.learner.prompt_gate import PromptGateConfig
-from steadyrl.services.learner.watch import WatchConfig
 from steadyrl.config import ServiceConfig
 from steadyrl.data import load_rows, tiny_copy_rows
 from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits
 from steadyrl.models import check_model_name
 from steadyrl.rl.trainer import TrainConfig
+from steadyrl.services.learner.prompt_gate import PromptGateConfig
+from steadyrl.services.learner.watch import WatchConfig
 
 DEFAULT_EVAL_SPLITS = {"level04": "data/arithmetic/test_level04.parquet",
                        "level09": "data/arithmetic/test_level09.parquet"}

@@ -25,21 +25,6 @@ import time
 import torch
 from confluent_kafka import Consumer
 
-from steadyrl.services.learner import disk, report, rows
-from steadyrl.services.learner.config import LearnerConfig, load_dataset
-from steadyrl.services.learner.drift import ParamDrift
-from steadyrl.services.learner.feeder import IN_FLIGHT, Feeder
-from steadyrl.services.learner.intake import BUFFER_SIZE, Intake, open_consumer
-from steadyrl.services.learner.metrics import SAMPLE_AGE, blank_step_gauges, count_trained, export_checkpoints, export_step
-from steadyrl.services.learner.outbox import Outbox
-from steadyrl.services.learner.parts import Weights, append_audit, append_history, history_row, open_cache
-from steadyrl.services.learner.policy_store import PolicyStore
-from steadyrl.services.learner.resume import open_run, settings_changed, trim_audit, trim_history
-from steadyrl.services.learner.screen import Screen
-from steadyrl.services.learner.stall import Stall
-from steadyrl.services.learner.state import Count
-from steadyrl.services.learner.tokens import TokenLimits
-from steadyrl.services.learner.trackers import Trackers, provenance
 from steadyrl import diskspace
 from steadyrl.checkpoint import AsyncCheckpointer, rng_state
 from steadyrl.config import ConfigError
@@ -49,6 +34,27 @@ from steadyrl.models import load_policy
 from steadyrl.rl import distributed
 from steadyrl.rl.trainer import Group, NonFiniteStep, Trainer
 from steadyrl.rollout_cache import rows_of
+from steadyrl.services.learner import disk, report, rows
+from steadyrl.services.learner.config import LearnerConfig, load_dataset
+from steadyrl.services.learner.drift import ParamDrift
+from steadyrl.services.learner.feeder import IN_FLIGHT, Feeder
+from steadyrl.services.learner.intake import BUFFER_SIZE, Intake, open_consumer
+from steadyrl.services.learner.metrics import (
+    SAMPLE_AGE,
+    blank_step_gauges,
+    count_trained,
+    export_checkpoints,
+    export_step,
+)
+from steadyrl.services.learner.outbox import Outbox
+from steadyrl.services.learner.parts import Weights, append_audit, append_history, history_row, open_cache
+from steadyrl.services.learner.policy_store import PolicyStore
+from steadyrl.services.learner.resume import open_run, settings_changed, trim_audit, trim_history
+from steadyrl.services.learner.screen import Screen
+from steadyrl.services.learner.stall import Stall
+from steadyrl.services.learner.state import Count
+from steadyrl.services.learner.tokens import TokenLimits
+from steadyrl.services.learner.trackers import Trackers, provenance
 from steadyrl.topics import topic_id, topic_name
 
 log = logging.getLogger("steadyrl.learner")

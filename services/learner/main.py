@@ -44,10 +44,10 @@ def main(argv: list[str]) -> int:
 
 def leader(cfg, world: int) -> int:
     """Rank 0 (the only rank when world is 1): the learner service, its probes and /progress."""
-    from steadyrl.services.learner.loop import Learner
     from steadyrl import diskspace
     from steadyrl.rl import distributed
     from steadyrl.service import run_service
+    from steadyrl.services.learner.loop import Learner
 
     state: dict = {}
 

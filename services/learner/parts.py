@@ -8,14 +8,14 @@ import logging
 import time
 from pathlib import Path
 
-from steadyrl.services.learner.metrics import EXPORTED
-from steadyrl.services.learner.state import Ready, RunState
 from steadyrl import checkpoint as ck
 from steadyrl import diskspace
 from steadyrl.config import ConfigError
 from steadyrl.contracts import ScoredGroup
 from steadyrl.files import append_lines
 from steadyrl.rollout_cache import CacheSchemaError, RolloutCache
+from steadyrl.services.learner.metrics import EXPORTED
+from steadyrl.services.learner.state import Ready, RunState
 
 log = logging.getLogger("steadyrl.learner")
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from prometheus_client import Gauge
 from scipy.stats import binomtest
 
+from steadyrl.files import write_atomic
 from steadyrl.services.learner.config import LearnerSection, load_dataset, spread
 from steadyrl.services.learner.state import RunState
-from steadyrl.files import write_atomic
 
 log = logging.getLogger("steadyrl.learner")
 

@@ -25,11 +25,11 @@ import logging
 from pathlib import Path
 from typing import Protocol
 
-from steadyrl.services.learner.state import RunState
 from steadyrl import checkpoint as ck
 from steadyrl import policy_files
 from steadyrl.config import ConfigError
 from steadyrl.files import read_step_lines, write_atomic
+from steadyrl.services.learner.state import RunState
 
 log = logging.getLogger("steadyrl.learner")
 

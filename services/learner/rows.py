@@ -21,13 +21,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from steadyrl.services.learner.config import LearnerSection
 from steadyrl import codec
 from steadyrl.config import ConfigError
 from steadyrl.contracts import Prompt
 from steadyrl.data import PromptRow, RowError
 from steadyrl.limits import GenerationLimits
 from steadyrl.rl.loop import encode_prompt, prompt_seed
+from steadyrl.services.learner.config import LearnerSection
 from steadyrl.topics import load_catalogue
 
 log = logging.getLogger("steadyrl.learner")

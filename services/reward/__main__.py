@@ -1,4 +1,4 @@
-from steadyrl.services.reward.worker import main
 from steadyrl.service import main_guard
+from steadyrl.services.reward.worker import main
 
 main_guard(main)

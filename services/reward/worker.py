@@ -78,11 +78,11 @@ def make_handler(client):
 
 def main(argv: list[str]) -> int:
     cfg = load(RewardConfig, argv, prog="steadyrl-reward")
-    from steadyrl.services.reward.cache import ScoreCache
-    from steadyrl.services.reward.client import RewardClient
     from steadyrl.breaker import CircuitBreaker
     from steadyrl.bus.stage import Stage
     from steadyrl.service import run_service
+    from steadyrl.services.reward.cache import ScoreCache
+    from steadyrl.services.reward.client import RewardClient
 
     def build(health):
         r = cfg.reward

@@ -117,10 +117,10 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client):
     """[(Prompt, meta)] -> per prompt one [Output(rl.rollouts)], a codec.Rejected (to rl.dlq:
     the actor refused it, or the rollout gate emptied its group) or a RetryLater (held), with
     one actor call per sampling setting (module doc)."""
-    from steadyrl.services.rollout.gate import RolloutGate
     from steadyrl.bus.stage import Output, RetryLater, refusal_reason
     from steadyrl.codec import Rejected
     from steadyrl.contracts import DLQReason
+    from steadyrl.services.rollout.gate import RolloutGate
 
     r = cfg.rollout
     gate = RolloutGate(r.max_response_tokens, r.response_schema)

@@ -25,8 +25,9 @@ from steadyrl.testing.run import run_finished
 
 SERVICE_PORTS = {"reward-server": 8390, "actor": 8100, "rollout": 8200, "reward": 8300, "learner": 8400}
 #: What `steadyrl up` runs, in start order: service -> module. `--scale` applies to rollout and reward.
-SERVICES = {"reward-server": "steadyrl.services.reward.server", "actor": "steadyrl.services.actor", "rollout": "steadyrl.services.rollout",
-            "reward": "steadyrl.services.reward", "learner": "steadyrl.services.learner"}
+SERVICES = {"reward-server": "steadyrl.services.reward.server", "actor": "steadyrl.services.actor",
+            "rollout": "steadyrl.services.rollout", "reward": "steadyrl.services.reward",
+            "learner": "steadyrl.services.learner"}
 #: The services `--scale` applies to, and the topic each consumes: its partitions bound N (an
 #: instance beyond them would get no partition).
 SCALE_INPUT = {"rollout": "rl.prompts", "reward": "rl.rollouts"}

@@ -7,9 +7,9 @@ import sys
 import httpx
 import pytest
 
-from steadyrl.services.reward.client import RewardClient
 from steadyrl.breaker import CircuitBreaker
 from steadyrl.bus.stage import RetryLater
+from steadyrl.services.reward.client import RewardClient
 from tests.helpers import ServiceProc
 from tests.services.reward.test_client import SEEN
 
@@ -59,7 +59,8 @@ def test_the_alert_bridge_takes_its_own_token_only_and_refuses_the_work_token_at
         assert r.status_code == 422, r.text   # past the token: the body is checked (not a full webhook)
     finally:
         assert svc.stop() == 0
-    old = subprocess.run([sys.executable, "-m", "steadyrl.services.alertbridge", "--http-token-file", str(token), *robot],
+    old = subprocess.run([sys.executable, "-m", "steadyrl.services.alertbridge",
+                          "--http-token-file", str(token), *robot],
                          capture_output=True, text=True, timeout=120)
     assert old.returncode == 2 and "listening" not in old.stdout, old.stdout
     assert "http_token_file" in old.stderr and "no longer takes the stack's work token" in old.stderr, old.stderr

@@ -168,7 +168,8 @@ def test_a_service_with_a_wrong_password_fails_at_start_naming_the_field(tmp_pat
 
     from tests.helpers import ROOT
 
-    r = subprocess.run([sys.executable, "-m", "steadyrl.services.rollout", "--kafka.security-protocol", "SASL_PLAINTEXT",
+    r = subprocess.run([sys.executable, "-m", "steadyrl.services.rollout",
+                        "--kafka.security-protocol", "SASL_PLAINTEXT",
                         "--kafka.username", "rollout", "--kafka.password-file", str(tmp_path / "missing")],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr[-2000:]

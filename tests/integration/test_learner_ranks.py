@@ -38,7 +38,8 @@ def _rank_pid(up: Up, rank: int) -> int | None:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if f"RANK={rank}".encode() in env and b"steadyrl.services.learner" in cmd and b"steadyrl.rl.torchrun" not in cmd:
+        if (f"RANK={rank}".encode() in env and b"steadyrl.services.learner" in cmd
+                and b"steadyrl.rl.torchrun" not in cmd):
             return pid
     return None
 

@@ -87,8 +87,8 @@ def test_service_refuses_bad_config_at_start():
 def test_malformed_yaml_is_a_config_error(tmp_path):
     import pytest
 
-    from steadyrl.services.reward.worker import RewardConfig
     from steadyrl.config import ConfigError, load
+    from steadyrl.services.reward.worker import RewardConfig
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("reward:\n  batch_size: [1\n")

@@ -70,8 +70,8 @@ def test_child_env_sets_every_thread_variable():
 
 
 def test_up_default_staleness_is_the_learners():
-    from steadyrl.services.learner.config import LearnerSection
     from steadyrl.cli.up import DEFAULT_MAX_STALENESS
+    from steadyrl.services.learner.config import LearnerSection
 
     assert LearnerSection.model_fields["max_staleness"].default == DEFAULT_MAX_STALENESS
 

@@ -8,10 +8,10 @@ import httpx
 import pytest
 import torch
 
-from steadyrl.services.reward.server import RewardServer, RewardServerSection, ScoreItem, add_routes
 from steadyrl.cli import main as cli
 from steadyrl.models import tiny_config, tiny_tokenizer
 from steadyrl.scorers import EmbeddingScorer, RewardModelScorer, build_scorer
+from steadyrl.services.reward.server import RewardServer, RewardServerSection, ScoreItem, add_routes
 
 
 def _save_tiny_rm(path, seed=0, head_shift=0.0):

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from steadyrl.services.actor.vllm_engine import request_kwargs
 from steadyrl.generation import SEED_MODULUS, SamplingParams, TorchGenerator, engine_seed, sample_seed
 from steadyrl.models import load_policy
 from steadyrl.rl.loop import prompt_seed
+from steadyrl.services.actor.vllm_engine import request_kwargs
 
 BIG = 2**64 + 5          # above what torch.Generator takes
 

@@ -2,9 +2,9 @@ import pytest
 import torch
 from safetensors.torch import save_model
 
-from steadyrl.services.actor.server import Actor, ActorConfig, ActorSection, PolicyRefused
 from steadyrl.files import sha256_file
 from steadyrl.models import tiny_model
+from steadyrl.services.actor.server import Actor, ActorConfig, ActorSection, PolicyRefused
 
 
 def _actor(root):
@@ -182,9 +182,9 @@ def test_a_version_that_cannot_be_loaded_is_refused_and_the_follower_goes_on(tmp
 
     from prometheus_client import REGISTRY
 
-    from steadyrl.services.actor.server import PolicyFollower
     from steadyrl.contracts import PolicyUpdate
     from steadyrl.policy_files import INDEX
+    from steadyrl.services.actor.server import PolicyFollower
 
     actor = _actor(tmp_path)
     folder = tmp_path / "r20261129T100000-aaaa" / "v000001"

@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from steadyrl.services.actor.server import Actor, ActorConfig, ActorSection, add_routes
 from steadyrl.http import Health, HealthServer, make_app
+from steadyrl.services.actor.server import Actor, ActorConfig, ActorSection, add_routes
 from tests.helpers import in_flight, probes_while_held
 
 

@@ -19,6 +19,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from steadyrl.config import ConfigError, load
+from steadyrl.http import Health, HealthServer, make_app
+from steadyrl.logs import JsonFormatter
 from steadyrl.services.alertbridge.bridge import (
     AlertBridgeConfig,
     AlertBridgeSection,
@@ -28,9 +31,6 @@ from steadyrl.services.alertbridge.bridge import (
     cut_utf8,
     mask_url,
 )
-from steadyrl.config import ConfigError, load
-from steadyrl.http import Health, HealthServer, make_app
-from steadyrl.logs import JsonFormatter
 
 DT_TOKEN = "dt0k3n5ecret9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3"
 DT_SECRET = "SECf00dfacecafebabe1234567890abcdef1234567890abcdef1234567890ab"

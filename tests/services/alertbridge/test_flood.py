@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from steadyrl.services.alertbridge.bridge import Bridge, Webhook
 from steadyrl.config import ConfigError, load
+from steadyrl.services.alertbridge.bridge import Bridge, Webhook
 from tests.services.alertbridge.test_bridge import FakeRobot, _section, alert, sent_text, webhook
 
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from steadyrl.services.learner.drift import ParamDrift, kl_trend, layer_of
 from steadyrl.models import tiny_config
+from steadyrl.services.learner.drift import ParamDrift, kl_trend, layer_of
 
 
 def test_layer_labels():

@@ -142,8 +142,8 @@ def test_a_config_file_sets_the_splits_instead_of_adding_to_the_defaults(tmp_pat
     """Regression (newcomer report): through the config loader, `eval_splits: {}` kept both
     default splits and `{only: ...}` came out as the defaults plus `only` (the loader merges a
     value into a dict default), so tiny.yaml's tests evaluated the arithmetic splits."""
-    from steadyrl.services.learner.config import DEFAULT_EVAL_SPLITS, LearnerConfig
     from steadyrl.config import load
+    from steadyrl.services.learner.config import DEFAULT_EVAL_SPLITS, LearnerConfig
 
     root = Path(__file__).resolve().parents[3]
     monkeypatch.chdir(root)

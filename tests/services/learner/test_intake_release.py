@@ -5,11 +5,11 @@ releases nothing."""
 
 from prometheus_client import REGISTRY
 
-from steadyrl.services.learner.intake import Intake
-from steadyrl.services.learner.state import Held, InFlight, RunState
 from steadyrl import codec
 from steadyrl.contracts import Prompt, RewardSource, RolloutGroup, Sample, ScoredGroup
 from steadyrl.quarantine import RELEASE_HEADER, batch_id
+from steadyrl.services.learner.intake import Intake
+from steadyrl.services.learner.state import Held, InFlight, RunState
 
 
 class Msg:

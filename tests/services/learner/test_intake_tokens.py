@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from steadyrl.services.learner.tokens import TokenLimits
 from steadyrl.contracts import DLQReason, DLQRecord
 from steadyrl.models import load_policy
+from steadyrl.services.learner.tokens import TokenLimits
 from tests.services.learner.conftest import Msg, scored
 
 

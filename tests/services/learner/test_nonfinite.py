@@ -6,11 +6,11 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
-from steadyrl.services.learner.state import RunState
 from steadyrl import checkpoint as ck
 from steadyrl import policy_files
 from steadyrl.contracts import QuarantinedGroup
 from steadyrl.rl import core
+from steadyrl.services.learner.state import RunState
 from tests.services.learner.conftest import Msg, scored
 
 

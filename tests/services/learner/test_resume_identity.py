@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from steadyrl.services.learner.resume import open_run
-from steadyrl.services.learner.state import RunState
 from steadyrl import checkpoint as ck
 from steadyrl.config import ConfigError
+from steadyrl.services.learner.resume import open_run
+from steadyrl.services.learner.state import RunState
 
 
 def fingerprint(prefix: str, cluster: str) -> dict:

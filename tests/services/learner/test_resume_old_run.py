@@ -12,14 +12,14 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from steadyrl import policy_files
+from steadyrl.models import load_policy
+from steadyrl.rl.trainer import Trainer
 from steadyrl.services.learner.config import LearnerSection
 from steadyrl.services.learner.parts import Weights
 from steadyrl.services.learner.policy_store import PolicyStore
 from steadyrl.services.learner.resume import open_run, trim_history
 from steadyrl.services.learner.state import InFlight, RunState, StateError
-from steadyrl import policy_files
-from steadyrl.models import load_policy
-from steadyrl.rl.trainer import Trainer
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "run-4bba081"
 RUN = "r20261201T075848-5c73"

@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from steadyrl.services.learner.config import LearnerConfig, LearnerSection, load_dataset
-from steadyrl.services.learner.rows import check_rows
 from steadyrl.limits import GenerationLimits
 from steadyrl.models import load_policy
+from steadyrl.services.learner.config import LearnerConfig, LearnerSection, load_dataset
+from steadyrl.services.learner.rows import check_rows
 from tests.helpers import ROOT
 
 
@@ -136,8 +136,8 @@ def test_a_file_that_is_not_a_dataset_exits_2_naming_it(tmp_path):
 def test_a_row_within_a_few_bytes_of_the_record_limit_is_left_out(tmp_path, tiny):
     """Regression (review): the check's record has placeholder ids; a real one is a few bytes
     longer, so a row just under the limit passed and failed at publish."""
-    from steadyrl.services.learner.rows import RECORD_MARGIN, check_row, prompt_record
     from steadyrl import codec
+    from steadyrl.services.learner.rows import RECORD_MARGIN, check_row, prompt_record
 
     model, tok = tiny
     lc = LearnerSection(model="tiny", data="tiny_copy:8", eval_data=None, max_new_tokens=4)

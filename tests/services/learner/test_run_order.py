@@ -3,8 +3,8 @@ process's clock behind them (issue 33; the whole stack: tests/integration/test_r
 
 import time
 
-from steadyrl.services.learner.resume import open_run
 from steadyrl import policy_files
+from steadyrl.services.learner.resume import open_run
 from tests.services.learner.test_resume_identity import NoWeights, fingerprint
 
 NOON = 1796299200.0   # 2026-12-03T12:00:00Z

@@ -3,11 +3,11 @@ slows down: breaker, probe, cached-score fallback, held groups."""
 
 import pytest
 
-from steadyrl.services.reward.cache import ScoreCache
-from steadyrl.services.reward.client import RewardClient
 from steadyrl.breaker import CircuitBreaker, State
 from steadyrl.bus.stage import RetryLater
 from steadyrl.contracts import Prompt, RewardSource, RolloutGroup, Sample
+from steadyrl.services.reward.cache import ScoreCache
+from steadyrl.services.reward.client import RewardClient
 from tests.helpers import FakeRewardServer
 
 

@@ -8,11 +8,11 @@ import json
 import httpx
 import pytest
 
-from steadyrl.services.reward.client import RewardClient
 from steadyrl.breaker import CircuitBreaker, State
 from steadyrl.bus.stage import RetryLater
 from steadyrl.codec import Rejected
 from steadyrl.contracts import DLQReason, Prompt, RolloutGroup, Sample
+from steadyrl.services.reward.client import RewardClient
 
 
 def group(pid: str, answers: list[str]) -> RolloutGroup:

@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from steadyrl.services.reward.server import RewardServer, RewardServerSection, add_routes
 from steadyrl.contracts import RewardSource
 from steadyrl.http import Health, HealthServer, make_app
 from steadyrl.scorers import Scorer
+from steadyrl.services.reward.server import RewardServer, RewardServerSection, add_routes
 from tests.helpers import in_flight, probes_while_held
 
 HERE = "tests.services.reward.test_server_limits"
@@ -100,8 +100,8 @@ def test_the_reward_client_takes_the_422_as_a_refusal_not_a_retry(served):
     """The contract with services/reward/client.py: a 422 is the group's fault (rl.dlq), where a
     5xx would be retried. Either form the client has used passes: ValueError raised, or the
     group's rejection returned in its place."""
-    from steadyrl.services.reward.client import RewardClient, Scores
     from steadyrl.bus.stage import RetryLater
+    from steadyrl.services.reward.client import RewardClient, Scores
     from tests.helpers import rollout_group
 
     _, url = served

@@ -2,8 +2,8 @@
 
 import pytest
 
-from steadyrl.services.rollout.gate import RolloutGate
 from steadyrl.contracts import Prompt, RolloutGroup, Sample
+from steadyrl.services.rollout.gate import RolloutGate
 
 
 def _group(samples):
@@ -53,7 +53,8 @@ def test_a_bad_response_schema_is_a_config_error_naming_the_field():
 
     from tests.helpers import ROOT
 
-    proc = subprocess.run([sys.executable, "-m", "steadyrl.services.rollout", "--rollout.response-schema", '{"type": "bogus"}'],
+    proc = subprocess.run([sys.executable, "-m", "steadyrl.services.rollout",
+                           "--rollout.response-schema", '{"type": "bogus"}'],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "rollout.response_schema" in proc.stderr and "not a valid JSON Schema" in proc.stderr

@@ -6,10 +6,10 @@ import json
 
 import httpx
 
-from steadyrl.services.rollout.worker import RolloutConfig, make_handler
 from steadyrl.bus.stage import Output, RetryLater
 from steadyrl.codec import Rejected
 from steadyrl.contracts import DLQReason, Prompt
+from steadyrl.services.rollout.worker import RolloutConfig, make_handler
 
 
 def prompt(i: int, min_version: int = 0) -> Prompt:

@@ -12,12 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from steadyrl.services.learner.policy_store import PolicyStore
-from steadyrl.services.learner.state import RunState
 from steadyrl import checkpoint as ck
 from steadyrl import cli
 from steadyrl.export import MARKER, ExportError, export_base, export_version
 from steadyrl.models import load_policy, tiny_tokenizer
+from steadyrl.services.learner.policy_store import PolicyStore
+from steadyrl.services.learner.state import RunState
 
 RUN = "r20260101T000000-abcd"
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "run-4bba081"

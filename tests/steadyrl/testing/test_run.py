@@ -99,7 +99,8 @@ def test_run_finished_is_what_up_asks_when_the_learner_exits_0(tmp_path):
 
 def test_the_run_reader_imports_neither_services_nor_tests_and_nothing_heavy():
     code = ("import sys, steadyrl.testing.run; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('services', 'tests', 'httpx', 'confluent_kafka') or m.startswith('steadyrl.services')]; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('services', 'tests', 'httpx', 'confluent_kafka')"
+            " or m.startswith('steadyrl.services')]; "
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
