@@ -36,7 +36,7 @@ GGUF, a local folder from its files); the marker says `checked: rebuilt`.
 The weights keep the version's dtype (float32 for every run today: the learner trains in
 float32); `export_base` takes a dtype.
 
-This module reads the run folder only through `steadyrl.testing.run.RunDir` and the
+This module reads the run folder only through `steadyrl.runfolder.RunDir` and the
 checkpoint layout (`steadyrl.checkpoint`); it never imports `services`.
 """
 
@@ -91,7 +91,7 @@ def export_version(run_dir: str | Path, version: int | str, out: str | Path, *,
             folder without `force`, or a written folder that does not load back as the version.
         OSError: the disk refused a write.
     """
-    from steadyrl.testing.run import RunDir
+    from steadyrl.runfolder import RunDir
 
     run_dir = Path(run_dir).resolve()
     run = RunDir(run_dir.parent, run_dir.name)

@@ -28,11 +28,12 @@ from prometheus_client import Counter, Gauge
 
 from steadyrl.contracts import Prompt, now_ms
 from steadyrl.rl.loop import prompt_batches
+from steadyrl.runfolder import Count
 from steadyrl.services.learner.config import LearnerSection
 from steadyrl.services.learner.outbox import Outbox
 from steadyrl.services.learner.prompt_gate import PromptGate
 from steadyrl.services.learner.rows import prompt_record
-from steadyrl.services.learner.state import Count, InFlight, RunState
+from steadyrl.services.learner.state import InFlight, RunState
 
 IN_FLIGHT = Gauge("steadyrl_learner_prompts_in_flight", "Prompts published and not yet trained")
 PUBLISHED = Counter("steadyrl_learner_prompts_published", "Prompts published to rl.prompts", ["kind"])

@@ -61,10 +61,11 @@ from steadyrl.bus.kafka import consumer_config
 from steadyrl.contracts import DLQReason, DLQRecord, Prompt, ScoredGroup, now_ms
 from steadyrl.files import append_line
 from steadyrl.quarantine import RELEASE_HEADER
+from steadyrl.runfolder import Count
 from steadyrl.services.learner.buffer import MAX_EVICTIONS, evictions
 from steadyrl.services.learner.config import LearnerSection
 from steadyrl.services.learner.outbox import Outbox
-from steadyrl.services.learner.state import REASONS_KEPT, Count, InFlight, Ready, RunState
+from steadyrl.services.learner.state import REASONS_KEPT, InFlight, Ready, RunState
 from steadyrl.services.learner.tokens import TokenLimits
 
 log = logging.getLogger("steadyrl.learner")

@@ -34,6 +34,7 @@ from steadyrl.models import load_policy
 from steadyrl.rl import distributed
 from steadyrl.rl.trainer import Group, NonFiniteStep, Trainer
 from steadyrl.rollout_cache import rows_of
+from steadyrl.runfolder import Count
 from steadyrl.services.learner import disk, report, rows
 from steadyrl.services.learner.config import LearnerConfig, load_dataset
 from steadyrl.services.learner.drift import ParamDrift
@@ -52,7 +53,6 @@ from steadyrl.services.learner.policy_store import PolicyStore
 from steadyrl.services.learner.resume import open_run, settings_changed, trim_audit, trim_history
 from steadyrl.services.learner.screen import Screen
 from steadyrl.services.learner.stall import Stall
-from steadyrl.services.learner.state import Count
 from steadyrl.services.learner.tokens import TokenLimits
 from steadyrl.services.learner.trackers import Trackers, provenance
 from steadyrl.topics import topic_id, topic_name

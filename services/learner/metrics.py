@@ -8,8 +8,9 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 from steadyrl.contracts import ScoredGroup
+from steadyrl.runfolder import Count
 from steadyrl.services.learner.drift import ParamDrift, kl_trend
-from steadyrl.services.learner.state import Count, RunState
+from steadyrl.services.learner.state import RunState
 
 REWARD_MEAN = Gauge("steadyrl_learner_reward_mean", "Mean reward of the last step's batch")
 REWARD_STD = Gauge("steadyrl_learner_reward_std", "Reward standard deviation of the last step's batch")

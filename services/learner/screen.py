@@ -19,10 +19,11 @@ from prometheus_client import Counter, Gauge
 from steadyrl.contracts import QuarantinedGroup
 from steadyrl.quarantine import batch_id as make_batch_id
 from steadyrl.rl.trainer import NonFiniteStep
+from steadyrl.runfolder import Count
 from steadyrl.services.learner.config import LearnerSection
 from steadyrl.services.learner.intake import GROUPS
 from steadyrl.services.learner.outbox import Outbox
-from steadyrl.services.learner.state import Count, Held, Ready, RunState
+from steadyrl.services.learner.state import Held, Ready, RunState
 from steadyrl.services.learner.watch import RewardWatch
 
 log = logging.getLogger("steadyrl.learner")

@@ -10,39 +10,15 @@ name (`StateError`) rather than dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from steadyrl.contracts import ScoredGroup
+from steadyrl.runfolder import Count
 
 
 class StateError(ValueError):
     """A saved run state this version cannot read; the message names the file and the field."""
-
-
-class Count(str, Enum):
-    """What `RunState.counts` counts (its keys, as written to state.json and summary.json)."""
-
-    stale_dropped = "stale_dropped"              # group older than max_staleness: prompt published again
-    future_dropped = "future_dropped"            # group from weights a crash threw away: published again
-    dlq = "dlq"                                  # prompt named on rl.dlq: published again (same id, new seed)
-    rejected = "rejected"                        # rl.scored record refused (codec, invalid tokens): to rl.dlq
-    foreign = "foreign"                          # a group of another run
-    duplicate = "duplicate"                      # a group already trained, held, or waiting
-    released = "released"                        # a quarantined group a person let through
-    released_in_flight = "released_in_flight"    # ... reaching a learner resumed from before the hold
-    release_on_scored = "release_on_scored"      # an rl.scored group with the release header: not a release
-    quarantined = "quarantined"                  # groups held on rl.quarantine
-    quarantined_batches = "quarantined_batches"
-    evicted = "evicted"                          # groups evicted from the full train buffer
-    cache_scored = "cache_scored"                # trained groups scored from the cache
-    oom_fallback = "oom_fallback"                # steps retried in the safe mode
-    reward_watch_alerts = "reward_watch_alerts"
-    reward_watch_rebaselined = "reward_watch_rebaselined"
-    abandoned = "abandoned"                      # prompts refused past their budget: never trained, replaced
-    republished = "republished"                  # prompts in flight too long (records lost): published again
-    bad_rows = "bad_rows"                        # dataset rows left out at start (services/learner/rows.py)
 
 
 #: refusal reasons an in-flight prompt keeps (the newest)

@@ -12,7 +12,7 @@ from steadyrl.cli.common import DEFAULT_STATE, CliError
 def _run_dir(run: str, state_dir: str) -> Path:
     """RUN as a folder: a run's (holding state.json), a learner state dir (the run its CURRENT
     names), or a run id under `<state_dir>/learner/` (`steadyrl up`'s layout)."""
-    from steadyrl.testing.run import RunDir, current, run_ids
+    from steadyrl.runfolder import RunDir, current, run_ids
 
     p = Path(run)
     if (p / "state.json").is_file():

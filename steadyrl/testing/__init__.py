@@ -1,8 +1,8 @@
 """What tests and benchmarks share to drive and judge a pipeline run, in one place:
 
-- `steadyrl.testing.run`: `RunDir`, the one reader of a learner run's files (state.json,
-  consumed.jsonl, summary.json), `Counts` with the learner's own key names, `current`,
-  `run_finished` (what `steadyrl up` asks when the learner exits 0);
+- `steadyrl.testing.run`: steadyrl.runfolder's `RunDir`, the one reader of a learner run's
+  files (state.json, consumed.jsonl, summary.json), `Counts` with the learner's own key names
+  (`Count`), `current`, `run_finished`, `run_ids`;
 - `steadyrl.testing.audit`: the one exactly-once audit (`audit_run` from the run's files and
   the published ids, `audit_pipeline` from the topics as well, `stage_audit`);
 - `steadyrl.testing.procs`: `ServiceProc` (`python -m services.<name>`), `produce_all`,
@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "run": ("COUNT_KEYS", "Counts", "RunDir", "current", "run_finished", "run_ids"),
+    "run": ("COUNT_KEYS", "Count", "Counts", "RunDir", "current", "run_finished", "run_ids"),
     "audit": ("audit_run", "audit_pipeline", "stage_audit", "committed_offsets", "explain"),
     "procs": ("REPO", "ServiceProc", "decode_all", "produce_all", "producer", "read_all", "unique_prefix"),
     "stack": ("KINDS", "Pipeline", "alive", "kind_of", "parse_metrics", "proc_start_epoch", "up_child_pid"),

@@ -52,11 +52,15 @@ def test_counts_take_an_enum_with_the_same_values():
     assert {"stale_dropped", "future_dropped", "dlq", "evicted", "cache_scored", "released"} <= set(COUNT_KEYS)
 
 
-def test_count_keys_are_the_learners_own_names():
-    """steadyrl.testing may not import steadyrl.services; this test holds the two lists together."""
-    from steadyrl.services.learner.state import Count
+def test_the_learners_counts_are_the_run_folders_names():
+    """One list: the learner counts under steadyrl.runfolder's Count, which the reader knows."""
+    from steadyrl.runfolder import Count
+    from steadyrl.services.learner.state import RunState
 
-    assert set(COUNT_KEYS) == {c.value for c in Count}
+    st = RunState(run_id="r")
+    for c in Count:
+        st.count(c)
+    assert Counts(st.counts).as_dict() == {c.value: 1 for c in Count} and set(COUNT_KEYS) == set(st.counts)
     assert Counts({"dlq": 2})[Count.dlq] == 2 and Counts({})[Count.stale_dropped] == 0
 
 
