@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from steadyrl.config import ServiceConfig
 from steadyrl.data import load_rows, tiny_copy_rows
@@ -14,6 +14,7 @@ from steadyrl.models import check_model_name
 from steadyrl.rl.trainer import TrainConfig
 from steadyrl.services.learner.prompt_gate import PromptGateConfig
 from steadyrl.services.learner.watch import WatchConfig
+from steadyrl.stack import LearnerStack
 
 DEFAULT_EVAL_SPLITS = {"level04": "data/arithmetic/test_level04.parquet",
                        "level09": "data/arithmetic/test_level09.parquet"}
@@ -34,8 +35,9 @@ def check_dataset(v: str) -> str:
     return v
 
 
-class LearnerSection(BaseModel):
-    """The learner's own settings (the defaults are `make run`: SmolLM2 on the arithmetic set)."""
+class LearnerSection(LearnerStack):
+    """The learner's own settings (the defaults are `make run`: SmolLM2 on the arithmetic set),
+    beside those `steadyrl up` reads too (`LearnerStack`: max_staleness, world_size)."""
 
     model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
@@ -63,18 +65,11 @@ class LearnerSection(BaseModel):
     group_size: int = Field(8, ge=1, le=1024, description="G: samples per prompt.")
     max_new_tokens: int = Field(32, ge=1, le=32768)
     top_p: float = Field(1.0, gt=0, le=1)
-    max_staleness: int = Field(0, ge=0, description="Train on groups from versions >= step - max_staleness "
-                               "(0 on a CPU-only machine: generation and training share the cores).")
     seed: int = Field(0, ge=0, le=2**63 - 1, description="Prompt order, sampling seeds and the tiny model's init.")
     policy_root: Path = Field(Path(".steadyrl/policies"),
                               description="Weights are written under it (the actor's root).")
     keep_policies: int = Field(3, ge=2, description="Policy files kept per run (the newest; >= 2 so the one "
                                                    "state.json names survives a crash mid-step).")
-    world_size: int = Field(1, ge=1, le=1024,
-                            description="Data-parallel ranks of the learner (steadyrl/rl/distributed.py): "
-                                        "`steadyrl up` starts it under torchrun with this many processes; rank 0 is "
-                                        "the service, the others share each update's micro-batches "
-                                        "(train.sharding: how they hold the state).")
     keep_earlier_runs: int = Field(1, ge=0, description="Earlier runs under policy_root that keep their newest "
                                                         "version (for steadyrl export); older runs are deleted "
                                                         "(steadyrl/policy_files.py prune).")

