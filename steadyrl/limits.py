@@ -1,9 +1,9 @@
 """The actor's request limits: which prompts it serves.
 
-The actor enforces them on every `POST /generate` (services/actor/server.py, `actor:` section);
-the learner reads the same `actor:` section of the stack's settings and checks its dataset
-against them at start (services/learner/rows.py), so a prompt the actor would always refuse is
-reported and never published. One definition, two readers.
+The actor enforces them on every `POST /generate` (services/actor/routes.py; the `actor:`
+section: services/actor/config.py); the learner reads the same `actor:` section of the
+stack's settings and checks its dataset against them at start (services/learner/rows.py), so
+a prompt the actor would always refuse is reported and never published. One definition, two readers.
 """
 
 from __future__ import annotations

@@ -258,7 +258,7 @@ def raise_high_water(root: Path, run_id: str, version: int) -> int:
     as absent. A run first resumed by a learner before this file (main up to 85ad3de) has
     already pruned the versions past its checkpoint: the mark then starts from what is left.
     The actor serves a prompt stamped with a version above the one it serves but at most the
-    high-water mark (services/actor/server.py `Actor.check_version`): that version was thrown
+    high-water mark (services/actor/gate.py `verdict`): that version was thrown
     away by a crash and will not come, or comes again from the resumed learner.
     Raises OSError when the disk refuses."""
     run_dir = root / run_id

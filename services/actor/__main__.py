@@ -1,4 +1,4 @@
 from steadyrl.service import main_guard
-from steadyrl.services.actor.server import main
+from steadyrl.services.actor.main import main
 
 main_guard(main)

@@ -18,7 +18,7 @@ Weight reload. `reload(dir)` has every engine worker load the folder's safetenso
 (`collective_rpc("steadyrl_reload", ...)`, a method this module mixes into vLLM's workers
 (`WorkerExtension`): vLLM's `reload_weights`, then the tied output head repacked, see there)
 and clears the prefix cache (its KV entries were computed by the old weights). It must not run while generate() calls
-are running: the actor's gate (services/actor/server.py, `Gate`) drains them first and holds
+are running: the actor's swap lock (services/actor/model.py, `SwapLock`) drains them first and holds
 new ones, so no sequence mixes two versions. The caller checks the folder (root, sha256,
 keys and shapes) before.
 

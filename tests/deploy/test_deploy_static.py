@@ -53,7 +53,7 @@ OUR_IMAGES = re.compile(r"^(\$\{STEADYRL(_GPU)?_IMAGE:-)?steadyrl:[0-9][^:}]*\}?
 #: Entry-point module -> (module, class) of its config, for every long-running steadyrl service.
 CONFIG_CLASSES = {
     "steadyrl.services.reward.server": ("steadyrl.services.reward.server", "RewardServerConfig"),
-    "steadyrl.services.actor": ("steadyrl.services.actor.server", "ActorConfig"),
+    "steadyrl.services.actor": ("steadyrl.services.actor.config", "ActorConfig"),
     "steadyrl.services.rollout": ("steadyrl.services.rollout.worker", "RolloutConfig"),
     "steadyrl.services.reward": ("steadyrl.services.reward.worker", "RewardConfig"),
     "steadyrl.services.learner": ("steadyrl.services.learner.config", "LearnerConfig"),

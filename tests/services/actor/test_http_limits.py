@@ -8,29 +8,35 @@ import httpx
 import pytest
 
 from steadyrl.http import Health, HealthServer, make_app
-from steadyrl.services.actor.server import Actor, ActorConfig, ActorSection, add_routes
+from steadyrl.services.actor import routes
+from steadyrl.services.actor.config import ActorSection
+from steadyrl.services.actor.follower import ServedVersion
+from steadyrl.services.actor.model import ServedModel
+from steadyrl.services.actor.routes import Generation, add_routes
 from tests.helpers import in_flight, probes_while_held
 
 
 def _serve(section: ActorSection, gate: threading.Event | None = None):
     """An actor on the tiny model, caught up, served like run_service does; with `gate`, each
     generation waits for it inside the actor's lock, as a real generation holds it."""
-    actor = Actor(ActorConfig(actor=section))
-    actor.caught_up = True
+    model = ServedModel(section)
+    served = ServedVersion(model, section.policy_root)
+    served.caught_up = True
     if gate is not None:
-        real = actor.gen.generate
+        real = model.gen.generate
 
         def held(*args, **kwargs):
             gate.wait(60)
             return real(*args, **kwargs)
 
-        actor.gen.generate = held
+        model.gen.generate = held
     health = Health()
     health.beat()
-    health.add_check("policy", lambda: (actor.caught_up, f"version {actor.version}"))
+    health.add_check("policy", lambda: (served.caught_up, f"version {served.version}"))
     app = make_app("actor", health)
-    add_routes(app, section, lambda: actor)
-    return actor, HealthServer(app).start()
+    work = Generation(section, model, served)
+    add_routes(app, section, lambda: work)
+    return work, HealthServer(app).start()
 
 
 BODY = {"prompts": [{"prompt_ids": [5, 6, 7]}], "n": 2, "max_new_tokens": 3, "temperature": 1.0, "seed": 1}
@@ -74,9 +80,9 @@ def test_probes_answer_under_sixty_generate_calls_in_progress(tmp_path, max_conc
 
 @pytest.fixture
 def served(tmp_path):
-    actor, server = _serve(ActorSection(model="tiny", policy_root=tmp_path, max_body_bytes=4096,
-                                        max_prompt_tokens=32))
-    yield actor, server.url
+    work, server = _serve(ActorSection(model="tiny", policy_root=tmp_path, max_body_bytes=4096,
+                                       max_prompt_tokens=32))
+    yield work, server.url
     server.stop()
 
 
@@ -98,8 +104,8 @@ def test_a_prompt_over_max_prompt_tokens_is_422_ids_or_chat(served):
 
 
 def test_prompt_and_max_new_tokens_must_fit_the_models_context(served):
-    actor, url = served
-    assert actor.context == 128  # the tiny model's max_position_embeddings
+    work, url = served
+    assert work.model.context == 128  # the tiny model's max_position_embeddings
     r = httpx.post(f"{url}/generate", json={**BODY, "prompts": [{"prompt_ids": [5] * 30}], "max_new_tokens": 99})
     assert r.status_code == 422
     assert r.json()["detail"] == ("prompt 0: 30 tokens + max_new_tokens 99 = 129 > the model's context 128 "
@@ -121,16 +127,16 @@ def test_non_finite_log_probs_are_422_not_500(served):
 def test_anything_else_it_cannot_send_as_json_is_422(served, monkeypatch):
     from steadyrl.generation import Completion
 
-    actor, url = served
-    monkeypatch.setattr(actor, "_check_finite", lambda out, t: None)  # the route's own net catches it
-    monkeypatch.setattr(actor.gen, "generate", lambda ids, params, seeds: [[Completion([5], [float("inf")], "x",
+    work, url = served
+    monkeypatch.setattr(routes, "check_finite", lambda out, t: None)  # the route's own net catches it
+    monkeypatch.setattr(work.model.gen, "generate", lambda ids, params, seeds: [[Completion([5], [float("inf")], "x",
                                                                                         "length")]])
     r = httpx.post(f"{url}/generate", json={**BODY, "n": 1})
     assert r.status_code == 422 and "cannot be sent as finite JSON" in r.json()["detail"]
 
 
 def test_before_the_policy_is_caught_up_it_is_503_with_retry_after(served):
-    actor, url = served
-    actor.caught_up = False
+    work, url = served
+    work.served.caught_up = False
     r = httpx.post(f"{url}/generate", json=BODY)
     assert r.status_code == 503 and r.headers["retry-after"] == "1" and "not caught up" in r.json()["detail"]

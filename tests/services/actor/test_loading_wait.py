@@ -1,113 +1,132 @@
-"""A /generate call that is ahead of the served weights waits while the follower loads a
-version that satisfies it, instead of 503 (Actor.wait_for_loading; no model, no HTTP).
-
-Found on SmolLM2 (issue 22): at max_staleness 0 the next step's prompts reach the actor
-while it still reads and verifies the new version (~0.6 s); every step's first call got 503,
-and the rollout worker held its batch and fetched it again ~0.5 s later.
-"""
+"""The waiting half of the version gate on a real ServedVersion (tiny model, real loads): a
+/generate call ahead of the served weights waits while the follower loads a version that
+serves it, or until the follower polls rl.policy empty, at most its timeout
+(ServedVersion.wait_settled; which states wait is tests/services/actor/test_gate.py)."""
 
 import threading
 import time
 
 import pytest
+from safetensors.torch import save_model
 
-from steadyrl.services.actor.server import Actor
+from steadyrl.files import sha256_file
+from steadyrl.models import tiny_model
+from steadyrl.policy_files import PolicyRefused
+from steadyrl.services.actor import gate
+from steadyrl.services.actor.config import ActorSection
+from steadyrl.services.actor.follower import ServedVersion
+from steadyrl.services.actor.model import ServedModel
+
+RUN = "r20261129T100000-aaaa"
 
 
-def _actor(run_id: str = "r1", version: int = 3) -> Actor:
-    a = Actor.__new__(Actor)  # only what the version checks read
-    a.run_id, a.version, a.high_water, a.loading, a._loaded = run_id, version, version, None, threading.Condition()
-    a.quiet_since = float("-inf")
-    return a
+def _publish(root, version: int, vocab: int) -> tuple[str, str]:
+    """A legacy one-file version `RUN/v{version:06d}.safetensors` of the tiny model; (uri, sha256)."""
+    path = root / RUN / f"v{version:06d}.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_model(tiny_model(vocab, seed=version), str(path))
+    return str(path.relative_to(root)), sha256_file(path)
 
 
-def _waits(a: Actor, run_id: str, min_version: int, timeout_s: float = 5.0) -> float:
+@pytest.fixture
+def served(tmp_path):
+    """Serving RUN version 3 (its high-water mark 3), caught up."""
+    sv = ServedVersion(ServedModel(ActorSection(model="tiny", policy_root=tmp_path)), tmp_path)
+    sv.load_version(3, *_publish(tmp_path, 3, len(sv.model.tok)), run_id=RUN)
+    sv.caught_up = True
+    return sv
+
+
+def _wait(sv: ServedVersion, run_id: str, min_version: int, timeout_s: float = 5.0) -> tuple[bool, float]:
+    """(settled, seconds waited) of a call for (run_id, min_version) coming now."""
     t0 = time.monotonic()
-    a.wait_for_loading(run_id, min_version, timeout_s)
-    return time.monotonic() - t0
+    settled = sv.wait_settled(gate.Wanted(run_id, min_version, since=t0), timeout_s)
+    return settled, time.monotonic() - t0
 
 
-def test_a_request_waits_for_the_version_being_loaded_then_is_served():
-    a = _actor()
+def _status(sv: ServedVersion, run_id: str, min_version: int, settled: bool) -> int:
+    d = gate.verdict(sv.snapshot(), gate.Wanted(run_id, min_version), settled)
+    return gate.STATUS.get(d, 200)
+
+
+def test_a_call_waits_for_the_version_being_loaded_then_is_served(served, tmp_path):
+    uri, sha = _publish(tmp_path, 4, len(served.model.tok))
     loading, release = threading.Event(), threading.Event()
 
     def follower():
-        with a.announce_loading("r1", 4):
+        with served.announce_loading(RUN, 4):
             loading.set()
             release.wait(5)
-            a.version = a.high_water = 4   # what load_version does when the bytes check out
+            served.load_version(4, uri, sha, run_id=RUN)
 
     t = threading.Thread(target=follower)
     t.start()
     assert loading.wait(5)
     threading.Timer(0.3, release.set).start()
-    _waits(a, "r1", 4)
-    assert release.is_set()        # it returned only once the load had ended
+    settled, _ = _wait(served, RUN, 4)
+    assert settled and release.is_set() and served.version == 4   # it returned once the load had ended
     t.join(5)
-    a.check_version("r1", 4)       # served now: no 503
+    assert _status(served, RUN, 4, settled) == 200
 
 
-def test_a_failed_load_ends_the_wait_and_the_request_gets_503():
-    from fastapi import HTTPException
+def _refuse_later(served, run: str, version: int, then=None):
+    """A follower thread that announces (run, version), refuses it after 0.3 s (its file is
+    missing), then runs `then`."""
+    def follower():
+        with served.announce_loading(run, version):
+            time.sleep(0.3)
+            with pytest.raises(PolicyRefused):
+                served.load_version(version, f"{run}/v{version:06d}", "0" * 64, run_id=run)
+        if then is not None:
+            then()
 
-    a = _actor()
-    with pytest.raises(RuntimeError):
-        with a.announce_loading("r1", 4):
-            raise RuntimeError("sha256_mismatch")  # the follower refuses the file; version stays 3
-    assert a.loading is None
-    assert _waits(a, "r1", 4, timeout_s=5.0) < 2.5  # not the timeout: the wait ended with the load
-    with pytest.raises(HTTPException) as e:
-        a.check_version("r1", 4)
-    assert e.value.status_code == 503
-
-
-@pytest.mark.parametrize("run_id, min_version, loading", [
-    ("r1", 3, ("r1", 4)),          # served already
-    ("r1", 6, ("r1", 4)),          # the load would not be enough: 503 at once, as before
-    ("r1", 4, None),               # nothing is loading
-    ("r2", 0, ("r1", 9)),          # a later run than the one loading
-    ("", 0, ("r1", 4)),            # a request that names no run
-])
-def test_no_wait_when_the_load_would_not_serve_the_request(run_id, min_version, loading):
-    a = _actor()
-    a.loading = loading
-    assert _waits(a, run_id, min_version, timeout_s=5.0) < 2.5  # half the timeout: no wait, on any machine
+    t = threading.Thread(target=follower)
+    t.start()
+    return t
 
 
-def test_the_wait_is_bounded():
-    a = _actor()
-    a.loading = ("r1", 4)          # a load that never ends
-    assert 0.15 < _waits(a, "r1", 4, timeout_s=0.2) < 3.0
+def test_a_refused_load_of_a_later_run_ends_the_wait_and_the_call_gets_503(served):
+    later = "r20261129T110000-bbbb"
+    t = _refuse_later(served, later, 0)
+    settled, waited = _wait(served, later, 0)
+    t.join(5)
+    assert served.loading is None and (served.run_id, served.version) == (RUN, 3)
+    assert settled and 0.25 < waited < 2.5   # not the timeout: the wait ended with the load
+    assert _status(served, later, 0, settled) == 503
 
 
-def test_a_resumed_learners_prompt_waits_for_its_version_below_the_high_water_mark():
-    """After a resume (served 255, mark 260) a prompt for 256 while 256 is being read waits for
-    it, as at any time, instead of taking 255 because 256 is under the mark (review of the
-    high-water fix: at max_staleness 0 every such group would be stale)."""
-    a = _actor(version=255)
-    a.high_water = 260
-    a.loading = ("r1", 256)
-    assert 0.15 < _waits(a, "r1", 256, timeout_s=0.2) < 3.0
+def test_a_refused_version_of_the_served_run_is_served_with_the_version_before_once_settled(served):
+    """The refused record raised the mark to 4: the call for 4 waits on for the follower's next
+    empty poll of rl.policy, then is served with 3."""
+    t = _refuse_later(served, RUN, 4, then=lambda: served.policy_quiet(time.monotonic()))
+    settled, waited = _wait(served, RUN, 4)
+    t.join(5)
+    assert (served.version, served.high_water) == (3, 4)
+    assert settled and 0.25 < waited < 2.5
+    assert _status(served, RUN, 4, settled) == 200
 
 
-def test_a_prompt_under_the_mark_waits_for_an_empty_poll_of_the_policy_topic():
-    """Review finding (newcomer helper): a resumed learner's prompt for its next version (under
-    the mark) could reach the actor before the follower had read that version's record, and was
-    served with the version before: stale at max_staleness 0, republished with a new seed, so a
-    killed-and-resumed run no longer trained on the uninterrupted run's samples. Now such a
-    request waits until the follower polled rl.policy empty after the request came: a record on
-    its way is read first (and its load waited for); a thrown-away version is then served with
-    the served one. Without an empty poll it is not settled: 503 as before the mark."""
-    from fastapi import HTTPException
+def test_a_call_the_load_would_not_serve_does_not_wait(served):
+    with served.announce_loading(RUN, 4):
+        settled, waited = _wait(served, RUN, 6)   # above the version loading
+    assert settled and waited < 2.5 and _status(served, RUN, 6, settled) == 503
 
-    a = _actor(version=255)
-    a.high_water = 260
-    threading.Timer(0.3, a.policy_quiet, args=(time.monotonic() + 0.1,)).start()
-    assert 0.25 < _waits(a, "r1", 258, timeout_s=5.0) < 2.5   # until the empty poll begun after it
-    a.check_version("r1", 258, settled=True)                   # then served with 255: no raise
-    quiet = _actor(version=255)
-    quiet.high_water = 260
-    assert quiet.wait_for_loading("r1", 258, timeout_s=0.2) is False   # no empty poll: not settled
-    with pytest.raises(HTTPException) as e:
-        quiet.check_version("r1", 258, settled=False)
-    assert e.value.status_code == 503
+
+def test_the_wait_is_bounded(served):
+    with served.announce_loading(RUN, 4):   # a load that does not end while the call waits
+        settled, waited = _wait(served, RUN, 4, timeout_s=0.2)
+    assert not settled and 0.15 < waited < 3.0
+    assert _status(served, RUN, 4, settled) == 503
+
+
+def test_a_call_under_the_mark_waits_for_an_empty_poll_of_the_policy_topic(served):
+    """Served 3, mark 6 (a resumed learner): a call for 5 waits until the follower has polled
+    rl.policy empty after the call came, then is served with 3; without such a poll it is not
+    settled, and gets 503."""
+    served.raise_high_water(6)
+    settled, _ = _wait(served, RUN, 5, timeout_s=0.2)   # no empty poll yet
+    assert not settled and _status(served, RUN, 5, settled) == 503
+    threading.Timer(0.3, served.policy_quiet, args=(time.monotonic() + 0.1,)).start()
+    settled, waited = _wait(served, RUN, 5)
+    assert settled and 0.25 < waited < 2.5
+    assert _status(served, RUN, 5, settled) == 200
