@@ -20,6 +20,7 @@ import socket
 from pathlib import Path
 from typing import ClassVar, Literal, TypeVar
 
+import yaml
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
@@ -166,7 +167,6 @@ def load(cls: type[S], argv: list[str] | None = None, prog: str | None = None) -
 
     _Loaded.yaml_file = known.config
     _Loaded.__name__ = cls.__name__
-    import yaml
 
     try:
         loaded = _Loaded(_cli_parse_args=rest)

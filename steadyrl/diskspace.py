@@ -30,6 +30,8 @@ from typing import Callable, TypeVar
 from prometheus_client import Counter, Gauge
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
+from steadyrl.config import ConfigError
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -216,8 +218,6 @@ def refuse_small(needs: list[tuple[str, Path, int, int]]) -> None:
     there, bytes already held there that the run will replace). Folders on the same volume
     add up; raises steadyrl.config.ConfigError (exit 2) naming each folder of a volume where
     free + held < needed, with the figures."""
-    from steadyrl.config import ConfigError
-
     volumes: dict[int, list[tuple[str, Path, int, int]]] = {}
     for need in needs:
         volumes.setdefault(os.stat(_existing(need[1])).st_dev, []).append(need)

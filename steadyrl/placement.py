@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 
 from prometheus_client import Gauge
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -174,8 +175,6 @@ def report(service: str) -> dict[str, object]:
     environment's), CPUs and devices; logged, and the threads exported as
     steadyrl_placement_threads (the CPUs are steadyrl_host_cpu_cores, steadyrl/hardware.py).
     Returns the same as a dict."""
-    import sys
-
     torch = sys.modules.get("torch")
     threads = torch.get_num_threads() if torch is not None else int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
     cpus = available_cpus()

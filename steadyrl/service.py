@@ -18,8 +18,9 @@ import sys
 import threading
 from typing import Callable, Protocol
 
-from steadyrl import logs
-from steadyrl.config import ServiceConfig
+from steadyrl import hardware, logs, placement
+from steadyrl.bus import kafka
+from steadyrl.config import ConfigError, ServiceConfig
 from steadyrl.http import Health, HealthServer, make_app
 
 log = logging.getLogger(__name__)
@@ -33,10 +34,8 @@ def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
                 extra_routes: Callable | None = None) -> int:
     """Run one service process until SIGTERM/SIGINT. Returns the exit status."""
     logs.setup(name, cfg.log_level, cfg.log_format)
-    from steadyrl.bus import kafka
 
     kafka.use_auth(cfg.kafka)  # one process, one principal: every client it builds logs in as it
-    from steadyrl import hardware
 
     hardware.register()  # steadyrl_gpu_available, GPU memory/temperature/utilisation/PCIe, host cores
     health = Health(liveness_timeout_s=cfg.liveness_timeout_s or max(60.0, 6 * cfg.metrics_interval))
@@ -48,7 +47,6 @@ def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
     except OSError as e:
         if e.errno != errno.EADDRINUSE:
             raise
-        from steadyrl.config import ConfigError
 
         # a port another process holds: a restart would not free it, so stop (exit 2) naming it
         raise ConfigError(f"metrics_port {cfg.metrics_port}: {cfg.metrics_host}:{cfg.metrics_port} is already in use "
@@ -64,7 +62,6 @@ def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
     signal.signal(signal.SIGINT, _on_signal)
     try:
         loop = build(health)
-        from steadyrl import placement
 
         placement.report(name)  # what this process got (threads, CPUs, devices), once its libraries are loaded
         loop.run(stop)
@@ -79,8 +76,6 @@ def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
 
 def main_guard(fn: Callable[[list[str]], int]) -> None:
     """Run `fn(sys.argv[1:])` and exit with its status; config errors print cleanly."""
-    from steadyrl.config import ConfigError
-
     try:
         sys.exit(fn(sys.argv[1:]))
     except ConfigError as e:

@@ -20,14 +20,18 @@ typed service configs. See docs/architecture.md.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
+
+from steadyrl.broker import BrokerError, ForeignBroker
 
 
 @dataclass
@@ -162,8 +166,6 @@ class Supervisor:
 def volume_of(path) -> str:
     """The mount point of the filesystem that holds `path` (its nearest existing folder): the
     name a full volume is reported by."""
-    from pathlib import Path
-
     p = Path(path).resolve()
     while not p.exists() and p != p.parent:
         p = p.parent
@@ -214,8 +216,6 @@ class BrokerWatch:
         self.out.flush()
 
     def _space(self) -> tuple[str, int]:
-        import shutil
-
         data = self.broker.data
         try:
             free = shutil.disk_usage(data).free
@@ -253,8 +253,6 @@ class BrokerWatch:
             self._thread.start()
 
     def _restart(self) -> None:
-        from steadyrl.broker import BrokerError, ForeignBroker
-
         try:
             proc = self.broker.spawn()
             deadline = time.monotonic() + self.ready_timeout_s
