@@ -52,7 +52,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -96,6 +96,31 @@ RENEWALS = Counter("steadyrl_stage_producer_renewals", "Transactional producers 
 #: starts after a wait that brings nothing, or FILL_MAX_S after its first record.
 FILL_WAIT_S = 0.005
 FILL_MAX_S = 0.05
+
+
+def fill_batch(consume: Callable[..., list], batch_size: int, first_wait_s: float,
+               fill_wait_s: float, fill_max_s: float) -> list:
+    """Up to `batch_size` records from `consume(n, timeout=seconds)` (a Consumer's `consume`).
+
+    Takes what is already fetched, else waits up to `first_wait_s` for a first record; then,
+    while the batch is not full, waits of `fill_wait_s` for more, as long as each brings some,
+    for at most `fill_max_s` after the first wait (all in seconds). So records one producer sent
+    together but that arrive in several fetches (a learner step's prompts, a transaction's
+    rollouts) make one batch, a batch starts at most about `fill_wait_s` after its last record,
+    and batches grow by themselves under load. Returns [] when nothing came.
+    """
+    msgs = consume(batch_size, timeout=0)
+    if not msgs:
+        msgs = consume(1, timeout=first_wait_s)
+    deadline = time.monotonic() + fill_max_s
+    while msgs and len(msgs) < batch_size and (left := deadline - time.monotonic()) > 0:
+        more = consume(batch_size - len(msgs), timeout=min(fill_wait_s, left))
+        if not more:
+            break
+        msgs += more
+    return msgs
+
+
 class Stage:
     """One consumer-group member that transforms `input_topic` records into outputs, exactly once.
 
@@ -229,28 +254,8 @@ class Stage:
             self.close()
 
     def _next_batch(self) -> list:
-        """Up to batch_size records: whatever is already fetched, else wait for the first; then,
-        while the batch is not full, waits of FILL_WAIT_S for more, as long as each wait brings
-        some, for at most FILL_MAX_S in all (so a batch starts at most about 2 x FILL_WAIT_S
-        after its last record).
-
-        Records one producer sent together (a learner step's prompts, a transaction's rollouts)
-        come in several fetches when their partitions' appends finish at different moments; a
-        batch that started on the first of them would leave the rest for a second batch: a
-        second actor call and a second transaction for the same step. Never waits more than
-        FILL_WAIT_S past the last record, so latency at low rates is about one transaction, and
-        batches grow by themselves under load.
-        """
-        msgs = self.consumer.consume(self.batch_size, timeout=0)
-        if not msgs:
-            msgs = self.consumer.consume(1, timeout=self.batch_timeout_s)
-        deadline = time.monotonic() + FILL_MAX_S
-        while msgs and len(msgs) < self.batch_size and (left := deadline - time.monotonic()) > 0:
-            more = self.consumer.consume(self.batch_size - len(msgs), timeout=min(FILL_WAIT_S, left))
-            if not more:
-                break
-            msgs += more
-        return msgs
+        """The next batch of up to batch_size records (`fill_batch`)."""
+        return fill_batch(self.consumer.consume, self.batch_size, self.batch_timeout_s, FILL_WAIT_S, FILL_MAX_S)
 
     def _take_batch(self) -> list:
         """The next batch's usable records of partitions this member still owns: one revoked

@@ -1,15 +1,13 @@
-"""How the stage fills a batch (Stage._next_batch), on a stand-in consumer that hands out
-records in the pieces a real fetch does (no broker).
-
-Found on SmolLM2 (issue 22): the 8 prompts of a learner step reached the rollout worker as
-1, then 5, then 2 records; the batch started with 6 and the last 2 waited 11.5 s for the
-actor's first call to end, so a step took two actor calls instead of one.
-"""
+"""How a batch fills (steadyrl.bus.stage.fill_batch), on a stand-in consumer that hands out
+records in the pieces a real fetch does (no broker); and which of them a Stage keeps when a
+partition is revoked meanwhile."""
 
 import time
 
-from steadyrl.bus import stage as stage_mod
-from steadyrl.bus.stage import Stage
+import pytest
+
+from steadyrl.bus.stage import FILL_WAIT_S, Stage, fill_batch
+from steadyrl.contracts import RolloutGroup
 
 
 class _Consumer:
@@ -32,17 +30,16 @@ class _Consumer:
         return out
 
 
-def _stage(consumer: _Consumer, batch_size: int = 8) -> Stage:
-    st = Stage.__new__(Stage)  # only what _next_batch reads
-    st.consumer, st.batch_size, st.batch_timeout_s = consumer, batch_size, 0.5
-    return st
+def _fill(consumer: _Consumer, batch_size: int = 8, fill_max_s: float = 30.0) -> list:
+    """One batch from `consumer`, the stage's waits (FILL_WAIT_S); a FILL_MAX_S of 30 s by
+    default, so a stall of the test machine ends no fill."""
+    return fill_batch(consumer.consume, batch_size, 0.5, FILL_WAIT_S, fill_max_s)
 
 
-def test_a_batch_fills_from_every_piece_that_comes_in_time(monkeypatch):
+def test_a_batch_fills_from_every_piece_that_comes_in_time():
     """1 + 5 + 2 records, each piece within the fill wait of the last: one batch of 8."""
-    monkeypatch.setattr(stage_mod, "FILL_MAX_S", 30.0)  # a stall of the test machine ends no fill here
     c = _Consumer([0, 1, 5, 2])  # nothing fetched yet, then the pieces
-    assert _stage(c)._next_batch() == list(range(8))
+    assert _fill(c) == list(range(8))
     assert [n for n, _ in c.calls] == [8, 1, 7, 2]  # and no call after the batch is full
 
 
@@ -50,13 +47,18 @@ def test_a_gap_with_nothing_new_starts_the_batch():
     """After 3 records nothing comes within FILL_WAIT_S: the batch starts with 3 (latency at a
     low rate stays one fill wait)."""
     c = _Consumer([3])
-    assert _stage(c)._next_batch() == [0, 1, 2]
-    assert len(c.calls) == 2 and c.calls[-1][0] == 5 and c.calls[-1][1] <= stage_mod.FILL_WAIT_S
+    assert _fill(c) == [0, 1, 2]
+    assert len(c.calls) == 2 and c.calls[-1][0] == 5 and c.calls[-1][1] <= FILL_WAIT_S
 
 
-def test_the_fill_stops_at_fill_max_s_while_records_trickle_in(monkeypatch):
-    """One record per call, forever: the batch starts within FILL_MAX_S of its first record."""
-    monkeypatch.setattr(stage_mod, "FILL_MAX_S", 0.03)
+def test_nothing_fetched_and_nothing_coming_is_an_empty_batch_after_the_first_wait():
+    c = _Consumer([])
+    assert fill_batch(c.consume, 8, 0.05, FILL_WAIT_S, 30.0) == []
+    assert c.calls == [(8, 0), (1, 0.05)]
+
+
+def test_the_fill_stops_at_fill_max_s_while_records_trickle_in():
+    """One record per call, forever: the batch starts within fill_max_s of its first record."""
 
     class Trickle(_Consumer):
         def consume(self, n, timeout):
@@ -67,10 +69,10 @@ def test_the_fill_stops_at_fill_max_s_while_records_trickle_in(monkeypatch):
 
     c = Trickle([])
     t0 = time.monotonic()
-    got = _stage(c, batch_size=1000)._next_batch()
+    got = _fill(c, batch_size=1000, fill_max_s=0.03)
     assert time.monotonic() - t0 < 0.03 + 0.5   # the cap, with room for a loaded machine
     assert 2 <= len(got) < 1000
-    assert all(t <= stage_mod.FILL_WAIT_S + 1e-9 for _, t in c.calls[1:])
+    assert all(t <= FILL_WAIT_S + 1e-9 for _, t in c.calls[1:])
 
 
 class _Rec:
@@ -89,24 +91,39 @@ class _Rec:
         return None
 
 
-def test_records_of_a_partition_revoked_while_the_batch_filled_are_left_to_its_new_owner():
+@pytest.fixture
+def stage():
+    """A Stage built by its constructor on a broker that is not there (nothing listens on port
+    1; its clients never connect), its consumer replaced by the test's."""
+    st = Stage(name="fill-unit", bootstrap="127.0.0.1:1", topic_prefix="unit.", instance_id="w0",
+               input_topic="rl.rollouts", input_contract=RolloutGroup, group_id="g", handle=lambda value, meta: [])
+    st.consumer.close()
+    yield st
+    st.consumer = _Closable()
+    st.close()
+
+
+class _Closable:
+    def close(self):
+        pass
+
+
+def test_records_of_a_partition_revoked_while_the_batch_filled_are_left_to_its_new_owner(stage):
     """Regression (found in review): the revoke callback runs inside consume(); records taken from
     partition 1 before it was revoked in a later fill call were transformed and their offsets
     sent, while the new owner redid them."""
     from types import SimpleNamespace
 
-    st = _stage(None)
-    st._assigned, st._busy, st._revoked_during_batch = {("t", 0), ("t", 1)}, False, set()
-    st.budgets, st.stage_id = SimpleNamespace(forget_partitions=lambda parts: None), "unit"
+    stage._on_assign(None, [SimpleNamespace(topic="t", partition=0), SimpleNamespace(topic="t", partition=1)])
     pieces = [[_Rec(0), _Rec(1)], [_Rec(0)], []]
 
-    class Revoking:
+    class Revoking(_Closable):
         def consume(self, n, timeout):
             out = pieces.pop(0) if pieces else []
             if not pieces:   # the rebalance, during the fill's last call
-                st._on_revoke(None, [SimpleNamespace(topic="t", partition=1)])
+                stage._on_revoke(None, [SimpleNamespace(topic="t", partition=1)])
             return out
 
-    st.consumer = Revoking()
-    got = st._take_batch()
+    stage.consumer = Revoking()
+    got = stage._take_batch()
     assert [m.partition() for m in got] == [0, 0]
