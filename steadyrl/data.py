@@ -3,6 +3,10 @@
 verl parquet columns: `data_source`, `prompt` (chat list of {role, content}), `ability`,
 `reward_model` {style, ground_truth}, `extra_info` {split, index, ...}.
 JSONL: either those fields, or `question` + `answer` (the question becomes one user turn).
+
+The default data set ships with the package (`data/arithmetic/` in the checkout, DATA_DIR
+wherever steadyrl is installed): a relative path under `data/` that names no file in the
+working folder is read from there (`dataset_path`), so the defaults work from any folder.
 """
 
 from __future__ import annotations
@@ -13,10 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steadyrl.broker import PROJECT_ROOT
+from steadyrl.assets import asset_dir
 
-DATA_DIR = PROJECT_ROOT / "data"
+DATA_DIR = asset_dir("data")
 ARITHMETIC = DATA_DIR / "arithmetic"
+
+
+def dataset_path(path: str | Path) -> Path:
+    """The file a dataset path names: `path` itself, except a relative `data/...` path with no
+    such file under the working folder, which is the shipped copy (DATA_DIR / ...) when that
+    exists. Nothing is checked beyond that: the caller reports a missing file."""
+    p = Path(path)
+    if p.is_absolute() or p.exists() or not p.parts or p.parts[0] != "data":
+        return p
+    shipped = DATA_DIR.joinpath(*p.parts[1:])
+    return shipped if shipped.is_file() else p
 
 
 @dataclass
@@ -135,8 +150,8 @@ def read_jsonl(path: str | Path, instruction: str = INSTRUCTION, lenient: bool =
 
 def load_rows(path: str | Path, lenient: bool = False) -> list:
     """By extension: .parquet or .jsonl (see read_parquet, read_jsonl: `lenient` keeps a bad
-    row as a RowError at its index instead of raising)."""
-    p = Path(path)
+    row as a RowError at its index instead of raising); `path` as `dataset_path` resolves it."""
+    p = dataset_path(path)
     if p.suffix == ".parquet":
         return read_parquet(p, lenient)
     if p.suffix in (".jsonl", ".json"):

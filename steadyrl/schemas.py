@@ -1,14 +1,15 @@
-"""JSON Schema files in `schemas/`, generated from the contracts and checked against them."""
+"""JSON Schema files in `schemas/` (shipped as steadyrl/assets/schemas), generated from the
+contracts and checked against them."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from steadyrl.broker import PROJECT_ROOT
+from steadyrl.assets import asset_dir
 from steadyrl.contracts import ALL_CONTRACTS, Contract
 
-SCHEMA_DIR = PROJECT_ROOT / "schemas"
+SCHEMA_DIR = asset_dir("schemas")
 
 
 def schema_path(c: type[Contract]) -> Path:

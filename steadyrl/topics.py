@@ -1,4 +1,5 @@
-"""The topic catalogue (`schemas/topics.yaml`) and idempotent creation via AdminClient."""
+"""The topic catalogue (`schemas/topics.yaml`, shipped with the package) and idempotent creation
+via AdminClient."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, Field
 
-from steadyrl.broker import PROJECT_ROOT
+from steadyrl.assets import asset_dir
 from steadyrl.bus.kafka import client_config
 
 log = logging.getLogger(__name__)
 
-CATALOGUE_PATH = PROJECT_ROOT / "schemas" / "topics.yaml"
+CATALOGUE_PATH = asset_dir("schemas") / "topics.yaml"
 
 
 class TopicSpec(BaseModel):

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from steadyrl.config import ServiceConfig
-from steadyrl.data import load_rows, tiny_copy_rows
+from steadyrl.data import DATA_DIR, dataset_path, load_rows, tiny_copy_rows
 from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits
 from steadyrl.models import check_model_name
 from steadyrl.rl.trainer import TrainConfig
@@ -21,17 +21,19 @@ DEFAULT_EVAL_SPLITS = {"level04": "data/arithmetic/test_level04.parquet",
 
 
 def check_dataset(v: str) -> str:
-    """`v` if it names a dataset load_dataset can read: tiny_copy:N, or an existing .parquet/.jsonl file."""
+    """`v` if it names a dataset load_dataset can read: tiny_copy:N, or an existing .parquet/.jsonl file
+    (a relative `data/...` path may name the copy shipped with steadyrl: steadyrl.data.dataset_path)."""
     if v.startswith("tiny_copy:"):
         n = v.split(":", 1)[1]
         if not n.isdigit() or int(n) < 1:
             raise ValueError(f"tiny_copy:N needs a row count N >= 1, got {n!r}")
         return v
-    p = Path(v)
+    p = dataset_path(v)
     if p.suffix not in (".parquet", ".jsonl", ".json"):
         raise ValueError(f"{v}: expected a .parquet (verl) or .jsonl file, or tiny_copy:N")
     if not p.is_file():
-        raise ValueError(f"{v}: no such file (relative paths start at {Path.cwd()})")
+        raise ValueError(f"{v}: no such file (relative paths start at {Path.cwd()}; data/... also at the "
+                         f"data shipped with steadyrl, {DATA_DIR})")
     return v
 
 

@@ -19,9 +19,12 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from steadyrl.contracts import RolloutGroup
+from steadyrl.contracts import RolloutGroup, Sample
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 ILLEGAL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
@@ -39,7 +42,7 @@ class RolloutGate:
 
     def __init__(self, max_response_tokens: int = 512, response_schema: dict[str, Any] | None = None):
         self.max_response_tokens = max_response_tokens
-        self.validator = None
+        self.validator: Draft202012Validator | None = None
         if response_schema is not None:
             from jsonschema import Draft202012Validator
 
@@ -61,10 +64,11 @@ class RolloutGate:
                 return "schema_mismatch"
         return None
 
-    def apply(self, group: RolloutGroup) -> tuple[RolloutGroup, Counter]:
+    def apply(self, group: RolloutGroup) -> tuple[RolloutGroup, Counter[str]]:
         """The group without its failing samples (its `rejected` counts set), and the
         counts by reason. The returned group may have no samples left."""
-        kept, why = [], Counter()
+        kept: list[Sample] = []
+        why: Counter[str] = Counter()
         for s in group.samples:
             r = self.reason(s.text, len(s.token_ids))
             if r is None:

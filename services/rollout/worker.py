@@ -32,13 +32,18 @@ control characters or miss `response_schema`; a group it empties goes to `rl.dlq
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, cast
+
 import httpx
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from steadyrl.config import ServiceConfig, load
-from steadyrl.contracts import Prompt, RolloutGroup, Sample
-from steadyrl.http import response_detail
+from steadyrl.contracts import Contract, Prompt, RolloutGroup, Sample
+from steadyrl.http import Health, response_detail
+
+if TYPE_CHECKING:
+    from steadyrl.bus.stage import BatchHandler, Meta
 
 
 class RolloutSection(BaseModel):
@@ -64,13 +69,13 @@ class RolloutSection(BaseModel):
                                                        "dropped. Counted in memory: a restart starts it again.")
     max_attempts: int = Field(5, ge=1, description="Least failed tries before max_hold_s can drop a prompt.")
     max_response_tokens: int = Field(512, ge=1, description="Rollout gate: longer samples leave their group.")
-    response_schema: dict | None = Field(None, description="Rollout gate: a JSON Schema every response must "
+    response_schema: dict[str, Any] | None = Field(None, description="Rollout gate: a JSON Schema every response must "
                                                            "satisfy (structured outputs); None: no check.")
 
 
     @field_validator("response_schema")
     @classmethod
-    def _valid_schema(cls, v: dict | None) -> dict | None:
+    def _valid_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is not None:
             from jsonschema import Draft202012Validator
             from jsonschema.exceptions import SchemaError
@@ -89,7 +94,11 @@ class RolloutConfig(ServiceConfig):
 REJECTED = Counter("steadyrl_rollout_samples_rejected", "Samples the rollout gate removed", ["reason"])
 
 
-def _request_key(p: Prompt) -> tuple:
+#: The sampling settings and policy of a prompt: prompts sharing them go in one actor request.
+_RequestKey = tuple[int, float, float, int, str, int]
+
+
+def _request_key(p: Prompt) -> _RequestKey:
     return (p.n_samples, p.temperature, p.top_p, p.max_new_tokens, p.run_id, p.min_policy_version)
 
 
@@ -105,7 +114,7 @@ def _retry_after(resp: httpx.Response, default: float) -> float:
         return default
 
 
-def _engine(answer: dict) -> str:
+def _engine(answer: dict[str, Any]) -> str:
     """The actor's generation engine ("torch", "vllm"), which the learner's TIS correction
     follows; "" (unknown) from an actor that does not say, or says something that is not a
     short string."""
@@ -113,7 +122,7 @@ def _engine(answer: dict) -> str:
     return engine if isinstance(engine, str) and len(engine) <= 64 else ""
 
 
-def make_handler(cfg: RolloutConfig, client: httpx.Client):
+def make_handler(cfg: RolloutConfig, client: httpx.Client) -> BatchHandler:
     """[(Prompt, meta)] -> per prompt one [Output(rl.rollouts)], a codec.Rejected (to rl.dlq:
     the actor refused it, or the rollout gate emptied its group) or a RetryLater (held), with
     one actor call per sampling setting (module doc)."""
@@ -155,24 +164,25 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client):
                              policy_version=out["policy_version"], actor=r.actor_url, engine=_engine(out))
                 for i, p in enumerate(prompts)]
 
-    def handle_batch(items) -> list:
-        by_key: dict[tuple, list[int]] = {}
-        for i, (p, _) in enumerate(items):
+    def handle_batch(items: list[tuple[Contract, Meta]]) -> list[list[Output] | RetryLater | Rejected]:
+        prompts = [cast(Prompt, p) for p, _ in items]  # the stage's input_contract
+        by_key: dict[_RequestKey, list[int]] = {}
+        for i, p in enumerate(prompts):
             by_key.setdefault(_request_key(p), []).append(i)
         answers: dict[int, RolloutGroup | RetryLater | Rejected] = {}
         down: RetryLater | None = None
         for idx in by_key.values():
-            out = down or call_actor([items[i][0] for i in idx])
+            out = down or call_actor([prompts[i] for i in idx])
             if isinstance(out, Rejected) and len(idx) > 1:  # which of them does it refuse?
                 for i in idx:
-                    one = call_actor([items[i][0]])
+                    one = call_actor([prompts[i]])
                     answers[i] = one[0] if isinstance(one, list) else one
                 continue
             if isinstance(out, RetryLater) and not out.counts:
                 down = out  # unreachable: the other requests would wait for the same
             for k, i in enumerate(idx):
                 answers[i] = out[k] if isinstance(out, list) else out
-        results: list = []
+        results: list[list[Output] | RetryLater | Rejected] = []
         for i in range(len(items)):
             a = answers[i]
             if not isinstance(a, RolloutGroup):
@@ -186,7 +196,7 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client):
                 results.append(Rejected(DLQReason.rejected, f"rollout gate: all {sum(why.values())} samples "
                                                             f"rejected ({detail})"))
             else:
-                results.append([Output("rl.rollouts", items[i][0].prompt_id, g)])
+                results.append([Output("rl.rollouts", prompts[i].prompt_id, g)])
         return results
 
     return handle_batch
@@ -197,7 +207,7 @@ def main(argv: list[str]) -> int:
     from steadyrl.bus.stage import Stage
     from steadyrl.service import run_service
 
-    def build(health):
+    def build(health: Health) -> Stage:
         client = httpx.Client(headers=cfg.http_auth_headers())
         return Stage(name="rollout", bootstrap=cfg.bootstrap, topic_prefix=cfg.topic_prefix,
                      instance_id=cfg.instance_id, input_topic="rl.prompts", input_contract=Prompt,

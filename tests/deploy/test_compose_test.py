@@ -8,13 +8,13 @@ import subprocess
 
 import pytest
 
-from steadyrl.broker import PROJECT_ROOT
+from tests.helpers import ROOT
 
-SCRIPT = PROJECT_ROOT / "deploy" / "compose-test.sh"
+SCRIPT = ROOT / "deploy" / "compose-test.sh"
 
 
 def checks():
-    spec = importlib.util.spec_from_file_location("compose_checks", PROJECT_ROOT / "deploy" / "compose_checks.py")
+    spec = importlib.util.spec_from_file_location("compose_checks", ROOT / "deploy" / "compose_checks.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -50,7 +50,7 @@ def test_expected_empty_names_dashboard_queries_each_with_a_reason():
 
 def test_the_stack_config_is_tiny_yaml_with_more_steps(tmp_path):
     """The script's sed on configs/tiny.yaml changes learner.steps and nothing else."""
-    src = (PROJECT_ROOT / "configs" / "tiny.yaml").read_text()
+    src = (ROOT / "configs" / "tiny.yaml").read_text()
     out = subprocess.run(["sed", r"s/^  steps:[[:space:]]*[0-9]*/  steps: 300/"], input=src, text=True,
                          capture_output=True, check=True).stdout
     import yaml

@@ -6,10 +6,10 @@ import re
 
 import yaml
 
-from steadyrl.broker import PROJECT_ROOT
+from tests.helpers import ROOT
 from tests.steadyrl.test_metrics_catalogue import catalogue
 
-GRAFANA = PROJECT_ROOT / "compose" / "grafana"
+GRAFANA = ROOT / "compose" / "grafana"
 PROMQL_WORDS = {"sum", "by", "rate", "increase", "max", "min", "avg", "on", "group_left", "histogram_quantile",
                 "le", "without", "or", "and", "unless", "offset", "count", "deriv", "abs"}
 

@@ -4,9 +4,9 @@ import importlib
 import pkgutil
 import re
 
-from steadyrl.broker import PROJECT_ROOT
+from tests.helpers import ROOT
 
-CATALOGUE = PROJECT_ROOT / "docs" / "metrics.md"
+CATALOGUE = ROOT / "docs" / "metrics.md"
 PACKAGES = {"steadyrl": "steadyrl", "steadyrl.services": "services"}  # import name -> folder
 OPTIONAL = ("vllm",)  # a module that needs an optional extra is skipped where it is missing
 UNLISTED = re.compile(r"^(python_gc_|python_info)")
@@ -22,7 +22,7 @@ def all_modules() -> list[str]:
     """Every module of the project's packages (so a metric in a new module is not missed)."""
     mods = []
     for pkg, folder in PACKAGES.items():
-        for info in pkgutil.walk_packages([str(PROJECT_ROOT / folder)], prefix=f"{pkg}."):
+        for info in pkgutil.walk_packages([str(ROOT / folder)], prefix=f"{pkg}."):
             if not info.name.endswith("__main__"):
                 mods.append(info.name)
     return mods
