@@ -24,10 +24,14 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
-from datasketch import MinHashLSH
+from datasketch import MinHash, MinHashLSH
 
 from steadyrl.similarity import NUM_PERM, minhash
+
+# one cached prompt: (MinHash, answer_key, {response: reward}, mean reward, scorer)
+_Entry = tuple[MinHash, tuple[Any, ...], dict[str, float], float, str]
 
 
 @dataclass
@@ -59,14 +63,14 @@ class ScoreCache:
         self.capacity, self.floor = capacity, floor
         self._lsh = MinHashLSH(threshold=floor, num_perm=NUM_PERM)
         # prompt_id -> (MinHash, answer_key, {response: reward}, mean reward, scorer)
-        self._entries: OrderedDict[str, tuple] = OrderedDict()
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def add(self, prompt_id: str, prompt: str, responses: list[str], rewards: list[float], scorer: str,
-            answer_key: tuple = ()) -> None:
+            answer_key: tuple[Any, ...] = ()) -> None:
         """Remember a group the server scored (a prompt seen again replaces its entry).
         `answer_key` (e.g. (data_source, ground_truth)) must match on lookup."""
         mh = minhash(prompt)
@@ -82,7 +86,7 @@ class ScoreCache:
                 old, _ = self._entries.popitem(last=False)
                 self._lsh.remove(old)
 
-    def lookup(self, prompt: str, responses: list[str], answer_key: tuple = ()) -> CachedScores | None:
+    def lookup(self, prompt: str, responses: list[str], answer_key: tuple[Any, ...] = ()) -> CachedScores | None:
         """Rewards for `responses` from the most similar cached prompt with the same
         `answer_key`, or None when none reaches the floor."""
         mh, key = minhash(prompt), tuple(answer_key)

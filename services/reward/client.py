@@ -103,7 +103,7 @@ def _named_items(resp: httpx.Response) -> dict[int, str]:
         return {}
 
 
-def _answer_key(g: RolloutGroup) -> tuple:
+def _answer_key(g: RolloutGroup) -> tuple[str, str | None]:
     """What a cached prompt must share with a new one to lend it rewards."""
     return (g.prompt.data_source, g.prompt.ground_truth)
 
@@ -146,11 +146,17 @@ class RewardClient:
         self.http = httpx.Client(headers=headers)  # the bearer token, when the stack has one
         self.breaker = breaker or CircuitBreaker("reward-server", 3, 30.0)
         prev = self.breaker.on_change
-        self.breaker.on_change = lambda old, new, why: (self._on_change(new), prev and prev(old, new, why))
+
+        def on_change(old: State, new: State, why: str) -> None:
+            self._on_change(new)
+            if prev:
+                prev(old, new, why)
+
+        self.breaker.on_change = on_change
         self._show_state(self.breaker.state)
         self.cache = cache
         self.probe_interval_s = probe_interval_s
-        self._probe_item: dict | None = None  # the last item the server scored
+        self._probe_item: dict[str, Any] | None = None  # the last item the server scored
         self._stop = threading.Event()
         if probe_interval_s > 0:
             threading.Thread(target=self._probe_loop, name="reward-probe", daemon=True).start()

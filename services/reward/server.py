@@ -41,14 +41,19 @@ import math
 import numbers
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from fastapi import HTTPException
 from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.config import ServiceConfig, load
-from steadyrl.http import HTTPError
+from steadyrl.http import Health, HTTPError
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from steadyrl.service import Loop
 
 log = logging.getLogger("steadyrl.reward_server")
 
@@ -138,7 +143,7 @@ class RewardServer:
             return False, f"loading {loading}"
         return True, f"serving {sorted(self.scorers)}"
 
-    def score(self, req: ScoreRequest) -> dict:
+    def score(self, req: ScoreRequest) -> dict[str, Any]:
         """Score every item. Raises HTTPException 404/422/503/500 (see module doc)."""
         from steadyrl.scorers import ScorerError
 
@@ -179,7 +184,7 @@ class RewardServer:
         return {"scorer": scorer.id, "reward_source": scorer.source.value, "scores": out}
 
 
-def _not_finite(result: dict) -> str | None:
+def _not_finite(result: dict[str, Any]) -> str | None:
     """Why one scored item cannot be sent (reward not a finite number, extra not finite JSON), or
     None; a numeric reward of another type (numpy) becomes a float in place."""
     from steadyrl.http import finite_json
@@ -199,7 +204,7 @@ def _not_finite(result: dict) -> str | None:
     return None
 
 
-def add_routes(app, server: RewardServer, token: str | None = None) -> None:
+def add_routes(app: FastAPI, server: RewardServer, token: str | None = None) -> None:
     """`POST /score` on `app`, answered by `server`, with the section's body, time and
     concurrency limits."""
     from steadyrl.http import add_work_route
@@ -221,7 +226,7 @@ def main(argv: list[str]) -> int:
         field = "default_scorer" if str(e).startswith("default_scorer") else "scorers"
         raise ConfigError(f"invalid RewardServerConfig:\n  reward_server.{field}: {e}") from None
 
-    def build(health):
+    def build(health: Health) -> Loop:
         health.add_check("scorers", server.ready)
 
         class Idle:

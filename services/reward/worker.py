@@ -14,10 +14,18 @@ services/reward/client.py says which answer is which.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.config import ServiceConfig, load
-from steadyrl.contracts import RolloutGroup, ScoredGroup
+from steadyrl.contracts import Contract, RolloutGroup, ScoredGroup
+
+if TYPE_CHECKING:
+    from steadyrl.bus.stage import BatchHandler, Meta, Output, RetryLater, Stage
+    from steadyrl.codec import Rejected
+    from steadyrl.http import Health
+    from steadyrl.services.reward.client import RewardClient
 
 
 class RewardSection(BaseModel):
@@ -59,19 +67,20 @@ class RewardConfig(ServiceConfig):
     reward: RewardSection = RewardSection()
 
 
-def make_handler(client):
+def make_handler(client: RewardClient) -> BatchHandler:
     """The transform [RolloutGroup] -> one [Output(rl.scored)] each (or RetryLater: held;
     codec.Rejected: to rl.dlq), one server call per batch."""
     from steadyrl.bus.stage import Output, RetryLater
     from steadyrl.codec import Rejected
 
-    def handle_batch(items) -> list:
-        scores = client.score_many([g for g, _ in items])
+    def handle_batch(items: list[tuple[Contract, Meta]]) -> list[list[Output] | RetryLater | Rejected]:
+        groups = [cast(RolloutGroup, g) for g, _ in items]  # the stage's input_contract
+        scores = client.score_many(groups)
         return [s if isinstance(s, (RetryLater, Rejected)) else  # held, or refused
                 [Output("rl.scored", g.prompt_id,
                         ScoredGroup(group=g, rewards=s.rewards, reward_source=s.source, scorer=s.scorer,
                                     cache_similarity=s.similarity, reward_extra=s.extra))]
-                for (g, _), s in zip(items, scores)]
+                for g, s in zip(groups, scores)]
 
     return handle_batch
 
@@ -84,7 +93,7 @@ def main(argv: list[str]) -> int:
     from steadyrl.services.reward.cache import ScoreCache
     from steadyrl.services.reward.client import RewardClient
 
-    def build(health):
+    def build(health: Health) -> Stage:
         r = cfg.reward
         breaker = CircuitBreaker("reward-server", r.failure_threshold, r.reset_timeout_s)
         cache = ScoreCache(r.cache_size, r.cache_similarity_floor) if r.cache_size else None
