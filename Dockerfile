@@ -52,9 +52,12 @@ WORKDIR /app
 
 # ---------------------------------------------------------------- build stages
 # The dependencies only (from the locks, so they are cached across code changes). The code
-# is copied and installed editable in the image's own stage, after the venv: steadyrl finds
-# schemas/ and data/ next to its package (/app), and a code change then adds a small layer
-# instead of copying the multi-GB venv again (measured with the legacy builder: 212 s before).
+# is installed in the image's own stage, after the venv, as a regular (not editable) package:
+# pip builds it from /tmp/src, which is then removed, so the image runs the installed package
+# with the files it ships (schemas, data, configs, broker manifest: steadyrl/assets), nothing
+# read from /app, and a code change adds a small layer instead of copying the multi-GB venv
+# again (measured with the legacy builder: 212 s before). /app is the working folder: the
+# services' state (.steadyrl) and a relative `data/...` path, which names the shipped data.
 FROM base AS build-cpu
 # Ignored; it chose PyTorch's CPU index before torch came from the lock (older build commands pass it).
 ARG TORCH_INDEX_URL=
@@ -66,16 +69,17 @@ RUN python -m venv /opt/venv \
 # ---------------------------------------------------------------- cpu: the CPU image
 # Built on its build stage, not a copy of its venv: `COPY --from` of the 6.5 GB venv doubled the
 # engine's storage (about 14 GB for this image alone) and took 159 s a build. Its last lines
-# repeat gpu's on purpose: a shared stage would put schemas/data/configs before the multi-GB
-# venv layer, so an edit of a config would rebuild the venv (and, for gpu, rerun apt).
+# repeat gpu's on purpose: a shared stage would put the code before the multi-GB venv layer,
+# so an edit of a config would rebuild the venv (and, for gpu, rerun apt).
 FROM build-cpu AS cpu
-COPY pyproject.toml README.md ./
-COPY steadyrl ./steadyrl
-COPY services ./services
-RUN pip install --no-deps --no-build-isolation -e .
-COPY schemas ./schemas
-COPY data ./data
-COPY configs ./configs
+COPY pyproject.toml README.md /tmp/src/
+COPY steadyrl /tmp/src/steadyrl
+COPY services /tmp/src/services
+COPY schemas /tmp/src/schemas
+COPY data /tmp/src/data
+COPY configs /tmp/src/configs
+COPY broker/pom.xml broker/log4j2.properties /tmp/src/broker/
+RUN pip install --no-deps --no-build-isolation /tmp/src && rm -r /tmp/src
 RUN mkdir -p /app/.steadyrl && chown 10001:10001 /app/.steadyrl
 USER 10001:10001
 HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \
@@ -98,13 +102,14 @@ FROM build-gpu AS gpu
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
-COPY pyproject.toml README.md ./
-COPY steadyrl ./steadyrl
-COPY services ./services
-RUN pip install --no-deps --no-build-isolation -e .
-COPY schemas ./schemas
-COPY data ./data
-COPY configs ./configs
+COPY pyproject.toml README.md /tmp/src/
+COPY steadyrl /tmp/src/steadyrl
+COPY services /tmp/src/services
+COPY schemas /tmp/src/schemas
+COPY data /tmp/src/data
+COPY configs /tmp/src/configs
+COPY broker/pom.xml broker/log4j2.properties /tmp/src/broker/
+RUN pip install --no-deps --no-build-isolation /tmp/src && rm -r /tmp/src
 RUN mkdir -p /app/.steadyrl && chown 10001:10001 /app/.steadyrl
 USER 10001:10001
 HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \

@@ -29,6 +29,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -193,8 +194,8 @@ def with_secret_standins(env: dict[str, str]) -> dict[str, str]:
 def load_service_config(module: str, argv: list[str], env: dict[str, str], config_file: Path | None,
                         monkeypatch) -> ServiceConfig:
     """The config a service would build from `argv` and `env` (container paths of the YAML
-    config replaced by its source in the repository, mounted secrets by stand-in files), from the
-    repository root like the image's WORKDIR (/app) with data/ in it."""
+    config replaced by its source in the repository, mounted secrets by stand-in files), from an
+    empty folder like the image's WORKDIR (/app): a data/... path names the data steadyrl ships."""
     cls = config_class(module)
     assert not unknown_env_vars(cls, env), f"{module}: unknown STEADYRL_ variables {unknown_env_vars(cls, env)}"
     env = with_secret_standins(env)
@@ -205,7 +206,7 @@ def load_service_config(module: str, argv: list[str], env: dict[str, str], confi
         monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.chdir(ROOT)
+    monkeypatch.chdir(tempfile.mkdtemp(prefix="workdir-"))
     return load(cls, argv)
 
 
@@ -494,6 +495,18 @@ def test_dockerfile_targets_user_healthcheck_and_entry_points():
         assert "STEADYRL_METRICS_HOST=0.0.0.0" in env, f"{target}: services would bind 127.0.0.1 only"
 
 
+def test_dockerfile_installs_the_package_not_an_editable_checkout():
+    """The image runs the installed package (its shipped files included), built from a copy that
+    is removed: nothing editable, no code left in the working folder /app to shadow it."""
+    stages = dockerfile_stages()
+    for target in ("cpu", "gpu"):
+        chain = stage_chain(stages, target)
+        assert not [a for k, a in chain if k == "RUN" and re.search(r"pip install.*(\s-e\s|--editable)", a)], target
+        installs = [a for k, a in chain if k == "RUN" and "/tmp/src" in a]
+        assert installs == ["pip install --no-deps --no-build-isolation /tmp/src && rm -r /tmp/src"], target
+        assert not [a for k, a in chain if k == "COPY" and a.split()[-1].startswith(("./", "/app"))], target
+
+
 def test_dockerfile_copies_what_the_code_needs_and_dockerignore_keeps_it():
     stages = dockerfile_stages()
     sources = set()
@@ -504,9 +517,15 @@ def test_dockerfile_copies_what_the_code_needs_and_dockerignore_keeps_it():
                 sources |= {p.rstrip("/") for p in parts[:-1] if not p.startswith("--")}
     for path in sources:
         assert (ROOT / path).exists(), f"COPY {path}: not in the repository"
-    # steadyrl finds these next to its package (steadyrl/broker.py PROJECT_ROOT): schemas/topics.yaml,
-    # data/ (the learner's default data set), configs/
-    assert {"pyproject.toml", "README.md", "steadyrl", "services", "schemas", "data", "configs"} <= sources
+    # the package is built from these: its code and the files it ships (steadyrl/assets links to
+    # schemas/, data/, configs/ and the broker manifest)
+    assert {"pyproject.toml", "README.md", "steadyrl", "services", "schemas", "data", "configs",
+            "broker/pom.xml", "broker/log4j2.properties"} <= sources
+    links = [p for p in (ROOT / "steadyrl").glob("**/*") if p.is_symlink()]
+    assert links
+    for link in links:   # each link in the package (to services/, schemas/, ...) leads to what is copied
+        target = link.resolve().relative_to(ROOT)
+        assert any(Path(s) == target or target in Path(s).parents for s in sources), link
     ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")}
     assert not sources & ignored, f".dockerignore excludes what the Dockerfile copies: {sources & ignored}"

