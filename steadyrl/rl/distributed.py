@@ -28,10 +28,25 @@ the same on all; sharded, through a restart of the group (`remember_safe_mode`).
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import logging
 import os
+import signal
+import socket
+import struct
 import sys
 from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from steadyrl.rl.errors import NonFiniteStep
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +92,6 @@ def listening_store(host: str, port: int, **kw):
     socket is bound here and handed over (`master_listen_fd`, libuv backend). `kw`: TCPStore's
     other arguments (timeout, multi_tenant, ...). Raises OSError when `host`:`port` cannot be
     bound."""
-    import socket
-
-    import torch.distributed as dist
-
     kw.pop("use_libuv", None)
     kw.pop("is_master", None)
     sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -92,10 +103,6 @@ def listening_store(host: str, port: int, **kw):
 def interface_of(address: str) -> str | None:
     """The name of the network interface that holds the IPv4 `address` (its first address,
     SIOCGIFADDR), "lo" for 127.0.0.1 on Linux; None when no interface holds it."""
-    import fcntl
-    import socket
-    import struct
-
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for _, name in socket.if_nameindex():
             try:
@@ -113,9 +120,6 @@ def bind_group_to(host: str) -> None:
     `host` only (`listening_store`), and the ranks' gloo and NCCL sockets use the interface
     that holds it (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME; one already set is kept, and none is
     set when no interface holds `host`, with a warning). The ranks inherit the environment."""
-    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
-
     client = c10d.TCPStore
 
     def store(host_name, port, *args, is_master: bool = False, **kw):
@@ -150,8 +154,6 @@ def attempt_store(timeout_s: float):
     store = _agent_store(timeout_s)
     if store is None:
         return None
-    import torch.distributed as dist
-
     return dist.PrefixStore(f"steadyrl/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
@@ -160,8 +162,6 @@ def _agent_store(timeout_s: float = 30.0):
     None when the agent does not share it (not under torchrun)."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    import torch.distributed as dist
-
     return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                          timeout=timedelta(seconds=timeout_s))
 
@@ -196,9 +196,6 @@ def die_with_parent() -> None:
     collective waited forever. Exits at once if the parent is already gone."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
-    import signal
-
     parent = os.getppid()
     if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL) != 0:  # 1: PR_SET_PDEATHSIG
         log.warning("could not tie this rank to torchrun's lifetime (prctl failed)")
@@ -213,6 +210,26 @@ message for as long as rank 0 waits for rollouts or evaluates (minutes on a real
 10 minutes broke the group there. A peer that dies is seen at once (its sockets close)."""
 
 
+def train_device(device: str) -> torch.device:
+    """The torch.device of TrainConfig.device: "cpu", or "cuda" as cuda:LOCAL_RANK (torchrun's
+    local rank; 0 alone). Raises ValueError naming `learner.train.device` when no GPU is
+    visible, or fewer than LOCAL_RANK + 1."""
+    if device == "cpu":
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if not torch.cuda.is_available() or torch.cuda.device_count() <= local:
+        raise ValueError(f"learner.train.device is cuda, but this process sees {torch.cuda.device_count()} GPUs "
+                         f"(local rank {local}): set it to cpu, or give each rank a GPU")
+    return torch.device("cuda", local)
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of the torch.distributed group, (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def init_from_env(timeout_s: float = GROUP_TIMEOUT_S, device: str = "cpu") -> tuple[int, int]:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT), in this
     attempt's own key space (`attempt_store`). `device` is the trainer's (TrainConfig.device):
@@ -224,15 +241,9 @@ def init_from_env(timeout_s: float = GROUP_TIMEOUT_S, device: str = "cpu") -> tu
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return 0, 1
-    import torch.distributed as dist
-
     die_with_parent()
     backend = "gloo"
     if device == "cuda":
-        import torch
-
-        from steadyrl.rl.trainer import train_device
-
         torch.cuda.set_device(train_device(device))   # ValueError naming the setting when this rank has no GPU
         backend = "cpu:gloo,cuda:nccl"
     if not dist.is_initialized():  # store None: env:// as usual
@@ -249,8 +260,6 @@ def leave() -> None:
     tests/steadyrl/rl/test_distributed_restart.py's out-of-memory test, whose ranks had both
     stepped. A group that broke (a peer died) is left too; an error doing so is logged, not
     raised."""
-    import torch.distributed as dist
-
     if not dist.is_initialized():
         return
     try:
@@ -267,8 +276,6 @@ def broken_group(e: RuntimeError) -> str | None:
 
 
 def _broadcast(obj=None):
-    import torch.distributed as dist
-
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
@@ -284,8 +291,6 @@ def shard(module, reshard_after_forward: bool = False):
     whole weights held during a micro-batch; the trainer keeps them gathered over a minibatch's
     micro-batches too, `Trainer._accumulate`). Parameters become DTensors sharded on dim 0
     (`Shard(0)`) over the group's mesh of the device `module` is on (`mesh`). Returns `module`."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-
     mesh = device_mesh(next(module.parameters()).device.type)
     for block in getattr(getattr(module, "model", None), "layers", None) or []:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)   # False: the backward reuses it
@@ -304,9 +309,6 @@ def device_mesh(device_type: str = "cpu"):
     """The 1-D device mesh of `device_type` ("cpu", "cuda") over the group (one of each per
     default group). Named, not FSDP2's default: that is a CUDA mesh wherever a GPU is visible,
     also when the trainer's tensors and gloo group are on the CPU."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
     key = (id(dist.group.WORLD), device_type)
     if key not in _MESHES:
         for old in [k for k in _MESHES if k[0] != key[0]]:   # meshes of an ended group
@@ -319,8 +321,6 @@ def to_host(t):
     """A CPU copy of `t`: of a DTensor on a GPU mesh, this rank's shard as a DTensor over the
     group's CPU mesh (same placements), which torch.distributed.checkpoint writes as it writes
     the CPU trainer's shards."""
-    from torch.distributed.tensor import DTensor
-
     if isinstance(t, DTensor) and t.device_mesh.device_type != "cpu":
         local = t.to_local().detach().to("cpu", copy=True)
         return DTensor.from_local(local, device_mesh("cpu"), t.placements, run_check=False,
@@ -331,8 +331,6 @@ def to_host(t):
 def _place(full, like):
     """`full` (the whole tensor, the same on every rank) laid out as `like`: this rank's shard
     when `like` is a DTensor (on its mesh's device), else `full` itself."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     if isinstance(like, DTensor) and tuple(full.shape) == tuple(like.shape):
         return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)   # no scatter again
     return full
@@ -342,9 +340,6 @@ def gather_into(module, whole) -> None:
     """Copy the whole parameters of `module` (sharded, FSDP2: an all-gather per parameter, every
     rank; or a plain copy on another device) into the plain module `whole` of the same
     architecture (parameter order as deepcopy keeps it)."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
     with torch.no_grad():
         for src, dst in zip(module.parameters(), whole.parameters(), strict=True):
             dst.copy_(src.full_tensor() if isinstance(src, DTensor) else src)
@@ -353,8 +348,6 @@ def gather_into(module, whole) -> None:
 def place_into(whole, module) -> None:
     """The inverse of `gather_into`, with no collective: copy the plain module `whole`'s
     parameters into `module` (each rank keeps its shard of a DTensor, on its device)."""
-    import torch
-
     with torch.no_grad():
         for src, dst in zip(whole.parameters(), module.parameters(), strict=True):
             dst.copy_(_place(src.data, dst))
@@ -367,16 +360,11 @@ def sync(trainer) -> None:
     the trainer is sharded; the optimizer state is rank 0's whole, index-keyed state
     (`trainer.pending_optimizer` when sharded, else its optimizer's), placed like its parameter.
     So any checkpoint restores on any number of ranks: rank 0 reads it whole."""
-    import torch
-
     with torch.no_grad():
         _sync(trainer)
 
 
 def _sync(trainer) -> None:
-    import torch
-    import torch.distributed as dist
-
     rank = dist.get_rank()
     for p in trainer.model.parameters():
         dist.broadcast(p.data, src=0)
@@ -436,8 +424,6 @@ class Leader:
         """`trainer.step(groups)` on every rank: the restored state first (`sync`, once), then
         the batch to the followers, then rank 0's own step. Returns rank 0's metrics; raises
         what the step raises (NonFiniteStep: every rank skipped it alike)."""
-        from steadyrl.rl.trainer import NonFiniteStep
-
         self._sync(trainer)
         _broadcast(("step", groups))
         self.in_step = True
@@ -471,8 +457,6 @@ def follow(trainer, saver=None) -> int:
     sharded, write its shards of each checkpoint with `saver`, a steadyrl.checkpoint
     ShardWriter), until it says stop. Returns 0. A non-finite step is skipped on every rank
     alike (NonFiniteStep)."""
-    from steadyrl.rl.trainer import NonFiniteStep
-
     steps = 0
     try:
         while True:

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import sys
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.run import main as torchrun
+
+from steadyrl.rl.distributed import bind_group_to
+
 
 def main() -> None:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.run import main as torchrun
-
     if sys.argv[1:2] == ["--ranks-host"]:
-        from steadyrl.rl.distributed import bind_group_to
-
         bind_group_to(sys.argv[2])
         del sys.argv[1:3]
     try:

@@ -11,54 +11,25 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 import torch
+import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from steadyrl.rl import core
+from steadyrl.rl import core, distributed
+from steadyrl.rl.distributed import train_device
+from steadyrl.rl.errors import NonFiniteStep, RanksOutOfMemory, is_out_of_memory
+
+# what importers of this module have always found here
+__all__ = ["Group", "NonFiniteStep", "RanksOutOfMemory", "RolloutLogprobs", "TrainConfig", "Trainer", "ValueHead",
+           "behaviour_logprobs", "build_batch", "is_out_of_memory", "rollout_logprobs", "train_device"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-
-
-def is_out_of_memory(e: BaseException) -> bool:
-    """torch.OutOfMemoryError (CUDA), or the CPU allocator's RuntimeError."""
-    if isinstance(e, torch.OutOfMemoryError):
-        return True
-    msg = str(e).lower()
-    return isinstance(e, RuntimeError) and ("out of memory" in msg or "can't allocate memory" in msg)
-
-
-class RanksOutOfMemory(RuntimeError):
-    """Another rank of the torch.distributed group ran out of memory in this part of the step
-    (`Trainer._agreed`): this rank stops too, so every rank takes the out-of-memory fallback
-    together and no collective waits for a rank that took another path."""
-
-
-class NonFiniteStep(RuntimeError):
-    """A step whose loss or gradient norm was not finite (NaN or infinite). Nothing of it was
-    applied: the weights, the optimizer state, the LR schedule and the global step are those
-    of the last good step, also when earlier minibatches of the step had been applied (they
-    were rolled back).
-
-    Attributes:
-        what: "loss" or "grad_norm".
-        value: the non-finite value (for a loss: the first non-finite micro-batch loss).
-        epoch, minibatch: where it happened (0-based).
-        rolled_back: optimizer steps of this step that had been applied and were undone.
-        step: the step that was skipped (global step + 1).
-    """
-
-    def __init__(self, what: str, value: float, epoch: int, minibatch: int, rolled_back: int, step: int):
-        super().__init__(f"non-finite {what} ({value}) in epoch {epoch}, minibatch {minibatch} of step {step}: "
-                         f"the step was skipped ({rolled_back} applied optimizer steps rolled back)")
-        self.what, self.value, self.epoch, self.minibatch = what, value, epoch, minibatch
-        self.rolled_back, self.step = rolled_back, step
 
 
 class TrainConfig(BaseModel):
@@ -266,28 +237,6 @@ def behaviour_logprobs(groups: Sequence[Group], T: int) -> tuple[torch.Tensor, t
     return logp, where
 
 
-def train_device(device: str) -> torch.device:
-    """The torch.device of TrainConfig.device: "cpu", or "cuda" as cuda:LOCAL_RANK (torchrun's
-    local rank; 0 alone). Raises ValueError naming `learner.train.device` when no GPU is
-    visible, or fewer than LOCAL_RANK + 1."""
-    if device == "cpu":
-        return torch.device("cpu")
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if not torch.cuda.is_available() or torch.cuda.device_count() <= local:
-        raise ValueError(f"learner.train.device is cuda, but this process sees {torch.cuda.device_count()} GPUs "
-                         f"(local rank {local}): set it to cpu, or give each rank a GPU")
-    return torch.device("cuda", local)
-
-
-def _rank_and_world() -> tuple[int, int]:
-    """(rank, world size) of the torch.distributed group, (0, 1) without one."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 class Trainer:
     """Holds the policy, optimizer, LR schedule, optional frozen reference and value head.
 
@@ -320,7 +269,7 @@ class Trainer:
                 p.requires_grad_(False)
         self.value_head: ValueHead | None = (ValueHead(model.config.hidden_size).to(self.device)
                                              if cfg.algorithm == "ppo" else None)
-        self.rank, self.world = _rank_and_world()
+        self.rank, self.world = distributed.rank_and_world()
         # Data parallel over torch.distributed ranks (steadyrl/rl/distributed.py): every rank
         # holds the whole batch and backpropagates its share of the micro-batches (micro-batch i
         # on rank i % world); gradients, metric sums and the finiteness check are summed over
@@ -337,10 +286,6 @@ class Trainer:
             self.module = copy.deepcopy(model).to(self.device)
         self.checkpoint_group = None
         if self.sharded:
-            import torch.distributed as dist
-
-            from steadyrl.rl import distributed
-
             # sharded checkpoints' collectives run in a writer thread: a gloo group of their own,
             # made here, where every rank makes its trainer before any collective
             self.checkpoint_group = dist.new_group(backend="gloo")
@@ -361,8 +306,6 @@ class Trainer:
         self.pending_optimizer: dict | None = None     # rank 0, sharded: restored state to scatter (`sync`)
         self._pushed = self.module is self.model       # `module` holds what `model` holds
         if self.sharded and cfg.oom_fallback != "off":
-            from steadyrl.rl import distributed
-
             if (remembered := distributed.remembered_safe_mode()) is not None:  # an earlier attempt ran out
                 self._enter_safe_mode(f"an earlier attempt of the group ran out of memory: {remembered}")
 
@@ -372,8 +315,6 @@ class Trainer:
         collective (each rank keeps its shard of what it holds); `distributed.sync` calls it
         after its broadcast, `step` before its first update."""
         if self.module is not self.model:
-            from steadyrl.rl import distributed
-
             distributed.place_into(self.model, self.module)
         self._pushed = True
 
@@ -413,8 +354,6 @@ class Trainer:
             if self.sharded and is_out_of_memory(e) and self.cfg.oom_fallback != "off" and not self.safe_mode:
                 # the other ranks wait in a collective of this forward: this rank dies, torchrun
                 # restarts the group, and every rank of the next attempt starts in the safe mode
-                from steadyrl.rl import distributed
-
                 distributed.remember_safe_mode(f"rank {self.rank}: {type(e).__name__}: {e}")
             if not is_out_of_memory(e) or self.cfg.oom_fallback == "off" or self.safe_mode or self.sharded:
                 raise
@@ -432,8 +371,6 @@ class Trainer:
         collective. One rank: fn()."""
         if self.world == 1 or self.sharded:  # sharded: fn holds FSDP2's collectives (see _oom_guarded)
             return fn()
-        import torch.distributed as dist
-
         error: BaseException | None = None
         result = None
         try:
@@ -551,8 +488,6 @@ class Trainer:
         """Sum this minibatch's gradients and metric sums over the ranks (in place / returned),
         and gather every rank's micro-batch losses (rank order), so every rank takes the same
         decisions (clip, skip a non-finite step) from the same numbers."""
-        import torch.distributed as dist
-
         if not self.sharded:  # FSDP2 reduce-scattered (summed) the gradients in the backward already
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
             flat = torch.cat([g.reshape(-1) for g in grads])                    # (sum of numels,)
@@ -771,8 +706,6 @@ class Trainer:
                 n_updates += 1
         if self.world > 1 and ro is not None and one_pass:
             # each rank filled the rows of its micro-batches: zeros (TIS weights: ones) elsewhere
-            import torch.distributed as dist
-
             assert trainer_logp is not None
             dist.all_reduce(trainer_logp)
             if tis_w is not None:
@@ -780,8 +713,6 @@ class Trainer:
                 dist.all_reduce(tis_w)
                 tis_w += 1.0
         if self.module is not self.model:  # the whole updated weights into `model`, on every rank
-            from steadyrl.rl import distributed
-
             distributed.gather_into(self.module, self.model)
         lr = float(self.sched.get_last_lr()[0])
         self.sched.step()
