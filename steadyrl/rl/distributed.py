@@ -230,6 +230,23 @@ def rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
+def microbatch_plan(rows: int, micro: int, rank: int, world: int, sharded: bool) -> list[int | None]:
+    """The micro-batches of a minibatch of `rows` rows this rank runs: the start row of each
+    (micro-batch i of size `micro` on rank i % world). Sharded, FSDP2's forward and backward
+    are collectives, so every rank runs as many as the rank with the most: a rank with one
+    fewer runs first an idle one (None: a zero-weighted copy of the first micro-batch,
+    `Trainer._idle_backward`, whose gradient adds exactly 0).
+
+    >>> microbatch_plan(5, 2, 1, 2, sharded=True)    # starts 0, 2, 4: rank 0 runs 0 and 4
+    [None, 2]
+    """
+    starts = list(range(0, rows, micro))
+    plan: list[int | None] = list(starts[rank::world])
+    if sharded and len(plan) < -(-len(starts) // world):
+        plan.insert(0, None)
+    return plan
+
+
 def init_from_env(timeout_s: float = GROUP_TIMEOUT_S, device: str = "cpu") -> tuple[int, int]:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT), in this
     attempt's own key space (`attempt_store`). `device` is the trainer's (TrainConfig.device):

@@ -1,8 +1,11 @@
-"""One policy update from scored groups: GRPO, or PPO with a value head and GAE.
+"""One policy update from scored groups: `Trainer.step(groups)`.
 
-The learner service and the in-process reference loop both call `Trainer.step(groups)`;
-the formulas live in `steadyrl.rl.core`. A step whose loss or gradient norm is not finite
-raises `NonFiniteStep` and leaves nothing of itself applied. Shapes: N sequences (B prompts x G samples),
+The learner service and the in-process reference loop both call it. What the update computes
+is `steadyrl.rl.algos` (estimators and losses registered by name, `minibatch_loss`) over the
+formulas of `steadyrl.rl.core`; this module runs it: the batch on the device, the no-grad
+passes, the minibatch loop and its optimizer steps, micro-batches split over the ranks
+(`steadyrl.rl.distributed`), the out-of-memory fallback and the rollback of a non-finite step
+(`NonFiniteStep`: nothing of the step applied). Shapes: N sequences (B prompts x G samples),
 P prompt tokens (left padded), T response tokens (right padded), V vocabulary.
 """
 
@@ -12,17 +15,21 @@ import copy
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from functools import partial
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from steadyrl.rl import core, distributed
+from steadyrl.rl import algos, core, distributed
+from steadyrl.rl.algos import MetricSums, MicroBatch
+from steadyrl.rl.batch import Behaviour, Group, behaviour_logprobs, build_batch
+from steadyrl.rl.config import TrainConfig
 from steadyrl.rl.distributed import train_device
 from steadyrl.rl.errors import NonFiniteStep, RanksOutOfMemory, is_out_of_memory
+from steadyrl.rl.tis import RolloutCorrection, RolloutLogprobs, rollout_logprobs
 
 # what importers of this module have always found here
 __all__ = ["Group", "NonFiniteStep", "RanksOutOfMemory", "RolloutLogprobs", "TrainConfig", "Trainer", "ValueHead",
@@ -30,110 +37,6 @@ __all__ = ["Group", "NonFiniteStep", "RanksOutOfMemory", "RolloutLogprobs", "Tra
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-
-
-class TrainConfig(BaseModel):
-    """Optimisation and loss settings (defaults follow verl where it has one)."""
-
-    model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
-
-    algorithm: Literal["grpo", "ppo"] = "grpo"
-    lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(0, ge=0)
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    total_steps: int = Field(100, ge=1, description="For the cosine schedule.")
-    max_grad_norm: float = Field(1.0, gt=0)
-    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
-    mini_batch_size: int | None = Field(None, ge=1, description="Sequences per optimizer step; None: whole batch.")
-    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward (memory).")
-    clip_low: float = Field(0.2, ge=0, lt=1)
-    clip_high: float = Field(0.2, ge=0)
-    clip_ratio_c: float | None = Field(3.0, gt=1, description="Dual-clip bound; None disables.")
-    loss_agg: core.LossAgg = "token-mean"
-    norm_adv_by_std: bool = Field(True, description="GRPO: divide by the group std (False: Dr. GRPO).")
-    use_kl_loss: bool = Field(False, description="Add kl_coef x KL(pi || ref) to the loss.")
-    kl_coef: float = Field(0.001, ge=0)
-    kl_estimator: core.KLEstimator = "low_var_kl"
-    kl_in_reward: bool = Field(False, description="PPO: subtract kl_coef x k1 from per-token rewards.")
-    entropy_coeff: float = Field(0.0, ge=0)
-    temperature: float = Field(1.0, gt=0, description="Must equal the sampling temperature.")
-    gamma: float = Field(1.0, ge=0, le=1)
-    lam: float = Field(0.95, ge=0, le=1)
-    vf_coef: float = Field(0.5, ge=0)
-    vf_clip: float = Field(0.2, gt=0)
-    autocast: Literal["off", "bf16"] = Field(
-        "off", description="bf16: the model's forward in the update (and any no-grad pass) under torch.autocast "
-                           "to bfloat16; weights, gradients, AdamW state and the loss stay fp32 (the log-probs are "
-                           "taken from fp32 logits). A lever where the CPU has native bf16 (AVX-512 BF16, AMX) or on "
-                           "a GPU: an update micro-batch of SmolLM2 1.59x faster on a Zen 4 CPU (docs/benchmarks.md "
-                           "\"This machine's peak\"); without native bf16 ~90x slower. Off by default.")
-    oom_fallback: Literal["stay", "step", "off"] = Field(
-        "stay", description="On out-of-memory in a step: retry it with gradient checkpointing and a 4x smaller "
-                            "micro-batch and stay so for the run (stay), for that step only (step), or raise (off).")
-    rollout_is: Literal["auto", "on", "off"] = Field(
-        "auto", description="Truncated importance sampling (TIS, core.tis_weights) of groups that bring the rollout "
-                            "engine's log-probs: each token's policy-gradient loss times min(pi_trainer / "
-                            "pi_rollout, rollout_is_cap). auto: for groups generated by vLLM (Group.engine), whose "
-                            "log-probs come from another engine in bf16; on: every such group; off: none (the "
-                            "step is then exactly the one without rollout log-probs). The mismatch metrics are "
-                            "reported either way.")
-    rollout_is_cap: float = Field(2.0, ge=1.0, description="TIS truncation C: the largest per-token weight "
-                                                           "(verl's rollout_is_threshold).")
-    sharding: Literal["replicate", "fsdp"] = Field(
-        "fsdp", description="With several ranks (learner.world_size > 1): fsdp shards the trained parameters and "
-                            "AdamW moments over the ranks (FSDP2, torch.distributed.fsdp.fully_shard) and "
-                            "checkpoints them sharded (torch.distributed.checkpoint); an out-of-memory error "
-                            "restarts the group in the safe mode. replicate keeps the whole model, gradients and "
-                            "optimizer state on every rank and all-reduces the gradients (DDP's scheme); an "
-                            "out-of-memory error is agreed within the step. One rank: no effect.")
-    device: Literal["cpu", "cuda"] = Field(
-        "cpu", description="Where forward, backward and the optimizer run. cuda: rank r on GPU LOCAL_RANK (one GPU "
-                           "per rank: learner.world_size = the GPUs), the training collectives over NCCL; the whole "
-                           "policy that the policy store, the evaluation and the checkpoints read stays a CPU copy, "
-                           "refreshed after every step. Not yet run on a GPU in this project's tests.")
-
-    @field_validator("oom_fallback", "rollout_is", mode="before")
-    @classmethod
-    def _yaml_off(cls, v):
-        # YAML 1.1 reads a bare `off` as false (and `on` as true)
-        return "off" if v is False else "on" if v is True else v
-
-    @model_validator(mode="after")
-    def _check(self) -> "TrainConfig":
-        if self.kl_in_reward and self.algorithm != "ppo":
-            raise ValueError("kl_in_reward needs algorithm=ppo (GRPO puts KL in the loss: use_kl_loss)")
-        return self
-
-    @property
-    def uses_ref(self) -> bool:
-        return self.use_kl_loss or self.kl_in_reward
-
-    def tis_for(self, engine: str) -> bool:
-        """Whether TIS weighs a group with rollout log-probs made by `engine` ("" = unknown)."""
-        return self.rollout_is == "on" or (self.rollout_is == "auto" and engine == "vllm")
-
-
-@dataclass
-class Group:
-    """One prompt's samples and rewards, as the trainer needs them."""
-
-    prompt_ids: list[int]
-    responses: list[list[int]]           # G x (T_i,)
-    rewards: list[float]                 # (G,)
-    # G x (T_i,): log-probs of an older policy that sampled the responses. Give them only
-    # when that policy is not the current one (a stale group); the ratio then starts from them.
-    behaviour_logprobs: list[list[float]] | None = None
-    # Scales the group's advantages, i.e. its share of the policy-gradient loss (0 excludes
-    # it). The learner uses it for cache-scored groups.
-    weight: float = 1.0
-    # G x (T_i,): the rollout engine's log-probs of every response, fresh or stale (the actor's
-    # Sample.logprobs). They measure the train/inference mismatch (mismatch/* metrics) and, when
-    # TrainConfig.rollout_is says so, weigh the loss (TIS); None: neither.
-    rollout_logprobs: list[list[float]] | None = None
-    # The engine that generated the samples: "torch", "vllm", or "" (unknown). rollout_is "auto"
-    # applies TIS to "vllm" groups only.
-    engine: str = ""
 
 
 class ValueHead(torch.nn.Module):
@@ -149,92 +52,23 @@ class ValueHead(torch.nn.Module):
         return self.v(hidden).squeeze(-1)
 
 
-def build_batch(groups: list[Group], pad_id: int) -> dict[str, torch.Tensor]:
-    """Pack groups into tensors: [left-padded prompt | right-padded response].
-
-    Returns input_ids (N, P+T), attention_mask (N, P+T), position_ids (N, P+T),
-    responses (N, T), response_mask (N, T), rewards (N,), group_sizes (B,), and P.
-    Groups may differ in size (a data gate removed samples). Raises ValueError for an
-    empty group.
-    """
-    seqs = [(g.prompt_ids, r) for g in groups for r in g.responses]
-    P = max(len(p) for p, _ in seqs)
-    T = max(max(len(r) for _, r in seqs), 1)
-    ids, attn, resp, rmask = [], [], [], []
-    for p, r in seqs:
-        ids.append([pad_id] * (P - len(p)) + p + r + [pad_id] * (T - len(r)))
-        attn.append([0] * (P - len(p)) + [1] * (len(p) + len(r)) + [0] * (T - len(r)))
-        resp.append(r + [pad_id] * (T - len(r)))
-        rmask.append([1.0] * len(r) + [0.0] * (T - len(r)))
-    attention_mask = torch.tensor(attn)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    sizes = [len(g.responses) for g in groups]
-    if min(sizes) < 1 or any(len(g.rewards) != len(g.responses) for g in groups):
-        raise ValueError(f"every group needs >= 1 sample and one reward per sample, got sizes {sizes}")
-    return {"input_ids": torch.tensor(ids), "attention_mask": attention_mask, "position_ids": position_ids,
-            "responses": torch.tensor(resp), "response_mask": torch.tensor(rmask),
-            "rewards": torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32),
-            "group_sizes": torch.tensor(sizes), "P": torch.tensor(P)}
 
 
 @dataclass
-class RolloutLogprobs:
-    """The rollout engine's log-probs of a batch, packed like build_batch's responses."""
+class StepInputs:
+    """What every minibatch of a step reads: the batch on the device and what was computed
+    from it before the update (all rows, N)."""
 
-    logp: torch.Tensor       # (N, T) the actor's log-probs; 0 on padding and in groups without them
-    measured: torch.Tensor   # (N,) bool: rows the mismatch metrics are computed on
-    tis: torch.Tensor        # (N,) bool: rows TIS weighs
+    batch: dict[str, torch.Tensor]        # build_batch's, on the device
+    advantages: torch.Tensor              # (N, T)
+    returns: torch.Tensor | None          # (N, T), critic
+    behaviour: Behaviour
+    ref_logp: torch.Tensor | None         # (N, T), with a reference
+    tis: RolloutCorrection | None         # with rollout log-probs
 
-
-def rollout_logprobs(groups: list[Group], T: int, cfg: TrainConfig) -> RolloutLogprobs | None:
-    """The groups' `rollout_logprobs` as tensors, or None when no group brings them.
-
-    The mismatch is measured on groups with rollout log-probs that the current policy sampled
-    (no behaviour_logprobs): for a stale group the trainer no longer has the weights that
-    sampled it, so its gap would mix the policy's change with the engines'. TIS weighs every
-    group with rollout log-probs that `cfg.tis_for(group.engine)` names. Raises ValueError when
-    a response's rollout log-probs are not as long as the response.
-    """
-    if all(g.rollout_logprobs is None for g in groups):
-        return None
-    N = sum(len(g.responses) for g in groups)
-    logp = torch.zeros(N, T)                                                     # (N, T)
-    measured = torch.zeros(N, dtype=torch.bool)                                  # (N,)
-    tis = torch.zeros(N, dtype=torch.bool)                                       # (N,)
-    row = 0
-    for g in groups:
-        G = len(g.responses)
-        if g.rollout_logprobs is not None:
-            if len(g.rollout_logprobs) != G or any(len(lp) != len(r) for lp, r in zip(g.rollout_logprobs,
-                                                                                      g.responses)):
-                raise ValueError(f"rollout_logprobs must hold one log-prob per response token, got lengths "
-                                 f"{[len(lp) for lp in g.rollout_logprobs]} for responses of "
-                                 f"{[len(r) for r in g.responses]}")
-            for i, lp in enumerate(g.rollout_logprobs):
-                logp[row + i, :len(lp)] = torch.tensor(lp, dtype=logp.dtype)
-            measured[row:row + G] = g.behaviour_logprobs is None
-            tis[row:row + G] = cfg.tis_for(g.engine)
-        row += G
-    return RolloutLogprobs(logp, measured, tis)
-
-
-def behaviour_logprobs(groups: Sequence[Group], T: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The log-probs stale groups bring of their responses (`Group.behaviour_logprobs`) as
-    (logp (N, T), where (N, T) bool: the positions they cover), or None when no group is stale."""
-    if all(g.behaviour_logprobs is None for g in groups):
-        return None
-    N = sum(len(g.responses) for g in groups)
-    logp = torch.zeros(N, T)                                                     # (N, T)
-    where = torch.zeros(N, T, dtype=torch.bool)                                  # (N, T)
-    row = 0
-    for g in groups:
-        rows: Sequence[list[float] | None] = g.behaviour_logprobs or [None] * len(g.responses)
-        for lp in rows:
-            if lp is not None:
-                logp[row, :len(lp)] = torch.tensor(lp, dtype=logp.dtype)
-                where[row, :len(lp)] = True
-            row += 1
-    return logp, where
+    @property
+    def mask(self) -> torch.Tensor:       # (N, T)
+        return self.batch["response_mask"]
 
 
 class Trainer:
@@ -267,8 +101,11 @@ class Trainer:
             self.ref = copy.deepcopy(model).to(self.device).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
+        self.estimator = algos.estimator_of(cfg.algorithm)
+        self.policy_loss = algos.policy_loss_of(cfg.algorithm)
+        self.critic = self.estimator.critic   # a value head, trained with the policy
         self.value_head: ValueHead | None = (ValueHead(model.config.hidden_size).to(self.device)
-                                             if cfg.algorithm == "ppo" else None)
+                                             if self.critic else None)
         self.rank, self.world = distributed.rank_and_world()
         # Data parallel over torch.distributed ranks (steadyrl/rl/distributed.py): every rank
         # holds the whole batch and backpropagates its share of the micro-batches (micro-batch i
@@ -344,6 +181,12 @@ class Trainer:
         if getattr(self.module, "supports_gradient_checkpointing", False):
             disable = getattr(self.module, "activation_checkpointing_disable", None)   # transformers >= 5
             (disable or self.module.gradient_checkpointing_disable)()
+
+    def _end_of_step(self) -> None:
+        """After a step, done or skipped: oom_fallback "step" leaves the safe mode (sharded, the
+        group's restart put every rank in it: it stays)."""
+        if self.safe_mode and self.cfg.oom_fallback == "step" and not self.sharded:
+            self._leave_safe_mode()
 
     def _oom_guarded(self, fn: Callable[[], _T]) -> _T:
         """fn(), or -- when it runs out of memory and the fallback is on -- the safe mode and
@@ -423,8 +266,7 @@ class Trainer:
             assert snap is not None, "a snapshot is taken before the first of several optimizer steps"
             self._restore(snap)
         self.opt.zero_grad(set_to_none=True)
-        if self.safe_mode and self.cfg.oom_fallback == "step" and not self.sharded:  # sharded: stays
-            self._leave_safe_mode()
+        self._end_of_step()
         return NonFiniteStep(what, value, epoch, minibatch, applied, self.global_step + 1)
 
     # -- forward pieces ------------------------------------------------------------------
@@ -463,7 +305,7 @@ class Trainer:
     def _idle_backward(self, b: dict[str, torch.Tensor], idx: torch.Tensor) -> None:
         """A forward and backward of micro-batch `idx` weighted 0: the collectives FSDP2 runs in
         them (all-gathers, reduce-scatters), with a gradient of exactly 0 (finite activations)."""
-        logp, _, values = self._forward(self.module, b, idx, need_values=self.cfg.algorithm == "ppo")
+        logp, _, values = self._forward(self.module, b, idx, need_values=self.critic)
         loss = logp.sum() * 0.0 + (values.sum() * 0.0 if values is not None else 0.0)
         loss.backward()
 
@@ -483,8 +325,7 @@ class Trainer:
         return torch.cat(logps), (torch.cat(vals) if need_values else None)
 
     # -- one step ------------------------------------------------------------------------
-    def _all_reduce(self, mb_sums: dict[str, float],
-                    losses: list[torch.Tensor]) -> tuple[dict[str, float], list[torch.Tensor]]:
+    def _all_reduce(self, sums: MetricSums, losses: list[torch.Tensor]) -> tuple[MetricSums, list[torch.Tensor]]:
         """Sum this minibatch's gradients and metric sums over the ranks (in place / returned),
         and gather every rank's micro-batch losses (rank order), so every rank takes the same
         decisions (clip, skip a non-finite step) from the same numbers."""
@@ -499,15 +340,15 @@ class Trainer:
                 offset += g.numel()
             del flat
         gathered: list = [None] * self.world
-        dist.all_gather_object(gathered, (mb_sums, [float(x) for x in losses]))
-        total: dict[str, float] = {}
+        dist.all_gather_object(gathered, (sums.sums, [float(x) for x in losses]))
+        total = MetricSums()
         all_losses: list[torch.Tensor] = []
-        for sums, ls in gathered:
-            for k, v in sums.items():
-                total[k] = total.get(k, 0.0) + v
-            all_losses.extend(torch.tensor(x) for x in ls)
+        for rank_sums, rank_losses in gathered:
+            total.merge(rank_sums)
+            all_losses.extend(torch.tensor(x) for x in rank_losses)
         return total, all_losses
 
+    # -- one step ------------------------------------------------------------------------
     def step(self, groups: list[Group]) -> dict[str, float]:
         """Update the policy on `groups`; returns per-step metrics (verl names).
 
@@ -521,197 +362,22 @@ class Trainer:
         minibatches) takes a CPU copy of the weights and optimizer state before the first and
         puts it back.
         """
-        cfg, t_start = self.cfg, time.perf_counter()
+        t_start, oom_before = time.perf_counter(), self.oom_fallbacks
+        timing: dict[str, float] = {}
         if not self._pushed:
             self.push_weights()
-        dev = self.device
-        b = {k: v.to(dev) for k, v in build_batch(groups, self.pad_id).items()}
-        mask = b["response_mask"]                                                # (N, T)
-        sizes = b["group_sizes"]                                                 # (B,)
-        N = mask.shape[0]
-        group_weight = torch.tensor([g.weight for g in groups], device=dev).repeat_interleave(sizes)   # (N,)
-        timing: dict[str, float] = {}
         self.module.train()
-        oom_before = self.oom_fallbacks
+        b = {k: v.to(self.device) for k, v in build_batch(groups, self.pad_id).items()}
+        behaviour = self._behaviour(groups, b, timing)                     # the ratio's denominator
+        tis = RolloutCorrection.of(groups, b["response_mask"], self.cfg, behaviour.old_logp)   # None: no rollout lps
+        ref_logp = self._reference_logprobs(b, timing)                    # None: no reference
+        advantages, returns = self._advantages(groups, b, behaviour, ref_logp)
+        x = StepInputs(b, advantages, returns, behaviour, ref_logp, tis)
 
-        # Stale groups: the policy that sampled them is older than the one being updated; the
-        # ratio pi_theta / pi_behaviour starts from the log-probs they bring (decoupled PPO).
-        # For fresh groups the behaviour log-probs are the current policy's. One GRPO update on
-        # the whole batch (one epoch, one minibatch) takes those from its own forward (ratio 1):
-        # no separate no-grad pass, whether or not some groups are stale.
-        stale = behaviour_logprobs(groups, mask.shape[1])                       # ((N, T), (N, T)) or None
-        if stale is not None:
-            stale = (stale[0].to(dev), stale[1].to(dev))
-        one_pass = cfg.algorithm == "grpo" and cfg.ppo_epochs == 1 and (cfg.mini_batch_size or N) >= N
-        old_logp: torch.Tensor | None = None                                     # (N, T)
-        old_values: torch.Tensor | None = None                                   # (N, T), PPO
-        if not one_pass:
-            t0 = time.perf_counter()
-            old_logp, old_values = self._oom_guarded(lambda: self._agreed(
-                lambda: self._no_grad_pass(self.module, b, need_values=cfg.algorithm == "ppo")))
-            if stale is not None:
-                old_logp = torch.where(stale[1], stale[0], old_logp)
-            timing["old_log_prob"] = time.perf_counter() - t0
-
-        # Train/inference mismatch: the rollout engine's log-probs of the responses against the
-        # trainer's behaviour log-probs (old_logp, or in one pass the update's own forward, filled
-        # in below). TIS (Yao et al. 2025) multiplies each token's policy-gradient loss by
-        # min(pi_trainer / pi_rollout, C): rows it does not weigh get 1.
-        ro = rollout_logprobs(groups, mask.shape[1], cfg)                       # None: no group has them
-        if ro is not None:
-            ro = RolloutLogprobs(ro.logp.to(dev), ro.measured.to(dev), ro.tis.to(dev))
-        tis = ro is not None and bool(ro.tis.any())
-        trainer_logp = old_logp                                                 # (N, T) or None
-        tis_w: torch.Tensor | None = None                                       # (N, T)
-        if ro is not None and one_pass:
-            trainer_logp = torch.zeros_like(mask)
-            tis_w = torch.ones_like(mask) if tis else None
-        elif tis:
-            assert ro is not None and old_logp is not None
-            tis_w = torch.where(ro.tis[:, None], core.tis_weights(old_logp, ro.logp, mask, cfg.rollout_is_cap), 1.0)
-        ref_logp: torch.Tensor | None = None                                     # (N, T)
-        if (ref := self.ref) is not None:
-            t0 = time.perf_counter()
-            ref_logp, _ = self._oom_guarded(lambda: self._agreed(lambda: self._no_grad_pass(ref, b)))
-            timing["ref"] = time.perf_counter() - t0
-
-        # Advantages
-        returns: torch.Tensor | None = None
-        if cfg.algorithm == "grpo":
-            seq_adv = core.grpo_advantages_by_group(b["rewards"], sizes.tolist(), cfg.norm_adv_by_std)  # (N,)
-            advantages = core.outcome_advantages(seq_adv, mask)                            # (N, T)
-        else:
-            assert old_logp is not None and old_values is not None   # PPO is never one pass here
-            token_rewards = core.last_token_rewards(b["rewards"], mask)                    # (N, T)
-            if cfg.kl_in_reward:
-                assert ref_logp is not None
-                token_rewards = core.kl_penalized_rewards(token_rewards, old_logp, ref_logp, mask, cfg.kl_coef)
-            advantages, returns = core.gae(token_rewards, old_values, mask, cfg.gamma, cfg.lam)   # (N, T) each
-            advantages = core.masked_whiten(advantages, mask)   # over the whole batch, as verl (not per minibatch)
-        advantages = advantages * group_weight[:, None]        # (N, T); cache-scored groups weigh less
-
-        # Update
         t0 = time.perf_counter()
-        mini = cfg.mini_batch_size or N
-        sums: dict[str, float] = {}
-        n_updates = 0
-        grad_norms = []
-        gen = torch.Generator().manual_seed(self.global_step)
-        planned = cfg.ppo_epochs * math.ceil(N / mini)           # optimizer steps of this step
-        snap: tuple[list[torch.Tensor], dict[int, dict]] | None = None
-        for epoch in range(cfg.ppo_epochs):
-            order = (torch.randperm(N, generator=gen) if mini < N else torch.arange(N)).to(dev)
-            for s in range(0, N, mini):
-                mb_idx = order[s:s + mini]
-
-                def minibatch(mb_idx=mb_idx):
-                    """Gradients of one minibatch (nothing applied): its metric sums, grad norm and
-                    micro-batch losses (checked for finiteness by the caller)."""
-                    mb_sums: dict[str, float] = {}
-                    losses: list[torch.Tensor] = []
-                    self.opt.zero_grad(set_to_none=True)
-                    self._agreed(lambda: backprop(mb_idx, mb_sums, losses))
-                    if self.world > 1:
-                        mb_sums, losses = self._all_reduce(mb_sums, losses)
-                    return mb_sums, core.clip_grad_norm(self.params, cfg.max_grad_norm), losses
-
-                def backprop(mb_idx: torch.Tensor, mb_sums: dict[str, float], losses: list[torch.Tensor]) -> None:
-                    """This rank's micro-batches of the minibatch: gradients accumulated, metric
-                    sums and losses appended (no collective: `_agreed` runs it)."""
-                    starts = list(range(0, len(mb_idx), self.micro_batch_size))
-                    plan: list[int | None] = list(starts[self.rank::self.world])
-                    if self.sharded and len(plan) < -(-len(starts) // self.world):
-                        # FSDP2's forward and backward are collectives: every rank runs as many
-                        # as the rank with the most micro-batches, this one once more on a
-                        # zero-weighted copy of the first (None: its gradient adds exactly 0)
-                        plan.insert(0, None)
-                    for j, m in enumerate(plan):
-                        if self.sharded:
-                            self._accumulate(last=j == len(plan) - 1)
-                        if m is None:
-                            self._idle_backward(b, mb_idx[:self.micro_batch_size])
-                            continue
-                        idx = mb_idx[m:m + self.micro_batch_size]
-                        # share of the minibatch in this micro-batch, so the sum equals the minibatch loss
-                        weight = core.microbatch_weight(mask[idx], mask[mb_idx], cfg.loss_agg)
-                        sub = {k: (v[idx] if k != "P" else v) for k, v in b.items()
-                               if k not in ("rewards", "group_sizes")}
-                        logp, ent, values = self._forward(self.module, sub, slice(None),
-                                                          need_values=cfg.algorithm == "ppo",
-                                                          need_entropy=True)
-                        assert ent is not None                                 # need_entropy=True
-                        mb_mask = mask[idx]
-                        if one_pass:
-                            behaviour = logp.detach()
-                            if stale is not None:                              # the sampler's, where stale
-                                behaviour = torch.where(stale[1][idx], stale[0][idx], behaviour)
-                            if ro is not None:                                 # the trainer's side
-                                assert trainer_logp is not None
-                                trainer_logp[idx] = behaviour
-                                if tis_w is not None:
-                                    tis_w[idx] = torch.where(ro.tis[idx, None], core.tis_weights(
-                                        behaviour, ro.logp[idx], mb_mask, cfg.rollout_is_cap), 1.0)
-                        else:
-                            assert old_logp is not None
-                            behaviour = old_logp[idx]
-                        pg_loss, pg_m = core.policy_loss(logp, behaviour, advantages[idx], mb_mask,
-                                                         cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c, cfg.loss_agg,
-                                                         is_weights=tis_w[idx] if tis_w is not None else None)
-                        # loss = L_pg - c_ent * H + beta * KL + c_vf * L_VF, minimised: the negated PPO
-                        # objective (Schulman et al. 2017, eq. 9) with GRPO's KL term (Shao et al. 2024, eq. 3)
-                        loss = pg_loss
-                        entropy = core.aggregate(ent, mb_mask, cfg.loss_agg)
-                        if cfg.entropy_coeff:
-                            loss = loss - cfg.entropy_coeff * entropy
-                        if ref_logp is not None:  # KL(pi || ref) as the update sees it (k3), for people
-                            kl_ref = core.masked_mean(core.kl_estimate(logp.detach(), ref_logp[idx], "k3"), mb_mask)
-                            mb_sums["actor/kl_ref"] = (mb_sums.get("actor/kl_ref", 0.0)
-                                                       + float(kl_ref) * float(weight))
-                        if cfg.use_kl_loss:
-                            assert ref_logp is not None                        # uses_ref made self.ref
-                            kl = core.aggregate(core.kl_estimate(logp, ref_logp[idx], cfg.kl_estimator), mb_mask,
-                                                cfg.loss_agg)
-                            loss = loss + cfg.kl_coef * kl
-                            mb_sums["actor/kl_loss"] = (mb_sums.get("actor/kl_loss", 0.0)
-                                                        + float(kl.detach()) * float(weight))
-                        if cfg.algorithm == "ppo":
-                            assert values is not None and old_values is not None and returns is not None
-                            vf_loss, vf_clip = core.value_loss(values, old_values[idx], returns[idx], mb_mask,
-                                                               cfg.vf_clip, cfg.loss_agg)
-                            loss = loss + cfg.vf_coef * vf_loss
-                            mb_sums["critic/vf_loss"] = (mb_sums.get("critic/vf_loss", 0.0)
-                                                         + float(vf_loss.detach()) * float(weight))
-                            mb_sums["critic/vf_clipfrac"] = (mb_sums.get("critic/vf_clipfrac", 0.0)
-                                                             + float(vf_clip) * float(weight))
-                        (loss * weight).backward()
-                        losses.append(loss.detach())
-                        for k, v in (("actor/pg_loss", pg_loss), ("actor/entropy", entropy),
-                                     ("actor/pg_clipfrac", pg_m["clip_frac"]), ("actor/ppo_kl", pg_m["approx_kl"]),
-                                     ("actor/pg_clipfrac_lower", pg_m["dual_clip_frac"])):
-                            mb_sums[k] = mb_sums.get(k, 0.0) + float(v.detach()) * float(weight)
-
-                mb_sums, grad_norm, losses = self._oom_guarded(minibatch)
-                finite = torch.isfinite(torch.stack(losses))
-                if not bool(finite.all()):
-                    bad = float(torch.stack(losses)[~finite][0])
-                    raise self._skip("loss", bad, epoch, s // mini, n_updates, snap)
-                if not math.isfinite(grad_norm):
-                    raise self._skip("grad_norm", grad_norm, epoch, s // mini, n_updates, snap)
-                if n_updates == 0 and planned > 1:   # more optimizer steps follow: keep this one's start
-                    snap = self._snapshot()
-                for k, v in mb_sums.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                grad_norms.append(grad_norm)
-                self.opt.step()
-                n_updates += 1
-        if self.world > 1 and ro is not None and one_pass:
-            # each rank filled the rows of its micro-batches: zeros (TIS weights: ones) elsewhere
-            assert trainer_logp is not None
-            dist.all_reduce(trainer_logp)
-            if tis_w is not None:
-                tis_w -= 1.0
-                dist.all_reduce(tis_w)
-                tis_w += 1.0
+        sums, grad_norms = self._update(x)
+        if self.world > 1 and tis is not None:
+            tis.all_reduce()
         if self.module is not self.model:  # the whole updated weights into `model`, on every rank
             distributed.gather_into(self.module, self.model)
         lr = float(self.sched.get_last_lr()[0])
@@ -719,33 +385,144 @@ class Trainer:
         self.global_step += 1
         timing["update_actor"] = time.perf_counter() - t0
 
-        metrics = {k: v / n_updates for k, v in sums.items()}
-        with torch.no_grad():
-            r = b["rewards"]
-            metrics.update({
-                "critic/score/mean": float(r.mean()), "critic/score/std": float(r.std()) if r.numel() > 1 else 0.0,
-                "critic/advantages/mean": float(core.masked_mean(advantages, mask)),
-                "critic/advantages/var": float(core.masked_var(advantages, mask)),
-                "actor/grad_norm": sum(grad_norms) / len(grad_norms), "actor/lr": lr,
-                "response_length/mean": float(mask.sum(1).mean()),
-                "training/global_step": self.global_step,
-            })
-            if ro is not None and bool(ro.measured.any()):
-                assert trainer_logp is not None
-                rows = ro.measured
-                metrics.update({f"mismatch/{k}": v for k, v in
-                                core.mismatch_metrics(trainer_logp[rows], ro.logp[rows], mask[rows]).items()})
-            if ro is not None and tis_w is not None:
-                tis_mask = mask * ro.tis[:, None]                                # (N, T) tokens TIS weighs
-                metrics["rollout_is/mean_weight"] = float(core.masked_mean(tis_w, tis_mask))
-                metrics["rollout_is/clipped_frac"] = float(core.masked_mean((tis_w >= cfg.rollout_is_cap).float(),
-                                                                            tis_mask))
+        metrics = {**sums.means(len(grad_norms)), **self._batch_metrics(x),
+                   "actor/grad_norm": sum(grad_norms) / len(grad_norms), "actor/lr": lr,
+                   "training/global_step": self.global_step}
+        if tis is not None:
+            metrics.update(tis.metrics())
         total = time.perf_counter() - t_start
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         metrics["timing_s/train_step"] = total
         metrics["perf/train_tokens_per_s"] = float(b["attention_mask"].sum()) / total
         metrics["perf/oom_fallback"] = float(self.oom_fallbacks - oom_before)   # 1: this step ran out of memory
         metrics["perf/safe_mode"] = float(self.safe_mode)
-        if self.safe_mode and self.cfg.oom_fallback == "step" and not self.sharded:  # sharded: stays
-            self._leave_safe_mode()
+        self._end_of_step()
         return metrics
+
+    def _behaviour(self, groups: list[Group], b: dict[str, torch.Tensor], timing: dict[str, float]) -> Behaviour:
+        """The step's behaviour log-probs (`Behaviour`): from a no-grad pass over the batch
+        (and the critic's values from the same pass), or -- one update on the whole batch
+        without a critic -- from the update's own forward."""
+        cfg, mask = self.cfg, b["response_mask"]
+        N = mask.shape[0]
+        stale = behaviour_logprobs(groups, mask.shape[1])                     # ((N, T), (N, T)) or None
+        if stale is not None:
+            stale = (stale[0].to(self.device), stale[1].to(self.device))
+        if not self.critic and cfg.ppo_epochs == 1 and (cfg.mini_batch_size or N) >= N:
+            return Behaviour(one_pass=True, stale=stale)
+        t0 = time.perf_counter()
+        old_logp, old_values = self._oom_guarded(lambda: self._agreed(
+            lambda: self._no_grad_pass(self.module, b, need_values=self.critic)))
+        if stale is not None:
+            old_logp = torch.where(stale[1], stale[0], old_logp)              # (N, T)
+        timing["old_log_prob"] = time.perf_counter() - t0
+        return Behaviour(one_pass=False, old_logp=old_logp, old_values=old_values, stale=stale)
+
+    def _reference_logprobs(self, b: dict[str, torch.Tensor], timing: dict[str, float]) -> torch.Tensor | None:
+        """(N, T) log-probs of the frozen reference (KL in the loss or in the reward), or None
+        when the config keeps no reference."""
+        if (ref := self.ref) is None:
+            return None
+        t0 = time.perf_counter()
+        ref_logp, _ = self._oom_guarded(lambda: self._agreed(lambda: self._no_grad_pass(ref, b)))
+        timing["ref"] = time.perf_counter() - t0
+        return ref_logp
+
+    def _advantages(self, groups: list[Group], b: dict[str, torch.Tensor], behaviour: Behaviour,
+                    ref_logp: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The algorithm's estimator (`algos.ADV_ESTIMATORS`): advantages (N, T) times each
+        group's weight (cache-scored groups weigh less), and the critic's returns (N, T)."""
+        sizes = b["group_sizes"]                                                  # (B,)
+        advantages, returns = self.estimator.fn(algos.AdvantageInputs(
+            b["rewards"], sizes.tolist(), b["response_mask"], behaviour.old_logp, behaviour.old_values, ref_logp),
+            self.cfg)
+        group_weight = torch.tensor([g.weight for g in groups], device=self.device).repeat_interleave(sizes)   # (N,)
+        return advantages * group_weight[:, None], returns
+
+    def _update(self, x: StepInputs) -> tuple[MetricSums, list[float]]:
+        """`ppo_epochs` passes over the batch in shuffled minibatches of `mini_batch_size`, one
+        optimizer step each. Returns the metric sums and grad norms of the optimizer steps;
+        raises NonFiniteStep with every applied optimizer step of the step rolled back."""
+        cfg, N = self.cfg, x.mask.shape[0]
+        mini = cfg.mini_batch_size or N
+        gen = torch.Generator().manual_seed(self.global_step)
+        planned = cfg.ppo_epochs * math.ceil(N / mini)           # optimizer steps of this step
+        sums, grad_norms = MetricSums(), list[float]()
+        snap: tuple[list[torch.Tensor], dict[int, dict]] | None = None
+        for epoch in range(cfg.ppo_epochs):
+            order = (torch.randperm(N, generator=gen) if mini < N else torch.arange(N)).to(self.device)
+            for s in range(0, N, mini):
+                mb_sums, grad_norm, losses = self._oom_guarded(partial(self._minibatch_gradients, x, order[s:s + mini]))
+                self._check_finite(losses, grad_norm, epoch, s // mini, len(grad_norms), snap)
+                if not grad_norms and planned > 1:   # more optimizer steps follow: keep this one's start
+                    snap = self._snapshot()
+                sums.merge(mb_sums)
+                grad_norms.append(grad_norm)
+                self.opt.step()
+        return sums, grad_norms
+
+    def _minibatch_gradients(self, x: StepInputs, mb_idx: torch.Tensor) -> tuple[MetricSums, float,
+                                                                                  list[torch.Tensor]]:
+        """Gradients of one minibatch (nothing applied), summed over the ranks: its metric sums,
+        grad norm before clipping, and micro-batch losses (the caller checks them)."""
+        sums, losses = MetricSums(), list[torch.Tensor]()
+        self.opt.zero_grad(set_to_none=True)
+        self._agreed(lambda: self._backprop(x, mb_idx, sums, losses))
+        if self.world > 1:
+            sums, losses = self._all_reduce(sums, losses)
+        return sums, core.clip_grad_norm(self.params, self.cfg.max_grad_norm), losses
+
+    def _backprop(self, x: StepInputs, mb_idx: torch.Tensor, sums: MetricSums, losses: list[torch.Tensor]) -> None:
+        """This rank's micro-batches of the minibatch (`distributed.microbatch_plan`): each one's
+        loss times its share of the minibatch backpropagated (gradients accumulate), its metrics
+        added to `sums`, its loss appended. No collective of its own (`_agreed` runs it)."""
+        plan = distributed.microbatch_plan(len(mb_idx), self.micro_batch_size, self.rank, self.world, self.sharded)
+        for j, start in enumerate(plan):
+            if self.sharded:
+                self._accumulate(last=j == len(plan) - 1)
+            if start is None:
+                self._idle_backward(x.batch, mb_idx[:self.micro_batch_size])
+                continue
+            idx = mb_idx[start:start + self.micro_batch_size]
+            # share of the minibatch in this micro-batch, so the sum equals the minibatch loss
+            weight = core.microbatch_weight(x.mask[idx], x.mask[mb_idx], self.cfg.loss_agg)
+            loss, metrics = algos.minibatch_loss(self._microbatch(x, idx), self.cfg, self.policy_loss)
+            (loss * weight).backward()
+            losses.append(loss.detach())
+            sums.add(metrics, weight)
+
+    def _microbatch(self, x: StepInputs, idx: torch.Tensor) -> MicroBatch:
+        """Rows `idx` of the step's inputs, with the forward of the policy (and critic) on them."""
+        sub = {k: (v[idx] if k != "P" else v) for k, v in x.batch.items() if k not in ("rewards", "group_sizes")}
+        logp, entropy, values = self._forward(self.module, sub, slice(None), need_values=self.critic,
+                                              need_entropy=True)
+        assert entropy is not None                                             # need_entropy=True
+        behaviour = x.behaviour.rows(idx, logp)                                # (n, T)
+
+        def rows(t: torch.Tensor | None) -> torch.Tensor | None:
+            return t[idx] if t is not None else None
+
+        return MicroBatch(logp, entropy, behaviour, x.advantages[idx], x.mask[idx], values=values,
+                          old_values=rows(x.behaviour.old_values), returns=rows(x.returns),
+                          ref_logp=rows(x.ref_logp),
+                          is_weights=x.tis.weights(idx, behaviour) if x.tis is not None else None)
+
+    def _check_finite(self, losses: list[torch.Tensor], grad_norm: float, epoch: int, minibatch: int,
+                      applied: int, snap: tuple[list[torch.Tensor], dict[int, dict]] | None) -> None:
+        """Raise NonFiniteStep (the step rolled back: `_skip`) when a micro-batch loss or the
+        grad norm is not finite."""
+        stacked = torch.stack(losses)
+        finite = torch.isfinite(stacked)
+        if not bool(finite.all()):
+            raise self._skip("loss", float(stacked[~finite][0]), epoch, minibatch, applied, snap)
+        if not math.isfinite(grad_norm):
+            raise self._skip("grad_norm", grad_norm, epoch, minibatch, applied, snap)
+
+    def _batch_metrics(self, x: StepInputs) -> dict[str, float]:
+        """Scores, advantages and response lengths of the batch."""
+        with torch.no_grad():
+            r, mask = x.batch["rewards"], x.mask
+            return {"critic/score/mean": float(r.mean()), "critic/score/std": float(r.std()) if r.numel() > 1 else 0.0,
+                    "critic/advantages/mean": float(core.masked_mean(x.advantages, mask)),
+                    "critic/advantages/var": float(core.masked_var(x.advantages, mask)),
+                    "response_length/mean": float(mask.sum(1).mean())}
