@@ -98,11 +98,12 @@ import logging
 import threading
 import time
 import urllib.parse
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import httpx
 import jinja2
 import tenacity
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter, Histogram
 from starlette.concurrency import run_in_threadpool
@@ -143,6 +144,10 @@ from steadyrl.services.alertbridge.robots import (  # noqa: F401
     signed_url,
 )
 
+if TYPE_CHECKING:
+    from steadyrl.http import Health
+    from steadyrl.service import Loop
+
 log = logging.getLogger("steadyrl.alertbridge")
 
 OUTCOMES = ("sent", "robot_error", "http_error", "timeout", "held")
@@ -171,7 +176,7 @@ class Bridge:
             set without its URL, or a template does not compile.
     """
 
-    def __init__(self, section: AlertBridgeSection, clock=time.monotonic):
+    def __init__(self, section: AlertBridgeSection, clock: Callable[[], float] = time.monotonic):
         self.section = section
         self.robots: dict[str, Robot] = {}
         self.quotas = {name: Quota(getattr(section, f"{name}_per_minute"), clock) for name in ROBOTS}
@@ -225,7 +230,7 @@ class Bridge:
             return True
         return False
 
-    def notify(self, robot_name: str, hook: Webhook) -> tuple[int, dict]:
+    def notify(self, robot_name: str, hook: Webhook) -> tuple[int, dict[str, Any]]:
         """Render `hook` for the robot and deliver it, or hold it (module doc, Quota). Returns
         (HTTP status, JSON answer)."""
         robot = self.robots.get(robot_name)
@@ -262,11 +267,11 @@ class Bridge:
         log.info("alert notification sent", extra={"url": robot.masked_url, "status": hook.status, **answer})
         return 200, answer
 
-    def flush(self) -> tuple[int, dict] | None:
+    def flush(self) -> tuple[int, dict[str, Any]] | None:
         """Send each robot's held notifications as one summary when its quota allows (critical
         ones may use the reserve). Called every second by the service loop; returns the last
         delivery's (status, answer), or None when nothing was sent."""
-        result = None
+        result: tuple[int, dict[str, Any]] | None = None
         for name, robot in self.robots.items():
             with self.lock:
                 held = self.held[name]
@@ -279,7 +284,7 @@ class Bridge:
                      extra={"robot": name, "notifications": held.notifications, "status": result[0]})
         return result
 
-    def _deliver(self, robot: Robot, payload: dict, alerts: int) -> tuple[int, dict]:
+    def _deliver(self, robot: Robot, payload: dict[str, Any], alerts: int) -> tuple[int, dict[str, Any]]:
         """POST `payload` with the retry policy (module doc, Delivery); (200, {"attempts"}) or
         the failure's (status, answer)."""
         robot_name = robot.name
@@ -292,16 +297,22 @@ class Bridge:
             attempts += 1
             self._post(robot, body)
 
+        def log_retry(st: tenacity.RetryCallState) -> None:
+            # tenacity calls before_sleep after an attempt it retries: `retry` below retries a
+            # SendError only, and the outcome and the next wait are set by then
+            assert st.outcome is not None and st.next_action is not None
+            error = st.outcome.exception()
+            assert isinstance(error, SendError)
+            log.warning("robot call failed, retrying",
+                        extra={"robot": robot_name, "url": robot.masked_url, "attempt": st.attempt_number,
+                               "error": error.message, "wait_s": round(st.next_action.sleep, 3)})
+
         s = self.section
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(s.retry_attempts),
             wait=tenacity.wait_exponential(multiplier=s.retry_backoff_s, max=s.retry_backoff_max_s),
             retry=tenacity.retry_if_exception(lambda e: isinstance(e, SendError) and e.retry),
-            before_sleep=lambda st: log.warning(
-                "robot call failed, retrying", extra={"robot": robot_name, "url": robot.masked_url,
-                                                      "attempt": st.attempt_number,
-                                                      "error": st.outcome.exception().message,
-                                                      "wait_s": round(st.next_action.sleep, 3)}),
+            before_sleep=log_retry,
             reraise=True)
         try:
             retrying(once)
@@ -348,7 +359,7 @@ class Bridge:
 
 # ---------------------------------------------------------------------------- HTTP, main
 
-def add_routes(app, bridge: Bridge, token: str | None = None) -> None:
+def add_routes(app: FastAPI, bridge: Bridge, token: str | None = None) -> None:
     """`POST /alert/dingtalk` and `POST /alert/wecom` on `app`, answered by `bridge`; with
     `token` (alertbridge.token_file: the alert routes' own token, never the stack's work token),
     401 without `Authorization: Bearer <token>` (Alertmanager's webhook_configs
@@ -357,7 +368,7 @@ def add_routes(app, bridge: Bridge, token: str | None = None) -> None:
 
     limit = bridge.section.max_webhook_bytes
 
-    def route(robot: str):
+    def route(robot: str) -> Callable[[Request], Awaitable[JSONResponse]]:
         async def receive(request: Request) -> JSONResponse:
             refusal = unauthorized(request, token, "alertbridge.token_file")
             if refusal is not None:
@@ -394,7 +405,7 @@ def main(argv: list[str]) -> int:
     except ValueError as e:  # messages carry masked URLs only
         raise ConfigError(f"invalid AlertBridgeConfig:\n  alertbridge.{e}") from None
 
-    def build(health):
+    def build(health: Health) -> Loop:
         health.add_check("robots", bridge.ready)
         log.info("alert bridge robots", extra={"robots": {n: r.masked_url for n, r in bridge.robots.items()},
                                                 "signed": bool(cfg.alertbridge.dingtalk_secret)})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
@@ -64,7 +64,7 @@ class AlertBridgeSection(BaseModel):
         return read_token(self.token_file)
 
     @model_validator(mode="after")
-    def _reserve_below_quota(self):
+    def _reserve_below_quota(self) -> Self:
         for robot in ("dingtalk", "wecom"):
             if self.critical_reserve >= getattr(self, f"{robot}_per_minute"):
                 raise ValueError(f"critical_reserve {self.critical_reserve} >= {robot}_per_minute "

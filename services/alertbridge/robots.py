@@ -14,6 +14,7 @@ import time
 import urllib.parse
 from collections import deque
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from steadyrl.services.alertbridge.config import Webhook
 from steadyrl.services.alertbridge.render import Rendered, Renderer, cut_utf8, md_text
@@ -42,7 +43,7 @@ class _Redactor(logging.Filter):
     request URL at INFO) and on uvicorn.error (tracebacks of a route that failed).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__("alertbridge-redactor")
         self._secrets: set[str] = set()
         self._lock = threading.Lock()
@@ -126,7 +127,7 @@ class Robot:
         """The URL of one attempt (DingTalk: signed now, when a secret is set)."""
         return signed_url(self.url, self.secret) if self.secret else self.url
 
-    def payload(self, renderer: Renderer, hook: Webhook) -> tuple[dict, Rendered]:
+    def payload(self, renderer: Renderer, hook: Webhook) -> tuple[dict[str, Any], Rendered]:
         if self.name == "dingtalk":
             r = renderer.fit("dingtalk.md.j2", hook, self.max_bytes)
             r.title = cut_utf8(renderer.text("dingtalk.title.j2", hook, hook.alerts), 256)
@@ -141,7 +142,7 @@ class Quota:
 
     WINDOW_S = 60.0
 
-    def __init__(self, per_minute: int, clock=time.monotonic):
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic):
         self.per_minute, self.clock = per_minute, clock
         self.sent: deque[float] = deque()
 
@@ -160,7 +161,7 @@ class Held:
     """Notifications held back by the quota, summarised: (severity, alertname, status) -> count
     of alerts, and whether any was critical. Not thread-safe (the bridge locks)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.counts: dict[tuple[str, str, str], int] = {}
         self.notifications = 0
         self.critical = False
@@ -172,7 +173,7 @@ class Held:
             key = (a.labels.get("severity", ""), a.labels.get("alertname", "alert"), a.status)
             self.counts[key] = self.counts.get(key, 0) + 1
 
-    def summary(self, robot: "Robot", per_minute: int, critical_severities: list[str]) -> dict:
+    def summary(self, robot: "Robot", per_minute: int, critical_severities: list[str]) -> dict[str, Any]:
         """One markdown message of what was held (critical first), as `robot`'s payload."""
         alerts = sum(self.counts.values())
         head = (f"### ⚠️ {self.notifications} notifications held ({alerts} alerts): over the robot's quota of "
