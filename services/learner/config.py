@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -230,7 +230,7 @@ class LearnerSection(LearnerStack):
         """eval_splits, or DEFAULT_EVAL_SPLITS where it is unset (None; see the field)."""
         return dict(DEFAULT_EVAL_SPLITS) if self.eval_splits is None else self.eval_splits
 
-    def fingerprint(self) -> dict:
+    def fingerprint(self) -> dict[str, Any]:
         """What a run cannot change on resume: model, data and the order and shape of batches."""
         return {"model": self.model, "data": self.data, "prompts_per_step": self.prompts_per_step,
                 "group_size": self.group_size, "seed": self.seed, "algorithm": self.train.algorithm}
@@ -258,15 +258,19 @@ class LearnerConfig(ServiceConfig):
         return self
 
 
-def load_dataset(spec: str, lenient: bool = False):
+def load_dataset(spec: str, lenient: bool = False) -> list[Any]:
     """Rows of `spec`: a file (see steadyrl.data.load_rows) or `tiny_copy:N`; with `lenient`, a
-    row that is not a prompt is a steadyrl.data.RowError at its index instead of an error."""
+    row that is not a prompt is a steadyrl.data.RowError at its index instead of an error.
+    Typed list[Any] as steadyrl.data.load_rows types its rows: PromptRows (and RowErrors)."""
     if spec.startswith("tiny_copy:"):
         return tiny_copy_rows(int(spec.split(":", 1)[1]), seed=0)
     return load_rows(spec, lenient)
 
 
-def spread(rows: list, limit: int) -> list:
+_T = TypeVar("_T")
+
+
+def spread(rows: list[_T], limit: int) -> list[_T]:
     """`limit` rows evenly spread over `rows` (all when limit is 0 or larger)."""
     if not limit or limit >= len(rows):
         return rows

@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from steadyrl import diskspace
 from steadyrl.checkpoint import unique_tensors
 from steadyrl.policy_files import RUN_ID
+
+if TYPE_CHECKING:
+    import torch
+
+    from steadyrl.http import Health
+    from steadyrl.services.learner.config import LearnerSection
 
 log = logging.getLogger("steadyrl.learner")
 
@@ -23,18 +30,18 @@ log = logging.getLogger("steadyrl.learner")
 CHECKPOINT_FACTOR = 3
 
 
-def param_bytes(model) -> int:
+def param_bytes(model: torch.nn.Module) -> int:
     """Bytes of the model's weights (its state dict, each storage once): one policy version."""
     return sum(t.numel() * t.element_size() for t in unique_tensors(model.state_dict()).values())
 
 
-def volumes(lc, run_dir: Path) -> dict[str, Path]:
+def volumes(lc: LearnerSection, run_dir: Path) -> dict[str, Path]:
     """The folders the learner writes, by the setting (or part) that names them."""
     return {"state_dir": lc.state_dir, "policy_root": lc.policy_root, "checkpoints": run_dir / "checkpoints",
             "rollout_cache": run_dir / "rollout-cache"}
 
 
-def needs(lc, run_dir: Path, run_id: str, weights: int) -> list[tuple[str, Path, int, int]]:
+def needs(lc: LearnerSection, run_dir: Path, run_id: str, weights: int) -> list[tuple[str, Path, int, int]]:
     """What the run needs to hold (diskspace.refuse_small's rows): two checkpoints under the
     run's folder and two policy versions under the policy root, each less what this run already
     holds there (a resumed run's checkpoints and versions, which its writers replace)."""
@@ -43,7 +50,7 @@ def needs(lc, run_dir: Path, run_id: str, weights: int) -> list[tuple[str, Path,
             ("learner.policy_root", lc.policy_root, 2 * weights, diskspace.tree_bytes(lc.policy_root / run_id))]
 
 
-def clean(lc, run_dir: Path) -> list[Path]:
+def clean(lc: LearnerSection, run_dir: Path) -> list[Path]:
     """Remove the write temporaries of this pid and of dead pids (diskspace.clean_temporaries)
     in every folder the learner writes them: the state dir, each run folder and its
     checkpoints, the policy root and each run's folder there. Returns what was removed."""
@@ -58,7 +65,7 @@ def clean(lc, run_dir: Path) -> list[Path]:
     return gone
 
 
-def prepare(lc, model, health, run_dir: Path, run_id: str) -> None:
+def prepare(lc: LearnerSection, model: torch.nn.Module, health: Health, run_dir: Path, run_id: str) -> None:
     """At start, before the run's first version or checkpoint is written: the heartbeat for
     the disk waits (`health.beat`; /readyz's `disk` check is services/learner/main.py's), the
     free-space gauges of every volume written (steadyrl_disk_free_bytes{volume}), the

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection, Iterator
 
 from prometheus_client import Counter, Gauge
 
 from steadyrl.contracts import Prompt, now_ms
+from steadyrl.data import PromptRow
 from steadyrl.rl.loop import prompt_batches
 from steadyrl.runfolder import Count
 from steadyrl.services.learner.config import LearnerSection
@@ -46,7 +48,7 @@ log = logging.getLogger("steadyrl.learner")
 class Feeder:
     """Tops up rl.prompts from the dataset `rows` for the run in `st`."""
 
-    def __init__(self, lc: LearnerSection, rows: list, st: RunState, outbox: Outbox,
+    def __init__(self, lc: LearnerSection, rows: list[PromptRow], st: RunState, outbox: Outbox,
                  retry_at: dict[str, float] | None = None, skip: frozenset[int] = frozenset()):
         self.lc, self.rows, self.st, self.outbox = lc, rows, st, outbox
         self.skip = skip  # rows left out at start (services/learner/rows.py): never published
@@ -60,8 +62,8 @@ class Feeder:
             self.gate.restore(st.gate)
         self._order = self._dataset_order()
 
-    def _dataset_order(self):
-        def flat():
+    def _dataset_order(self) -> Iterator[tuple[int, int]]:
+        def flat() -> Iterator[tuple[int, int]]:
             for batch in prompt_batches(self.rows, self.lc.prompts_per_step, self.lc.seed):
                 yield from ((e, i) for e, i, _ in batch)
 
@@ -121,7 +123,7 @@ class Feeder:
         IN_FLIGHT.set(len(st.in_flight))
         return n
 
-    def overdue(self, waiting, bound_s: float) -> list[str]:
+    def overdue(self, waiting: Collection[str], bound_s: float) -> list[str]:
         """Prompts in flight for longer than `bound_s` since their last publish, neither waiting
         in the train buffer (`waiting`), nor queued to go out again, nor held: their records were
         lost (a topic's retention passed while the stack was paused, a consumer group reset, a

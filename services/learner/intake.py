@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from prometheus_client import Counter, Gauge
 
 from steadyrl import codec, diskspace
@@ -139,6 +139,14 @@ def prompt_differs(got: Prompt, published: Prompt) -> str | None:
     return None
 
 
+def _where(msg: Message) -> tuple[str, int, int]:
+    """(topic, partition, offset) of a consumed record: librdkafka sets all three on every record
+    it delivers (None only on an error event, which the loop skips)."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None, "an error event, not a record"
+    return topic, partition, offset
+
+
 class Intake:
     """The train buffer `ready` (prompt id -> Ready) and the rules that fill and empty it."""
 
@@ -163,18 +171,20 @@ class Intake:
             at[str(r.partition)] = min(at.get(str(r.partition), r.offset), r.offset)
         return saved
 
-    def _wait(self, pid: str, sg: ScoredGroup, msg, topic: str) -> None:
+    def _wait(self, pid: str, sg: ScoredGroup, msg: Message, topic: str) -> None:
         old = self.ready.get(pid)
         if old is None:
             self._arrivals += 1
-        self.ready[pid] = Ready(sg, msg.partition(), msg.offset(), old.arrival if old else self._arrivals, topic)
+        _, partition, offset = _where(msg)
+        self.ready[pid] = Ready(sg, partition, offset, old.arrival if old else self._arrivals, topic)
 
-    def accept(self, msg, releases: bool = False) -> None:
+    def accept(self, msg: Message, releases: bool = False) -> None:
         """One record of rl.scored, or of rl.releases (`releases`: the only records that are
         releases); see the module doc for the outcomes."""
         st = self.st
         topic = "rl.releases" if releases else "rl.scored"
-        (st.release_offsets if releases else st.offsets)[str(msg.partition())] = msg.offset() + 1
+        _, partition, offset = _where(msg)
+        (st.release_offsets if releases else st.offsets)[str(partition)] = offset + 1
         try:
             sg = codec.decode(msg.value(), msg.headers(), ScoredGroup)
         except codec.Rejected as rej:
@@ -235,21 +245,22 @@ class Intake:
         if outcome is not None:
             st.count(outcome)
 
-    def _dead_letter_out(self, msg, rej: codec.Rejected) -> None:
+    def _dead_letter_out(self, msg: Message, rej: codec.Rejected) -> None:
         """Send the rl.scored (or rl.releases) record `msg` to rl.dlq (flushed: on the topic before the offset
         past it can be saved, so a crash cannot lose both the group and the record of it)."""
+        topic, partition, offset = _where(msg)
         self.outbox.produce("rl.dlq", msg.key(), codec.dlq_record(
-            rej, stage=self.stage, topic=msg.topic(), partition=msg.partition(),
-            offset=msg.offset(), key=msg.key(), value=msg.value()))
+            rej, stage=self.stage, topic=topic, partition=partition,
+            offset=offset, key=msg.key(), value=msg.value()))
         self.outbox.flush()
 
-    def dead_letter(self, msg) -> None:
+    def dead_letter(self, msg: Message) -> None:
         """A record of rl.dlq: if it names one of our prompts in flight (not waiting in the
         buffer, not already queued to go out again), that prompt's group will not come: publish
         it again (same id, attempt + 1: a new seed) and count it. Never raises on what the
         record holds: an unreadable record counts as reason `unreadable`."""
         st = self.st
-        st.dlq_offset = msg.offset() + 1
+        st.dlq_offset = _where(msg)[2] + 1
         pid = (msg.key() or b"").decode(errors="replace")
         if pid not in st.in_flight or pid in self.ready or pid in st.requeue:
             return

@@ -21,9 +21,10 @@ import json
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING, Any
 
 import torch
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, TopicPartition
 
 from steadyrl import diskspace
 from steadyrl.checkpoint import AsyncCheckpointer, rng_state
@@ -57,6 +58,9 @@ from steadyrl.services.learner.tokens import TokenLimits
 from steadyrl.services.learner.trackers import Trackers, provenance
 from steadyrl.topics import topic_id, topic_name
 
+if TYPE_CHECKING:
+    from steadyrl.http import Health
+
 log = logging.getLogger("steadyrl.learner")
 TOPICS = ("rl.prompts", "rl.scored", "rl.releases", "rl.policy", "rl.dlq", "rl.quarantine")
 
@@ -64,7 +68,7 @@ TOPICS = ("rl.prompts", "rl.scored", "rl.releases", "rl.policy", "rl.dlq", "rl.q
 class Learner:
     """The learner loop (see the module doc). `run(stop)` returns when the run is done or stopped."""
 
-    def __init__(self, cfg: LearnerConfig, health):
+    def __init__(self, cfg: LearnerConfig, health: Health):
         self.cfg, self.lc, self.health = cfg, cfg.learner, health
         lc = self.lc
         try:  # a row that is not a prompt is a RowError, left out; a file that is not a dataset stops here
@@ -130,8 +134,8 @@ class Learner:
         self.consumer: Consumer | None = None  # opened in run()
         # what run() assigned, kept by the loop's thread: /readyz reads this, never the consumer
         # (consumer.assignment() from the probe thread blocks while the loop polls an idle one)
-        self.assigned: list = []
-        self.progress: dict = {"run_id": st.run_id, "steps": lc.steps, "step": st.step,
+        self.assigned: list[TopicPartition] = []
+        self.progress: dict[str, Any] = {"run_id": st.run_id, "steps": lc.steps, "step": st.step,
                                "phase": "starting", "done": False}
         self._last_step_t = time.monotonic()
         # /readyz's "progress" check and the stall and checkpoint gauges, computed at each scrape
@@ -140,7 +144,7 @@ class Learner:
         export_checkpoints(self.saver, lc.checkpoint_every)
         blank_step_gauges()  # NaN, not 0 (a p-value of 0 reads as "significant"), until a step sets them
 
-    def tracker_config(self) -> dict:
+    def tracker_config(self) -> dict[str, Any]:
         """What the experiment trackers record as the run's config (params): the learner
         section, the run id, the topic prefix and the id of rl.scored; no service secrets."""
         return {"run_id": self.state.run_id, "topic_prefix": self.cfg.topic_prefix,
@@ -176,7 +180,7 @@ class Learner:
             self.saver.wait()
 
     # ---- one update -----------------------------------------------------------------------
-    def train_step(self) -> dict | None:
+    def train_step(self) -> dict[str, float] | None:
         """One update on the B oldest ready groups; None when the reward watch held them or the
         update was not finite (skipped by the trainer: the batch is held on rl.quarantine)."""
         st, lc, ready = self.state, self.lc, self.intake.ready

@@ -5,12 +5,19 @@ KL trend."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from steadyrl.contracts import ScoredGroup
 from steadyrl.runfolder import Count
 from steadyrl.services.learner.drift import ParamDrift, kl_trend
 from steadyrl.services.learner.state import RunState
+
+if TYPE_CHECKING:
+    import torch
+
+    from steadyrl.checkpoint import AsyncCheckpointer
 
 REWARD_MEAN = Gauge("steadyrl_learner_reward_mean", "Mean reward of the last step's batch")
 REWARD_STD = Gauge("steadyrl_learner_reward_std", "Reward standard deviation of the last step's batch")
@@ -54,8 +61,9 @@ def blank_step_gauges() -> None:
         g.set(float("nan"))
 
 
-def export_step(row: dict, metrics: dict, batch: list[ScoredGroup], history: list[dict], drift: ParamDrift,
-                model, wait_s: float, publish_s: float) -> None:
+def export_step(row: dict[str, Any], metrics: dict[str, float], batch: list[ScoredGroup],
+                history: list[dict[str, Any]], drift: ParamDrift, model: torch.nn.Module, wait_s: float,
+                publish_s: float) -> None:
     """One step's figures: `row` (the history row), the trainer's `metrics`, the trained
     groups, the run's history (KL trend over the last 20 steps) and the phase seconds."""
     STEP_SECONDS.observe(row["seconds"])
@@ -83,14 +91,14 @@ def export_step(row: dict, metrics: dict, batch: list[ScoredGroup], history: lis
             TRAIN_METRIC.labels(k).set(float("nan"))
 
 
-def export_checkpoints(saver, every: int) -> None:
+def export_checkpoints(saver: AsyncCheckpointer, every: int) -> None:
     """The checkpoint gauges: the newest verified step, read from `saver` (an
     AsyncCheckpointer) at each scrape, and learner.checkpoint_every."""
     LAST_VERIFIED_CHECKPOINT.set_function(lambda: float(saver.last_verified_step or 0))
     CHECKPOINT_EVERY.set(every)
 
 
-def count_trained(st: RunState, metrics: dict, groups: list[ScoredGroup]) -> None:
+def count_trained(st: RunState, metrics: dict[str, float], groups: list[ScoredGroup]) -> None:
     """Count the trained groups by reward source (and cache-scored ones in the run), and an
     out-of-memory fallback of the step."""
     sources = [sg.reward_source.value for sg in groups]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Message, Producer
 
 from steadyrl import codec
 from steadyrl.bus.kafka import producer_config
@@ -24,7 +24,7 @@ class Outbox:
         """Queue `value` on the catalogue topic `topic` (not yet acknowledged: see flush)."""
         payload, headers = codec.encode(value)
 
-        def on_delivery(err, msg):
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
                 self._errors.append(str(err))
 

@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from steadyrl import checkpoint as ck
 from steadyrl import diskspace
@@ -17,13 +18,16 @@ from steadyrl.rollout_cache import CacheSchemaError, RolloutCache
 from steadyrl.services.learner.metrics import EXPORTED
 from steadyrl.services.learner.state import Ready, RunState
 
+if TYPE_CHECKING:
+    from steadyrl.services.learner.loop import Learner
+
 log = logging.getLogger("steadyrl.learner")
 
 
 class Weights:
     """resume.Restorer over the learner's model, trainer (optimizer, LR schedule) and policy store."""
 
-    def __init__(self, learner):
+    def __init__(self, learner: Learner) -> None:
         self.model, self.trainer, self.store = learner.model, learner.trainer, learner.store
         self.checkpoint_step: int | None = None  # the step of the checkpoint restored (verified by resume)
 
@@ -67,8 +71,8 @@ TRACKED = ("critic/advantages/mean", "actor/kl_loss", "actor/pg_clipfrac_lower",
            "perf/train_tokens_per_s", "perf/oom_fallback")
 
 
-def history_row(step: int, metrics: dict, groups: list[ScoredGroup], seconds: float,
-                phases: dict[str, float] | None = None) -> dict:
+def history_row(step: int, metrics: dict[str, float], groups: list[ScoredGroup], seconds: float,
+                phases: dict[str, float] | None = None) -> dict[str, Any]:
     """One step of `state.json`'s history: reward mean/std, response tokens (and prompt +
     response tokens), wall seconds since the last step, tokens/s, the policy versions trained
     on, cache-scored groups, the unix time, the trainer metrics under verl's names (EXPORTED,
@@ -91,7 +95,7 @@ def history_row(step: int, metrics: dict, groups: list[ScoredGroup], seconds: fl
             **spread, **{k: round(v, 6) for k, v in (phases or {}).items()}}
 
 
-def append_history(run_dir: Path, row: dict) -> None:
+def append_history(run_dir: Path, row: dict[str, Any]) -> None:
     """Append one step's history row to history.jsonl, before the step's state.json is saved
     (so the file holds at least the saved steps; `trim_history` drops any beyond them on resume).
     Written, not fsynced: a row lost to a power cut is one point of a curve, not a prompt. On a

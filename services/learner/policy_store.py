@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import Gauge
 
@@ -21,6 +22,9 @@ from steadyrl.contracts import PolicyUpdate
 from steadyrl.models import state_dict_mismatch
 from steadyrl.services.learner.outbox import Outbox
 from steadyrl.services.learner.state import RunState
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("steadyrl.learner")
 
@@ -35,7 +39,7 @@ class PolicyStore:
         that keep their newest version (learner.keep_earlier_runs, whose default is 1)."""
         self.root, self.outbox, self.keep, self.keep_runs = root.resolve(), outbox, keep, keep_runs
 
-    def publish(self, model, st: RunState) -> None:
+    def publish(self, model: torch.nn.Module, st: RunState) -> None:
         """Write `model`'s weights as version `st.step` of run `st.run_id`, record its uri and
         sha256 in `st`, announce it on rl.policy (flushed, with the run's high-water mark:
         policy_files.raise_high_water) and prune older versions.
@@ -65,7 +69,7 @@ class PolicyStore:
         STEP.set(st.step)
         log.info("policy published", extra={"version": st.step, "uri": str(rel)})
 
-    def load(self, model, st: RunState) -> None:
+    def load(self, model: torch.nn.Module, st: RunState) -> None:
         """Load the version `st` names into `model`. Raises RuntimeError (the bytes are not
         what the state says) or CheckpointError (they do not fit the model)."""
         try:

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
 
 from datasketch import MinHash, MinHashLSH
 from prometheus_client import Counter, Gauge
@@ -197,7 +197,7 @@ class PromptGate:
         CLUSTERS.set(len(self._reps))
 
     # ---- restart ------------------------------------------------------------------------
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """JSON-able state: threshold, representatives in creation order, [index, key] of
         the other indexes seen, [key, time] of clusters still cooling, waiting [epoch, index],
         recent cluster keys, and the deferred/forced counts."""
@@ -208,7 +208,7 @@ class PromptGate:
                 "waiting": [list(w) for w in self._waiting], "recent": list(self._recent),
                 "deferred": self.deferred, "forced": self.forced}
 
-    def restore(self, state: dict) -> None:
+    def restore(self, state: dict[str, Any]) -> None:
         """Continue from `state()` of an earlier gate. State from a gate with another
         threshold keeps only its waiting prompts and counts (clusters are formed afresh).
         Raises KeyError for a state without those fields."""

@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from prometheus_client import Gauge
 from scipy.stats import binomtest
@@ -15,12 +16,15 @@ from steadyrl.files import write_atomic
 from steadyrl.services.learner.config import LearnerSection, load_dataset, spread
 from steadyrl.services.learner.state import RunState
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger("steadyrl.learner")
 
 EVAL_ACCURACY = Gauge("steadyrl_learner_eval_accuracy", "Greedy test-split accuracy", ["when"])
 
 
-def paired_margin(before: list[bool], after: list[bool]) -> dict:
+def paired_margin(before: list[bool], after: list[bool]) -> dict[str, Any]:
     """Accuracy change on the same n items, its 95% margin and McNemar's exact p-value.
 
     margin = 1.96 x s.e. of the paired difference, s.e. = sqrt(b + c - (b - c)^2 / n) / n with
@@ -36,7 +40,8 @@ def paired_margin(before: list[bool], after: list[bool]) -> dict:
             "mcnemar_p": p, "learned": delta > 1.96 * se}
 
 
-def _greedy(lc: LearnerSection, spec: str, limit: int, model, tok, beat) -> dict:
+def _greedy(lc: LearnerSection, spec: str, limit: int, model: torch.nn.Module, tok: Any,
+            beat: Callable[[], None]) -> dict[str, Any]:
     from steadyrl.rl.loop import evaluate as greedy_eval
 
     rows = spread(load_dataset(spec), limit)
@@ -46,7 +51,8 @@ def _greedy(lc: LearnerSection, spec: str, limit: int, model, tok, beat) -> dict
             "seconds": round(time.perf_counter() - t0, 1), "correct_items": [i["correct"] for i in items]}
 
 
-def evaluate(lc: LearnerSection, model, tok, when: str, beat, splits=None) -> dict | None:
+def evaluate(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: str, beat: Callable[[], None],
+             splits: Collection[str] | None = None) -> dict[str, Any] | None:
     """Greedy accuracy of `model` on lc.eval_data (None when there is none), and under "splits"
     on each harder test split of lc.eval_splits (those named in `splits`, when given: after the
     run, those evaluated before it); `beat` is called after every batch (liveness)."""
@@ -59,7 +65,8 @@ def evaluate(lc: LearnerSection, model, tok, when: str, beat, splits=None) -> di
     return result
 
 
-def evaluate_splits(lc: LearnerSection, model, tok, when: str, beat, names=None) -> dict[str, dict]:
+def evaluate_splits(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: str, beat: Callable[[], None],
+                    names: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
     """Greedy accuracy on each harder test split of lc.eval_splits (only those in `names`, when
     given), lc.eval_splits_limit rows each, with the dataset under "data"; {} when lc.eval_data
     is None (no evaluation at all)."""
@@ -75,7 +82,7 @@ def evaluate_splits(lc: LearnerSection, model, tok, when: str, beat, names=None)
     return out
 
 
-def pending_splits(lc: LearnerSection, before: dict | None) -> set[str]:
+def pending_splits(lc: LearnerSection, before: dict[str, Any] | None) -> set[str]:
     """The harder splits of lc.eval_splits that `before` (RunState.eval_before) has no result for:
     a run resumed at step 0 whose eval before was saved without them (by a version before
     eval_splits, or with other eval_splits)."""
@@ -84,7 +91,7 @@ def pending_splits(lc: LearnerSection, before: dict | None) -> set[str]:
     return set(lc.harder_splits) - set(before.get("splits", {}))
 
 
-def summary(lc: LearnerSection, st: RunState) -> dict:
+def summary(lc: LearnerSection, st: RunState) -> dict[str, Any]:
     """The run's summary.json: configuration, counts, reward, seconds and train/inference
     mismatch KL (mismatch/kl; None for a step without it, or of a run from before it) per step,
     evaluation: `eval` (eval_data) and `eval_splits` (each harder split evaluated before and after
@@ -137,7 +144,7 @@ def write_summary(lc: LearnerSection, st: RunState, run_dir: Path) -> Path:
     return path
 
 
-def plot(s: dict, path: Path) -> None:
+def plot(s: dict[str, Any], path: Path) -> None:
     """Batch reward per step, and the test accuracy (and each harder split's) before and after, as a PNG."""
     import matplotlib
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from steadyrl import checkpoint as ck
 from steadyrl import policy_files
@@ -44,7 +44,7 @@ class Restorer(Protocol):
         """The weights `st` names in the policy store (a run with no checkpoint yet)."""
 
 
-def recorded(want: dict, saved: dict, what: str) -> dict:
+def recorded(want: dict[str, Any], saved: dict[str, Any], what: str) -> dict[str, Any]:
     """`want` without the keys `saved` lacks: a run or checkpoint written before a key joined
     the fingerprint resumes (with a warning) instead of being abandoned."""
     missing = sorted(k for k in want if k not in saved)
@@ -59,7 +59,7 @@ def recorded(want: dict, saved: dict, what: str) -> dict:
 OPTIMIZER_HELD = ("lr", "weight_decay")
 
 
-def settings_changed(st: RunState, now: dict, from_checkpoint: bool) -> dict[str, str]:
+def settings_changed(st: RunState, now: dict[str, Any], from_checkpoint: bool) -> dict[str, str]:
     """The learner.train settings (`now`, `TrainConfig.model_dump(mode="json")`) a continued run
     `st` changes: {name: "saved -> now"}, logged as a warning (a resume may switch `autocast`,
     and with it the log-probs' numerics, without starting a new run; before, it did so
@@ -85,7 +85,7 @@ def settings_changed(st: RunState, now: dict, from_checkpoint: bool) -> dict[str
     return changed
 
 
-def open_run(state_dir: Path, resume: str, fingerprint: dict, restorer: Restorer,
+def open_run(state_dir: Path, resume: str, fingerprint: dict[str, Any], restorer: Restorer,
              policy_root: Path | None = None, key: bytes | None = None) -> RunState:
     """The run to continue, or a new one (see the module doc); CURRENT names it afterwards.
 
@@ -125,7 +125,7 @@ def open_run(state_dir: Path, resume: str, fingerprint: dict, restorer: Restorer
     return st
 
 
-def _continue(run_dir: Path, fingerprint: dict, restorer: Restorer, key: bytes | None = None
+def _continue(run_dir: Path, fingerprint: dict[str, Any], restorer: Restorer, key: bytes | None = None
               ) -> RunState | None:
     """The unfinished run in `run_dir` if its fingerprint matches; None: start a new run."""
     path = run_dir / "state.json"

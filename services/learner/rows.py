@@ -16,8 +16,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -60,7 +62,7 @@ def prompt_record(lc: LearnerSection, row: PromptRow, pid: str, epoch: int, inde
                   min_policy_version=min_policy_version)
 
 
-def _field(loc: tuple) -> str:
+def _field(loc: tuple[int | str, ...]) -> str:
     """A pydantic error location in the dataset's terms: ("messages", 0, "role") -> prompt[0].role."""
     out = ""
     for part in loc:
@@ -69,7 +71,7 @@ def _field(loc: tuple) -> str:
     return out
 
 
-def check_row(lc: LearnerSection, row: PromptRow | RowError, index: int, tokenizer, context: int | None,
+def check_row(lc: LearnerSection, row: PromptRow | RowError, index: int, tokenizer: Any, context: int | None,
               limits: GenerationLimits, max_record_bytes: int) -> BadRow | None:
     """Why row `index` cannot be served (the first reason), or None when it can."""
     if isinstance(row, RowError):
@@ -103,7 +105,7 @@ def check_row(lc: LearnerSection, row: PromptRow | RowError, index: int, tokeniz
     return None
 
 
-def check_rows(lc: LearnerSection, rows: list, tokenizer, context: int | None,
+def check_rows(lc: LearnerSection, rows: Sequence[PromptRow | RowError], tokenizer: Any, context: int | None,
                limits: GenerationLimits) -> list[BadRow]:
     """Every row of `rows` that cannot be served (see the module doc), in index order."""
     t0 = time.monotonic()
@@ -123,7 +125,7 @@ def write_report(bad: list[BadRow], folder: Path) -> Path:
     return path
 
 
-def refuse_too_few(lc: LearnerSection, rows: list, bad: list[BadRow], folder: Path) -> None:
+def refuse_too_few(lc: LearnerSection, rows: Sequence[PromptRow | RowError], bad: list[BadRow], folder: Path) -> None:
     """Raise ConfigError (exit 2) when the good rows are fewer than one step's prompts, with
     the report written to `<folder>/bad_rows.jsonl` and named."""
     good = len(rows) - len(bad)
@@ -137,7 +139,7 @@ def refuse_too_few(lc: LearnerSection, rows: list, bad: list[BadRow], folder: Pa
                       f"{lc.prompts_per_step}{where}")
 
 
-def report(lc: LearnerSection, rows: list, bad: list[BadRow], run_dir: Path) -> None:
+def report(lc: LearnerSection, rows: Sequence[PromptRow | RowError], bad: list[BadRow], run_dir: Path) -> None:
     """Write the run's bad_rows.jsonl and log the first few (nothing when every row is good)."""
     if bad:
         path = write_report(bad, run_dir)

@@ -78,7 +78,8 @@ class Screen:
                         extra={"step": st.step + 1, "after": self.lc.reward_watch.rebaseline_after})
         return True
 
-    def quarantine(self, pids: list[str], ready: dict[str, Ready], rules: list[str], figures: dict) -> str:
+    def quarantine(self, pids: list[str], ready: dict[str, Ready], rules: list[str],
+                   figures: dict[str, float | None]) -> str:
         """Write the groups of `pids` (in `ready`) to rl.quarantine, one record each (flushed),
         and take them out of the run. Returns the batch id."""
         st = self.st

@@ -20,6 +20,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import Gauge
 
@@ -43,7 +44,8 @@ class Stall:
         clock: unix seconds (tests pass a fake one).
     """
 
-    def __init__(self, factor: float, min_s: float, history: list[dict], clock: Callable[[], float] = time.time):
+    def __init__(self, factor: float, min_s: float, history: list[dict[str, Any]],
+                 clock: Callable[[], float] = time.time):
         self.factor, self.min_s, self.clock = factor, min_s, clock
         self.seconds: deque[float] = deque((float(h["seconds"]) for h in history[-WINDOW:] if "seconds" in h),
                                            maxlen=WINDOW)

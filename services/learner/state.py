@@ -10,6 +10,7 @@ name (`StateError`) rather than dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -55,11 +56,11 @@ class RunState(_Saved):
     """What `state.json` holds: enough to continue the run after a restart."""
 
     run_id: str
-    config: dict = Field(default_factory=dict)                  # the run's fingerprint (resume.fingerprint)
+    config: dict[str, Any] = Field(default_factory=dict)        # the run's fingerprint (resume.fingerprint)
     # the learner.train settings in effect at the last save: what a resume may change (autocast,
     # clip, ...; lr and weight_decay stay the checkpoint optimizer's), logged when it does
     # (resume.settings_changed); {}: a state written before this field
-    train: dict = Field(default_factory=dict)
+    train: dict[str, Any] = Field(default_factory=dict)
     step: int = 0
     policy_uri: str = ""
     policy_sha256: str = ""
@@ -73,14 +74,14 @@ class RunState(_Saved):
     # Prompts lost to rl.dlq that a new prompt replaced: how the learner handled a DLQ record
     # before issue 18 (now the same prompt is published again). -1: = counts["dlq"] (a state of then).
     dlq_replaced: int = -1
-    gate: dict = Field(default_factory=dict)                     # the prompt gate (PromptGate.state)
+    gate: dict[str, Any] = Field(default_factory=dict)           # the prompt gate (PromptGate.state)
     in_flight: dict[str, InFlight] = Field(default_factory=dict)
     requeue: list[str] = Field(default_factory=list)             # prompt ids to publish again
     quarantined: dict[str, Held] = Field(default_factory=dict)
     # prompt id -> its last refusal's reason: refused past its budget, never trained, its slot
     # given to the next row (services/learner/intake.py abandon; <run>/abandoned.jsonl)
     abandoned: dict[str, str] = Field(default_factory=dict)
-    watch: dict = Field(default_factory=dict)                    # the reward watch (RewardWatch.state)
+    watch: dict[str, Any] = Field(default_factory=dict)          # the reward watch (RewardWatch.state)
     # Read from states written before history.jsonl, never written: a list that grew with every
     # step made each step's save O(steps) (5.5 MB of JSON, 131 ms a save, at step 10 000:
     # bench/state_save.py). What was trained is the audit log, consumed.jsonl.
@@ -88,9 +89,9 @@ class RunState(_Saved):
     counts: dict[str, int] = Field(default_factory=dict)         # Count -> n
     # per step: reward mean/std, tokens, seconds; kept in history.jsonl, one line appended per
     # step (services/learner/parts.py append_history), not in state.json (see `trained`)
-    history: list[dict] = Field(default_factory=list, exclude=True)
-    eval_before: dict | None = None
-    eval_after: dict | None = None
+    history: list[dict[str, Any]] = Field(default_factory=list, exclude=True)
+    eval_before: dict[str, Any] | None = None
+    eval_after: dict[str, Any] | None = None
     finished: bool = False
 
     @classmethod
@@ -103,7 +104,7 @@ class RunState(_Saved):
             raise StateError(f"{where}: not a run state this version can read ({fields})") from None
         return st
 
-    def model_post_init(self, context) -> None:
+    def model_post_init(self, context: Any) -> None:
         if self.fed < 0:  # a new run, or one written before the prompt gate: = prompts pulled
             self.fed = self.feeder_position
         if self.dlq_replaced < 0:  # a new run (0), or one written when each DLQ loss got a new prompt

@@ -5,6 +5,7 @@ pass (and, read again after a restart, crash it again), so the intake sends it t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from steadyrl.contracts import ScoredGroup
 
@@ -23,8 +24,9 @@ class TokenLimits:
     context_from: str = ""
 
     @classmethod
-    def of(cls, model, tokenizer) -> "TokenLimits":
-        """The limits of `model` (a transformers causal LM) and its tokenizer."""
+    def of(cls, model: Any, tokenizer: Any) -> "TokenLimits":
+        """The limits of `model` (a transformers causal LM: get_input_embeddings, config; Any, as
+        transformers' own types are not read here) and its tokenizer."""
         rows = int(model.get_input_embeddings().weight.shape[0])
         found = []
         mpe = getattr(getattr(model, "config", None), "max_position_embeddings", None)

@@ -48,11 +48,14 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol
 
 from prometheus_client import Counter, Gauge
 
 from steadyrl.files import sha256_file, write_atomic
+
+if TYPE_CHECKING:
+    from steadyrl.services.learner.config import LearnerSection
 
 log = logging.getLogger("steadyrl.learner")
 
@@ -81,7 +84,7 @@ SKIP = ("step", "policy_versions", "time")
 STEP_KEY = "training/global_step"
 
 
-def tracked(row: dict) -> dict[str, float]:
+def tracked(row: dict[str, Any]) -> dict[str, float]:
     """A history row as a tracker logs it: verl's names, finite-or-NaN floats, plus the derived
     figures verl has (`perf/throughput`, `perf/time_per_step`) and the staleness of the batch.
     Rows of older runs (fewer keys) give fewer figures; none is invented."""
@@ -105,7 +108,7 @@ def tracked(row: dict) -> dict[str, float]:
     return out
 
 
-def flat(d: dict, prefix: str = "") -> dict[str, str]:
+def flat(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """A nested config as dotted keys with string values (MLflow params, TensorBoard text)."""
     out: dict[str, str] = {}
     for k, v in d.items():
@@ -123,7 +126,8 @@ class Tracker(Protocol):
 
     name: str
 
-    def start(self, run_id: str, config: dict, resumed: int | None, history: list[dict]) -> None: ...
+    def start(self, run_id: str, config: dict[str, Any], resumed: int | None,
+              history: list[dict[str, Any]]) -> None: ...
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
     def artifact(self, path: Path) -> None: ...
     def close(self) -> None: ...
@@ -157,7 +161,7 @@ class Console:
     name = "console"
     local = True  # on the caller's thread (Trackers)
 
-    def start(self, run_id: str, config: dict, resumed: int | None, history: list[dict]) -> None:
+    def start(self, run_id: str, config: dict[str, Any], resumed: int | None, history: list[dict[str, Any]]) -> None:
         pass
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -185,7 +189,7 @@ class Jsonl:
     def _line(step: int, metrics: dict[str, float]) -> str:
         return json.dumps({"step": step, **{k: (None if math.isnan(v) else v) for k, v in metrics.items()}}) + "\n"
 
-    def start(self, run_id: str, config: dict, resumed: int | None, history: list[dict]) -> None:
+    def start(self, run_id: str, config: dict[str, Any], resumed: int | None, history: list[dict[str, Any]]) -> None:
         if resumed is not None or self.path.exists():
             write_atomic(self.path, "".join(self._line(int(h["step"]), tracked(h)) for h in history))
 
@@ -213,7 +217,7 @@ class TensorBoard:
         self.writer: Any = None
         self.step = 0
 
-    def start(self, run_id: str, config: dict, resumed: int | None, history: list[dict]) -> None:
+    def start(self, run_id: str, config: dict[str, Any], resumed: int | None, history: list[dict[str, Any]]) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         again = resumed is not None or self.log_dir.exists()
@@ -258,7 +262,7 @@ class MLflow:
         self.run_id = ""
         self.logged: set[int] = set()
 
-    def start(self, run_id: str, config: dict, resumed: int | None, history: list[dict]) -> None:
+    def start(self, run_id: str, config: dict[str, Any], resumed: int | None, history: list[dict[str, Any]]) -> None:
         from mlflow.tracking import MlflowClient
 
         _new_sqlite_store(self.uri)
@@ -343,7 +347,7 @@ class WandB:
         self.run: Any = None
         self.last = 0
 
-    def start(self, run_id: str, config: dict, resumed: int | None, history: list[dict]) -> None:
+    def start(self, run_id: str, config: dict[str, Any], resumed: int | None, history: list[dict[str, Any]]) -> None:
         import wandb
 
         mode: Literal["online", "offline"] = (
@@ -385,6 +389,10 @@ def mlflow_uri(state_dir: Path) -> str:
     return f"sqlite:///{(Path(state_dir) / 'mlflow.db').resolve()}"
 
 
+#: one queued tracker call: (what it is, for the logs; the function; its arguments)
+_Call = tuple[str, Callable[..., object], tuple[Any, ...]]
+
+
 class _Worker:
     """One tracker's own thread and its bounded queue of calls. `put` never blocks: a full
     queue drops the call and counts it. A call that raises turns the tracker off (one error
@@ -393,7 +401,8 @@ class _Worker:
 
     def __init__(self, tracker: Tracker, size: int):
         self.tracker, self.name = tracker, tracker.name
-        self.q: queue.Queue = queue.Queue(maxsize=size)
+        #: (during, fn, args) of each call; None: close()'s wake-up
+        self.q: queue.Queue[_Call | None] = queue.Queue(maxsize=size)
         self.dropped = 0
         self.off = False
         self.closing = threading.Event()
@@ -406,7 +415,7 @@ class _Worker:
         self.thread = threading.Thread(target=self._run, name=f"tracker-{self.name}", daemon=True)
         self.thread.start()
 
-    def put(self, during: str, fn: Callable, *args: Any) -> bool:
+    def put(self, during: str, fn: Callable[..., object], *args: Any) -> bool:
         """Queue `fn(*args)`; False when the queue was full (dropped, counted) or the tracker is off."""
         if self.off or self.closing.is_set():
             return False
@@ -496,7 +505,8 @@ class Trackers:
                                              else t.name in self._off)]
 
     @classmethod
-    def of(cls, lc, run_dir: Path, tags: dict[str, str], beat: Callable[[], None] = lambda: None) -> "Trackers":
+    def of(cls, lc: LearnerSection, run_dir: Path, tags: dict[str, str],
+           beat: Callable[[], None] = lambda: None) -> "Trackers":
         """The trackers `lc.trackers` names (lc: a LearnerSection), for the run in `run_dir`;
         `beat`: the liveness heartbeat, called while `close` waits."""
         ids = _Ids(run_dir)
@@ -514,7 +524,7 @@ class Trackers:
         return cls([made[name]() for name in lc.trackers], queue_size=lc.tracker_queue, timeout_s=lc.tracker_timeout_s,
                    beat=beat)
 
-    def _call(self, t: Tracker, during: str, fn, *args) -> None:
+    def _call(self, t: Tracker, during: str, fn: Callable[..., object], *args: Any) -> None:
         w = self.workers.get(t.name)
         if w is not None:
             w.put(during, fn, *args)
@@ -555,12 +565,12 @@ class Trackers:
                     "timeout_s": self.timeout_s, "queue": w.q.maxsize})
         return list(self._hung)
 
-    def start(self, run_id: str, config: dict, resumed: int | None, history: list[dict]) -> None:
+    def start(self, run_id: str, config: dict[str, Any], resumed: int | None, history: list[dict[str, Any]]) -> None:
         history = list(history)  # the caller's list grows while a tracker's thread replays it
         for t in self._all:
             self._call(t, "start", t.start, run_id, config, resumed, history)
 
-    def log(self, step: int, row: dict) -> None:
+    def log(self, step: int, row: dict[str, Any]) -> None:
         """Log the history row of `step`."""
         metrics = tracked(row)
         for t in self._all:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -76,7 +76,7 @@ class Verdict:
 class RewardWatch:
     """Rolling reference of trained batches' rewards, and the rules above (see WatchConfig)."""
 
-    def __init__(self, cfg: WatchConfig | None = None, **overrides):
+    def __init__(self, cfg: WatchConfig | None = None, **overrides: Any):
         self.cfg = (cfg or WatchConfig()).model_copy(update=overrides)
         self.batches: deque[np.ndarray] = deque(maxlen=self.cfg.window)
         self.judged = 0                                     # batches judged so far
@@ -119,12 +119,12 @@ class RewardWatch:
         self.held = []
         return True
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """JSON-able reference and held batches (saved with the learner's run state)."""
         return {"batches": [b.tolist() for b in self.batches], "judged": self.judged,
                 "held": [[n, r.tolist()] for n, r in self.held]}
 
-    def restore(self, state: dict) -> None:
+    def restore(self, state: dict[str, Any]) -> None:
         """Continue from `state()` of an earlier watch (empty: start afresh)."""
         self.batches.clear()
         for b in state.get("batches", []):
