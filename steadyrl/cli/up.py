@@ -10,7 +10,7 @@ another stack on `--port` is refused (exit 2), never used: only `--bootstrap` us
 checked before anything starts: one already taken stops `up` with exit 2, naming the port and
 the process that holds it.
 
-Services are started by module name (`python -m services.<name>`): nothing here imports them.
+Services are started by module name (`python -m steadyrl.services.<name>`): nothing here imports them.
 """
 
 from __future__ import annotations

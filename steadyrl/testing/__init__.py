@@ -5,7 +5,7 @@
   (`Count`), `current`, `run_finished`, `run_ids`;
 - `steadyrl.testing.audit`: the one exactly-once audit (`audit_run` from the run's files and
   the published ids, `audit_pipeline` from the topics as well, `stage_audit`);
-- `steadyrl.testing.procs`: `ServiceProc` (`python -m services.<name>`), `produce_all`,
+- `steadyrl.testing.procs`: `ServiceProc` (`python -m steadyrl.services.<name>`), `produce_all`,
   `read_all`, `decode_all`, `unique_prefix`, `REPO`;
 - `steadyrl.testing.stack`: `Pipeline` (a broker of its own plus `steadyrl up` on it),
   `up_child_pid`, `parse_metrics`, `KINDS`.

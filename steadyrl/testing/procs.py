@@ -1,5 +1,5 @@
 """Service processes and topic plumbing for tests and benchmarks: a service started as
-`python -m services.<name>` (its URL from its first stdout line), fresh topic prefixes, a
+`python -m steadyrl.services.<name>` (its URL from its first stdout line), fresh topic prefixes, a
 producer that waits for every acknowledgement, and a read_committed reader that waits for
 the records to settle (so duplicates show). Nothing here imports `services` or `tests`."""
 
@@ -20,7 +20,7 @@ from steadyrl import codec
 from steadyrl.bus.kafka import client_config
 
 #: The checkout this package runs from (an editable install): where services are started, so
-#: that `-m services.<name>` and scorer specs such as `tests.helpers:slow_numeric` import.
+#: that `-m steadyrl.services.<name>` and scorer specs such as `tests.helpers:slow_numeric` import.
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -88,7 +88,7 @@ def decode_all(msgs, contract):
 
 
 class ServiceProc:
-    """A service started as `python -m services.<name>`, with its HTTP url parsed from stdout.
+    """A service started as `python -m steadyrl.services.<name>`, with its HTTP url parsed from stdout.
 
     Args:
         name: the module under services/ ("reward.server", "rollout", ...).
@@ -103,7 +103,7 @@ class ServiceProc:
     def __init__(self, name: str, args: list[str], log_path: Path, python: str | None = None):
         self.log_path = log_path
         self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen([python or sys.executable, "-m", f"services.{name}", *args], cwd=REPO,
+        self.proc = subprocess.Popen([python or sys.executable, "-m", f"steadyrl.services.{name}", *args], cwd=REPO,
                                      stdout=subprocess.PIPE, stderr=self._log,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         line = self.proc.stdout.readline().decode()

