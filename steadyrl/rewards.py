@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
-from typing import Any, Callable
+from typing import Any
 
 Scorer = Callable[..., "float | dict[str, Any]"]
 

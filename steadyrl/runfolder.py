@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 from steadyrl.files import read_step_lines
 
 
-class Count(str, Enum):
+class Count(StrEnum):
     """What `RunState.counts` counts (its keys, as written to state.json and summary.json)."""
 
     stale_dropped = "stale_dropped"              # group older than max_staleness: prompt published again

@@ -73,7 +73,7 @@ class RuleScorer(Scorer):
         for it in items:
             try:
                 reward, extra = score_value(self.fn(it.data_source, it.response, it.ground_truth, it.extra_info))
-            except Exception as e:  # a scorer bug on one input: report it for that item only
+            except Exception as e:  # noqa: BLE001 - a user's scorer bug on one input: report it for that item only
                 out.append({"reward": None, "error": f"{self.id} failed: {type(e).__name__}: {e}"})
                 continue
             out.append({"reward": reward, "extra": extra})
@@ -133,7 +133,7 @@ class _ModelScorer(Scorer):
                     rewards = self._batch([items[i] for i in idx])
             except Exception as e:
                 raise ScorerError(f"{self.id} failed on a batch of {len(idx)}: {type(e).__name__}: {e}") from e
-            for i, r in zip(idx, rewards):
+            for i, r in zip(idx, rewards, strict=True):
                 out[i] = {"reward": float(r), "extra": {}}
         return out  # type: ignore[return-value]
 

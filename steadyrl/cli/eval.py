@@ -28,7 +28,7 @@ def cmd_eval(args) -> int:
     acc, items = evaluate(model, tok, rows, scorer=args.scorer, max_new_tokens=args.max_new_tokens,
                           batch_size=args.batch_size)
     by_source = defaultdict(list)
-    for row, item in zip(rows, items):
+    for row, item in zip(rows, items, strict=True):
         item["data_source"] = row.data_source
         by_source[row.data_source].append(item["correct"])
     out = Path(args.out or DEFAULT_STATE / "eval" / f"eval-{Path(args.data).stem}.jsonl")

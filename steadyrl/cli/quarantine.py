@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC
 
 from steadyrl.cli.common import LOCAL_BOOTSTRAP, _bootstrap, _require_broker, add_common_options
 
 
 def cmd_quarantine(args) -> int:
     """list | show | release | drop batches on rl.quarantine (steadyrl/quarantine.py)."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from confluent_kafka import KafkaException
 
@@ -45,7 +46,7 @@ def cmd_quarantine(args) -> int:
             print(f"no quarantined batches on {args.prefix}rl.quarantine")
         for bid, e in entries.items():
             b = e.first
-            when = datetime.fromtimestamp(b.quarantined_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+            when = datetime.fromtimestamp(b.quarantined_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
             rewards = [r for q in e.groups.values() for r in q.group.rewards]
             print(f"{bid}  {e.status:8s}  step {b.step}  {when}Z  rules {','.join(b.rules)}  "
                   f"groups {len(e.groups)}/{b.count}  reward mean {sum(rewards) / len(rewards):.3f}  "
@@ -64,7 +65,7 @@ def cmd_quarantine(args) -> int:
         g = e.groups[i].group
         print(f"- {g.prompt_id}  {g.reward_source.value} {g.scorer}  policy v{g.group.policy_version}")
         print(f"  prompt: {g.group.prompt.messages[-1].content[:200]!r}  ground truth: {g.group.prompt.ground_truth!r}")
-        for smp, r in zip(g.group.samples, g.rewards):
+        for smp, r in zip(g.group.samples, g.rewards, strict=True):
             print(f"  {r:8.3f}  {smp.text[:120]!r}")
     return 0
 

@@ -82,7 +82,7 @@ def cmd_replay(args) -> int:
         if rescored is None:
             pairs = [(r.group, r) for r in window.records]
         else:
-            pairs = [(g, r) for g, r in zip(rescored.groups, window.records) if g is not None]
+            pairs = [(g, r) for g, r in zip(rescored.groups, window.records, strict=True) if g is not None]
         try:
             created = rp.ensure_topic(bootstrap, out_topic)
             n = rp.republish(bootstrap, out_topic, [g for g, _ in pairs], [r for _, r in pairs], source_topic=topic)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from steadyrl.contracts import RewardSource, ScoredGroup
 from steadyrl.replay.window import Record, Window, format_ms
@@ -109,12 +110,13 @@ def shift_report(before: Sequence[ScoredGroup], after: Sequence[ScoredGroup], *,
         rep["ks_statistic"], rep["ks_pvalue"] = float(ks.statistic), float(ks.pvalue)
     rep["scorers"] = [_count_by(before, _scorer_name), _count_by(after, _scorer_name)]
     if paired:
-        if len(before) != len(after) or any(len(x.rewards) != len(y.rewards) for x, y in zip(before, after)):
+        if len(before) != len(after) or any(len(x.rewards) != len(y.rewards)
+                                            for x, y in zip(before, after, strict=True)):
             raise ValueError("paired report needs the same groups, with the same samples, on both sides")
         changes = []
         by: dict[str, list[float]] = {}
-        for k, (x, y) in enumerate(zip(before, after)):
-            for j, (rb, ra) in enumerate(zip(x.rewards, y.rewards)):
+        for k, (x, y) in enumerate(zip(before, after, strict=True)):
+            for j, (rb, ra) in enumerate(zip(x.rewards, y.rewards, strict=True)):
                 d = float(ra) - float(rb)
                 by.setdefault(_scorer_name(x), []).append(d)
                 changes.append((abs(d), k, j, d))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 from steadyrl import codec
 from steadyrl.bus.kafka import client_config

@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from steadyrl import codec
 from steadyrl.contracts import ScoredGroup
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _RELATIVE = re.compile(r"^-((?:\d+(?:\.\d+)?[smhdw])+)$")
 _RELATIVE_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
@@ -51,7 +51,7 @@ def parse_time(text: str, now_ms: int | None = None) -> int:
     except ValueError:
         raise ValueError(f"cannot read {s!r} as a time; give {TIME_FORMS}") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return (dt - _EPOCH) // timedelta(milliseconds=1)
 
 
@@ -123,7 +123,7 @@ def read_range(bootstrap: str, topic: str, t_from_ms: int, t_to_ms: int, timeout
         starts = retrying(c.offsets_for_times, [TopicPartition(topic, p, t_from_ms) for p in parts], timeout_s)
         ends = retrying(c.offsets_for_times, [TopicPartition(topic, p, t_to_ms + 1) for p in parts], timeout_s)
         ranges: dict[int, tuple[int, int]] = {}
-        for s, e in zip(starts, ends):
+        for s, e in zip(starts, ends, strict=True):
             if s.error or e.error:
                 raise RuntimeError(f"{topic} [{s.partition}]: offsets_for_times failed: {s.error or e.error}")
             high = retrying(c.get_watermark_offsets, TopicPartition(topic, s.partition), timeout_s)[1]
