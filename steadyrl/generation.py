@@ -165,7 +165,7 @@ class TorchGenerator:
         temp = 1.0 if greedy else params.temperature
         logp = F.log_softmax(logits / temp, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # (N, T)
         result = []
-        for row, lp in zip(new.tolist(), logp.tolist()):
+        for row, lp in zip(new.tolist(), logp.tolist(), strict=True):
             end = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
             if end is None:
                 ids, lps, reason, text_ids = row, lp, "length", row

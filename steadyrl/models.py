@@ -236,7 +236,7 @@ def safetensors_shapes(folder: Path) -> tuple[dict[str, tuple[int, ...]], bool]:
     shapes: dict[str, tuple[int, ...]] = {}
     for f in sorted(folder.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:
-            for k in st.keys():
+            for k in st.keys():  # noqa: SIM118  safe_open has keys() but is not iterable
                 shapes[k] = tuple(st.get_slice(k).get_shape())
     tied = bool(json.loads((folder / "config.json").read_text()).get("tie_word_embeddings"))
     if tied and "model.embed_tokens.weight" in shapes:

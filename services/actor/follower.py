@@ -237,7 +237,7 @@ class PolicyFollower:
             POLICY_REJECTED.labels(e.reason).inc()
             log.warning("policy refused", extra={"version": upd.version, "reason": e.reason, "detail": e.detail})
             return False
-        except Exception as e:  # the record stays on the compacted topic: raising would end every start
+        except Exception as e:  # noqa: BLE001  the record stays on the compacted topic: raising would end every start
             POLICY_REJECTED.labels("load_error").inc()
             log.warning("policy refused", extra={"version": upd.version, "reason": "load_error",
                                                  "detail": f"{type(e).__name__}: {e}"})

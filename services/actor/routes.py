@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from fastapi import HTTPException
 from prometheus_client import Counter, Histogram
@@ -58,7 +58,7 @@ class PromptIn(BaseModel):
     seed: int | None = Field(None, ge=0, description="Sampling seed of this prompt's completions.")
 
     @model_validator(mode="after")
-    def _one_of(self) -> "PromptIn":
+    def _one_of(self) -> PromptIn:
         if (self.messages is None) == (self.prompt_ids is None):
             raise ValueError("give exactly one of messages or prompt_ids")
         return self
@@ -108,7 +108,8 @@ class Generation:
             try:
                 out = self.model.gen.generate(ids, params, seeds=seeds)
             except EngineDead as e:   # the follower sees it too and ends the process
-                raise HTTPException(503, f"{e}; the actor exits and is restarted", headers={"Retry-After": "5"})
+                raise HTTPException(503, f"{e}; the actor exits and is restarted",
+                                    headers={"Retry-After": "5"}) from e
         GEN_SECONDS.observe(time.perf_counter() - t0)
         GEN_TOKENS.inc(sum(len(c.token_ids) for g in out for c in g))
         check_finite(out, req.temperature)

@@ -242,7 +242,7 @@ class VLLMGenerator:
 
     async def _generate(self, prompts, params: SamplingParams, seeds) -> list[list[Completion]]:
         return list(await asyncio.gather(*(self._one(p, params, s if s is not None else params.seed)
-                                           for p, s in zip(prompts, seeds))))
+                                           for p, s in zip(prompts, seeds, strict=True))))
 
     async def _one(self, prompt: list[int], params: SamplingParams, seed: int | None) -> list[Completion]:
         """The n completions of one prompt: one engine request (vLLM fans out n samples)."""
@@ -262,7 +262,7 @@ class VLLMGenerator:
         for c in sorted(final.outputs, key=lambda c: c.index):
             ids = list(c.token_ids)
             # the sampled token's entry in each step's dict (logprobs=0: only it)
-            lps = [step[t].logprob for step, t in zip(c.logprobs or [], ids)]
+            lps = [step[t].logprob for step, t in zip(c.logprobs or [], ids, strict=False)]  # no logprobs: []
             group.append(Completion(ids, lps, c.text, "stop" if c.finish_reason == "stop" else "length"))
         return group
 
@@ -298,6 +298,6 @@ def vllm_available() -> tuple[bool, str]:
     """Whether this interpreter can run the vLLM backend, and why not."""
     try:
         import vllm  # noqa: F401
-    except Exception as e:  # ImportError, or a broken install (missing native library)
+    except Exception as e:  # noqa: BLE001  ImportError, or a broken install (missing native library)
         return False, f"vllm does not import here ({type(e).__name__}: {e})"
     return True, f"vllm {vllm.__version__} ({os.environ.get('VIRTUAL_ENV', 'this interpreter')})"

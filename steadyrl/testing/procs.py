@@ -102,7 +102,7 @@ class ServiceProc:
 
     def __init__(self, name: str, args: list[str], log_path: Path, python: str | None = None):
         self.log_path = log_path
-        self._log = open(log_path, "ab")
+        self._log = open(log_path, "ab")  # noqa: SIM115  the child's stderr until kill/stop closes it
         self.proc = subprocess.Popen([python or sys.executable, "-m", f"steadyrl.services.{name}", *args], cwd=REPO,
                                      stdout=subprocess.PIPE, stderr=self._log,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -4,6 +4,7 @@ chaos and recovery benches drive."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -205,15 +206,11 @@ class Pipeline:
         if self.up is not None:
             if self.up.poll() is None:
                 self.up.send_signal(signal.SIGTERM)
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     self.up.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    pass
             rc = self.up.poll()
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.up.pid, signal.SIGKILL)  # anything of its group left behind
-            except ProcessLookupError:
-                pass
             if rc is None:
                 rc = self.up.wait(10)
         self.broker.stop()
