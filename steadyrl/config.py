@@ -18,10 +18,11 @@ import os
 import re
 import socket
 from pathlib import Path
-from typing import ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
+from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from steadyrl.bus.kafka import KafkaAuth
@@ -46,7 +47,7 @@ STACK_SECTIONS = frozenset({"actor", "rollout", "reward", "reward_server", "lear
 class _StackYaml(YamlConfigSettingsSource):
     """The YAML source, minus the other services' sections."""
 
-    def __call__(self):
+    def __call__(self) -> dict[str, Any]:
         data = super().__call__()
         own = set(self.settings_cls.model_fields)
         return {k: v for k, v in data.items() if k in own or k not in STACK_SECTIONS}
@@ -121,10 +122,11 @@ class ServiceConfig(BaseSettings):
     yaml_file: ClassVar[Path | None] = None  # set by load() on a subclass; read by the source hook
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings: PydanticBaseSettingsSource,
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
                                    env_settings: PydanticBaseSettingsSource,
                                    dotenv_settings: PydanticBaseSettingsSource,
-                                   file_secret_settings: PydanticBaseSettingsSource):
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources = [init_settings, env_settings]
         if cls.yaml_file is not None:
             sources.append(_StackYaml(settings_cls, yaml_file=cls.yaml_file))
@@ -134,7 +136,7 @@ class ServiceConfig(BaseSettings):
 S = TypeVar("S", bound=ServiceConfig)
 
 
-def _shown_input(err: dict) -> str:
+def _shown_input(err: ErrorDetails) -> str:
     """` (got <value>)` for a config error, except where the value may be a secret (an unknown
     key, i.e. a misspelt secret's name, or a field named like a secret, token, key or URL) and
     for a whole section (a check across fields: its message names them). At most 200 characters."""

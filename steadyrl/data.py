@@ -15,7 +15,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from steadyrl.assets import asset_dir
 
@@ -87,17 +87,21 @@ def _from_verl(rec: dict[str, Any]) -> PromptRow:
                      extra_info=dict(extra))
 
 
-def read_parquet(path: str | Path, lenient: bool = False) -> list:
+@overload
+def read_parquet(path: str | Path, lenient: Literal[False] = False) -> list[PromptRow]: ...
+@overload
+def read_parquet(path: str | Path, lenient: bool) -> list[PromptRow | RowError]: ...
+def read_parquet(path: str | Path, lenient: bool = False) -> list[PromptRow] | list[PromptRow | RowError]:
     """Rows of a verl-format parquet file. Raises KeyError naming a missing column, and
     ValueError naming the first row that is not a prompt (its index and field); with
     `lenient`, such a row is a RowError in the list instead (at its index)."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # lazy: heavy (pyarrow), parquet only; it has no stubs
 
     table = pq.read_table(path)
     for col in ("prompt", "reward_model"):
         if col not in table.column_names:
             raise KeyError(f"{path}: verl parquet needs column {col!r}, has {table.column_names}")
-    rows: list = []
+    rows: list[PromptRow | RowError] = []
     for i, rec in enumerate(table.to_pylist()):
         try:
             rows.append(_from_verl(rec))
@@ -111,7 +115,13 @@ def read_parquet(path: str | Path, lenient: bool = False) -> list:
 INSTRUCTION = "Reply with only the final number."
 
 
-def read_jsonl(path: str | Path, instruction: str = INSTRUCTION, lenient: bool = False) -> list:
+@overload
+def read_jsonl(path: str | Path, instruction: str = INSTRUCTION,
+               lenient: Literal[False] = False) -> list[PromptRow]: ...
+@overload
+def read_jsonl(path: str | Path, instruction: str = INSTRUCTION, *, lenient: bool) -> list[PromptRow | RowError]: ...
+def read_jsonl(path: str | Path, instruction: str = INSTRUCTION,
+               lenient: bool = False) -> list[PromptRow] | list[PromptRow | RowError]:
     """Rows of a JSONL file with verl fields, or `question` and `answer` (blank lines skipped;
     a row's index counts the others).
 
@@ -119,7 +129,7 @@ def read_jsonl(path: str | Path, instruction: str = INSTRUCTION, lenient: bool =
     Raises ValueError naming the line of a malformed record; with `lenient`, such a record is
     a RowError in the list instead (at its index).
     """
-    rows: list = []
+    rows: list[PromptRow | RowError] = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -148,7 +158,11 @@ def read_jsonl(path: str | Path, instruction: str = INSTRUCTION, lenient: bool =
     return rows
 
 
-def load_rows(path: str | Path, lenient: bool = False) -> list:
+@overload
+def load_rows(path: str | Path, lenient: Literal[False] = False) -> list[PromptRow]: ...
+@overload
+def load_rows(path: str | Path, lenient: bool) -> list[PromptRow | RowError]: ...
+def load_rows(path: str | Path, lenient: bool = False) -> list[PromptRow] | list[PromptRow | RowError]:
     """By extension: .parquet or .jsonl (see read_parquet, read_jsonl: `lenient` keeps a bad
     row as a RowError at its index instead of raising); `path` as `dataset_path` resolves it."""
     p = dataset_path(path)

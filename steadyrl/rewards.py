@@ -31,15 +31,15 @@ def _canon(text: str) -> Decimal | None:
 def extract_answer(solution: str) -> str | None:
     """The final answer: `\\boxed{x}` first, then `#### x`, else the last number in the text."""
     for pattern in (_BOXED, _HASHES):
-        found = pattern.findall(solution)
+        found: list[str] = pattern.findall(solution)
         if found:
             return found[-1]
-    found = _ANY.findall(solution)
-    return found[-1] if found else None
+    numbers: list[str] = _ANY.findall(solution)
+    return numbers[-1] if numbers else None
 
 
 def numeric_match(data_source: str, solution_str: str, ground_truth: str,
-                  extra_info: dict | None = None) -> dict[str, Any]:
+                  extra_info: dict[str, Any] | None = None) -> dict[str, Any]:
     """1.0 if the final number of `solution_str` equals `ground_truth` numerically, else 0.0.
 
     Tolerant of spaces, thousands commas and trailing zeros ("1,200.0" == "1200").
@@ -51,7 +51,8 @@ def numeric_match(data_source: str, solution_str: str, ground_truth: str,
     return {"score": float(want is not None and got is not None and got == want), "pred": pred}
 
 
-def tiny_copy(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+def tiny_copy(data_source: str, solution_str: str, ground_truth: str,
+              extra_info: dict[str, Any] | None = None) -> float:
     """Share of the first 4 characters of `solution_str` equal to `ground_truth` (one char).
 
     The synthetic task a tiny random model learns by RL in about a minute on CPU.
@@ -60,13 +61,14 @@ def tiny_copy(data_source: str, solution_str: str, ground_truth: str, extra_info
     return sum(c == ground_truth for c in head) / 4.0
 
 
-def format_reward(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+def format_reward(data_source: str, solution_str: str, ground_truth: str,
+                  extra_info: dict[str, Any] | None = None) -> float:
     """1.0 if the reply is only a number (optionally `\\boxed{}` or `#### n`), else 0.0."""
     s = solution_str.strip()
     return float(bool(re.fullmatch(r"(?:####\s*|\\boxed\{\s*)?(" + _NUM + r")\s*\}?\.?", s)))
 
 
-def length_penalty(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+def length_penalty(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None,
                    max_chars: int = 200) -> float:
     """-(excess characters beyond `max_chars`) / max_chars, capped at -1; 0 within the budget."""
     excess = max(0, len(solution_str) - max_chars)
@@ -74,7 +76,7 @@ def length_penalty(data_source: str, solution_str: str, ground_truth: str, extra
 
 
 def numeric_match_formatted(data_source: str, solution_str: str, ground_truth: str,
-                            extra_info: dict | None = None) -> dict[str, Any]:
+                            extra_info: dict[str, Any] | None = None) -> dict[str, Any]:
     """numeric_match + 0.1 x format_reward + length_penalty: correct, short, number-only answers."""
     r = numeric_match(data_source, solution_str, ground_truth, extra_info)
     fmt = format_reward(data_source, solution_str, ground_truth)
@@ -101,7 +103,7 @@ def resolve_scorer(name: str) -> Scorer:
         raise ValueError(f"unknown scorer {name!r}: registered are {sorted(SCORERS)}, "
                          "or give a dotted path module:function")
     try:
-        fn = getattr(importlib.import_module(module), attr)
+        fn: Scorer = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"scorer {name!r} not found: {e}") from None
     if not callable(fn):

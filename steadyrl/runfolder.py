@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from enum import StrEnum
+from enum import Enum, StrEnum
 from pathlib import Path
+from typing import Any
 
 from steadyrl.files import read_step_lines
 
@@ -62,12 +63,15 @@ class Count(StrEnum):
 COUNT_KEYS = tuple(c.value for c in Count)
 
 
-def _name(key) -> str:
+def _name(key: str | Enum) -> str:
     """A count's name: the string itself, or an enum member's value."""
-    return getattr(key, "value", key)
+    if isinstance(key, Enum):
+        name: str = key.value
+        return name
+    return key
 
 
-class Counts(Mapping):
+class Counts(Mapping[str, int]):
     """A run's counts as the learner names them (`COUNT_KEYS`).
 
     A known count the learner never incremented reads 0; a name it never writes (a typo,
@@ -79,7 +83,7 @@ class Counts(Mapping):
     def __init__(self, raw: Mapping[str, int] | None = None):
         self._raw = {str(_name(k)): int(v) for k, v in (raw or {}).items()}
 
-    def __getitem__(self, key) -> int:
+    def __getitem__(self, key: str | Enum) -> int:
         name = _name(key)
         if name in self._raw:
             return self._raw[name]
@@ -87,7 +91,7 @@ class Counts(Mapping):
             return 0
         raise KeyError(f"{name!r} is not a learner count (known: {', '.join(COUNT_KEYS)})")
 
-    def get(self, key, default=None) -> int:
+    def get(self, key: str | Enum, default: object = None) -> int:
         """Like `self[key]`: a known count is always there (0 when never counted) and an unknown
         name raises KeyError; `default` is taken for Mapping's signature and never returned."""
         return self[key]
@@ -153,7 +157,7 @@ class RunDir:
                 raise FileNotFoundError(f"no run in {self.state_dir}: {self.state_dir / 'CURRENT'} is missing")
         self.run_id = run_id
         self.path = self.state_dir / run_id
-        self._state: dict | None = None
+        self._state: dict[str, Any] | None = None
 
     @classmethod
     def of_up(cls, up_state_dir: str | Path, run_id: str | None = None) -> RunDir:
@@ -170,7 +174,7 @@ class RunDir:
         return self
 
     @property
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """state.json as written (RunState's fields)."""
         if self._state is None:
             self._state = json.loads((self.path / "state.json").read_text())
@@ -192,7 +196,7 @@ class RunDir:
         return Counts(self.state.get("counts"))
 
     @property
-    def history(self) -> list[dict]:
+    def history(self) -> list[dict[str, Any]]:
         """Per step: step, reward_mean, reward_std, tokens, seconds, policy_versions, ...
         (history.jsonl; a run written before it: state.json's "history"), steps <= the saved
         step's only (a row appended just before a crash is not yet the run's)."""
@@ -204,7 +208,7 @@ class RunDir:
         return [by_step[k] for k in sorted(by_step)]
 
     @property
-    def quarantined(self) -> dict[str, dict]:
+    def quarantined(self) -> dict[str, dict[str, Any]]:
         """Prompts held by the reward watch: prompt_id -> what the learner keeps of it."""
         return dict(self.state.get("quarantined", {}))
 
@@ -212,10 +216,11 @@ class RunDir:
     def policy_uri(self) -> str:
         """The newest policy version, relative to the policy root (a Hugging Face folder; a legacy
         run: a .safetensors file)."""
-        return self.state.get("policy_uri", "")
+        uri: str = self.state.get("policy_uri", "")
+        return uri
 
     # ---- the other files --------------------------------------------------------------------
-    def consumed(self) -> list[dict]:
+    def consumed(self) -> list[dict[str, Any]]:
         """The audit log (consumed.jsonl), one dict per trained group, in file order; [] when
         nothing was trained yet."""
         try:
@@ -228,9 +233,10 @@ class RunDir:
         """The prompt id of each line of the audit log, in order (a repeat means trained twice)."""
         return [c["prompt_id"] for c in self.consumed()]
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """summary.json (written at the end of a run). Raises FileNotFoundError before then."""
-        return json.loads((self.path / "summary.json").read_text())
+        summary: dict[str, Any] = json.loads((self.path / "summary.json").read_text())
+        return summary
 
     @property
     def curve(self) -> Path:
