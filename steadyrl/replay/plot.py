@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from steadyrl.replay.report import _f
 
 
 # ---- the picture ------------------------------------------------------------------------------
-def _bin_edges(values):
+def _bin_edges(values: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Bins centred on each value when there are few distinct values (rule rewards), else ~auto."""
-    import numpy as np
-
     u = np.unique(values)
     if len(u) == 1:
         return np.array([u[0] - 0.5, u[0] + 0.5])
@@ -22,15 +25,14 @@ def _bin_edges(values):
     return edges if len(edges) <= 61 else np.histogram_bin_edges(values, bins=60)
 
 
-def plot(before: Sequence[float], after: Sequence[float], path, labels: tuple[str, str] = ("before", "after"),
-         title: str = "") -> None:
+def plot(before: Sequence[float], after: Sequence[float], path: str | os.PathLike[str],
+         labels: tuple[str, str] = ("before", "after"), title: str = "") -> None:
     """PNG of the two reward distributions: histogram (share of samples) and empirical CDFs with
     the KS distance (their largest vertical gap) marked."""
-    import matplotlib
+    import matplotlib  # lazy: heavy (matplotlib), only the PNG needs it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # lazy: heavy (matplotlib), after choosing the Agg backend
 
     b, a = np.asarray(before, dtype=float), np.asarray(after, dtype=float)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -64,7 +66,7 @@ def plot(before: Sequence[float], after: Sequence[float], path, labels: tuple[st
     plt.close(fig)
 
 
-def plot_report(rep: dict, path) -> None:
+def plot_report(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """`plot` for a `build_report` result, titled with the window and the KS figures."""
     sh = rep["shift"]
     ks = ("" if sh["ks_statistic"] is None else

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from steadyrl.contracts import RewardSource, ScoredGroup
 from steadyrl.replay.window import Record, Window, format_ms
+from steadyrl.scorers import Scorer, build_scorer
 
 
 # ---- re-scoring -------------------------------------------------------------------------------
@@ -33,7 +36,8 @@ class Rescored:
     errors: list[str] = field(default_factory=list)
 
 
-def rescore(groups: Sequence[ScoredGroup], scorer, rule_version: str = "1", batch_size: int = 32) -> Rescored:
+def rescore(groups: Sequence[ScoredGroup], scorer: str | Scorer, rule_version: str = "1",
+            batch_size: int = 32) -> Rescored:
     """Score every sample of `groups` again with `scorer` (a spec for build_scorer, or a built
     Scorer), in-process, reading the same text the reward worker sends (the prompt's last user
     message, the response, ground_truth, data_source, extra_info).
@@ -42,8 +46,6 @@ def rescore(groups: Sequence[ScoredGroup], scorer, rule_version: str = "1", batc
         ValueError / OSError: the spec cannot be built or its model loaded.
         steadyrl.scorers.ScorerError: a model scorer failed on a batch.
     """
-    from steadyrl.scorers import build_scorer
-
     if isinstance(scorer, str):
         scorer = build_scorer(scorer, rule_version, batch_size)
     scorer.load()
@@ -73,8 +75,6 @@ def flat_rewards(groups: Sequence[ScoredGroup]) -> list[float]:
 
 
 def _stats(values: Sequence[float]) -> tuple[float | None, float | None]:
-    import numpy as np
-
     if not len(values):
         return None, None
     a = np.asarray(values, dtype=float)
@@ -86,7 +86,7 @@ def _scorer_name(g: ScoredGroup) -> str:
 
 
 def shift_report(before: Sequence[ScoredGroup], after: Sequence[ScoredGroup], *, paired: bool = False,
-                 top: int = 10, labels: tuple[str, str] = ("before", "after"), text_chars: int = 60) -> dict:
+                 top: int = 10, labels: tuple[str, str] = ("before", "after"), text_chars: int = 60) -> dict[str, Any]:
     """How the rewards of `after` differ from those of `before`.
 
     Returns a JSON-able dict: labels, groups, n (samples), mean, std (population), delta_mean,
@@ -96,7 +96,7 @@ def shift_report(before: Sequence[ScoredGroup], after: Sequence[ScoredGroup], *,
     samples, mean change, changed) and largest_changes, the `top` largest |after - before|:
     prompt_id, sample, before, after, delta, response (first `text_chars` characters).
     """
-    from scipy.stats import ks_2samp
+    from scipy.stats import ks_2samp  # lazy: heavy (scipy), only the shift's KS test needs it
 
     b, a = flat_rewards(before), flat_rewards(after)
     (mb, sb), (ma, sa) = _stats(b), _stats(a)
@@ -132,7 +132,7 @@ def shift_report(before: Sequence[ScoredGroup], after: Sequence[ScoredGroup], *,
     return rep
 
 
-def _count_by(groups: Sequence[ScoredGroup], key) -> dict[str, int]:
+def _count_by(groups: Sequence[ScoredGroup], key: Callable[[ScoredGroup], str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for g in groups:
         out[key(g)] = out.get(key(g), 0) + len(g.rewards)
@@ -143,10 +143,10 @@ def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[:n - 1] + "…"
 
 
-def scorer_timeline(records: Sequence[Record]) -> list[dict]:
+def scorer_timeline(records: Sequence[Record]) -> list[dict[str, Any]]:
     """Runs of consecutive records (time order) scored by the same scorer and reward source:
     scorer, source, first_ms, last_ms, groups, samples, mean (reward)."""
-    segs: list[dict] = []
+    segs: list[dict[str, Any]] = []
     for r in records:
         g = r.group
         if segs and segs[-1]["scorer"] == g.scorer and segs[-1]["source"] == g.reward_source.value:
@@ -170,7 +170,7 @@ def halves(records: Sequence[Record]) -> tuple[list[Record], list[Record]]:
     return list(records[:k]), list(records[k:])
 
 
-def build_report(window: Window, rescored: Rescored | None = None, top: int = 10) -> dict:
+def build_report(window: Window, rescored: Rescored | None = None, top: int = 10) -> dict[str, Any]:
     """The whole replay report (JSON-able): the window, what was read, the scorer timeline and
     the shift (`mode` rescore: recorded vs re-scored; halves: first vs second half).
     `_before` / `_after` hold the two reward lists for `plot` (drop them before writing JSON)."""
@@ -186,7 +186,7 @@ def build_report(window: Window, rescored: Rescored | None = None, top: int = 10
     if rescored is not None:
         keep = [k for k, g in enumerate(rescored.groups) if g is not None]
         before = [groups[k] for k in keep]
-        after = [rescored.groups[k] for k in keep]
+        after = [g for g in rescored.groups if g is not None]   # the groups of `keep`, in order
         rep["mode"] = "rescore"
         rep["rescore"] = {"scorer": rescored.scorer_id, "source": rescored.source.value,
                           "groups_not_scored": len(groups) - len(keep), "errors": rescored.errors[:20]}
@@ -207,7 +207,7 @@ def _f(v: float | None, fmt: str = ".4f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def format_report(rep: dict) -> str:
+def format_report(rep: dict[str, Any]) -> str:
     """The report as text, for people."""
     sh = rep["shift"]
     lines = [f"replay of {rep['topic']} from {rep['from']} to {rep['to']}"]
@@ -266,6 +266,6 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def report_json(rep: dict) -> dict:
+def report_json(rep: dict[str, Any]) -> dict[str, Any]:
     """The report without the raw reward lists (what --json writes)."""
     return {k: v for k, v in rep.items() if not k.startswith("_")}

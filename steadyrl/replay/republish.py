@@ -5,20 +5,21 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
+from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic  # confluent_kafka.admin re-exports it without naming it
+
 from steadyrl import codec
 from steadyrl.bus.kafka import client_config
+from steadyrl.bus.txn import TransactionalProducer
 from steadyrl.contracts import ScoredGroup
 from steadyrl.replay.window import Record
+from steadyrl.topics import load_catalogue
 
 
 def ensure_topic(bootstrap: str, topic: str, like: str = "rl.scored", timeout_s: float = 30.0) -> str:
     """Create `topic` with the catalogue settings of `like` (partitions, retention, max record
     size) when it is missing; returns "created" or "exists". The broker does not auto-create."""
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    from steadyrl.topics import load_catalogue
-
     admin = AdminClient(client_config(bootstrap))
     if topic in admin.list_topics(timeout=timeout_s).topics:
         return "exists"
@@ -48,15 +49,11 @@ def republish(bootstrap: str, topic: str, groups: Sequence[ScoredGroup], sources
         KafkaException: a broker error or a record not delivered (TransactionAborted, a
             KafkaException, when the transaction failed and was aborted).
     """
-    from confluent_kafka import KafkaException
-
-    from steadyrl.bus.txn import TransactionalProducer
-
     p = TransactionalProducer(bootstrap, "replay-cli", f"replay-cli-{uuid.uuid4().hex}", timeout_s=timeout_s,
                               call_timeout_s=max(60.0, timeout_s))
-    errors: list = []
+    errors: list[KafkaError] = []
 
-    def on_delivery(err, msg):
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
         if err is not None:
             errors.append(err)
 

@@ -7,8 +7,12 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import cast
+
+from confluent_kafka import Consumer, TopicPartition
 
 from steadyrl import codec
+from steadyrl.bus.kafka import read_ranges, reader_config, retrying
 from steadyrl.contracts import ScoredGroup
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -105,10 +109,6 @@ def read_range(bootstrap: str, topic: str, t_from_ms: int, t_to_ms: int, timeout
         RuntimeError: the topic does not exist, or the range was not read within timeout_s.
         ValueError: t_from_ms > t_to_ms.
     """
-    from confluent_kafka import Consumer, TopicPartition
-
-    from steadyrl.bus.kafka import read_ranges, reader_config, retrying
-
     if t_from_ms > t_to_ms:
         raise ValueError(f"window starts ({format_ms(t_from_ms)}) after it ends ({format_ms(t_to_ms)})")
     c = Consumer(reader_config(bootstrap, "replay-cli"))
@@ -141,7 +141,8 @@ def read_range(bootstrap: str, topic: str, t_from_ms: int, t_to_ms: int, timeout
             except codec.Rejected as rej:
                 undecodable[rej.reason.value] = undecodable.get(rej.reason.value, 0) + 1
                 continue
-            records.append(Record(m.partition(), m.offset(), ts, g))
+            # read_ranges yields only messages of its ranges: partition and offset are set
+            records.append(Record(cast(int, m.partition()), cast(int, m.offset()), ts, g))
     finally:
         c.close()
     records.sort(key=lambda r: (r.timestamp_ms, r.partition, r.offset))
