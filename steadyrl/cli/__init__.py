@@ -2,10 +2,11 @@
 
 One module per command or group (broker.py: broker, topics, schemas; up.py; ckpt.py; export.py;
 quarantine.py; replay.py; eval.py; score.py), each with its `cmd_*` functions and an
-`add_parsers(sub)`; common.py holds what they share. Heavy imports happen inside each command
-so `--help` is instant: the modules import only the standard library at the top. A command that
-cannot go on raises CliError; main() prints it as one `error: ...` line on stderr and exits 2 (a
-bad argument) or 1 (anything else), with no traceback.
+`add_parsers(sub)`; common.py holds what they share. What only one command needs (torch,
+transformers, confluent_kafka, the steadyrl modules of that command) is imported inside it,
+marked `# lazy:`, so `--help` stays fast. A command that cannot go on raises CliError; main()
+prints it as one `error: ...` line on stderr and exits 2 (a bad argument) or 1 (anything else),
+with no traceback.
 """
 
 from __future__ import annotations

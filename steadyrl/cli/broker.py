@@ -3,9 +3,12 @@ principals' credentials and ACLs (steadyrl/acl.py), the JSON Schemas."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
+from steadyrl import acl
+from steadyrl import broker as b
 from steadyrl.cli.common import (
     LOCAL_BOOTSTRAP,
     CliError,
@@ -14,11 +17,10 @@ from steadyrl.cli.common import (
     _require_broker,
     add_common_options,
 )
+from steadyrl.topics import create_topics, list_topics
 
 
-def cmd_broker(args) -> int:
-    from steadyrl import broker as b
-
+def cmd_broker(args: argparse.Namespace) -> int:
     if args.action == "fetch":
         print(b.fetch())
         return 0
@@ -36,10 +38,8 @@ def cmd_broker(args) -> int:
     return 0
 
 
-def cmd_topics(args) -> int:
-    from confluent_kafka import KafkaException
-
-    from steadyrl.topics import create_topics, list_topics
+def cmd_topics(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
     _require_broker(bootstrap)
@@ -62,17 +62,15 @@ def cmd_topics(args) -> int:
     return 0
 
 
-def cmd_acl(args) -> int:
+def cmd_acl(args: argparse.Namespace) -> int:
     """`steadyrl acl apply`: each principal's SCRAM credential and ACLs; `acl show`: the table."""
-    from steadyrl import acl
-
     if args.action == "show":
         for principal, grant in acl.PRINCIPALS.items():
             print(f"{principal}\twrites {' '.join(grant.writes) or '-'}\treads {' '.join(grant.reads) or '-'}\t"
                   f"groups {' '.join(g + '*' for g in grant.groups) or '-'}\t"
                   f"transactional ids {' '.join(t + '*' for t in grant.txn_ids) or '-'}")
         return 0
-    from confluent_kafka import KafkaException
+    from confluent_kafka import KafkaException  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     if not args.secrets_dir:
         raise CliError("acl apply needs --secrets-dir DIR (the kafka-<principal> password files)", code=2)
@@ -90,24 +88,24 @@ def cmd_acl(args) -> int:
     return 0
 
 
-def cmd_schemas(args) -> int:
-    from steadyrl.schemas import check_schemas, export_schemas
+def cmd_schemas(args: argparse.Namespace) -> int:
+    from steadyrl.schemas import check_schemas, export_schemas  # lazy: entry point (a command), keeps --help fast
 
     if args.action == "export":
         for p in export_schemas():
             print(p)
         return 0
-    from steadyrl.contracts import ALL_CONTRACTS
+    from steadyrl.contracts import ALL_CONTRACTS  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     problems = check_schemas()
-    for p in problems:
-        print(p, file=sys.stderr)
+    for problem in problems:
+        print(problem, file=sys.stderr)
     if not problems:
         print(f"{len(ALL_CONTRACTS)} schemas in schemas/ agree with the models")
     return 1 if problems else 0
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp = sub.add_parser("broker", help="the local single-node Kafka broker")
     sp.add_argument("action", choices=["fetch", "start", "stop", "status"])
     add_common_options(sp, broker_opts=True)

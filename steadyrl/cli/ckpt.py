@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
 from pathlib import Path
 
 
-def cmd_ckpt(args) -> int:
+def cmd_ckpt(args: argparse.Namespace) -> int:
     """list: every checkpoint of a checkpoints folder with its state. verify: a step folder,
     or every checkpoint of a checkpoints folder, and which one a resume would use. Both exit
     1 when any checkpoint is broken (or there is none). With `--key-file` (the learner's
     `checkpoint_key_file`) a checkpoint must also be signed with that key, as a resume
     requires; without it signatures are not checked. sign: sign one step folder you trust
     with `--key-file` (after verifying it), so a learner with that key resumes from it."""
-    from steadyrl import checkpoint as ck
+    from steadyrl import checkpoint as ck  # lazy: heavy (torch), entry point (a command)
 
     root = Path(args.dir)
     if not root.is_dir():
@@ -69,6 +70,9 @@ def cmd_ckpt(args) -> int:
     if args.action == "verify":
         try:
             use = ck.latest_valid(root, key=key)
+            if use is None:  # every checkpoint went since they were listed
+                print("a resume would start from step 0: no checkpoint left", file=sys.stderr)
+                return 1
             print(f"a resume would use {use.name}" + ("" if use.name == latest else f" (LATEST names {latest})"))
         except ck.CheckpointError:
             print("a resume would fail: no checkpoint verifies", file=sys.stderr)
@@ -76,14 +80,14 @@ def cmd_ckpt(args) -> int:
 
 
 def _signed(path: Path, key: bytes | None) -> str:
-    from steadyrl import checkpoint as ck
+    from steadyrl import checkpoint as ck  # lazy: heavy (torch); only `steadyrl ckpt` calls this
 
     if key is not None:
         return "signature ok"
     return "signed (not checked: no --key-file)" if (path / ck.SIGNATURE).exists() else "unsigned"
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp = sub.add_parser("ckpt", help="list, verify or sign learner checkpoints")
     sp.add_argument("action", choices=["list", "verify", "sign"])
     sp.add_argument("dir", help="checkpoint folder (verify: it, or a step_* folder in it; sign: a step_* folder)")

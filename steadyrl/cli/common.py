@@ -3,9 +3,11 @@ the `--bootstrap/--prefix` (and broker) options."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
+from steadyrl.broker import LocalBroker
 from steadyrl.bus.kafka import client_config
 
 DEFAULT_STATE = Path(".steadyrl")
@@ -23,9 +25,10 @@ class CliError(Exception):
         self.code = code
 
 
-def _bootstrap(args) -> str | None:
+def _bootstrap(args: argparse.Namespace) -> str | None:
     """`--bootstrap`, else STEADYRL_BOOTSTRAP, else None (use the local broker)."""
-    return args.bootstrap or os.environ.get("STEADYRL_BOOTSTRAP") or None
+    bootstrap: str | None = args.bootstrap or os.environ.get("STEADYRL_BOOTSTRAP") or None
+    return bootstrap
 
 
 def _require_broker(bootstrap: str, timeout_s: float = BROKER_CHECK_S) -> None:
@@ -36,8 +39,8 @@ def _require_broker(bootstrap: str, timeout_s: float = BROKER_CHECK_S) -> None:
     librdkafka printing a FAIL line to stderr for every connection attempt, and end in a
     traceback. This client's librdkafka log is off (`log_level` 0): the one error line says it.
     """
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
+    from confluent_kafka import KafkaException  # lazy: heavy (confluent_kafka), keeps `steadyrl --help` fast
+    from confluent_kafka.admin import AdminClient  # lazy: heavy (confluent_kafka), keeps `steadyrl --help` fast
 
     try:
         AdminClient(client_config(bootstrap) | {"log_level": 0}).list_topics(timeout=timeout_s)
@@ -46,14 +49,12 @@ def _require_broker(bootstrap: str, timeout_s: float = BROKER_CHECK_S) -> None:
                        f"or pass --bootstrap)") from None
 
 
-def _local_broker(args):
-    from steadyrl.broker import LocalBroker
-
+def _local_broker(args: argparse.Namespace) -> LocalBroker:
     return LocalBroker(Path(args.state_dir) / "broker", port=args.port, controller_port=args.port + 1,
                        heap_mb=args.heap_mb, sasl=args.sasl)
 
 
-def add_common_options(sp, broker_opts: bool = False) -> None:
+def add_common_options(sp: argparse.ArgumentParser, broker_opts: bool = False) -> None:
     """`--bootstrap` and `--prefix` on a subcommand; with broker_opts also the local broker's
     `--state-dir`, `--port` and `--heap-mb`."""
     sp.add_argument("--bootstrap", help="existing cluster (default: $STEADYRL_BOOTSTRAP or the local broker)")

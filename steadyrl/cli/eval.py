@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
+from collections import defaultdict
 from pathlib import Path
 
 from steadyrl.cli.common import DEFAULT_STATE
+from steadyrl.data import load_rows
 
 
-def cmd_eval(args) -> int:
-    import logging
-    from collections import defaultdict
+def cmd_eval(args: argparse.Namespace) -> int:
+    import torch  # lazy: heavy (torch), entry point (a command)
 
-    import torch
-
-    from steadyrl.data import load_rows
-    from steadyrl.models import load_policy
-    from steadyrl.rl.loop import evaluate
+    from steadyrl.models import load_policy  # lazy: heavy (torch), entry point (a command)
+    from steadyrl.rl.loop import evaluate  # lazy: heavy (torch, transformers), entry point (a command)
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     torch.manual_seed(0)
@@ -27,7 +27,7 @@ def cmd_eval(args) -> int:
     model, tok = load_policy(args.model)
     acc, items = evaluate(model, tok, rows, scorer=args.scorer, max_new_tokens=args.max_new_tokens,
                           batch_size=args.batch_size)
-    by_source = defaultdict(list)
+    by_source: defaultdict[str, list[bool]] = defaultdict(list)
     for row, item in zip(rows, items, strict=True):
         item["data_source"] = row.data_source
         by_source[row.data_source].append(item["correct"])
@@ -42,7 +42,7 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp = sub.add_parser("eval", help="greedy accuracy of a model on a prompt set")
     sp.add_argument("--model", default="smollm2-135m-instruct", help="smollm2-135m-instruct, tiny, or a local HF dir")
     sp.add_argument("--data", default="data/arithmetic/test.parquet", help="verl parquet, or JSONL (question/answer)")

@@ -3,17 +3,17 @@ folder (steadyrl.export)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 from steadyrl.cli.common import DEFAULT_STATE, CliError
+from steadyrl.runfolder import RunDir, current, run_ids
 
 
 def _run_dir(run: str, state_dir: str) -> Path:
     """RUN as a folder: a run's (holding state.json), a learner state dir (the run its CURRENT
     names), or a run id under `<state_dir>/learner/` (`steadyrl up`'s layout)."""
-    from steadyrl.runfolder import RunDir, current, run_ids
-
     p = Path(run)
     if (p / "state.json").is_file():
         return p
@@ -35,15 +35,16 @@ def _version(text: str) -> int | str:
     raise CliError(f"version {text!r}: expected an int >= 0 or 'latest'", code=2)
 
 
-def cmd_export(args) -> int:
+def cmd_export(args: argparse.Namespace) -> int:
     """Write the version, then one line: what, from where, how it was checked, which files."""
     version = _version(args.version)
     run_dir = _run_dir(args.run, args.state_dir)
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # lazy: heavy (transformers), entry point (a command)
 
-    from steadyrl.export import MARKER, ExportError, export_version
+    from steadyrl.export import MARKER, ExportError, export_version  # lazy: heavy (torch), entry point (a command)
 
-    hf_logging.disable_progress_bar()  # one line of output, not a bar per shard
+    # one line of output, not a bar per shard
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: untyped
     try:
         out = export_version(run_dir, version, args.dir, policy_root=args.policy_root, model=args.model,
                              force=args.force, max_shard_size=args.max_shard_size)
@@ -56,7 +57,7 @@ def cmd_export(args) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp = sub.add_parser("export", help="a policy version of a run as a Hugging Face model folder (vLLM, transformers)")
     sp.add_argument("run", help="run folder (<state-dir>/learner/<run_id>), a learner state dir (its CURRENT run), "
                                 "or a run id under <state-dir>/learner")

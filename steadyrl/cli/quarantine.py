@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
-from datetime import UTC
+from datetime import UTC, datetime
 
 from steadyrl.cli.common import LOCAL_BOOTSTRAP, _bootstrap, _require_broker, add_common_options
 
 
-def cmd_quarantine(args) -> int:
+def _fig(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3g}"
+
+
+def cmd_quarantine(args: argparse.Namespace) -> int:
     """list | show | release | drop batches on rl.quarantine (steadyrl/quarantine.py)."""
-    from datetime import datetime
+    from confluent_kafka import KafkaException  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
-    from confluent_kafka import KafkaException
-
-    from steadyrl.contracts import QuarantineAction
-    from steadyrl.quarantine import QuarantineError, decide, read_quarantine
+    from steadyrl.contracts import QuarantineAction  # lazy: entry point (a command), keeps `steadyrl --help` fast
+    from steadyrl.quarantine import (  # lazy: entry point (a command), keeps `steadyrl --help` fast
+        QuarantineError,
+        decide,
+        read_quarantine,
+    )
 
     bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
     if args.action in ("release", "drop"):
@@ -40,7 +47,6 @@ def cmd_quarantine(args) -> int:
     except (RuntimeError, KafkaException) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    fig = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
     if args.action == "list":
         if not entries:
             print(f"no quarantined batches on {args.prefix}rl.quarantine")
@@ -50,7 +56,7 @@ def cmd_quarantine(args) -> int:
             rewards = [r for q in e.groups.values() for r in q.group.rewards]
             print(f"{bid}  {e.status:8s}  step {b.step}  {when}Z  rules {','.join(b.rules)}  "
                   f"groups {len(e.groups)}/{b.count}  reward mean {sum(rewards) / len(rewards):.3f}  "
-                  f"var_ratio {fig(b.var_ratio)}  extreme_share {fig(b.extreme_share)}  ks_p {fig(b.ks_pvalue)}")
+                  f"var_ratio {_fig(b.var_ratio)}  extreme_share {_fig(b.extreme_share)}  ks_p {_fig(b.ks_pvalue)}")
         return 0
     if not args.batch or args.batch not in entries:
         print(f"error: no quarantined batch {args.batch!r} (see `steadyrl quarantine list`)", file=sys.stderr)
@@ -70,7 +76,7 @@ def cmd_quarantine(args) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp = sub.add_parser("quarantine", help="batches the learner's reward watch held on rl.quarantine: "
                                            "list, show one, release it to training or drop it")
     sp.add_argument("action", choices=["list", "show", "release", "drop"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -10,11 +11,11 @@ from pathlib import Path
 from steadyrl.cli.common import DEFAULT_STATE, LOCAL_BOOTSTRAP, _bootstrap, _require_broker, add_common_options
 
 
-def cmd_replay(args) -> int:
+def cmd_replay(args: argparse.Namespace) -> int:
     """Read a time range of a scored topic, optionally re-score it, report the reward shift
     (steadyrl/replay.py). Exit 2 for a bad argument, 1 when the topic cannot be read or the
     window holds no scored group."""
-    from steadyrl import replay as rp
+    from steadyrl import replay as rp  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     times = {}
     for flag, text in (("--from", args.t_from), ("--to", args.t_to)):
@@ -32,7 +33,7 @@ def cmd_replay(args) -> int:
         return 2
     scorer = None
     if args.rescore:
-        from steadyrl.scorers import build_scorer
+        from steadyrl.scorers import build_scorer  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
         try:
             scorer = build_scorer(args.rescore)
@@ -43,7 +44,7 @@ def cmd_replay(args) -> int:
                     else "")
             print(f"error: --rescore {args.rescore!r}: {e}{hint}", file=sys.stderr)
             return 2
-    from confluent_kafka import KafkaException
+    from confluent_kafka import KafkaException  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
     _require_broker(bootstrap)
@@ -55,7 +56,7 @@ def cmd_replay(args) -> int:
         return 1
     rescored = None
     if scorer is not None:
-        from steadyrl.scorers import ScorerError
+        from steadyrl.scorers import ScorerError  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
         try:
             rescored = rp.rescore([r.group for r in window.records], scorer)
@@ -95,7 +96,7 @@ def cmd_replay(args) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp = sub.add_parser("replay", help="read a time range of a scored topic, optionally re-score it, and report "
                                        "the reward shift (KS, mean/std, largest changes) with a PNG")
     sp.add_argument("--topic", default="rl.scored", help="scored topic to read (prefix applied)")

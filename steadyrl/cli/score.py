@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from types import SimpleNamespace
 
 
-def cmd_score(args) -> int:
+def cmd_score(args: argparse.Namespace) -> int:
     """One item through a reward server scorer (steadyrl.scorers), in-process: prints
     `reward  scorer-id  [extra]`.
 
     Exit status 2 for a scorer that cannot be built or loaded, 1 when it cannot score the item."""
-    from types import SimpleNamespace
-
-    from steadyrl.contracts import RewardSource
-    from steadyrl.scorers import ScorerError, build_scorer
+    from steadyrl.contracts import RewardSource  # lazy: entry point (a command), keeps `steadyrl --help` fast
+    from steadyrl.scorers import ScorerError, build_scorer  # lazy: entry point (a command), keeps --help fast
 
     try:
         scorer = build_scorer(args.scorer)
         if scorer.source is RewardSource.model:
-            from transformers.utils import logging as hf_logging
+            from transformers.utils import logging as hf_logging  # lazy: heavy (transformers), model scorers only
 
-            hf_logging.disable_progress_bar()
+            hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: untyped
         scorer.load()
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -41,7 +41,7 @@ def cmd_score(args) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp = sub.add_parser("score", help="score one response with a reward server scorer, in-process (hand check)")
     sp.add_argument("--scorer", required=True,
                     help="rule name (numeric_match, tiny_copy, ...), module:function, rm:<dir> or "

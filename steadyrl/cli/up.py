@@ -15,6 +15,7 @@ Services are started by module name (`python -m steadyrl.services.<name>`): noth
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import shutil
@@ -23,6 +24,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import FrameType
+from typing import TextIO
 
 import httpx
 
@@ -97,14 +100,14 @@ def _parse_scale(items: list[str]) -> dict[str, int]:
     return scale
 
 
-def _up_broker(args):
+def _up_broker(args: argparse.Namespace) -> b.LocalBroker:
     """The LocalBroker `up` runs without --bootstrap: `<state-dir>/broker`, its data in
     `--broker-data` when given."""
     lb = _local_broker(args)
     return dataclasses.replace(lb, data_dir=Path(args.broker_data)) if args.broker_data else lb
 
 
-def _check_ports(args, scale: dict[str, int], bootstrap: str | None) -> None:
+def _check_ports(args: argparse.Namespace, scale: dict[str, int], bootstrap: str | None) -> None:
     """Raise CliError (2) naming the port and its holder when a port `up` would listen on is
     taken: the broker's (--port, and --port + 1 for its controller; unless --bootstrap) by any
     process but this state folder's own running broker (its pid file), and each service's."""
@@ -129,7 +132,7 @@ def _check_ports(args, scale: dict[str, int], bootstrap: str | None) -> None:
                                f"--port-offset", 2)
 
 
-def _check_up_args(args) -> dict[str, int]:
+def _check_up_args(args: argparse.Namespace) -> dict[str, int]:
     """`up`'s arguments, checked before anything starts (the ports too: `_check_ports`);
     returns the scale. Raises CliError (2)."""
     scale = _parse_scale(args.scale)
@@ -160,10 +163,10 @@ def _readiness(ready: dict[str, bool]) -> str:
 class Progress:
     """The learner's progress as one line per change: bar, step, reward mean, tokens/s."""
 
-    def __init__(self, url: str, out=sys.stdout, width: int = 24):
+    def __init__(self, url: str, out: TextIO = sys.stdout, width: int = 24) -> None:
         self.url, self.out, self.width = url, out, width
         self.t0 = time.monotonic()
-        self.last: tuple | None = None
+        self.last: tuple[object, object] | None = None
         self.next_poll = 0.0
 
     def tick(self) -> None:
@@ -188,7 +191,7 @@ class Progress:
         self.out.flush()
 
 
-def _kafka_secrets(args, lb) -> Path | None:
+def _kafka_secrets(args: argparse.Namespace, lb: b.LocalBroker | None) -> Path | None:
     """Under `--sasl`: the folder of the principals' password files (the local broker's, with
     every principal's file made if missing; or `--kafka-secrets`), after making this process
     log in as `admin` from it. None without `--sasl`. Raises CliError when `--sasl` meets an
@@ -220,7 +223,7 @@ def _login(svc: str, secrets: Path | None) -> list[str]:
             "--kafka.password-file", str(acl.password_file(secrets, PRINCIPAL[svc]))]
 
 
-def _placement(stack: StackSettings) -> dict:
+def _placement(stack: StackSettings) -> dict[str, placement.ServicePlacement]:
     """Each service's placement (steadyrl/placement.py): the stack's `placement:` section over
     the default for this machine's CPUs, the learner's max_staleness and its world_size.
     Raises CliError (2) when the section does not fit the machine."""
@@ -242,7 +245,7 @@ def _gpus() -> int:
     return sum(line.startswith("GPU ") for line in out.splitlines())
 
 
-def cmd_up(args) -> int:
+def cmd_up(args: argparse.Namespace) -> int:
     scale = _check_up_args(args)
     stack = stack_settings(args.config)
     places = _placement(stack)
@@ -296,7 +299,7 @@ def cmd_up(args) -> int:
         if watch is not None:
             watch.tick()
 
-    def _stop(signum, frame):
+    def _stop(signum: int, frame: FrameType | None) -> None:
         sup.stop.set()
 
     signal.signal(signal.SIGINT, _stop)
@@ -328,7 +331,7 @@ def cmd_up(args) -> int:
         print("stopped", flush=True)
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp = sub.add_parser("up", help="broker, topics and every service; trains until the learner's run is done "
                                    "(Ctrl-C stops all)")
     add_common_options(sp, broker_opts=True)
