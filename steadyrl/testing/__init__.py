@@ -17,6 +17,7 @@ The names below are loaded on first use, so `steadyrl.testing.run` stays import-
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 _EXPORTS = {
     "run": ("COUNT_KEYS", "Count", "Counts", "RunDir", "current", "run_finished", "run_ids"),
@@ -28,7 +29,7 @@ _WHERE = {name: mod for mod, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'steadyrl.testing' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"steadyrl.testing.{_WHERE[name]}"), name)

@@ -24,17 +24,46 @@ from __future__ import annotations
 
 import base64
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, Protocol, TypeVar
 
-from steadyrl.bus.kafka import client_config
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from steadyrl import codec
+from steadyrl.bus.kafka import client_config, read_topic
+from steadyrl.contracts import DLQRecord, Prompt, RolloutGroup, ScoredGroup
 from steadyrl.testing.run import RunDir
 
 #: The consumer groups of the two stages (the services' default `group_id`).
 STAGE_GROUPS = {"rollout": "steadyrl-rollout", "reward": "steadyrl-reward"}
 
+#: The identity a stage's input and its output share (e.g. one publish of a prompt).
+Key = tuple[Hashable, ...]
+
+
+class Consumed(Protocol):
+    """What stage_audit reads of a consumed message (a confluent_kafka Message)."""
+
+    def topic(self) -> str | None: ...
+    def partition(self) -> int | None: ...
+    def offset(self) -> int | None: ...
+
+
+In = TypeVar("In", bound=Consumed)
+Out = TypeVar("Out")
+
+
+def _ref(m: Consumed) -> tuple[str, int, int]:
+    """(topic, partition, offset) of a consumed record: librdkafka sets all three on every record
+    it delivers (None only on an error event, which no reader here keeps)."""
+    topic, partition, offset = m.topic(), m.partition(), m.offset()
+    assert topic is not None and partition is not None and offset is not None, "an error event, not a record"
+    return topic, partition, offset
+
 
 def audit_run(run: RunDir, steps: int, batch: int, published: Iterable[str] | None = None,
-              excused: Iterable[str] = ()) -> dict:
+              excused: Iterable[str] = ()) -> dict[str, Any]:
     """The learner-side exactly-once checks of one finished run.
 
     Args:
@@ -61,8 +90,8 @@ def audit_run(run: RunDir, steps: int, batch: int, published: Iterable[str] | No
         "no_prompt_trained_twice": not twice,
         "no_abandoned_prompt_trained": not (set(abandoned) & set(trained)),
     }
-    report: dict = {"run_id": run.run_id, "step": state.get("step"), "finished": state.get("finished"),
-                    "counts": state.get("counts", {})}
+    report: dict[str, Any] = {"run_id": run.run_id, "step": state.get("step"), "finished": state.get("finished"),
+                              "counts": state.get("counts", {})}
     if published is not None:
         run_prefix = run.run_id + "/"
         pub = Counter(p for p in published if p.startswith(run_prefix))
@@ -79,8 +108,9 @@ def audit_run(run: RunDir, steps: int, batch: int, published: Iterable[str] | No
     return {"ok": all(checks.values()), "checks": checks, **report}
 
 
-def stage_audit(name: str, inputs: list, in_key: Callable, outputs: list, out_key: Callable,
-                committed: dict[int, int], dlq_refs: set) -> dict:
+def stage_audit(name: str, inputs: list[In], in_key: Callable[[In], Key], outputs: list[Out],
+                out_key: Callable[[Out], Key], committed: dict[int, int],
+                dlq_refs: set[tuple[str, int, int]]) -> dict[str, Any]:
     """One stage's exactly-once check: inputs below the group's committed offsets -> exactly one
     output each (or one DLQ record), and no other output.
 
@@ -92,25 +122,21 @@ def stage_audit(name: str, inputs: list, in_key: Callable, outputs: list, out_ke
         committed: partition -> the stage group's committed offset (next to read).
         dlq_refs: (topic, partition, offset) of every input that went to rl.dlq.
     """
-    ref = lambda m: (m.topic(), m.partition(), m.offset())  # noqa: E731
-    done = [m for m in inputs if m.offset() < committed.get(m.partition(), -1)]
-    expected = Counter(in_key(m) for m in done if ref(m) not in dlq_refs)
+    done = [m for m in inputs if _ref(m)[2] < committed.get(_ref(m)[1], -1)]
+    expected = Counter(in_key(m) for m in done if _ref(m) not in dlq_refs)
     got = Counter(out_key(m) for m in outputs)
     dup = {k: n - expected[k] for k, n in got.items() if n > expected.get(k, 0)}
     missing = {k: n - got.get(k, 0) for k, n in expected.items() if got.get(k, 0) < n}
     return {"stage": name, "inputs": len(inputs), "inputs_committed": len(done),
-            "inputs_to_dlq": sum(1 for m in done if ref(m) in dlq_refs),
+            "inputs_to_dlq": sum(1 for m in done if _ref(m) in dlq_refs),
             "outputs": len(outputs), "duplicated_outputs": sum(dup.values()), "missing_outputs": sum(missing.values()),
             "examples": {"duplicated": [list(k) for k in list(dup)[:3]],
                          "missing": [list(k) for k in list(missing)[:3]]},
             "ok": not dup and not missing}
 
 
-def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dict[int, int]:
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions: Iterable[int]) -> dict[int, int]:
     """partition -> the consumer group's committed offset on `topic` (negative: none)."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import AdminClient
-
     admin = AdminClient(client_config(bootstrap) | {"log_level": 4})
     req = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
     res = admin.list_consumer_group_offsets(req)[group].result(60)
@@ -119,7 +145,7 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dic
 
 def audit_pipeline(bootstrap: str, prefix: str, run: RunDir, steps: int, batch: int, *,
                    excuse_dlq: bool = True, client: str = "steadyrl-audit", timeout_s: float = 120.0,
-                   groups: dict[str, str] | None = None) -> dict:
+                   groups: dict[str, str] | None = None) -> dict[str, Any]:
     """The whole exactly-once audit of one finished run under topic `prefix` (see the module doc).
 
     Reads rl.prompts, rl.rollouts, rl.scored and rl.dlq (every committed record) and the stage
@@ -129,10 +155,6 @@ def audit_pipeline(bootstrap: str, prefix: str, run: RunDir, steps: int, batch: 
     (stage, reason, topic, count, an example error), `quarantined`, `stages` (`stage_audit`
     of each) and `scored_groups_by_reward_source`.
     """
-    from steadyrl import codec
-    from steadyrl.bus.kafka import read_topic
-    from steadyrl.contracts import DLQRecord, Prompt, RolloutGroup, ScoredGroup
-
     groups = STAGE_GROUPS | (groups or {})
     topic = {t: f"{prefix}{t}" for t in ("rl.prompts", "rl.rollouts", "rl.scored", "rl.dlq")}
     raw = {t: read_topic(bootstrap, name, client, timeout_s) for t, name in topic.items()}
@@ -146,24 +168,35 @@ def audit_pipeline(bootstrap: str, prefix: str, run: RunDir, steps: int, batch: 
     report = audit_run(run, steps, batch, published=[p.prompt_id for _, p in prompts],
                        excused=(dlq_ids | quarantined) if excuse_dlq else ())
 
-    where = lambda d: (d.stage.split("/")[0], d.reason.value, d.topic.removeprefix(prefix))  # noqa: E731
+    def where(d: DLQRecord) -> tuple[str, str, str]:
+        return d.stage.split("/")[0], d.reason.value, d.topic.removeprefix(prefix)
+
     reasons = Counter(where(d) for d in dlq)
     dlq_list = [{"stage": s, "reason": r, "topic": t, "count": n,
                  "example": next(d.error for d in dlq if where(d) == (s, r, t))[:300]}
                 for (s, r, t), n in sorted(reasons.items())]
 
     dlq_refs = {(d.topic, d.partition, d.offset) for d in dlq}
-    p_key = lambda p: (p.prompt_id, p.created_ms, p.seed)  # noqa: E731  one publish of a prompt
-    g_key = lambda g: (*p_key(g.prompt), g.generated_ms)  # noqa: E731  one rollout group
-    by_off = {(m.topic(), m.partition(), m.offset()): v for m, v in prompts + rollouts}
-    stages = []
-    for name, src, outs, ik, ok_ in (
-            ("rollout", "rl.prompts", rollouts, p_key, lambda g: p_key(g.prompt)),
-            ("reward", "rl.rollouts", scored, g_key, lambda s: g_key(s.group))):
+
+    def p_key(p: Prompt) -> Key:  # one publish of a prompt
+        return p.prompt_id, p.created_ms, p.seed
+
+    def g_key(g: RolloutGroup) -> Key:  # one rollout group
+        return *p_key(g.prompt), g.generated_ms
+
+    prompt_at = {(m.topic(), m.partition(), m.offset()): v for m, v in prompts}
+    group_at = {(m.topic(), m.partition(), m.offset()): v for m, v in rollouts}
+
+    def committed(name: str, src: str) -> dict[int, int]:
         parts = sorted({m.partition() for m in raw[src]}) or list(range(8))
-        committed = committed_offsets(bootstrap, groups[name], topic[src], parts)
-        stages.append(stage_audit(name, raw[src], lambda m, ik=ik: ik(by_off[(m.topic(), m.partition(), m.offset())]),
-                                  [v for _, v in outs], ok_, committed, dlq_refs))
+        return committed_offsets(bootstrap, groups[name], topic[src], parts)
+
+    stages = [
+        stage_audit("rollout", raw["rl.prompts"], lambda m: p_key(prompt_at[_ref(m)]),
+                    [v for _, v in rollouts], lambda g: p_key(g.prompt), committed("rollout", "rl.prompts"), dlq_refs),
+        stage_audit("reward", raw["rl.rollouts"], lambda m: g_key(group_at[_ref(m)]),
+                    [v for _, v in scored], lambda s: g_key(s.group), committed("reward", "rl.rollouts"), dlq_refs),
+    ]
     report["checks"]["rollout_stage_exactly_once"] = stages[0]["ok"]
     report["checks"]["reward_stage_exactly_once"] = stages[1]["ok"]
     report["ok"] = all(report["checks"].values())
@@ -174,7 +207,7 @@ def audit_pipeline(bootstrap: str, prefix: str, run: RunDir, steps: int, batch: 
     return report
 
 
-def explain(report: dict) -> str:
+def explain(report: dict[str, Any]) -> str:
     """The failed checks of a report with their evidence, for an assertion message."""
     failed = [k for k, v in report["checks"].items() if not v]
     if not failed:

@@ -12,12 +12,19 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from steadyrl import codec
 from steadyrl.bus.kafka import client_config
+from steadyrl.contracts import Contract
+
+C = TypeVar("C", bound=Contract)
 
 #: The checkout this package runs from (an editable install): where services are started, so
 #: that `-m steadyrl.services.<name>` and scorer specs such as `tests.helpers:slow_numeric` import.
@@ -29,24 +36,23 @@ def unique_prefix() -> str:
     return f"t{uuid.uuid4().hex[:8]}."
 
 
-def producer(bootstrap: str):
+def producer(bootstrap: str) -> Producer:
     """An idempotent confluent_kafka Producer that takes records up to 16 MiB."""
-    from confluent_kafka import Producer
-
     return Producer(client_config(bootstrap) | {"enable.idempotence": True, "linger.ms": 5,
                      "message.max.bytes": 16 * 1024 * 1024})
 
 
-def produce_all(bootstrap: str, topic: str, records: list[tuple[str | None, bytes | None, list]]) -> None:
+def produce_all(bootstrap: str, topic: str,
+                records: Sequence[tuple[str | None, bytes | None, Sequence[tuple[str, bytes]]]]) -> None:
     """Produce (key, value, headers) records and wait until every one is acknowledged.
 
     Raises:
         AssertionError: a record was not delivered, or not all were within 60 s.
     """
     p = producer(bootstrap)
-    errors = []
+    errors: list[KafkaError] = []
     for key, value, headers in records:
-        p.produce(topic, value, key=key, headers=headers,
+        p.produce(topic, value, key=key, headers=list(headers),
                   on_delivery=lambda err, msg: errors.append(err) if err else None)
         p.poll(0)
     left = p.flush(60)
@@ -54,21 +60,21 @@ def produce_all(bootstrap: str, topic: str, records: list[tuple[str | None, byte
         raise AssertionError(f"{left} records not delivered; errors: {errors}")
 
 
-def read_all(bootstrap: str, topic: str, expect: int, timeout_s: float = 60.0, settle_s: float = 1.5):
+def read_all(bootstrap: str, topic: str, expect: int, timeout_s: float = 60.0,
+             settle_s: float = 1.5) -> list[Message]:
     """Every committed record of `topic` (read_committed, from the start).
 
     Reads until at least `expect` records arrived and then no new one for `settle_s`
     (so duplicates, if any, are caught too). Returns the messages.
     """
-    from confluent_kafka import Consumer, TopicPartition
-
     c = Consumer(client_config(bootstrap) | {"group.id": f"audit-{uuid.uuid4().hex}",
                   "isolation.level": "read_committed", "enable.auto.commit": False,
                   "auto.offset.reset": "earliest", "fetch.max.bytes": 33554432,
                   "max.partition.fetch.bytes": 16777216, "receive.message.max.bytes": 34603008})
     md = c.list_topics(topic, timeout=10).topics[topic]
     c.assign([TopicPartition(topic, p, 0) for p in md.partitions])
-    out, deadline, last_new = [], time.monotonic() + timeout_s, time.monotonic()
+    out: list[Message] = []
+    deadline, last_new = time.monotonic() + timeout_s, time.monotonic()
     try:
         while time.monotonic() < deadline:
             got = [m for m in c.consume(500, timeout=0.2) if m.error() is None]
@@ -82,7 +88,7 @@ def read_all(bootstrap: str, topic: str, expect: int, timeout_s: float = 60.0, s
         c.close()
 
 
-def decode_all(msgs, contract):
+def decode_all(msgs: Iterable[Message], contract: type[C]) -> list[C]:
     """Each message decoded as `contract` (codec.decode: a refused record raises)."""
     return [codec.decode(m.value(), m.headers(), contract) for m in msgs]
 
@@ -106,6 +112,7 @@ class ServiceProc:
         self.proc = subprocess.Popen([python or sys.executable, "-m", f"steadyrl.services.{name}", *args], cwd=REPO,
                                      stdout=subprocess.PIPE, stderr=self._log,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert self.proc.stdout is not None  # stdout=PIPE
         line = self.proc.stdout.readline().decode()
         m = re.match(r"listening (http://\S+)", line)
         if not m:
@@ -114,8 +121,6 @@ class ServiceProc:
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         """The first sample `name` on its /metrics whose labels include `labels`; None if absent."""
-        from prometheus_client.parser import text_string_to_metric_families
-
         text = httpx.get(f"{self.url}/metrics", timeout=5).text
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
@@ -142,7 +147,8 @@ class ServiceProc:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
-        self.proc.stdout.close()
+        if self.proc.stdout is not None:  # always (stdout=PIPE)
+            self.proc.stdout.close()
         self._log.close()
 
     def stop(self, timeout_s: float = 30.0) -> int:
@@ -154,6 +160,7 @@ class ServiceProc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-        self.proc.stdout.close()
+        if self.proc.stdout is not None:  # always (stdout=PIPE)
+            self.proc.stdout.close()
         self._log.close()
         return self.proc.returncode

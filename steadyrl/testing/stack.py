@@ -12,15 +12,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from steadyrl.broker import LocalBroker, fetch
+from steadyrl.cli import SERVICE_PORTS
 from steadyrl.testing.procs import REPO
 from steadyrl.testing.run import RunDir
 
 #: The kinds of service `steadyrl up` runs; an instance is `<kind>-<i>`.
 KINDS = ("reward-server", "actor", "rollout", "reward", "learner")
+
+#: (sample name, its labels) -> value, as parse_metrics reads a /metrics page.
+Metrics = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def kind_of(instance: str) -> str:
@@ -64,18 +70,16 @@ def up_child_pid(up_pid: int, instance: str) -> int | None:
     return None
 
 
-def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
+def parse_metrics(text: str) -> Metrics:
     """Prometheus text -> {(sample name, frozenset(labels)): value}."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = {}
+    out: Metrics = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             out[(s.name, frozenset(s.labels.items()))] = s.value
     return out
 
 
-def log_records(text: str) -> list[tuple[str, dict]]:
+def log_records(text: str) -> list[tuple[str, dict[str, Any]]]:
     """(instance, record) of every JSON log line in up's prefixed output (`name | {json}`), in
     order; other lines (plain text, a line cut short) are skipped."""
     out = []
@@ -90,7 +94,7 @@ def log_records(text: str) -> list[tuple[str, dict]]:
     return out
 
 
-def log_lines(log_path: Path, instance: str, since: float) -> list[dict]:
+def log_lines(log_path: Path, instance: str, since: float) -> list[dict[str, Any]]:
     """JSON log records of `instance` in up's prefixed output (`name | {json}`) with ts >= since."""
     try:
         text = Path(log_path).read_text(errors="replace")
@@ -114,7 +118,7 @@ class Pipeline:
         self.state_dir, self.port_offset, self.config, self.scale = state_dir, port_offset, config, scale
         self.broker = LocalBroker(state_dir / "broker", port=port, controller_port=port + 1)
         self.log_path = state_dir / "up.log"
-        self.up: subprocess.Popen | None = None
+        self.up: subprocess.Popen[bytes] | None = None
         self.http = httpx.Client(timeout=2.0)
         self.instances = [f"{k}-{i}" for k in KINDS for i in range(scale.get(k, 1))]
 
@@ -145,8 +149,6 @@ class Pipeline:
 
     def url(self, instance: str) -> str:
         """http://127.0.0.1:<port> of an instance, as `up` assigns ports."""
-        from steadyrl.cli import SERVICE_PORTS
-
         kind, i = instance.rsplit("-", 1)
         return f"http://127.0.0.1:{SERVICE_PORTS[kind] + self.port_offset + int(i)}"
 
@@ -161,7 +163,7 @@ class Pipeline:
         except httpx.HTTPError:
             return None
 
-    def progress(self) -> dict:
+    def progress(self) -> dict[str, Any]:
         """The learner's /progress ({} when it does not answer)."""
         r = self.get("learner-0", "/progress")
         try:
@@ -169,7 +171,7 @@ class Pipeline:
         except ValueError:
             return {}
 
-    def metrics(self, instance: str) -> dict:
+    def metrics(self, instance: str) -> Metrics:
         """An instance's /metrics as `parse_metrics` gives them ({} when it does not answer)."""
         r = self.get(instance, "/metrics")
         return parse_metrics(r.text) if r is not None and r.status_code == 200 else {}
@@ -179,7 +181,7 @@ class Pipeline:
         r = self.get(instance, "/readyz")
         return r is not None and r.status_code == 200
 
-    def restart_broker(self, sig: str, down_s: float) -> dict:
+    def restart_broker(self, sig: str, down_s: float) -> dict[str, Any]:
         """Stop the broker (SIGKILL, or SIGTERM = a clean shutdown) and start it again on the
         same state dir and port. Returns its timings."""
         pid = self.broker.pid()
@@ -196,7 +198,7 @@ class Pipeline:
         return {"signal": sig, "pid": pid, "t": t0, "stop_s": round(t_down - t0, 2),
                 "down_s": round(t_up - t0, 2), "start_s": round(t_up - t_start, 2), "new_pid": self.broker.pid()}
 
-    def log_lines(self, instance: str, since: float) -> list[dict]:
+    def log_lines(self, instance: str, since: float) -> list[dict[str, Any]]:
         """JSON log records of `instance` in up's output with ts >= since."""
         return log_lines(self.log_path, instance, since)
 
