@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -109,14 +109,15 @@ class TorchGenerator:
     """`transformers.generate` on a causal LM, batched with left padding.
 
     Args:
-        model: a causal LM (its weights are read at each call: training updates show at once).
+        model: a causal LM (its weights are read at each call: training updates show at once),
+            a transformers PreTrainedModel with `generate`.
         tokenizer: with pad and EOS tokens set.
         batch_size: max sequences per generate() call.
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 64):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, batch_size: int = 64):
         self.model, self.tok, self.batch_size = model, tokenizer, batch_size
-        self.eos_ids = {tokenizer.eos_token_id}
+        self.eos_ids: set[int] = {tokenizer.eos_token_id}
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         if gen_eos is not None:
             self.eos_ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
@@ -129,13 +130,13 @@ class TorchGenerator:
         seeds: one per prompt (None entries: params.seed, else a draw from torch's global
         generator). Returns completions[i][j] for prompt i, sample j.
         """
-        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
-        if len(seeds) != len(prompts):
-            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-        seeds = [s if s is not None else params.seed if params.seed is not None
-                 else int(torch.randint(0, 1 << 62, ())) for s in seeds]
+        given = list(seeds) if seeds is not None else [None] * len(prompts)
+        if len(given) != len(prompts):
+            raise ValueError(f"{len(given)} seeds for {len(prompts)} prompts")
+        drawn = [s if s is not None else params.seed if params.seed is not None
+                 else int(torch.randint(0, 1 << 62, ())) for s in given]
         flat = [p for p in prompts for _ in range(params.n)]
-        row_seeds = [sample_seed(s, j) for s in seeds for j in range(params.n)]
+        row_seeds = [sample_seed(s, j) for s in drawn for j in range(params.n)]
         done: list[Completion] = []
         for i in range(0, len(flat), self.batch_size):
             done += self._generate_batch(flat[i:i + self.batch_size], params, row_seeds[i:i + self.batch_size])
@@ -143,7 +144,7 @@ class TorchGenerator:
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
                         row_seeds: list[int]) -> list[Completion]:
-        from transformers import LogitsProcessorList
+        from transformers import LogitsProcessorList  # lazy: heavy (transformers); rl.loop, the vLLM actor import this
 
         device = next(self.model.parameters()).device
         P = max(len(p) for p in prompts)
@@ -154,7 +155,8 @@ class TorchGenerator:
         was_training = self.model.training
         self.model.eval()
         sampler = [] if greedy else [SeededSampler(row_seeds, params.temperature, params.top_p)]
-        out = self.model.generate(
+        lm: Any = self.model  # transformers' generate(), which nn.Module does not declare
+        out = lm.generate(
             input_ids=input_ids, attention_mask=attn, max_new_tokens=params.max_new_tokens,
             do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad,
             logits_processor=LogitsProcessorList(sampler), eos_token_id=sorted(self.eos_ids),
@@ -167,6 +169,7 @@ class TorchGenerator:
         result = []
         for row, lp in zip(new.tolist(), logp.tolist(), strict=True):
             end = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
+            reason: Literal["stop", "length"]
             if end is None:
                 ids, lps, reason, text_ids = row, lp, "length", row
             else:

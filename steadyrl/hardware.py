@@ -22,11 +22,17 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any, Literal, TypeVar
 
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import REGISTRY, Collector
 
 log = logging.getLogger("steadyrl.hardware")
+
+T = TypeVar("T")
 
 
 class HardwareCollector(Collector):
@@ -34,13 +40,13 @@ class HardwareCollector(Collector):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._nvml = None          # the pynvml module once initialised; False: not available
+        self._nvml: ModuleType | Literal[False] | None = None  # pynvml once initialised; False: not available
         self._failed: set[str] = set()  # NVML queries that failed (logged once)
 
-    def _init_nvml(self):
+    def _init_nvml(self) -> ModuleType | Literal[False]:
         if self._nvml is None:
             try:
-                import pynvml
+                import pynvml  # type: ignore[import-untyped]  # lazy: optional (nvidia-ml-py), first scrape only
 
                 pynvml.nvmlInit()
                 self._nvml = pynvml
@@ -49,7 +55,7 @@ class HardwareCollector(Collector):
                 self._nvml = False
         return self._nvml
 
-    def _query(self, fn, *args):
+    def _query(self, fn: Callable[..., T], *args: Any) -> T | None:
         """fn(*args), or None when NVML refuses it (a query unsupported on this device, a device
         lost mid-run); each failing query is logged once, the others keep their series."""
         try:
@@ -60,9 +66,9 @@ class HardwareCollector(Collector):
                 log.warning("NVML query failed", extra={"query": fn.__name__, "error": str(e)})
             return None
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         cores = GaugeMetricFamily("steadyrl_host_cpu_cores", "Cores this process may run on")
-        cores.add_metric([], len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+        cores.add_metric([], len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
         yield cores
         available = GaugeMetricFamily("steadyrl_gpu_available", "1 when NVML found a GPU, else 0")
         families = {

