@@ -20,17 +20,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from steadyrl import policy_files
+from steadyrl import codec, policy_files
+from steadyrl.bus.kafka import consumer_config
+from steadyrl.contracts import PolicyUpdate
+from steadyrl.http import Health
 from steadyrl.policy_files import PolicyRefused
 from steadyrl.services.actor import gate
 from steadyrl.services.actor.config import ActorConfig
 from steadyrl.services.actor.model import ServedModel
 from steadyrl.services.actor.vllm_engine import EngineDead
+from steadyrl.topics import topic_name
 
 log = logging.getLogger("steadyrl.actor")
 
@@ -130,7 +136,7 @@ class ServedVersion:
                 self._cv.notify_all()
 
     @contextmanager
-    def announce_loading(self, run_id: str, version: int):
+    def announce_loading(self, run_id: str, version: int) -> Iterator[None]:
         """`loading` is (run_id, version) while the block runs, None after (also on a raise)."""
         with self._cv:
             self.loading = (run_id, version)
@@ -153,11 +159,6 @@ class PolicyFollower:
     `served` (module doc). Every actor reads every record (assign, no consumer group)."""
 
     def __init__(self, served: ServedVersion, cfg: ActorConfig):
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-        from steadyrl.bus.kafka import consumer_config
-        from steadyrl.topics import topic_name
-
         self.served = served
         self.topic = topic_name("rl.policy", cfg.topic_prefix)
         conf = consumer_config(cfg.bootstrap, f"actor-{cfg.instance_id}", f"actor-{cfg.instance_id}",
@@ -167,18 +168,16 @@ class PolicyFollower:
         self.consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
 
     def _end_offset(self) -> int:
-        from confluent_kafka import TopicPartition
-
         return self.consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=10)[1]
 
-    def run(self, stop: threading.Event, health) -> None:
+    def run(self, stop: threading.Event, health: Health) -> None:
         """Follow until `stop` is set, beating `health`; close the consumer at the end.
 
         Raises:
             EngineDead: the vLLM engine died (the process exits and is restarted).
         """
         end = self._end_offset()
-        seen: list = []   # PolicyUpdate records read while catching up
+        seen: list[PolicyUpdate] = []   # read while catching up
         position = 0
         while not stop.is_set():
             if self.served.model.dead:
@@ -189,7 +188,9 @@ class PolicyFollower:
             if msg is None and self.served.caught_up:
                 self.served.policy_quiet(started)
             if msg is not None and msg.error() is None:
-                position = msg.offset() + 1
+                offset = msg.offset()
+                assert offset is not None, "librdkafka sets it on every record (not on an error event)"
+                position = offset + 1
                 upd = self._decode(msg)
                 if upd is not None:
                     if self.served.caught_up:
@@ -201,11 +202,8 @@ class PolicyFollower:
         self.consumer.close()
 
     @staticmethod
-    def _decode(msg):
+    def _decode(msg: Message) -> PolicyUpdate | None:
         """The record's PolicyUpdate, or None (refused by the codec, counted and logged)."""
-        from steadyrl import codec
-        from steadyrl.contracts import PolicyUpdate
-
         try:
             return codec.decode(msg.value(), msg.headers(), PolicyUpdate)
         except codec.Rejected as rej:
@@ -213,7 +211,7 @@ class PolicyFollower:
             log.warning("policy record refused", extra={"reason": rej.reason.value, "detail": rej.detail})
             return None
 
-    def _catch_up(self, seen: list) -> None:
+    def _catch_up(self, seen: list[PolicyUpdate]) -> None:
         """At the topic's end at start: load the newest run's last record that verifies (earlier
         ones if it is refused), take the served run's mark from every record of it on the topic
         (records before policy_update 1.4 carry none), and mark the actor caught up."""
@@ -226,7 +224,7 @@ class PolicyFollower:
         self.served.caught_up = True
         log.info("policy caught up", extra={"version": self.served.version})
 
-    def _load(self, upd) -> bool:
+    def _load(self, upd: PolicyUpdate) -> bool:
         """Load `upd` (a PolicyUpdate), announced as loading meanwhile. Returns False when it is
         refused (counted by reason, `load_error` for a file that cannot be read or loaded)."""
         try:

@@ -8,7 +8,11 @@ policy versions the follower (follower.py) loads from `rl.policy`, behind the ve
 
 from __future__ import annotations
 
+import threading
+
 from steadyrl.config import load
+from steadyrl.http import Health
+from steadyrl.service import Loop, run_service
 from steadyrl.services.actor.config import ActorConfig
 from steadyrl.services.actor.follower import PolicyFollower, ServedVersion
 from steadyrl.services.actor.model import ServedModel
@@ -19,11 +23,9 @@ def main(argv: list[str]) -> int:
     """Run the actor with the config from `argv` until SIGTERM/SIGINT. Returns the exit status
     (2: a configuration error; 1: the follower failed, e.g. a dead vLLM engine)."""
     cfg = load(ActorConfig, argv, prog="steadyrl-actor")
-    from steadyrl.service import run_service
-
     built: dict[str, Generation] = {}
 
-    def build(health):
+    def build(health: Health) -> Loop:
         model = ServedModel(cfg.actor)
         served = ServedVersion(model, cfg.actor.policy_root)
         built["generation"] = Generation(cfg.actor, model, served)
@@ -32,14 +34,14 @@ def main(argv: list[str]) -> int:
                                             if served.caught_up else "reading rl.policy"))
         follower = PolicyFollower(served, cfg)
 
-        class Loop:
-            def run(self, stop):
+        class FollowerLoop:
+            def run(self, stop: threading.Event) -> None:
                 try:
                     follower.run(stop, health)
                 finally:
                     model.close()
 
-        return Loop()
+        return FollowerLoop()
 
     return run_service("actor", cfg, build, extra_routes=lambda app: add_routes(
         app, cfg.actor, lambda: built.get("generation"), token=cfg.http_token()))

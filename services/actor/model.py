@@ -5,10 +5,28 @@ from __future__ import annotations
 
 import json
 import threading
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import torch
+
+from steadyrl.config import ConfigError
+from steadyrl.generation import TorchGenerator
+from steadyrl.models import (
+    hf_folder,
+    load_policy,
+    load_tokenizer,
+    safetensors_shapes,
+    shapes_mismatch,
+    state_dict_mismatch,
+)
 from steadyrl.services.actor.config import ActorSection
+from steadyrl.services.actor.vllm_engine import VLLMGenerator, VLLMSettings, vllm_available
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class SwapLock:
@@ -25,7 +43,7 @@ class SwapLock:
         self._writer = False
 
     @contextmanager
-    def shared(self):
+    def shared(self) -> Iterator[None]:
         with self._cv:
             self._cv.wait_for(lambda: not self._writer)
             self._running += 1
@@ -37,7 +55,7 @@ class SwapLock:
                 self._cv.notify_all()
 
     @contextmanager
-    def exclusive(self):
+    def exclusive(self) -> Iterator[None]:
         with self._cv:
             self._cv.wait_for(lambda: not self._writer)
             self._writer = True
@@ -72,12 +90,12 @@ class ServedModel:
     def __init__(self, section: ActorSection):
         self.backend = section.backend
         self.swap = SwapLock()
-        self.module = None
+        self.module: torch.nn.Module | None = None
+        self.tok: PreTrainedTokenizerBase
+        self.gen: TorchGenerator | VLLMGenerator
+        self.context: int | None
+        self.serial: AbstractContextManager[object]
         if self.backend == "vllm":
-            from steadyrl.config import ConfigError
-            from steadyrl.models import hf_folder, load_tokenizer, safetensors_shapes
-            from steadyrl.services.actor.vllm_engine import VLLMGenerator, VLLMSettings, vllm_available
-
             ok, why = vllm_available()
             if not ok:
                 raise ConfigError(f"actor.backend vllm: {why}; run the actor from the vLLM virtualenv "
@@ -93,11 +111,9 @@ class ServedModel:
             self.gen = VLLMGenerator(VLLMSettings(model_dir=folder, **section.vllm.model_dump()))
             self.serial = nullcontext()
         else:
-            from steadyrl.generation import TorchGenerator
-            from steadyrl.models import load_policy
-
             self.module, self.tok = load_policy(section.model)
-            self.module.eval()
+            # transformers' PreTrainedModel.eval is untyped; the non-strict check does not flag it
+            self.module.eval()  # type: ignore[no-untyped-call, unused-ignore]
             self.gen = TorchGenerator(self.module, self.tok, batch_size=section.batch_size)
             self.context = getattr(self.module.config, "max_position_embeddings", None)
             self.serial = threading.Lock()
@@ -105,26 +121,25 @@ class ServedModel:
     @property
     def dead(self) -> bool:
         """The vLLM engine died (its processes are gone); never for torch."""
-        return self.backend == "vllm" and self.gen.dead
+        return isinstance(self.gen, VLLMGenerator) and self.gen.dead   # the vllm backend's
 
-    def mismatch(self, state: dict) -> str | None:
+    def mismatch(self, state: dict[str, torch.Tensor]) -> str | None:
         """Why the tensors `state` (name -> tensor) cannot replace the served weights (other
         names or shapes), else None."""
-        from steadyrl.models import shapes_mismatch, state_dict_mismatch
-
         if self.module is not None:
             return state_dict_mismatch(self.module, state)
         return shapes_mismatch(self.shapes, state, self.tied)
 
-    def load_weights(self, state: dict, folder: Path) -> None:
+    def load_weights(self, state: dict[str, torch.Tensor], folder: Path) -> None:
         """Replace the served weights: torch from `state`, vllm from the verified version
         `folder`. The caller holds `swap.exclusive()` and checked `mismatch` first."""
         if self.module is not None:
             self.module.load_state_dict(state, strict=False)
         else:
+            assert isinstance(self.gen, VLLMGenerator)  # no module: the vllm backend
             self.gen.reload(folder)
 
     def close(self) -> None:
         """vllm: stop the engine and its worker processes; torch: nothing."""
-        if self.backend == "vllm":
+        if isinstance(self.gen, VLLMGenerator):   # the vllm backend
             self.gen.close()

@@ -29,11 +29,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
-from fastapi import HTTPException
+from fastapi import FastAPI, HTTPException
 from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, Field, model_validator
 
+from steadyrl.data import PromptRow
+from steadyrl.generation import Completion, SamplingParams
+from steadyrl.http import add_work_route
 from steadyrl.limits import MAX_SAMPLES_PER_PROMPT
 from steadyrl.services.actor import gate
 from steadyrl.services.actor.config import ActorSection
@@ -88,11 +92,9 @@ class Generation:
     def __init__(self, section: ActorSection, model: ServedModel, served: ServedVersion):
         self.section, self.model, self.served = section, model, served
 
-    def __call__(self, req: GenerateRequest) -> dict:
+    def __call__(self, req: GenerateRequest) -> dict[str, Any]:
         """The /generate answer. Raises HTTPException: 422 (a limit, a bad token id, non-finite
         log-probs), 503 or 409 (the version gate), 503 (a dead engine)."""
-        from steadyrl.generation import SamplingParams
-
         ids = self.prompt_ids(req)
         params = SamplingParams(n=req.n, temperature=req.temperature, top_p=req.top_p,
                                 max_new_tokens=req.max_new_tokens, seed=req.seed)
@@ -125,16 +127,17 @@ class Generation:
         if len(req.prompts) * req.n > a.max_sequences:
             refuse("max_sequences", f"{len(req.prompts)} prompts x n={req.n} > max_sequences {a.max_sequences}")
         tok = self.model.tok
-        ids = []
+        ids: list[list[int]] = []
         for i, p in enumerate(req.prompts):
             if p.prompt_ids is not None:
                 if any(t < 0 or t >= len(tok) for t in p.prompt_ids):
                     refuse("token_ids", f"prompt_ids must be in [0, {len(tok)})")
                 ids.append(p.prompt_ids)
             else:
-                from steadyrl.data import PromptRow
-                from steadyrl.rl.loop import encode_prompt
+                # heavy: steadyrl.rl.loop brings the trainer (torch.distributed and all) into the actor
+                from steadyrl.rl.loop import encode_prompt  # lazy: heavy (the trainer); chat prompts only
 
+                assert p.messages is not None  # PromptIn: exactly one of messages and prompt_ids
                 ids.append(encode_prompt(tok, PromptRow(messages=p.messages, ground_truth="")))
             self.check_length(i, len(ids[-1]), req.max_new_tokens)
         return ids
@@ -151,7 +154,7 @@ class Generation:
                               f"(max_position_embeddings)")
 
 
-def check_finite(out: list, temperature: float) -> None:
+def check_finite(out: list[list[Completion]], temperature: float) -> None:
     """422 if any log-prob of the completions `out` is NaN or infinite (JSON has no such number,
     and the learner must not train on it); names how many completions and the first one."""
     bad = [(i, j, next(x for x in c.logprobs if not math.isfinite(x)))
@@ -165,12 +168,11 @@ def check_finite(out: list, temperature: float) -> None:
                              f"the same request fails the same way")
 
 
-def add_routes(app, section: ActorSection, get: Callable[[], Generation | None], token: str | None = None) -> None:
+def add_routes(app: FastAPI, section: ActorSection, get: Callable[[], Generation | None],
+               token: str | None = None) -> None:
     """`POST /generate` on `app`, answered by `get()` once it is built and its policy caught up
     (503 with Retry-After before), with the section's body, time and concurrency limits."""
-    from steadyrl.http import add_work_route
-
-    def generate(req: GenerateRequest) -> dict:
+    def generate(req: GenerateRequest) -> dict[str, Any]:
         work = get()
         if work is None or not work.served.caught_up:
             raise HTTPException(503, "model loading or policy not caught up yet", headers={"Retry-After": "1"})

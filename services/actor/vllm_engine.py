@@ -38,15 +38,19 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Coroutine
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.generation import Completion, SamplingParams, engine_seed
 
 log = logging.getLogger("steadyrl.actor.vllm")
+
+T = TypeVar("T")
 
 
 class VLLMSettings(BaseModel):
@@ -124,7 +128,7 @@ class WorkerExtension:
             return False
         sample_tokens = runner.sample_tokens
 
-        def sample_tokens_keeping_seeds(*args, **kwargs):
+        def sample_tokens_keeping_seeds(*args: Any, **kwargs: Any) -> Any:
             batch = runner.input_batch
             discard = runner.discard_request_mask.np[:batch.num_reqs]
             held = {int(i): batch.generators.pop(int(i)) for i in discard.nonzero()[0]
@@ -153,8 +157,6 @@ def engine_dtype(dtype: str) -> tuple[str, str]:
     """The dtype the engine runs in for the `dtype` setting, and why (for the log)."""
     if dtype != "auto":
         return dtype, "configured"
-    import torch
-
     if torch.cuda.is_available():
         return "bfloat16", "GPU"
     if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
@@ -175,8 +177,9 @@ class VLLMGenerator:
     """
 
     def __init__(self, settings: VLLMSettings):
-        from vllm import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        # vLLM is not installed where mypy runs (only in .venv-vllm): the vllm imports are ignored
+        from vllm import AsyncEngineArgs  # type: ignore[import-not-found]  # lazy: optional (vllm)
+        from vllm.v1.engine.async_llm import AsyncLLM  # type: ignore[import-not-found]  # lazy: optional (vllm)
 
         self.settings = settings
         kv = int(settings.kv_cache_gib * 2**30) if settings.kv_cache_gib else None
@@ -213,9 +216,9 @@ class VLLMGenerator:
         log.info("vllm engine ready", extra={"model": str(settings.model_dir), "dtype": self.dtype,
                                              "seconds": round(time.perf_counter() - t0, 1)})
 
-    def _call(self, coro, timeout: float | None = None):
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run a coroutine on the engine's loop and wait for its result."""
-        fut: Future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
         return fut.result(timeout)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
@@ -228,7 +231,7 @@ class VLLMGenerator:
         seeds = list(seeds) if seeds is not None else [None] * len(prompts)
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-        from vllm.v1.engine.exceptions import EngineDeadError
+        from vllm.v1.engine.exceptions import EngineDeadError  # type: ignore[import-not-found]  # lazy: optional (vllm)
 
         try:
             return self._call(self._generate(prompts, params, seeds))
@@ -240,15 +243,16 @@ class VLLMGenerator:
         """Whether the engine has died (EngineDead)."""
         return bool(self.engine.errored)
 
-    async def _generate(self, prompts, params: SamplingParams, seeds) -> list[list[Completion]]:
+    async def _generate(self, prompts: list[list[int]], params: SamplingParams,
+                        seeds: list[int | None]) -> list[list[Completion]]:
         return list(await asyncio.gather(*(self._one(p, params, s if s is not None else params.seed)
                                            for p, s in zip(prompts, seeds, strict=True))))
 
     async def _one(self, prompt: list[int], params: SamplingParams, seed: int | None) -> list[Completion]:
         """The n completions of one prompt: one engine request (vLLM fans out n samples)."""
-        from vllm import SamplingParams as VLLMSamplingParams
-        from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
+        from vllm import SamplingParams as VLLMSamplingParams  # lazy: optional (vllm), only in its venv
+        from vllm.inputs import TokensPrompt  # type: ignore[import-not-found]  # lazy: optional (vllm)
+        from vllm.sampling_params import RequestOutputKind  # type: ignore[import-not-found]  # lazy: optional (vllm)
 
         # FINAL_ONLY: one output with all n samples (streamed outputs of n > 1 carry only the
         # samples that changed in that step)
@@ -283,7 +287,7 @@ class VLLMGenerator:
             self.thread.join(timeout=10)
 
 
-def request_kwargs(params: SamplingParams, seed: int | None) -> dict:
+def request_kwargs(params: SamplingParams, seed: int | None) -> dict[str, Any]:
     """Keyword arguments of vLLM's `SamplingParams` for one prompt's request (all but
     output_kind, which needs vLLM's import): n samples, temperature, top_p, max_tokens, the
     sampled token's log-prob only (logprobs=0), and the seed reduced as the torch backend
@@ -297,7 +301,7 @@ def request_kwargs(params: SamplingParams, seed: int | None) -> dict:
 def vllm_available() -> tuple[bool, str]:
     """Whether this interpreter can run the vLLM backend, and why not."""
     try:
-        import vllm  # noqa: F401
+        import vllm  # noqa: F401  # lazy: optional (vllm): whether it imports is the question
     except Exception as e:  # noqa: BLE001  ImportError, or a broken install (missing native library)
         return False, f"vllm does not import here ({type(e).__name__}: {e})"
     return True, f"vllm {vllm.__version__} ({os.environ.get('VIRTUAL_ENV', 'this interpreter')})"
