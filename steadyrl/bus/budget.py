@@ -10,10 +10,14 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import Gauge
 
 from steadyrl.bus.records import Meta, RetryLater
+
+if TYPE_CHECKING:
+    from confluent_kafka import TopicPartition
 
 RETRYING = Gauge("steadyrl_stage_retrying_records", "Records failing while their dependency answers (their tries "
                  "count against the budget)", ["stage"])
@@ -74,7 +78,7 @@ class Budgets:
             for key in [k for k in self._budgets if (k[0], k[1]) in tps]:
                 del self._budgets[key]
 
-    def forget_committed(self, offsets: list) -> None:
+    def forget_committed(self, offsets: list[TopicPartition]) -> None:
         """Drop the budgets of records below the committed offsets (TopicPartitions)."""
         nxt = {(tp.topic, tp.partition): tp.offset for tp in offsets}
         with self._lock:

@@ -7,17 +7,22 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from prometheus_client import REGISTRY, Counter
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:  # confluent_kafka is imported where a client is made: steadyrl.config imports this module
+    from confluent_kafka import Consumer, KafkaError
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +64,7 @@ class KafkaAuth(BaseModel):
                                                        "(SASL_SSL; None: the system's).")
 
     @model_validator(mode="after")
-    def _credentials(self) -> "KafkaAuth":
+    def _credentials(self) -> KafkaAuth:
         if self.security_protocol == "PLAINTEXT":
             if self.username is not None or self.password_file is not None:
                 raise ValueError("username/password_file are set but security_protocol is PLAINTEXT "
@@ -79,10 +84,8 @@ class KafkaAuth(BaseModel):
         return self
 
     @classmethod
-    def from_env(cls) -> "KafkaAuth":
+    def from_env(cls) -> KafkaAuth:
         """Read from `STEADYRL_KAFKA__<FIELD>` (upper case) environment variables."""
-        import os
-
         return cls.model_validate({name: os.environ[f"STEADYRL_KAFKA__{name.upper()}"]
                                    for name in cls.model_fields if f"STEADYRL_KAFKA__{name.upper()}" in os.environ})
 
@@ -141,7 +144,7 @@ class KafkaStats(Collector):
         self._latest: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
-    def callback(self, client: str):
+    def callback(self, client: str) -> Callable[[str], None]:
         """A `stats_cb` for one named client."""
 
         def _cb(stats_json: str) -> None:
@@ -166,7 +169,7 @@ class KafkaStats(Collector):
         return sum(1 for b in s.get("brokers", {}).values()
                    if b.get("state") == "UP" and b.get("nodeid", -1) >= 0)
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         lag = GaugeMetricFamily("steadyrl_kafka_consumer_lag", "Consumer lag in messages, per partition",
                                 labels=["client", "topic", "partition"])
         reb = CounterMetricFamily("steadyrl_kafka_rebalances", "Consumer group rebalances", labels=["client"])
@@ -207,8 +210,8 @@ STATS = KafkaStats()
 REGISTRY.register(STATS)
 
 
-def _error_cb(client: str):
-    def _cb(err) -> None:
+def _error_cb(client: str) -> Callable[[KafkaError], None]:
+    def _cb(err: KafkaError) -> None:
         # Broker down/unreachable is transient: librdkafka reconnects by itself.
         log.warning("kafka client error", extra={"client": client, "error": str(err), "fatal": err.fatal()})
 
@@ -339,8 +342,8 @@ def retrying(call: Callable[..., _T], arg: Any, timeout_s: float) -> _T:
     Raises:
         KafkaException: a non-retriable error, or the last retriable one past timeout_s.
     """
-    import tenacity
-    from confluent_kafka import KafkaException
+    import tenacity  # lazy: heavy (tenacity); steadyrl.config imports this module
+    from confluent_kafka import KafkaException  # lazy: heavy (confluent_kafka); steadyrl.config imports this
 
     def retriable(e: BaseException) -> bool:
         return isinstance(e, KafkaException) and e.args[0].retriable()
@@ -353,7 +356,8 @@ def retrying(call: Callable[..., _T], arg: Any, timeout_s: float) -> _T:
     raise AssertionError("unreachable: tenacity returns or raises")
 
 
-def read_ranges(consumer, topic: str, ranges: dict[int, tuple[int, int]], timeout_s: float) -> Iterator[Any]:
+def read_ranges(consumer: Consumer, topic: str, ranges: dict[int, tuple[int, int]],
+                timeout_s: float) -> Iterator[Any]:   # confluent_kafka Messages
     """Every message `consumer` delivers of `topic` with start <= offset < end in its partition,
     for `ranges`: partition -> (start, end) offsets; a partition with start >= end is not read.
 
@@ -367,7 +371,7 @@ def read_ranges(consumer, topic: str, ranges: dict[int, tuple[int, int]], timeou
         RuntimeError: not every partition was read to its end within timeout_s (the message
             names the partitions left and their end offsets).
     """
-    from confluent_kafka import TopicPartition
+    from confluent_kafka import TopicPartition  # lazy: heavy (confluent_kafka); steadyrl.config imports this
 
     ranges = {p: r for p, r in ranges.items() if r[0] < r[1]}
     if ranges:
@@ -382,7 +386,7 @@ def read_ranges(consumer, topic: str, ranges: dict[int, tuple[int, int]], timeou
             if m.error() is not None:
                 continue
             p, off = m.partition(), m.offset()
-            if p in pending and ranges[p][0] <= off < ranges[p][1]:
+            if p in pending and off is not None and ranges[p][0] <= off < ranges[p][1]:
                 yield m
         done = [tp for tp in consumer.position([TopicPartition(topic, p) for p in pending])
                 if tp.offset >= ranges[tp.partition][1]]
@@ -391,7 +395,7 @@ def read_ranges(consumer, topic: str, ranges: dict[int, tuple[int, int]], timeou
             pending -= {tp.partition for tp in done}
 
 
-def read_topic(bootstrap: str, topic: str, client: str, timeout_s: float = 60.0) -> list:
+def read_topic(bootstrap: str, topic: str, client: str, timeout_s: float = 60.0) -> list[Any]:
     """Every committed message of `topic` still kept: each partition from its low watermark to
     the end offset seen at the call (read_committed, see read_ranges), in offset order per
     partition. `client` names the reader (its group id is `client-<random hex>`).
@@ -399,7 +403,7 @@ def read_topic(bootstrap: str, topic: str, client: str, timeout_s: float = 60.0)
     Raises:
         RuntimeError: the topic does not exist, or it was not read to its end within timeout_s.
     """
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition  # lazy: heavy (confluent_kafka); config imports this
 
     c = Consumer(reader_config(bootstrap, client))
     try:

@@ -5,8 +5,8 @@ will produce (`Pending`) and which partitions it holds (`Transformed`)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from steadyrl import codec
 from steadyrl.contracts import Contract, DLQReason

@@ -48,17 +48,21 @@ loop.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeAlias, cast
 
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
 from steadyrl import codec
 from steadyrl.bus.budget import Budgets
-from steadyrl.bus.kafka import MAX_RECORD_BYTES, consumer_config
+from steadyrl.bus.kafka import MAX_RECORD_BYTES, STATS, consumer_config
 from steadyrl.bus.records import (
     DLQ_ERROR_CHARS,
     RECORD_FRAMING_BYTES,
@@ -96,10 +100,13 @@ RENEWALS = Counter("steadyrl_stage_producer_renewals", "Transactional producers 
 #: starts after a wait that brings nothing, or FILL_MAX_S after its first record.
 FILL_WAIT_S = 0.005
 FILL_MAX_S = 0.05
+#: What the handler gives for one record: its outputs, a RetryLater that holds it, or a
+#: codec.Rejected that sends it to rl.dlq.
+Result: TypeAlias = list[Output] | RetryLater | codec.Rejected
 
 
-def fill_batch(consume: Callable[..., list], batch_size: int, first_wait_s: float,
-               fill_wait_s: float, fill_max_s: float) -> list:
+def fill_batch(consume: Callable[..., list[Message]], batch_size: int, first_wait_s: float,
+               fill_wait_s: float, fill_max_s: float) -> list[Message]:
     """Up to `batch_size` records from `consume(n, timeout=seconds)` (a Consumer's `consume`).
 
     Takes what is already fetched, else waits up to `first_wait_s` for a first record; then,
@@ -119,6 +126,14 @@ def fill_batch(consume: Callable[..., list], batch_size: int, first_wait_s: floa
             break
         msgs += more
     return msgs
+
+
+def _where(m: Message) -> tuple[str, int, int]:
+    """(topic, partition, offset) of a consumed record: librdkafka sets all three on every record
+    it delivers (None only on an error event, which `_usable` keeps out of a batch)."""
+    topic, partition, offset = m.topic(), m.partition(), m.offset()
+    assert topic is not None and partition is not None and offset is not None, "an error event, not a record"
+    return topic, partition, offset
 
 
 class Stage:
@@ -158,8 +173,6 @@ class Stage:
                  health: Health | None = None, stats_interval_s: float = 5.0, max_poll_interval_s: float = 300.0,
                  max_record_bytes: int | None = None, pause_after_s: float = 0.5, max_hold_s: float = 900.0,
                  max_attempts: int = 5):
-        from confluent_kafka import Consumer
-
         if (handle is None) == (handle_batch is None):
             raise ValueError("give exactly one of handle or handle_batch")
         self.name, self.handle, self.handle_batch = name, handle, handle_batch
@@ -197,8 +210,6 @@ class Stage:
         return n > 0, f"{n} partitions of {self.input_topic} assigned"
 
     def _check_broker(self) -> tuple[bool, str]:
-        from steadyrl.bus.kafka import STATS
-
         if self.producer.broker_lost:  # statistics freeze meanwhile
             return False, "every broker was lost; the transactional producer is replaced once one answers"
         up = STATS.brokers_up(self._stats_client)
@@ -207,14 +218,14 @@ class Stage:
         return up > 0, f"{up} brokers up"
 
     # ---- rebalance callbacks (run inside poll/consume) ---------------------------------
-    def _on_assign(self, consumer, partitions) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._assigned |= {(p.topic, p.partition) for p in partitions}
         # a budget from an earlier ownership of these partitions is stale
         self.budgets.forget_partitions({(p.topic, p.partition) for p in partitions})
         log.info("partitions assigned", extra={"stage": self.stage_id,
                                                "partitions": sorted(p.partition for p in partitions)})
 
-    def _on_revoke(self, consumer, partitions) -> None:
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         gone = {(p.topic, p.partition) for p in partitions}
         self._assigned -= gone
         self.budgets.forget_partitions(gone)
@@ -253,23 +264,23 @@ class Stage:
         finally:
             self.close()
 
-    def _next_batch(self) -> list:
+    def _next_batch(self) -> list[Message]:
         """The next batch of up to batch_size records (`fill_batch`)."""
         return fill_batch(self.consumer.consume, self.batch_size, self.batch_timeout_s, FILL_WAIT_S, FILL_MAX_S)
 
-    def _take_batch(self) -> list:
+    def _take_batch(self) -> list[Message]:
         """The next batch's usable records of partitions this member still owns: one revoked
         while the batch filled (the rebalance callbacks run inside consume) is another member's
         now, and its records are left to it."""
         return [m for m in self._next_batch() if self._usable(m) and (m.topic(), m.partition()) in self._assigned]
 
-    def _usable(self, m) -> bool:
+    def _usable(self, m: Message) -> bool:
         if m.error() is None:
             return True
         log.warning("consume error", extra={"stage": self.stage_id, "error": str(m.error())})
         return False
 
-    def _process(self, msgs: list) -> None:
+    def _process(self, msgs: list[Message]) -> None:
         self._revoked_during_batch = set()
         t0 = time.monotonic()
         batch = self._transform_while_polling(msgs)
@@ -287,8 +298,8 @@ class Stage:
             self.budgets.forget_committed(offsets)
         if batch.held:
             why = next(iter(batch.held.values())).why
-            RECORDS.labels(self.name, "held").inc(sum(1 for m in msgs
-                                                      if batch.is_held((m.topic(), m.partition()), m.offset())))
+            RECORDS.labels(self.name, "held").inc(sum(1 for t, p, o in map(_where, msgs)
+                                                      if batch.is_held((t, p), o)))
             log.warning("records held", extra={"stage": self.stage_id, "partitions": len(batch.held),
                                                "why": str(why)})
             self._rewind()
@@ -304,25 +315,25 @@ class Stage:
             self.health.beat()
 
     @staticmethod
-    def _offsets_to_commit(msgs: list, batch: Transformed, has_outputs: bool) -> tuple[list, bool]:
+    def _offsets_to_commit(msgs: list[Message], batch: Transformed,
+                           has_outputs: bool) -> tuple[list[TopicPartition], bool]:
         """The next offset of each partition of `msgs` (its last offset + 1; a held partition:
         its first held offset), and whether committing them moves anything (an output, or an
         offset past the batch's first of that partition)."""
-        from confluent_kafka import TopicPartition
-
         first: dict[tuple[str, int], int] = {}
         last: dict[tuple[str, int], int] = {}
         for m in msgs:
-            tp = (m.topic(), m.partition())
-            first[tp] = min(first.get(tp, m.offset()), m.offset())
-            last[tp] = max(last.get(tp, -1), m.offset())
+            topic, partition, offset = _where(m)
+            tp = (topic, partition)
+            first[tp] = min(first.get(tp, offset), offset)
+            last[tp] = max(last.get(tp, -1), offset)
         offsets = [TopicPartition(t, p, batch.held[(t, p)].offset if (t, p) in batch.held else o + 1)
                    for (t, p), o in last.items()]
         progressed = not batch.held or has_outputs or any(tp.offset > first[(tp.topic, tp.partition)]
                                                           for tp in offsets)
         return offsets, progressed
 
-    def _commit_transaction(self, outputs: list[Pending], offsets: list) -> bool:
+    def _commit_transaction(self, outputs: list[Pending], offsets: list[TopicPartition]) -> bool:
         """begin -> produce -> send offsets -> commit; True when committed. An abortable error:
         the producer aborted the transaction, the consumer rewinds and the batch is redone.
         Fatal errors and ProducerWedged are raised (the process exits)."""
@@ -344,21 +355,15 @@ class Stage:
         TXNS.labels(self.name, "committed").inc()
         # The transaction committed the offsets, not this consumer: store them so librdkafka's
         # statistics (consumer_lag_stored -> steadyrl_kafka_consumer_lag) see the progress.
-        try:
+        with contextlib.suppress(Exception):  # a partition revoked meanwhile: its new owner reports its lag
             self.consumer.store_offsets(offsets=offsets)
-        except Exception:  # a partition revoked meanwhile: its new owner reports its lag
-            pass
         LAST_COMMIT.labels(self.name).set(time.time())
         return True
 
-    def _transform_while_polling(self, msgs: list) -> Transformed:
+    def _transform_while_polling(self, msgs: list[Message]) -> Transformed:
         """Run the transform in a worker thread; if it takes longer than `pause_after_s`,
         pause the assignment and keep polling until it is done (max.poll.interval.ms never
         trips). Fast transforms are not paused: pausing drops prefetched records."""
-        from concurrent.futures import TimeoutError as FutureTimeout
-
-        from confluent_kafka import TopicPartition
-
         self._busy = True
         BUSY.labels(self.name).set(1)
         fut = self._pool.submit(self._transform, msgs)
@@ -390,13 +395,13 @@ class Stage:
             if paused:
                 self.consumer.resume(self.consumer.assignment())
 
-    def _transform(self, msgs: list) -> Transformed:
+    def _transform(self, msgs: list[Message]) -> Transformed:
         """Decode, call the handler (alone for records whose budget says so), and collect the
         encoded outputs and DLQ records (as Pending) and the held records."""
         batch = Transformed()
-        accepted: list[tuple[Contract, Meta, Any]] = []  # (value, meta, the message)
+        accepted: list[tuple[Contract, Meta, Message]] = []  # (value, meta, the message)
         for m in msgs:
-            meta = Meta(m.topic(), m.partition(), m.offset(), m.key(), m.timestamp()[1])
+            meta = Meta(*_where(m), m.key(), m.timestamp()[1])
             try:
                 accepted.append((codec.decode(m.value(), m.headers(), self.input_contract, self.max_bytes), meta, m))
             except codec.Rejected as rej:
@@ -407,7 +412,7 @@ class Stage:
         now = time.monotonic()
         if any(not isinstance(r, RetryLater) for r in results):
             self.budgets.done_s = now  # the dependency answers: the evidence a spent budget needs
-        for (_, meta, m), res, solo in zip(accepted, results, alone):
+        for (_, meta, m), res, solo in zip(accepted, results, alone, strict=True):
             tp = (meta.topic, meta.partition)
             if isinstance(res, RetryLater):
                 spent = self.budgets.count(meta, res, solo, now)
@@ -421,19 +426,19 @@ class Stage:
                         codec.header_value(m.headers())), meta, m.value()))
                 continue
             self.budgets.forget((meta.topic, meta.partition, meta.offset))
-            if not isinstance(res, codec.Rejected):  # outputs: encoded and checked here, before produce
-                res = self._encode(res, tp, meta.offset)
-            if isinstance(res, codec.Rejected):  # refused (a data gate), the handler raised, or an output cannot go out
-                if res.schema_header is None:
-                    res.schema_header = codec.header_value(m.headers())
-                batch.pending.append(self._dlq(res, meta, m.value()))
+            # outputs: encoded and checked here, before produce
+            out = res if isinstance(res, codec.Rejected) else self._encode(res, tp, meta.offset)
+            if isinstance(out, codec.Rejected):  # refused (a data gate), the handler raised, or an output cannot go out
+                if out.schema_header is None:
+                    out.schema_header = codec.header_value(m.headers())
+                batch.pending.append(self._dlq(out, meta, m.value()))
             else:
                 RECORDS.labels(self.name, "ok").inc()
-                batch.pending.extend(res)
+                batch.pending.extend(out)
         self.budgets.show(now)
         return batch
 
-    def _handler_results(self, accepted: list[tuple[Contract, Meta, Any]]) -> tuple[list, list[bool]]:
+    def _handler_results(self, accepted: list[tuple[Contract, Meta, Message]]) -> tuple[list[Result], list[bool]]:
         """The handler's result for each accepted record, and whether it was tried alone. Records
         whose budget says so (an own failure, or spent) get a call of their own after the
         others' call; once a call finds the dependency down (a RetryLater that does not count)
@@ -441,22 +446,23 @@ class Stage:
         now = time.monotonic()
         budgets = [self.budgets.get((meta.topic, meta.partition, meta.offset)) for _, meta, _ in accepted]
         alone = [b is not None and (b.alone or self.budgets.spent(b, now)) for b in budgets]
-        results: list = [None] * len(accepted)
+        results: list[Result | None] = [None] * len(accepted)
         together = [i for i, solo in enumerate(alone) if not solo]
         down: RetryLater | None = None
         if together:
             got = self._results([accepted[i] for i in together])
-            for i, r in zip(together, got):
+            for i, r in zip(together, got, strict=True):
                 results[i] = r
             if all(isinstance(r, RetryLater) and not r.counts for r in got):
-                down = got[0]
+                down = cast(RetryLater, got[0])   # as every one of them is
         for i in (i for i, solo in enumerate(alone) if solo):
-            results[i] = down if down is not None else self._results([accepted[i]])[0]
-            if isinstance(results[i], RetryLater) and not results[i].counts:
-                down = results[i]
-        return results, alone
+            result = down if down is not None else self._results([accepted[i]])[0]
+            results[i] = result
+            if isinstance(result, RetryLater) and not result.counts:
+                down = result
+        return cast(list[Result], results), alone   # every one set: the call together's, then each alone
 
-    def _results(self, items: list[tuple[Contract, Meta, Any]]) -> list:
+    def _results(self, items: list[tuple[Contract, Meta, Message]]) -> list[Result]:
         """The handler's result for each record of one call: outputs, a codec.Rejected or a
         RetryLater (one raised holds every record of the call). A handler that raises anything
         else is called again for each record alone, so only the failing one goes to the DLQ."""
@@ -470,14 +476,14 @@ class Stage:
             log.exception("handler failed", extra={"stage": self.stage_id, "offset": items[0][1].offset})
             return [codec.Rejected(DLQReason.handler_error, f"{type(e).__name__}: {e}")]
 
-    def _call(self, items: list[tuple[Contract, Meta]]) -> list:
+    def _call(self, items: list[tuple[Contract, Meta]]) -> list[Result]:
         if self.handle_batch is not None:
             results = self.handle_batch(items)
             if len(results) != len(items):
                 raise RuntimeError(f"batch handler returned {len(results)} results for {len(items)} records")
             return results
         assert self.handle is not None
-        out: list = []
+        out: list[Result] = []
         for v, meta in items:
             try:
                 out.append(self.handle(v, meta))
@@ -495,7 +501,7 @@ class Stage:
         for o in outputs:
             try:
                 value, headers = codec.encode(o.value)
-            except Exception as e:  # a non-finite number (the codec refuses it), not a contract, ...
+            except Exception as e:  # noqa: BLE001 - a non-finite number (the codec refuses it), not a contract, ...
                 return codec.Rejected(refusal_reason(str(e)), f"an output to {o.topic} cannot be encoded: "
                                                               f"{type(e).__name__}: {e}")
             limit = self._output_limits.get(o.topic, MAX_RECORD_BYTES)
@@ -529,8 +535,6 @@ class Stage:
             return
         for tp in self.consumer.committed(assignment, timeout=30):
             if tp.offset < 0:  # nothing committed yet: start of the log (auto.offset.reset=earliest)
-                from confluent_kafka import OFFSET_BEGINNING
-
                 tp.offset = OFFSET_BEGINNING
             self.consumer.seek(tp)
 
@@ -542,6 +546,6 @@ class Stage:
         self.producer.close()
         try:
             self.consumer.close()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - close() never raises: the failure is logged
             log.warning("consumer close failed", extra={"stage": self.stage_id, "error": str(e)})
         log.info("stage stopped", extra={"stage": self.stage_id})

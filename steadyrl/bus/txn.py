@@ -52,13 +52,15 @@ A one-off writer (steadyrl replay --to-topic, steadyrl quarantine release):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from steadyrl.bus.kafka import TXN_TIMEOUT_S, producer_config
 
@@ -129,21 +131,19 @@ class TransactionalProducer:
         """True between begin_transaction and its commit or abort."""
         return self._in_txn
 
-    def _new_producer(self):
+    def _new_producer(self) -> Producer:
         """A producer of `_config` whose error_cb flags a loss of every broker, as long as it is
         the current one."""
-        from confluent_kafka import Producer
-
         self._generation += 1
         generation, log_error = self._generation, self._config["error_cb"]
 
-        def error_cb(err) -> None:
+        def error_cb(err: KafkaError) -> None:
             log_error(err)
             self._on_error(err, generation)
 
         return Producer({**self._config, "error_cb": error_cb})
 
-    def _on_error(self, err, generation: int) -> None:
+    def _on_error(self, err: KafkaError, generation: int) -> None:
         if err.code() == KafkaError._ALL_BROKERS_DOWN and generation == self._generation:
             self._broker_lost.set()
 
@@ -173,7 +173,7 @@ class TransactionalProducer:
 
     def produce(self, topic: str, value: bytes | None, key: str | bytes | None = None,
                 headers: list[tuple[str, bytes]] | None = None, *, timestamp_ms: int | None = None,
-                on_delivery: Callable | None = None) -> None:
+                on_delivery: Callable[[KafkaError | None, Message], None] | None = None) -> None:
         """Queue one record in the open transaction (`timestamp_ms`: its own create time; None:
         now). A full local queue is drained (poll) and the record queued again.
 
@@ -190,7 +190,7 @@ class TransactionalProducer:
             except BufferError:  # local queue full: serve delivery reports, then retry
                 self._producer.poll(0.1)
 
-    def send_offsets_to_transaction(self, offsets: list, group_metadata: Any) -> None:
+    def send_offsets_to_transaction(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
         """Add a consumer's next offsets (`TopicPartition`s: last offset + 1) to the transaction,
         with a deadline librdkafka itself does not keep (#5456).
 
@@ -250,7 +250,7 @@ class TransactionalProducer:
             if self._in_txn and not self._wedged:
                 try:
                     self.abort_transaction()
-                except Exception as e:  # fatal (fenced): the successor or the broker aborts it
+                except Exception as e:  # noqa: BLE001 - fatal (fenced): the successor or the broker aborts it
                     log.warning("abort failed", extra={"producer": self.client, "error": str(e)})
             raise
 
@@ -275,12 +275,10 @@ class TransactionalProducer:
                                       time.monotonic(), time.monotonic() + timeout_s + self.grace_s)
                 self._in_txn = False
                 log.info("open transaction aborted on close", extra={"producer": self.client})
-            except Exception as e:  # fatal (fenced), or wedged: the successor or the broker aborts it
+            except Exception as e:  # noqa: BLE001 - fatal (fenced), or wedged: the successor or the broker aborts it
                 log.warning("abort on close failed", extra={"producer": self.client, "error": str(e)})
-        try:
+        with contextlib.suppress(Exception):  # close() never raises: what is left, is left
             self._producer.flush(timeout_s)
-        except Exception:
-            pass
 
     # ---- renewal ---------------------------------------------------------------------------
     def broker_answers(self, timeout_s: float = 1.0) -> bool:
@@ -345,13 +343,13 @@ class TransactionalProducer:
         """Run `fn` in a daemon thread until it returns, polling and beating meanwhile; returns
         the deadline (shortened to `grace_s` after a broker answers again following a loss of
         every broker). Raises what `fn` raised, or ProducerWedged past the deadline."""
-        box: dict = {}
+        box: dict[str, BaseException] = {}
         done = threading.Event()
 
         def call() -> None:
             try:
                 fn()
-            except BaseException as e:  # handed to the calling thread below
+            except BaseException as e:  # noqa: BLE001 - handed to the calling thread below, re-raised there
                 box["error"] = e
             finally:
                 done.set()
