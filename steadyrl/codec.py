@@ -99,7 +99,7 @@ def _non_finite_literal(value: bytes) -> str | None:
         return str(strict).replace("expected value", "").replace("invalid number", "").strip()
 
 
-def _path(parts: list) -> str:
+def _path(parts: list[int | str]) -> str:
     out = ""
     for p in parts:
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
@@ -138,7 +138,7 @@ def _scan(root: Any, max_depth: int | None) -> str | None:
 
 def _locate(root: Any, problem: str, max_depth: int | None) -> str:
     """The path (`samples[0].logprobs[3] = nan`) of the first `problem` _scan reported."""
-    stack: list[tuple[Any, int, tuple]] = [(root, 1, ())]
+    stack: list[tuple[Any, int, tuple[int | str, ...]]] = [(root, 1, ())]
     while stack:
         o, d, path = stack.pop()
         if isinstance(o, float):

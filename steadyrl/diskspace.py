@@ -17,6 +17,7 @@ when the write went through, and waits with exponential backoff (tenacity; 0.5 s
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -24,8 +25,9 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from prometheus_client import Counter, Gauge
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
@@ -237,9 +239,7 @@ def tree_bytes(path: Path) -> int:
     total = 0
     for dirpath, _, files in os.walk(path):
         for f in files:
-            try:
+            with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, f)).st_size
-            except OSError:
-                pass
     return total
 

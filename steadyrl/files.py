@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 def sha256_files(paths: list[Path | str]) -> str:
@@ -60,7 +61,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def read_step_lines(path: Path) -> tuple[list[dict], int]:
+def read_step_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
     """The rows of an append-only per-step JSON-lines log (the learner's consumed.jsonl and
     history.jsonl: each row has a "step"), in file order, and the file's line count ([], 0
     without the file). A line cut short by a crash mid-append is skipped: the learner saves
@@ -78,7 +79,7 @@ def read_step_lines(path: Path) -> tuple[list[dict], int]:
     return rows, len(lines)
 
 
-def append_line(path: Path, row: dict) -> None:
+def append_line(path: Path, row: dict[str, Any]) -> None:
     """Append `row` as one JSON line to `path`, fsynced (a record a person or an audit reads)."""
     append_lines(path, [json.dumps(row)])
 

@@ -66,7 +66,8 @@ def parse_cpus(text: str) -> frozenset[int]:
 
 def format_cpus(cpus: frozenset[int] | set[int]) -> str:
     """The shortest Linux CPU list of `cpus` ({0, 1, 2, 5} -> `0-2,5`)."""
-    out, run = [], []
+    out: list[str] = []
+    run: list[int] = []
     for c in sorted(cpus):
         if run and c == run[-1] + 1:
             run.append(c)

@@ -39,7 +39,15 @@ import random
 import re
 import shutil
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from steadyrl.config import ConfigError
+from steadyrl.files import fsync_dir, sha256_file, write_atomic
+
+if TYPE_CHECKING:  # torch is imported only where tensors are read or written (below)
+    import torch
 
 INDEX = "model.safetensors.index.json"
 #: the learner's run ids (`new_run_id`: a UTC second, then 16 random bits); a later run's id
@@ -71,19 +79,15 @@ def new_run_id(*places: Path, now: float | None = None) -> str:
     Raises ConfigError (exit 2) when a present name matches RUN_ID but holds no date
     (`r20261399T...`) or the last second of year 9999: no id can sort after it.
     """
-    from datetime import datetime, timedelta, timezone
-
     t = time.time() if now is None else now
-    clock = datetime.fromtimestamp(int(t // 1), timezone.utc)
+    clock = datetime.fromtimestamp(int(t // 1), UTC)
     newest = max((p.name for place in places if place.is_dir() for p in place.iterdir()
                   if RUN_ID.fullmatch(p.name)), default="")
     stamp = clock
     if newest and newest >= clock.strftime(_RUN_TIME):
         try:
-            stamp = datetime.strptime(newest[:16], _RUN_TIME).replace(tzinfo=timezone.utc) + timedelta(seconds=1)
+            stamp = datetime.strptime(newest[:16], _RUN_TIME).replace(tzinfo=UTC) + timedelta(seconds=1)
         except (ValueError, OverflowError) as e:
-            from steadyrl.config import ConfigError
-
             where = [str(place / newest) for place in places if (place / newest).exists()]
             raise ConfigError(f"a new learner run cannot sort after {where[0]}: its name is not a start "
                               f"time ({e}); rename or remove it") from None
@@ -107,7 +111,7 @@ def version_dir(run_id: str, version: int) -> Path:
     return Path(run_id) / f"v{version:06d}"
 
 
-def write_version(root: Path, rel: Path, tensors: dict) -> str:
+def write_version(root: Path, rel: Path, tensors: dict[str, torch.Tensor]) -> str:
     """Write `tensors` (name -> CPU torch.Tensor, no shared storage) as the version folder
     `root/rel`; returns the sha256 of its index (what `rl.policy` announces).
 
@@ -117,8 +121,7 @@ def write_version(root: Path, rel: Path, tensors: dict) -> str:
     keeps the folder; other bytes replace it. Raises OSError when the disk refuses (ENOSPC...),
     having removed its temporary and left any version already there as it was.
     """
-    from steadyrl.checkpoint import write_safetensors
-    from steadyrl.files import fsync_dir, sha256_file
+    from steadyrl.checkpoint import write_safetensors  # lazy: heavy (torch, via checkpoint); the learner only
 
     final = root / rel
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
@@ -128,7 +131,7 @@ def write_version(root: Path, rel: Path, tensors: dict) -> str:
         shard = "model-00001-of-00001.safetensors"
         written = write_safetensors(tmp / shard, tensors)  # fsynced, hashed on the way
         index = {"metadata": {"total_size": written["size"], "sha256": {shard: written["sha256"]}},
-                 "weight_map": {name: shard for name in tensors}}
+                 "weight_map": dict.fromkeys(tensors, shard)}
         text = (json.dumps(index, indent=1, sort_keys=True) + "\n").encode()
         with open(tmp / INDEX, "wb") as f:
             f.write(text)
@@ -198,13 +201,11 @@ def check_run(root: Path, uri: str, run_id: str, version: int) -> Path:
     return path
 
 
-def read_version(root: Path, uri: str, sha256: str) -> dict:
+def read_version(root: Path, uri: str, sha256: str) -> dict[str, torch.Tensor]:
     """The tensors (name -> torch.Tensor) of the version `uri`, every byte checked against
     `sha256` (the index's, or a legacy file's). Raises PolicyRefused (see resolve;
     sha256_mismatch, bad_index)."""
-    from safetensors.torch import load_file
-
-    from steadyrl.files import sha256_file
+    from safetensors.torch import load_file  # lazy: heavy (torch, via safetensors.torch), a reader's path only
 
     path = resolve(root, uri)
     head = path / INDEX if path.is_dir() else path
@@ -221,7 +222,7 @@ def read_version(root: Path, uri: str, sha256: str) -> dict:
         raise PolicyRefused("bad_index", f"{head}: {e!r}") from None
     if files - set(shards) or any(Path(f).name != f for f in shards):
         raise PolicyRefused("bad_index", f"{head}: every shard must be a file of the folder with a sha256")
-    tensors: dict = {}
+    tensors: dict[str, torch.Tensor] = {}
     for shard, want in sorted(shards.items()):
         got = sha256_file(path / shard)
         if got != want:
@@ -269,8 +270,6 @@ def raise_high_water(root: Path, run_id: str, version: int) -> int:
         recorded = -1
     mark = max([recorded, version, *_versions(run_dir)])
     if mark != recorded:
-        from steadyrl.files import write_atomic
-
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(path, f"{mark}\n")   # fsynced: the folders it stands for are about to go
     return mark

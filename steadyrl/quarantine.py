@@ -35,7 +35,11 @@ import hashlib
 import socket
 from dataclasses import dataclass, field
 
+from confluent_kafka import Message
+
 from steadyrl import codec
+from steadyrl.bus.kafka import read_topic
+from steadyrl.bus.txn import TransactionalProducer
 from steadyrl.contracts import QuarantineAction, QuarantineDecision, QuarantinedGroup
 
 RELEASE_HEADER = "steadyrl-release"
@@ -82,15 +86,13 @@ def read_quarantine(bootstrap: str, prefix: str = "", timeout_s: float = 60.0) -
     are skipped. Raises RuntimeError when the topic is missing or cannot be read to its end
     within timeout_s.
     """
-    from steadyrl.bus.kafka import read_topic
-
     entries: dict[str, Entry] = {}
     for m in read_topic(bootstrap, f"{prefix}rl.quarantine", "quarantine-cli", timeout_s):
         _add(entries, m)
     return entries
 
 
-def _add(entries: dict[str, Entry], m) -> None:
+def _add(entries: dict[str, Entry], m: Message) -> None:
     name = codec.header_value(m.headers()) or ""
     try:
         if name.startswith(QuarantinedGroup.SCHEMA_NAME + "/"):
@@ -118,8 +120,6 @@ def decide(bootstrap: str, batch: str, action: QuarantineAction, note: str = "",
     broker error (e.g. fenced by another decision on the same batch; TransactionAborted, a
     KafkaException, when the transaction failed and was aborted).
     """
-    from steadyrl.bus.txn import TransactionalProducer
-
     p = TransactionalProducer(bootstrap, "quarantine-cli", f"quarantine-{batch}")
     try:
         p.init_transactions()  # fences any other decider of this batch; read after it

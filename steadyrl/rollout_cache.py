@@ -26,7 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]  # no stubs published
+
+from steadyrl import diskspace
+from steadyrl.contracts import ScoredGroup
+from steadyrl.files import replacing
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +49,7 @@ class CacheSchemaError(Exception):
     """A cache file written with another schema major version (message: expected vs got)."""
 
 
-def rows_of(scored, step: int) -> list[dict[str, Any]]:
+def rows_of(scored: ScoredGroup, step: int) -> list[dict[str, Any]]:
     """One row per sample of a ScoredGroup trained at `step`."""
     g, p = scored.group, scored.group.prompt
     user = next((m.content for m in reversed(p.messages) if m.role == "user"), "")
@@ -53,7 +57,7 @@ def rows_of(scored, step: int) -> list[dict[str, Any]]:
              "sample": j, "reward": float(r), "reward_source": scored.reward_source.value, "scorer": scored.scorer,
              "response": s.text, "token_ids": s.token_ids, "prompt": user, "ground_truth": p.ground_truth or "",
              "data_source": p.data_source, "scored_ms": scored.scored_ms}
-            for j, (s, r) in enumerate(zip(g.samples, scored.rewards))]
+            for j, (s, r) in enumerate(zip(g.samples, scored.rewards, strict=True))]
 
 
 def check_schema(root: Path) -> None:
@@ -115,7 +119,7 @@ class RolloutCache:
     def truncate_after(self, step: int) -> int:
         """Drop rows of steps after `step` (a learner resumed from an earlier checkpoint trains
         them again). Rewrites only the parts that hold such rows; returns rows dropped."""
-        import pyarrow.compute as pc
+        import pyarrow.compute as pc  # type: ignore[import-untyped]  # lazy: heavy (pyarrow.compute, ~100 ms); no stubs
 
         dropped = 0
         for f in sorted(self.root.rglob("*.arrow")):
@@ -135,8 +139,6 @@ class RolloutCache:
         `rollout_cache`)."""
         if not self._batches:
             return
-        from steadyrl import diskspace
-
         folder = self.root / (self._hour or time.strftime("%Y-%m-%d/%H", time.gmtime()))
         n = max((_number(p) for p in self.root.rglob("part-*.arrow")), default=0) + 1
         path = folder / f"part-{n:06d}.arrow"
@@ -187,8 +189,6 @@ def _number(p: Path) -> int:
 def _write_part(path: Path, batches: list[pa.RecordBatch]) -> None:
     """`batches` as the Arrow IPC file `path`, fsynced and renamed into place
     (steadyrl.files.replacing: on an error `path` is left as it was)."""
-    from steadyrl.files import replacing
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with replacing(path, Path(str(path) + ".tmp")) as tmp:  # *.arrow.tmp: removed on open after a crash
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as w:

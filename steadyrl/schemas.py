@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from steadyrl.assets import asset_dir
 from steadyrl.contracts import ALL_CONTRACTS, Contract
@@ -17,7 +18,7 @@ def schema_path(c: type[Contract]) -> Path:
     return SCHEMA_DIR / f"{c.SCHEMA_NAME}.v{c.major()}.schema.json"
 
 
-def json_schema(c: type[Contract]) -> dict:
+def json_schema(c: type[Contract]) -> dict[str, Any]:
     """The model's JSON Schema with `$id` and `x-schema-version` (the full MAJOR.MINOR)."""
     s = c.model_json_schema()
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": c.schema_header(),

@@ -16,7 +16,11 @@ import logging
 import signal
 import sys
 import threading
-from typing import Callable, Protocol
+from collections.abc import Callable
+from types import FrameType
+from typing import Protocol
+
+from fastapi import FastAPI
 
 from steadyrl import hardware, logs, placement
 from steadyrl.bus import kafka
@@ -31,7 +35,7 @@ class Loop(Protocol):
 
 
 def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
-                extra_routes: Callable | None = None) -> int:
+                extra_routes: Callable[[FastAPI], object] | None = None) -> int:
     """Run one service process until SIGTERM/SIGINT. Returns the exit status."""
     logs.setup(name, cfg.log_level, cfg.log_format)
 
@@ -54,7 +58,7 @@ def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
     print(f"listening {server.url}", flush=True)  # noqa: T201  the port, for whoever started it (tests, up)
     stop = threading.Event()
 
-    def _on_signal(signum, frame):
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("stop requested", extra={"signal": signal.Signals(signum).name})
         stop.set()
 

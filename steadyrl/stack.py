@@ -70,10 +70,11 @@ class StackSettings(BaseSettings):
     yaml_file: ClassVar[Path | None] = None  # set by load_stack on a subclass; read by the source hook
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings: PydanticBaseSettingsSource,
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
                                    env_settings: PydanticBaseSettingsSource,
                                    dotenv_settings: PydanticBaseSettingsSource,
-                                   file_secret_settings: PydanticBaseSettingsSource):
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources = [init_settings, env_settings]
         if cls.yaml_file is not None:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=cls.yaml_file))

@@ -6,12 +6,16 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, Field
 
 from steadyrl.assets import asset_dir
 from steadyrl.bus.kafka import client_config
+
+if TYPE_CHECKING:
+    from steadyrl.http import Health
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +68,9 @@ def create_topics(bootstrap: str, prefix: str = "", timeout_s: float = 30.0, rep
     1 <= min_insync_replicas <= replication_factor, confluent_kafka.KafkaException on any other
     broker error (e.g. fewer brokers than replication_factor).
     """
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+    from confluent_kafka import KafkaError, KafkaException  # lazy: heavy (confluent_kafka); the CLI imports this
+    from confluent_kafka.admin import AdminClient  # lazy: heavy (confluent_kafka)
+    from confluent_kafka.cimpl import NewPartitions, NewTopic  # lazy: heavy (confluent_kafka); where they are exported
 
     if not 1 <= min_insync_replicas <= replication_factor:
         raise ValueError(f"min_insync_replicas {min_insync_replicas} must be between 1 and replication_factor "
@@ -108,10 +113,10 @@ def create_topics(bootstrap: str, prefix: str = "", timeout_s: float = 30.0, rep
     return result
 
 
-def list_topics(bootstrap: str, prefix: str = "", timeout_s: float = 10.0) -> list[dict]:
+def list_topics(bootstrap: str, prefix: str = "", timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """Catalogue topics as they exist on the broker: name, partitions, present, replication
     (the fewest copies of any partition; 0 when absent)."""
-    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.admin import AdminClient  # lazy: heavy (confluent_kafka); the CLI imports this
 
     md = AdminClient(client_config(bootstrap) | {"log_level": 4}).list_topics(timeout=timeout_s)
     rows = []
@@ -124,15 +129,15 @@ def list_topics(bootstrap: str, prefix: str = "", timeout_s: float = 10.0) -> li
     return rows
 
 
-def topic_id(bootstrap: str, topic: str, health=None, timeout_s: float = 300.0) -> str:
+def topic_id(bootstrap: str, topic: str, health: Health | None = None, timeout_s: float = 300.0) -> str:
     """The topic id (KIP-516: a UUID the broker gives a topic when it is created) of `topic`.
 
     Waits while the broker cannot be reached or the topic is not there yet (compose and
     Kubernetes may start the learner first), beating `health` and logging each try. Raises
     RuntimeError past timeout_s.
     """
-    from confluent_kafka import KafkaException, TopicCollection
-    from confluent_kafka.admin import AdminClient
+    from confluent_kafka import KafkaException, TopicCollection  # lazy: heavy (confluent_kafka); the CLI imports this
+    from confluent_kafka.admin import AdminClient  # lazy: heavy (confluent_kafka)
 
     admin = AdminClient(client_config(bootstrap) | {"log_level": 0})
     deadline = time.monotonic() + timeout_s
