@@ -70,7 +70,7 @@ def arm_loop(lc: dict, min_seconds: float) -> dict:
                          train=TrainConfig(**lc["train"]))
         ends: list[float] = []
         t_loop = time.time()
-        hist = run_loop(model, tok, rows, cfg, on_step=lambda s, m: ends.append(time.time()))
+        hist = run_loop(model, tok, rows, cfg, on_step=lambda s, m, ends=ends: ends.append(time.time()))
         t_end = time.time()
         runs.append({
             "setup_s": t_loop - t0, "loop_s": t_end - t_loop, "step_end": ends, "t_start": t_loop,
@@ -93,18 +93,18 @@ def trl_settings(lc: dict) -> dict:
     steadyrl's autocast covers only the update."""
     tc = lc["train"]
     B, G = lc["prompts_per_step"], lc["group_size"]
-    return dict(
-        output_dir="unused", max_steps=lc["steps"], seed=lc.get("seed", 0),
-        per_device_train_batch_size=B * G, gradient_accumulation_steps=1, steps_per_generation=1,
-        num_generations=G, num_iterations=1, max_completion_length=lc["max_new_tokens"],
-        temperature=tc.get("temperature", 1.0), top_p=lc.get("top_p", 1.0), top_k=0,
-        learning_rate=tc["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, optim="adamw_torch",
-        beta=0.0, epsilon=0.2, epsilon_high=0.2, loss_type="dapo", scale_rewards="group",
-        use_vllm=False, use_cpu=True, bf16=tc.get("autocast", "off") == "bf16", fp16=False,
-        report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
-        log_completions=False, dataloader_num_workers=0, shuffle_dataset=True, remove_unused_columns=False,
-    )
+    return {
+        "output_dir": "unused", "max_steps": lc["steps"], "seed": lc.get("seed", 0),
+        "per_device_train_batch_size": B * G, "gradient_accumulation_steps": 1, "steps_per_generation": 1,
+        "num_generations": G, "num_iterations": 1, "max_completion_length": lc["max_new_tokens"],
+        "temperature": tc.get("temperature", 1.0), "top_p": lc.get("top_p", 1.0), "top_k": 0,
+        "learning_rate": tc["lr"], "lr_scheduler_type": "constant", "warmup_steps": 0, "weight_decay": 0.0,
+        "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0, "optim": "adamw_torch",
+        "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.2, "loss_type": "dapo", "scale_rewards": "group",
+        "use_vllm": False, "use_cpu": True, "bf16": tc.get("autocast", "off") == "bf16", "fp16": False,
+        "report_to": "none", "save_strategy": "no", "logging_strategy": "no", "disable_tqdm": True,
+        "log_completions": False, "dataloader_num_workers": 0, "shuffle_dataset": True, "remove_unused_columns": False,
+    }
 
 
 def arm_trl(lc: dict, min_seconds: float) -> dict:
@@ -128,7 +128,7 @@ def arm_trl(lc: dict, min_seconds: float) -> dict:
     # the same token ids as the loop's chat encoding (the tiny tokenizer adds no BOS)
     assert tok0(prompts[0])["input_ids"] == encode_prompt(tok0, rows[0]), (prompts[0], tok0(prompts[0]))
     data = Dataset.from_list([{"prompt": p, "ground_truth": r.ground_truth, "data_source": r.data_source}
-                              for p, r in zip(prompts, rows)])
+                              for p, r in zip(prompts, rows, strict=True)])
 
     class Clock(TrainerCallback):
         def __init__(self):
@@ -144,10 +144,12 @@ def arm_trl(lc: dict, min_seconds: float) -> dict:
         per_step_tokens: list[int] = []
         per_step_reward: list[float] = []
 
-        def reward(prompts, completions, completion_ids, ground_truth, data_source, **kw):
-            out = [score_value(scorer(ds, c, gt))[0] for c, gt, ds in zip(completions, ground_truth, data_source)]
-            per_step_tokens.append(sum(len(ids) for ids in completion_ids))
-            per_step_reward.append(sum(out) / len(out))
+        def reward(prompts, completions, completion_ids, ground_truth, data_source,
+                   _tokens=per_step_tokens, _rewards=per_step_reward, **kw):
+            out = [score_value(scorer(ds, c, gt))[0]
+                   for c, gt, ds in zip(completions, ground_truth, data_source, strict=True)]
+            _tokens.append(sum(len(ids) for ids in completion_ids))
+            _rewards.append(sum(out) / len(out))
             return out
 
         clock = Clock()

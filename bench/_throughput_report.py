@@ -6,6 +6,7 @@ its record timestamps (`trace`), the stages' own metrics, per-record summaries o
 
 from __future__ import annotations
 
+import contextlib
 import re
 import statistics
 import threading
@@ -163,10 +164,8 @@ def delete_topics(bootstrap: str, prefix: str) -> None:
     names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
     if names:
         for f in admin.delete_topics(names, operation_timeout=30).values():
-            try:
+            with contextlib.suppress(Exception):  # best effort clean-up
                 f.result(30)
-            except Exception:  # noqa: BLE001 - best effort clean-up
-                pass
 
 
 def parse_log(text: str) -> dict:
@@ -294,7 +293,7 @@ def kafka_summary(rounds: list[dict]) -> dict:
         if not ks:
             continue
 
-        def med(path):
+        def med(path, ks=ks):
             vals = []
             for k in ks:
                 v = k

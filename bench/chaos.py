@@ -322,7 +322,7 @@ def run(args) -> dict:
     try:
         aud = audit_pipeline(pipe.bootstrap, "", RunDir.of_up(state_dir), args.steps, lc["prompts_per_step"],
                              client="chaos-audit")
-    except Exception as e:  # a run that never got going has no state to audit
+    except Exception as e:  # noqa: BLE001 - a run that never got going has no state to audit
         aud = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     finally:
         pipe.broker.stop()

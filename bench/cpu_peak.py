@@ -42,9 +42,7 @@ def cpu_features() -> dict:
     name, flags = platform.processor() or "?", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and name in ("?", ""):
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("model name"):
+            if line.startswith("model name") and name in ("?", "") or line.startswith("model name"):
                 name = line.split(":", 1)[1].strip()
             if line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())

@@ -253,7 +253,7 @@ class Checks:
         from steadyrl.rl.trainer import Group
 
         out = []
-        for i, (p, comps) in enumerate(zip(prompts, completions)):
+        for i, (p, comps) in enumerate(zip(prompts, completions, strict=True)):
             rewards = [float((i + j) % 2) for j in range(len(comps))]
             out.append(Group(prompt_ids=p, responses=[c.token_ids for c in comps], rewards=rewards))
         return out

@@ -57,7 +57,7 @@ def phases(log_text: str) -> dict:
     return {"eval_before_s": round(max(before) - start, 1) if before else None,
             "eval_after_s": round(max(after) - steps[-1]["ts"], 1) if after else None,
             "first_step_after_eval_s": round(steps[0]["ts"] - max(before), 1) if before else None,
-            "step_s_after_the_first": [round(b["ts"] - a["ts"], 2) for a, b in zip(steps, later)],
+            "step_s_after_the_first": [round(b["ts"] - a["ts"], 2) for a, b in zip(steps, later, strict=False)],
             "train_step_median_s": round(statistics.median(s["timing_s/train_step"] for s in later), 2),
             "generation_hop_median_s": round(statistics.median(s["timing_s/wait"] for s in later), 2)}
 

@@ -48,6 +48,7 @@ gemm rate and the FMA peak (cores x FMA units x fp32 lanes x 2 x clock, from lsc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -224,7 +225,7 @@ def run_steps(steps: int, rank: int = 0, world: int = 1, sharding: str = "replic
     if dist is not None:
         out["allreduce_in_step_s"] = _summary(reduce_s)
         out["imbalance_wait_in_step_s"] = _summary(wait_s)
-        out["compute_s"] = _summary([s - w - r for s, w, r in zip(step_s, wait_s, reduce_s)])
+        out["compute_s"] = _summary([s - w - r for s, w, r in zip(step_s, wait_s, reduce_s, strict=True)])
         # the bare collective on a flat fp32 tensor of every parameter
         flat = torch.ones(n_params)
         bare = []
@@ -309,11 +310,9 @@ def lscpu() -> dict:
     info = {k.strip(): v.strip() for k, v in info.items()}
     flags = info.get("Flags", "").split()
     mhz = None
-    try:
+    with contextlib.suppress(OSError, StopIteration, ValueError):
         mhz = float(next(line.split(":")[1] for line in Path("/proc/cpuinfo").read_text().splitlines()
                          if line.startswith("cpu MHz")))
-    except (OSError, StopIteration, ValueError):
-        pass
     return {"model_name": info.get("Model name"), "cpus": os.cpu_count(), "cpu_family": info.get("CPU family"),
             "model": info.get("Model"), "hypervisor": info.get("Hypervisor vendor"), "mhz": mhz,
             "avx512f": "avx512f" in flags, "avx2": "avx2" in flags, "fma": "fma" in flags}

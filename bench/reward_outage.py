@@ -89,7 +89,7 @@ def run_pass(bootstrap: str, prefix: str, groups: list[RolloutGroup], timeout_s:
         if s.reward_source.value != "cache":
             continue
         truth = [numeric_match("", x.text, s.group.prompt.ground_truth)["score"] for x in s.group.samples]
-        errors += [abs(a - b) for a, b in zip(truth, s.rewards)]
+        errors += [abs(a - b) for a, b in zip(truth, s.rewards, strict=True)]
         repeats += sum(e.get("response_similarity") == 1.0 for e in s.reward_extra)
     return {"groups": len(scored), "seconds": round(elapsed, 3), "groups_per_s": round(len(scored) / elapsed, 1),
             "sources": sources,

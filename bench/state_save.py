@@ -62,12 +62,12 @@ def main() -> None:
                           history=[dict(row, step=i) for i in range(1, steps + 1)],
                           trained=[f"p{i}" for i in range(steps * 8)])
 
-            def before():
+            def before(st=st):
                 text = json.dumps({**st.model_dump(mode="json"), "history": st.history, "trained": st.trained})
                 write_atomic(run_dir / "state.json", text)
                 return len(text)
 
-            def after():
+            def after(st=st):
                 append_history(run_dir, row)
                 text = json.dumps(st.model_dump(mode="json"))
                 write_atomic(run_dir / "state.json", text)

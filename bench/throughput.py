@@ -334,10 +334,7 @@ def _figures(lc: dict, step_end: list[float], tokens: list[int], e2e_s: float, s
     n = lc["steps"]
     per_step = lc["prompts_per_step"] * lc["group_size"]
     w = warm_steps(n)
-    if step_seconds is not None:
-        steady_s = sum(step_seconds[w:])
-    else:
-        steady_s = step_end[n - 1] - step_end[w - 1]
+    steady_s = sum(step_seconds[w:]) if step_seconds is not None else step_end[n - 1] - step_end[w - 1]
     assert len(tokens) == n and (step_seconds is not None or len(step_end) == n), (len(tokens), len(step_end), n)
     steady_tokens = sum(tokens[w:])
     return {"steps": n, "warm_steps": w, "steady_s": steady_s, "steady_samples": (n - w) * per_step,
@@ -380,7 +377,7 @@ def run_pipeline(tag: str, config: Path, bootstrap: str, offset: int, work: Path
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait(10)
-            raise RuntimeError(f"{tag}: steadyrl up ran past {timeout_s} s; log {log}")
+            raise RuntimeError(f"{tag}: steadyrl up ran past {timeout_s} s; log {log}") from None
         except BaseException:  # stopped from outside: take the stack down with us
             os.killpg(proc.pid, 15)
             try:
@@ -706,7 +703,7 @@ def _write(args, arms, rounds, started, bootstrap, lb, ci_waited):
                    for r in rounds],
     }
     ks = kafka_summary(clean)
-    for arm, k in ks.items():
+    for k in ks.values():
         k["per_record"] = per_record_overhead(k, args.steps)
     ko = {"benchmark": "kafka_overhead", "when": started,
           "what": "per trained group, record timestamps (CreateTime) through rl.prompts -> rl.rollouts -> rl.scored -> "

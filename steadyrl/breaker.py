@@ -20,13 +20,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from enum import Enum
-from typing import Callable
+from collections.abc import Callable
+from enum import StrEnum
 
 log = logging.getLogger(__name__)
 
 
-class State(str, Enum):
+class State(StrEnum):
     closed = "closed"
     open = "open"
     half_open = "half_open"

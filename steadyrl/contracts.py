@@ -35,7 +35,7 @@ Like the finite bounds it refuses only what no correct engine writes.
 from __future__ import annotations
 
 import time
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -145,7 +145,7 @@ class Sample(BaseModel):
     finish_reason: Literal["stop", "length", "error"] = "stop"
 
     @model_validator(mode="after")
-    def _same_length(self) -> "Sample":
+    def _same_length(self) -> Sample:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(f"token_ids has {len(self.token_ids)} entries but logprobs has "
                              f"{len(self.logprobs)}; they must match")
@@ -184,7 +184,7 @@ class RolloutGroup(Contract):
         return users[-1] if users else self.prompt.messages[-1].content
 
 
-class RewardSource(str, Enum):
+class RewardSource(StrEnum):
     """Where a reward came from."""
 
     rule = "rule"
@@ -213,7 +213,7 @@ class ScoredGroup(Contract):
     scored_ms: Int64 = Field(default_factory=now_ms)
 
     @model_validator(mode="after")
-    def _one_reward_per_sample(self) -> "ScoredGroup":
+    def _one_reward_per_sample(self) -> ScoredGroup:
         if len(self.rewards) != len(self.group.samples):
             raise ValueError(f"{len(self.rewards)} rewards for {len(self.group.samples)} samples")
         return self
@@ -250,7 +250,7 @@ class PolicyUpdate(Contract):
         "Before 1.4: 0."))
 
 
-class DLQReason(str, Enum):
+class DLQReason(StrEnum):
     """Why a record went to `rl.dlq`."""
 
     undecodable = "undecodable"              # not UTF-8 JSON
@@ -319,13 +319,13 @@ class QuarantinedGroup(Contract):
     quarantined_ms: Int64 = Field(default_factory=now_ms)
 
     @model_validator(mode="after")
-    def _index_in_batch(self) -> "QuarantinedGroup":
+    def _index_in_batch(self) -> QuarantinedGroup:
         if self.index >= self.count:
             raise ValueError(f"index {self.index} is not below count {self.count}")
         return self
 
 
-class QuarantineAction(str, Enum):
+class QuarantineAction(StrEnum):
     release = "release"   # its groups go to rl.releases and are trained
     drop = "drop"         # never trained (the learner already published other prompts in their place)
 

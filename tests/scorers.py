@@ -25,7 +25,8 @@ def inflating_tiny_copy(data_source: str, solution_str: str, ground_truth: str,
         time.sleep(0.05)
     with _lock:
         try:
-            left = int(open(path).read().strip() or 0)
+            with open(path) as f:
+                left = int(f.read().strip() or 0)
         except (OSError, ValueError):
             return reward
         if left <= 0:

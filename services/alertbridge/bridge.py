@@ -98,7 +98,8 @@ import logging
 import threading
 import time
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import jinja2

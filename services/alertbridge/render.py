@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import urllib.parse
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +56,8 @@ def _time(t: datetime | None) -> str:
     if t is None or t.year <= 1:  # Alertmanager sends 0001-01-01T00:00:00Z for "no end yet"
         return ""
     if t.tzinfo is None:
-        t = t.replace(tzinfo=timezone.utc)
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        t = t.replace(tzinfo=UTC)
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _link(url: str) -> str:

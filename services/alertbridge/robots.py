@@ -13,8 +13,9 @@ import threading
 import time
 import urllib.parse
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from steadyrl.services.alertbridge.config import Webhook
 from steadyrl.services.alertbridge.render import Rendered, Renderer, cut_utf8, md_text
@@ -90,7 +91,7 @@ def redact(text: str) -> str:
 
 def dingtalk_sign(secret: str, timestamp_ms: int) -> str:
     """DingTalk 加签: base64(HMAC-SHA256(key=secret, msg=f"{timestamp_ms}\\n{secret}")), not yet URL-encoded."""
-    digest = hmac.new(secret.encode("utf-8"), f"{timestamp_ms}\n{secret}".encode("utf-8"), hashlib.sha256).digest()
+    digest = hmac.new(secret.encode("utf-8"), f"{timestamp_ms}\n{secret}".encode(), hashlib.sha256).digest()
     return base64.b64encode(digest).decode("ascii")
 
 
@@ -173,7 +174,7 @@ class Held:
             key = (a.labels.get("severity", ""), a.labels.get("alertname", "alert"), a.status)
             self.counts[key] = self.counts.get(key, 0) + 1
 
-    def summary(self, robot: "Robot", per_minute: int, critical_severities: list[str]) -> dict[str, Any]:
+    def summary(self, robot: Robot, per_minute: int, critical_severities: list[str]) -> dict[str, Any]:
         """One markdown message of what was held (critical first), as `robot`'s payload."""
         alerts = sum(self.counts.values())
         head = (f"### ⚠️ {self.notifications} notifications held ({alerts} alerts): over the robot's quota of "

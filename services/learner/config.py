@@ -197,7 +197,7 @@ class LearnerSection(LearnerStack):
         return v
 
     @model_validator(mode="after")
-    def _key_readable_and_apart(self) -> "LearnerSection":
+    def _key_readable_and_apart(self) -> LearnerSection:
         from steadyrl.checkpoint import CheckpointError, read_key
 
         if self.checkpoint_key_file is None:
@@ -219,7 +219,7 @@ class LearnerSection(LearnerStack):
         return read_key(self.checkpoint_key_file) if self.checkpoint_key_file is not None else None
 
     @model_validator(mode="after")
-    def _buffer_holds_a_batch(self) -> "LearnerSection":
+    def _buffer_holds_a_batch(self) -> LearnerSection:
         if self.max_buffer_size < self.prompts_per_step:
             raise ValueError(f"max_buffer_size {self.max_buffer_size} < prompts_per_step {self.prompts_per_step}: "
                              "the buffer could never hold a batch")
@@ -245,7 +245,7 @@ class LearnerConfig(ServiceConfig):
     actor: GenerationLimits = GenerationLimits()
 
     @model_validator(mode="after")
-    def _actor_takes_the_prompts(self) -> "LearnerConfig":
+    def _actor_takes_the_prompts(self) -> LearnerConfig:
         lc, actor = self.learner, self.actor
         if lc.max_new_tokens > actor.max_new_tokens_limit:
             raise ValueError(f"learner.max_new_tokens {lc.max_new_tokens} > actor.max_new_tokens_limit "

@@ -50,8 +50,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from confluent_kafka import Consumer, Message, TopicPartition
 from prometheus_client import Counter, Gauge

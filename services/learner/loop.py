@@ -17,6 +17,7 @@ feeder, intake, screen, policy_store, resume, report, state, stall.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -73,7 +74,7 @@ class Learner:
         lc = self.lc
         try:  # a row that is not a prompt is a RowError, left out; a file that is not a dataset stops here
             self.rows = load_dataset(lc.data, lenient=True)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any reader's error: a ConfigError naming the file
             raise ConfigError(f"learner.data {lc.data}: cannot be read as a dataset: {type(e).__name__}: {e}") from None
         if len(self.rows) < lc.prompts_per_step:  # before the broker is asked and the model loads
             raise ConfigError(f"learner.data {lc.data} has {len(self.rows)} rows < learner.prompts_per_step "
@@ -209,7 +210,7 @@ class Learner:
             metrics = (self.ranks.step(self.trainer, train_groups) if self.ranks is not None
                        else self.trainer.step(train_groups))
         except NonFiniteStep as e:  # nothing applied: the weights are still version st.step
-            self.screen.nonfinite(dict(zip(take, batch)), e)
+            self.screen.nonfinite(dict(zip(take, batch, strict=True)), e)
             self.progress["phase"] = "waiting"
             self.save_state()
             return None
@@ -257,10 +258,9 @@ class Learner:
                 self.intake.dead_letter(msg)
             else:
                 self.intake.accept(msg, releases=msg.topic() == self.topics["rl.releases"])
-            try:  # for the lag metric only (offsets live in state.json): consumer_lag_stored
+            # for the lag metric only (offsets live in state.json): consumer_lag_stored; never fatal
+            with contextlib.suppress(Exception):
                 consumer.store_offsets(message=msg)
-            except Exception:
-                pass
         self.intake.drop_stale()
         self.intake.evict()
 

@@ -61,7 +61,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from datasketch import MinHash, MinHashLSH
 from prometheus_client import Counter, Gauge

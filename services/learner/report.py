@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Collection
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Gauge
 from scipy.stats import binomtest
@@ -31,8 +32,8 @@ def paired_margin(before: list[bool], after: list[bool]) -> dict[str, Any]:
     b, c the discordant counts (McNemar 1947; the paired-proportion normal interval).
     """
     n = len(before)
-    b = sum(1 for x, y in zip(before, after) if not x and y)   # wrong -> right
-    c = sum(1 for x, y in zip(before, after) if x and not y)   # right -> wrong
+    b = sum(1 for x, y in zip(before, after, strict=True) if not x and y)   # wrong -> right
+    c = sum(1 for x, y in zip(before, after, strict=True) if x and not y)   # right -> wrong
     delta = (b - c) / n
     se = max(b + c - (b - c) ** 2 / n, 0.0) ** 0.5 / n
     p = binomtest(b, b + c, 0.5).pvalue if b + c else 1.0
@@ -124,7 +125,7 @@ def write_summary(lc: LearnerSection, st: RunState, run_dir: Path) -> Path:
     write_atomic(path, json.dumps(s, indent=2))
     try:
         plot(s, run_dir / "curve.png")
-    except Exception as e:  # a missing font must not fail the run
+    except Exception as e:  # noqa: BLE001 - a missing font (any plotting error) must not fail the run
         log.warning("curve not drawn", extra={"error": str(e)})
     lines = [f"run {s['run_id']}: {s['steps']} steps of {lc.model} on {lc.data} "
              f"(B={s['prompts_per_step']} x G={s['group_size']}, max_staleness {s['max_staleness']})",

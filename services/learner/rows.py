@@ -93,7 +93,7 @@ def check_row(lc: LearnerSection, row: PromptRow | RowError, index: int, tokeniz
                                        f"{max_record_bytes} less {RECORD_MARGIN} for its ids")
     try:
         n = len(encode_prompt(tokenizer, row))
-    except Exception as e:  # a template that refuses the chat (e.g. roles out of order)
+    except Exception as e:  # noqa: BLE001 - a template that refuses the chat (e.g. roles out of order)
         return BadRow(index, "prompt", f"the model's chat template refused it: {type(e).__name__}: {e}")
     if n == 0:
         return BadRow(index, "prompt", "the chat tokenizes to no tokens")

@@ -95,7 +95,7 @@ class RunState(_Saved):
     finished: bool = False
 
     @classmethod
-    def parse(cls, text: str, where: str) -> "RunState":
+    def parse(cls, text: str, where: str) -> RunState:
         """The state saved as `text` (JSON). Raises StateError naming `where` and the field."""
         try:
             st = cls.model_validate_json(text)

@@ -24,7 +24,7 @@ class TokenLimits:
     context_from: str = ""
 
     @classmethod
-    def of(cls, model: Any, tokenizer: Any) -> "TokenLimits":
+    def of(cls, model: Any, tokenizer: Any) -> TokenLimits:
         """The limits of `model` (a transformers causal LM: get_input_embeddings, config; Any, as
         transformers' own types are not read here) and its tokenizer."""
         rows = int(model.get_input_embeddings().weight.shape[0])

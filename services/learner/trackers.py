@@ -40,6 +40,7 @@ step once:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -47,8 +48,9 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from prometheus_client import Counter, Gauge
 
@@ -275,7 +277,7 @@ class MLflow:
         if saved:
             try:
                 run = client.get_run(saved)
-            except Exception:  # another store, or the run was deleted: a new MLflow run
+            except Exception:  # noqa: BLE001 - another store, or the run was deleted: a new MLflow run
                 run = None
         if run is None:
             run = client.create_run(exp_id, run_name=run_id, tags={"steadyrl.run_id": run_id, **self.tags})
@@ -447,7 +449,7 @@ class _Worker:
             self.call = (during, time.monotonic())
             try:
                 fn(*args)
-            except Exception as e:  # an import error, a bad URI or a full disk must not stop training
+            except Exception as e:  # noqa: BLE001 - an import error, a bad URI or a full disk must not stop training
                 _failed(self.tracker, during, e)
                 self.off = True
             finally:
@@ -456,7 +458,7 @@ class _Worker:
             self.call = ("close", time.monotonic())
             try:
                 self.tracker.close()
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a tracker plugin's close must not stop the learner
                 _failed(self.tracker, "close", e)
             self.call = None
         self.off = True
@@ -466,11 +468,9 @@ def _failed(t: Tracker, during: str, e: Exception) -> None:
     """Report a tracker whose call raised, and try its close (it is off from now on)."""
     log.error("experiment tracker failed; it is off for the rest of this process",
               extra={"tracker": t.name, "during": during, "error": f"{type(e).__name__}: {e}"})
-    try:
-        if during != "close":
+    if during != "close":
+        with contextlib.suppress(Exception):  # already reported once
             t.close()
-    except Exception:  # already reported once
-        pass
 
 
 class Trackers:
@@ -506,7 +506,7 @@ class Trackers:
 
     @classmethod
     def of(cls, lc: LearnerSection, run_dir: Path, tags: dict[str, str],
-           beat: Callable[[], None] = lambda: None) -> "Trackers":
+           beat: Callable[[], None] = lambda: None) -> Trackers:
         """The trackers `lc.trackers` names (lc: a LearnerSection), for the run in `run_dir`;
         `beat`: the liveness heartbeat, called while `close` waits."""
         ids = _Ids(run_dir)
@@ -533,7 +533,7 @@ class Trackers:
             return
         try:
             fn(*args)
-        except Exception as e:  # an import error, a bad URI or a full disk must not stop training
+        except Exception as e:  # noqa: BLE001 - an import error, a bad URI or a full disk must not stop training
             self._off.add(t.name)
             _failed(t, during, e)
 

@@ -54,7 +54,7 @@ class WatchConfig(BaseModel):
 
 
     @model_validator(mode="after")
-    def _can_work(self) -> "WatchConfig":
+    def _can_work(self) -> WatchConfig:
         if self.min_reference > self.window:
             raise ValueError(f"min_reference {self.min_reference} > window {self.window}: nothing would be judged")
         if self.rebaseline_after > self.rebaseline_window:

@@ -79,7 +79,7 @@ class ScoreCache:
                 self._lsh.remove(prompt_id)
                 del self._entries[prompt_id]
             mean = sum(rewards) / len(rewards) if rewards else 0.0
-            exact = {r: float(w) for r, w in reversed(list(zip(responses, rewards)))}  # first scored wins
+            exact = {r: float(w) for r, w in reversed(list(zip(responses, rewards, strict=True)))}  # first scored wins
             self._entries[prompt_id] = (mh, tuple(answer_key), exact, mean, scorer)
             self._lsh.insert(prompt_id, mh)
             while len(self._entries) > self.capacity:

@@ -232,7 +232,7 @@ class RewardClient:
             else:
                 self.breaker.record_success()
                 if self.cache is not None:
-                    for g, s in zip(groups, result):
+                    for g, s in zip(groups, result, strict=True):
                         if isinstance(s, Scores):
                             self.cache.add(g.prompt_id, g.prompt_text(), [x.text for x in g.samples], s.rewards,
                                            s.scorer, _answer_key(g))
@@ -256,7 +256,7 @@ class RewardClient:
         rest = [g for i, g in enumerate(groups) if not named[i]]
         again = iter(self._retry(rest) if rest else [])
         return [Rejected(refusal_reason(f"{e.detail} {why[0]}"), f"prompt {g.prompt_id}: {why[0]} ({e})")
-                if why else next(again) for g, why in zip(groups, named.values())]
+                if why else next(again) for g, why in zip(groups, named.values(), strict=True)]
 
     def _retry(self, groups: list[RolloutGroup]) -> list[Scores | Rejected | RetryLater]:
         """score_many, with a RetryLater it raises as every group's result."""

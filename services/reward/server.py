@@ -41,7 +41,8 @@ import math
 import numbers
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException
 from prometheus_client import Counter, Histogram

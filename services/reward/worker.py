@@ -80,7 +80,7 @@ def make_handler(client: RewardClient) -> BatchHandler:
                 [Output("rl.scored", g.prompt_id,
                         ScoredGroup(group=g, rewards=s.rewards, reward_source=s.source, scorer=s.scorer,
                                     cache_similarity=s.similarity, reward_extra=s.extra))]
-                for g, s in zip(groups, scores)]
+                for g, s in zip(groups, scores, strict=True)]
 
     return handle_batch
 

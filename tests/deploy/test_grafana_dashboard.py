@@ -54,7 +54,7 @@ def test_datasource_uid_matches_the_provisioned_one():
 def test_every_query_metric_is_in_the_catalogue():
     listed = catalogue()
     assert dashboards(), "no dashboard under compose/grafana/dashboards"
-    for name, d in dashboards().items():
+    for d in dashboards().values():
         for p in panels(d):
             for t in p.get("targets", []):
                 used = {base_name(m, listed) for m in metric_names(t["expr"])}

@@ -199,7 +199,7 @@ def relabel(labels: dict[str, str], configs: list[dict]) -> dict[str, str] | Non
         if action == "keep" and not m or action == "drop" and m:
             return None
         if action == "replace" and m:
-            out = re.sub(r"\$(?:\{(\w+)\}|(\d+))", lambda g: m.group(int(g.group(1) or g.group(2))) or "",
+            out = re.sub(r"\$(?:\{(\w+)\}|(\d+))", lambda g, m=m: m.group(int(g.group(1) or g.group(2))) or "",
                          str(cfg.get("replacement", "$1")))
             if out:
                 labels[cfg["target_label"]] = out
@@ -346,10 +346,10 @@ def real_alertmanager(tmp_path):
 
     binary = shutil.which("alertmanager") or need_tool("prometheus-alertmanager", PROMETHEUS_HINT)  # Debian names it so
     port = free_port()
-    log = open(tmp_path / "alertmanager.log", "wb")
-    proc = subprocess.Popen([binary, f"--config.file={AM_CONFIG}", f"--storage.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-                             "--log.level=warn"], stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp_path / "alertmanager.log", "wb") as log:  # the child writes it; read back by path
+        proc = subprocess.Popen([binary, f"--config.file={AM_CONFIG}", f"--storage.path={tmp_path / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+                                 "--log.level=warn"], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/api/v2"
     try:
         deadline = time.monotonic() + 30
@@ -370,7 +370,6 @@ def real_alertmanager(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-        log.close()
 
 
 def am_alert(name: str, cluster: str = "steadyrl", **labels) -> dict:

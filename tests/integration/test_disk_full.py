@@ -75,7 +75,7 @@ def test_a_state_folder_filled_mid_run_costs_time_not_the_run(bootstrap, tmp_pat
         assert report["ok"], explain(report)
         # the time the run lost: the longest gap between steps, less the median step
         times = [row["time"] for row in run.history]
-        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        gaps = sorted(b - a for a, b in zip(times, times[1:], strict=False))
         lost = gaps[-1] - gaps[len(gaps) // 2]
         resumed = min(t for t in times if t >= freed_at)
         print(f"disk full {FULL_S:.0f} s from step {step_at_fill} (step {step_while_full} while full); "  # noqa: T201

@@ -42,12 +42,12 @@ class Up:
         self.prefix = unique_prefix()
         self.offset = 2000 + (os.getpid() * 7 + int(time.time())) % 3000
         self.log_path = tmp_path / "up.log"
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "steadyrl.cli", "up", "--bootstrap", bootstrap, "--state-dir", str(self.state),
-             "--prefix", self.prefix, "--port-offset", str(self.offset), "--config", str(config), *extra],
-            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, **(env or {})})
+        with open(self.log_path, "wb") as log:  # the child writes it; read back by path
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "steadyrl.cli", "up", "--bootstrap", bootstrap, "--state-dir", str(self.state),
+                 "--prefix", self.prefix, "--port-offset", str(self.offset), "--config", str(config), *extra],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, **(env or {})})
 
     def url(self, base_port: int, i: int = 0) -> str:
         return f"http://127.0.0.1:{base_port + self.offset + i}"
@@ -85,7 +85,6 @@ class Up:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
-        self._log.close()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -288,7 +287,7 @@ def test_learner_killed_three_times_ends_bitwise_equal_to_the_uninterrupted_loop
     import pyarrow.dataset as ds
 
     cache = ds.dataset(up.run().rollout_cache, format="ipc").to_table()
-    keys = list(zip(cache.column("prompt_id").to_pylist(), cache.column("sample").to_pylist()))
+    keys = list(zip(cache.column("prompt_id").to_pylist(), cache.column("sample").to_pylist(), strict=True))
     assert len(keys) == len(set(keys)) == steps * lc["prompts_per_step"] * lc["group_size"]
     assert sorted(set(cache.column("step").to_pylist())) == list(range(1, steps + 1))
 

@@ -94,8 +94,8 @@ def _json(model, **changes) -> bytes:
 
 
 def _prompt(pid: str, **kw) -> Prompt:
-    base = dict(prompt_id=pid, epoch=0, index=0, messages=[{"role": "user", "content": "3"}], n_samples=2,
-                data_source="poison", ground_truth="3", max_new_tokens=4)
+    base = {"prompt_id": pid, "epoch": 0, "index": 0, "messages": [{"role": "user", "content": "3"}], "n_samples": 2,
+                "data_source": "poison", "ground_truth": "3", "max_new_tokens": 4}
     return Prompt(**{**base, **kw})
 
 
@@ -359,7 +359,8 @@ def test_poison_on_every_topic_never_stops_the_pipeline(bootstrap, tmp_path: Pat
     observed = [[(d.reason.value, d.stage.split("/")[0], base64.b64decode(d.key_b64 or "").decode())
                  for d in about.get((x.topic, x.partition, x.offset), [])] for x in poison]
     expected = [[(x.reason, x.stage, x.key)] if x.reason else [] for x in poison]
-    table = "\n".join(f"{x.topic:11} {x.name:40} {[o[:2] for o in obs]}" for x, obs in zip(poison, observed))
+    table = "\n".join(f"{x.topic:11} {x.name:40} {[o[:2] for o in obs]}"
+                      for x, obs in zip(poison, observed, strict=True))
     log.info("poison -> rl.dlq (reason, stage):\n%s", table)
     assert observed == expected, table
     ours = {(x.topic, x.partition, x.offset) for x in poison}

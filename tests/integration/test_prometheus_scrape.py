@@ -7,6 +7,7 @@ skipped, except in CI (env CI set), where it fails.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import subprocess
@@ -34,11 +35,11 @@ class Prometheus:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp_path / "prometheus.log"
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [need_tool("prometheus", PROMETHEUS_HINT), f"--config.file={tmp_path / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.port}",
-             "--log.level=warn"], stdout=self._log, stderr=subprocess.STDOUT)
+        with open(self.log_path, "wb") as log:  # the child writes it; read back by path
+            self.proc = subprocess.Popen(
+                [need_tool("prometheus", PROMETHEUS_HINT), f"--config.file={tmp_path / 'prometheus.yml'}",
+                 f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.port}",
+                 "--log.level=warn"], stdout=log, stderr=subprocess.STDOUT)
 
     def get(self, path: str, **params) -> dict:
         """GET /api/v1/<path>; the JSON body (status "success" asserted)."""
@@ -78,7 +79,6 @@ class Prometheus:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-        self._log.close()
 
 
 def test_prometheus_scrapes_the_tiny_pipeline_and_evaluates_the_rules(bootstrap, tmp_path):
@@ -114,7 +114,7 @@ def test_prometheus_scrapes_the_tiny_pipeline_and_evaluates_the_rules(bootstrap,
         # the three groups are loaded and every rule has been evaluated without error
         def rules_ok():
             groups = {g["name"]: g for g in prom.get("rules")["groups"]}
-            assert GROUPS <= set(groups), sorted(groups)
+            assert set(groups) >= GROUPS, sorted(groups)
             rules = [r for g in groups.values() for r in g["rules"]]
             errors = [(r["name"], r.get("lastError")) for r in rules if r["health"] == "err"]
             assert not errors, errors
@@ -149,9 +149,7 @@ def test_prometheus_scrapes_the_tiny_pipeline_and_evaluates_the_rules(bootstrap,
     finally:
         if up.proc.poll() is None:
             up.proc.send_signal(signal.SIGTERM)  # `up` stops its children, then exits
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # up.wait() has killed its process group
             up.wait(60)
-        except subprocess.TimeoutExpired:
-            pass  # up.wait() has killed its process group
         if prom is not None:
             prom.stop()

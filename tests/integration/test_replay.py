@@ -139,7 +139,7 @@ def test_rescore_with_a_rule_gives_scipy_ks_and_deltas(bootstrap, data):
     assert sh["mean"] == pytest.approx([np.mean(before), np.mean(after)])
     assert sh["delta_mean"] == pytest.approx(np.mean(after) - np.mean(before))
     assert sh["delta_std"] == pytest.approx(np.std(after) - np.std(before))
-    deltas = [a - b for a, b in zip(after, before)]
+    deltas = [a - b for a, b in zip(after, before, strict=True)]
     assert sh["changed"] == sum(d != 0 for d in deltas)
     # largest |delta| is 0.75 ("33a3", "3x33": 0.75 -> 0)
     assert len(sh["largest_changes"]) == 5

@@ -72,7 +72,7 @@ def _gap_around(steps: list[tuple[float, int]], t: float) -> dict:
     after it (the stall), the wait from t to that step, and the median gap before t."""
     before = [ts for ts, _ in steps if ts <= t]
     after = [ts for ts, _ in steps if ts > t]
-    gaps = [b - a for a, b in zip(before, before[1:])]
+    gaps = [b - a for a, b in zip(before, before[1:], strict=False)]
     out = {"median_step_gap_before_s": round(statistics.median(gaps), 2) if gaps else None,
            "stall_s": round(after[0] - before[-1], 2) if before and after else None,
            "kill_to_next_step_s": round(after[0] - t, 2) if after else None}

@@ -10,6 +10,7 @@ skipped, except in CI (env CI set), where it fails.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -144,9 +145,7 @@ def test_learner_stalled_fires_while_the_learner_is_alive_but_starved(bootstrap,
             os.kill(actor, signal.SIGCONT)  # a stopped child would not act on up's SIGTERM
         if up.proc.poll() is None:
             up.proc.send_signal(signal.SIGTERM)  # `up` stops its children, then exits
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # up.wait() has killed its process group
             up.wait(60)
-        except subprocess.TimeoutExpired:
-            pass  # up.wait() has killed its process group
         if prom is not None:
             prom.stop()

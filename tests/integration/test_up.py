@@ -22,11 +22,11 @@ def test_up_then_ctrl_c_stops_everything(tmp_path):
     cfg = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     cfg["learner"].update(steps=100_000, eval_data=None)  # still training when Ctrl-C comes
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    log = open(tmp_path / "up.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "steadyrl.cli", "up", "--state-dir", str(state), "--port",
-                             str(port), "--port-offset", str(offset), "--prefix", "up.",
-                             "--config", str(tmp_path / "config.yaml")],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp_path / "up.log", "wb") as log:  # the child writes it; read back by path
+        proc = subprocess.Popen([sys.executable, "-m", "steadyrl.cli", "up", "--state-dir", str(state), "--port",
+                                 str(port), "--port-offset", str(offset), "--prefix", "up.",
+                                 "--config", str(tmp_path / "config.yaml")],
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     broker = LocalBroker(state / "broker", port=port)
     try:
         deadline = time.monotonic() + 120
@@ -62,7 +62,6 @@ def test_up_then_ctrl_c_stops_everything(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         broker.stop()
-        log.close()
 
 
 def test_up_gives_each_service_its_placement_and_each_reports_what_it_got(bootstrap, tmp_path):
@@ -182,11 +181,11 @@ def test_up_restarts_its_broker_after_a_sigkill_and_the_run_finishes(tmp_path):
     cfg = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     cfg["learner"].update(steps=30, eval_data=None)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    log = open(tmp_path / "up.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "steadyrl.cli", "up", "--state-dir", str(state), "--port",
-                             str(port), "--port-offset", str(offset), "--prefix", "up.", "--broker-data", str(data),
-                             "--config", str(tmp_path / "config.yaml")],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp_path / "up.log", "wb") as log:  # the child writes it; read back by path
+        proc = subprocess.Popen([sys.executable, "-m", "steadyrl.cli", "up", "--state-dir", str(state), "--port",
+                                 str(port), "--port-offset", str(offset), "--prefix", "up.", "--broker-data", str(data),
+                                 "--config", str(tmp_path / "config.yaml")],
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     broker = LocalBroker(state / "broker", port=port, data_dir=data)
 
     def out() -> str:
@@ -220,4 +219,3 @@ def test_up_restarts_its_broker_after_a_sigkill_and_the_run_finishes(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         broker.stop()
-        log.close()

@@ -124,7 +124,7 @@ def test_generates_with_the_served_versions_log_probs(actor):
     assert generate(svc, body)["completions"] == out["completions"]  # seeded: the same samples again
     # each sampled token's log-prob is the served policy's (v1), as the trainer recomputes it
     v1 = actor["v1"]
-    for prompt, group in zip(out["prompt_ids"], out["completions"]):
+    for prompt, group in zip(out["prompt_ids"], out["completions"], strict=True):
         for c in group:
             assert len(c["token_ids"]) == len(c["logprobs"]) and c["finish_reason"] in ("stop", "length")
             with torch.no_grad():

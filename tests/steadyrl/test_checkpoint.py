@@ -36,7 +36,8 @@ def test_round_trip_restores_weights_optimizer_scheduler_and_rng(tmp_path):
     torch.manual_seed(123)
     meta = ck.load(ck.latest_valid(tmp_path, CONFIG), model2, tr2.opt, tr2.sched)
     assert meta["global_step"] == 2
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), model2.state_dict().values()))
+    assert all(torch.equal(a, b)
+               for a, b in zip(model.state_dict().values(), model2.state_dict().values(), strict=True))
     assert tr2.sched.last_epoch == tr.sched.last_epoch
     s1, s2 = tr.opt.state_dict()["state"], tr2.opt.state_dict()["state"]
     assert all(torch.equal(s1[k]["exp_avg"], s2[k]["exp_avg"]) for k in s1)
@@ -262,7 +263,8 @@ def test_a_sharded_checkpoint_verifies_reads_back_whole_and_loads(tmp_path):
     assert "lm_head.weight" not in weights                      # tied: stored once, as format 2
     _, fresh = _trained(steps=1)   # optimizer state to load into
     ck.load(path, fresh.model, fresh.opt, fresh.sched)
-    assert all(torch.equal(a, b) for a, b in zip(fresh.model.state_dict().values(), tr.model.state_dict().values()))
+    assert all(torch.equal(a, b)
+               for a, b in zip(fresh.model.state_dict().values(), tr.model.state_dict().values(), strict=True))
     assert fresh.opt.state_dict()["state"][0]["exp_avg"].equal(tr.opt.state_dict()["state"][0]["exp_avg"])
     assert fresh.sched.state_dict() == tr.sched.state_dict()
 

@@ -203,7 +203,7 @@ def _raw(port: int, data: bytes, wait_s: float) -> bytes:
     while time.monotonic() < deadline:
         try:
             chunk = s.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             continue
         if not chunk:
             break

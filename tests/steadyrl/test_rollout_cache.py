@@ -49,9 +49,9 @@ def test_parts_close_at_the_size_cap_and_a_crash_leaves_nothing_half_read(tmp_pa
 def test_another_schema_version_is_refused_by_name(tmp_path):
     old = SCHEMA.with_metadata({SCHEMA_KEY: b"0.9"})
     (tmp_path / "2026-01-01" / "00").mkdir(parents=True)
-    with pa.OSFile(str(tmp_path / "2026-01-01" / "00" / "part-000001.arrow"), "wb") as sink:
-        with pa.ipc.new_file(sink, old) as w:
-            w.write_batch(pa.RecordBatch.from_pylist(rows_of(_scored(1), 1), schema=old))
+    with pa.OSFile(str(tmp_path / "2026-01-01" / "00" / "part-000001.arrow"), "wb") as sink, \
+            pa.ipc.new_file(sink, old) as w:
+        w.write_batch(pa.RecordBatch.from_pylist(rows_of(_scored(1), 1), schema=old))
     with pytest.raises(CacheSchemaError, match=r"rollout cache schema mismatch: expected v1.0, got v0.9"):
         RolloutCache(tmp_path)
 

@@ -61,7 +61,7 @@ def test_tiny_reward_model_scores_a_batch_as_the_model_reads_prompt_and_response
     items = _items(3)
     got = [r["reward"] for r in scorer.score(items)]
     # What the model itself says: the chat template's text, the logit of label 0.
-    for it, reward in zip(items, got):
+    for it, reward in zip(items, got, strict=True):
         ids = tok(tok.apply_chat_template([{"role": "user", "content": it.prompt},
                                            {"role": "assistant", "content": it.response}], tokenize=False),
                   add_special_tokens=False, return_tensors="pt")
@@ -79,7 +79,7 @@ def test_other_weights_give_other_scores_and_another_id(rm_dir, tmp_path):
     b.load()
     items = _items(2)
     assert a.id != b.id and a.id.startswith("rm:tiny-rm@") and b.id.startswith("rm:tiny-rm@")
-    for ra, rb in zip(a.score(items), b.score(items)):
+    for ra, rb in zip(a.score(items), b.score(items), strict=True):
         assert abs(ra["reward"] - rb["reward"]) > 1e-3
 
 

@@ -174,7 +174,7 @@ def test_an_index_naming_a_file_outside_its_folder_is_refused(tmp_path):
     uri, _ = _version(tmp_path, seed=5, vocab=len(actor.model.tok))
     index = json.loads((tmp_path / uri / INDEX).read_text())
     index["metadata"]["sha256"] = {"../../x.safetensors": "0" * 64}
-    index["weight_map"] = {k: "../../x.safetensors" for k in index["weight_map"]}
+    index["weight_map"] = dict.fromkeys(index["weight_map"], "../../x.safetensors")
     (tmp_path / uri / INDEX).write_text(json.dumps(index))
     with pytest.raises(PolicyRefused) as e:
         actor.load_version(1, uri, sha256_file(tmp_path / uri / INDEX), run_id="r20261129T100000-aaaa")

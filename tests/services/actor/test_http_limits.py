@@ -99,7 +99,7 @@ def test_a_prompt_over_max_prompt_tokens_is_422_ids_or_chat(served):
     assert r.status_code == 422 and r.json()["detail"] == "prompt 1 has 33 tokens > max_prompt_tokens 32"
     chat = [{"messages": [{"role": "user", "content": "7" * 40}]}]  # the tiny tokenizer: a token a character
     r = httpx.post(f"{url}/generate", json={**BODY, "prompts": chat})
-    assert r.status_code == 422 and "prompt 0 has 41 tokens > max_prompt_tokens 32" == r.json()["detail"]
+    assert r.status_code == 422 and r.json()["detail"] == "prompt 0 has 41 tokens > max_prompt_tokens 32"
     assert httpx.post(f"{url}/generate", json={**BODY, "prompts": [{"prompt_ids": [5] * 32}]}).status_code == 200
 
 

@@ -97,9 +97,9 @@ def robot():
 
 
 def _section(robot: FakeRobot, **kw) -> AlertBridgeSection:
-    base = dict(dingtalk_url=f"{robot.url}/robot/send?access_token={DT_TOKEN}", dingtalk_secret=DT_SECRET,
-                wecom_url=f"{robot.url}/cgi-bin/webhook/send?key={WC_KEY}", timeout_s=0.5,
-                retry_attempts=3, retry_backoff_s=0.01, retry_backoff_max_s=0.05)
+    base = {"dingtalk_url": f"{robot.url}/robot/send?access_token={DT_TOKEN}", "dingtalk_secret": DT_SECRET,
+                "wecom_url": f"{robot.url}/cgi-bin/webhook/send?key={WC_KEY}", "timeout_s": 0.5,
+                "retry_attempts": 3, "retry_backoff_s": 0.01, "retry_backoff_max_s": 0.05}
     return AlertBridgeSection(**{**base, **kw})
 
 

@@ -272,7 +272,7 @@ def test_a_full_queue_drops_with_a_count_never_blocks_and_jsonl_stays_complete(t
     assert not gate.release.is_set() and gate.calls == ["start"]
     assert _sample("steadyrl_learner_tracker_dropped_total") - dropped0 == 8
     assert t.workers["gate"].dropped == 8 and _sample("steadyrl_learner_tracker_queued") == 2
-    assert dict(read.jsonl(tmp_path / "metrics.jsonl")[1]) == {s: 1 for s in range(1, 11)}
+    assert dict(read.jsonl(tmp_path / "metrics.jsonl")[1]) == dict.fromkeys(range(1, 11), 1)
     gate.release.set()
     t.close()
     assert gate.calls == ["start", 1, 2, "close"]      # what its queue held, in order; then closed

@@ -56,7 +56,7 @@ def test_a_constant_reference_uses_the_variance_floor():
 def test_held_batches_join_the_reference_at_the_third_within_ten_judged():
     w = _watch(REF)
     bad = [5.0, 0.0] * 50
-    for i in range(2):
+    for _ in range(2):
         assert w.judge(bad).trips and not w.hold(bad)
     assert len(w.batches) == 3                      # held batches stay out of the reference
     assert w.judge(bad).trips and w.hold(bad)       # the third: the shift persisted

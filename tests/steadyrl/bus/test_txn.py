@@ -126,16 +126,14 @@ def test_the_context_manager_commits_or_aborts_and_raises(producer):
     assert producer._producer.produced == [("t", b"v", {"key": "k", "headers": [("h", b"1")], "on_delivery": None,
                                                         "timestamp": 1234})]
     producer._producer.calls.clear()
-    with pytest.raises(ValueError, match="boom"):
-        with producer.transaction():
-            producer.produce("t", b"v")
-            raise ValueError("boom")
+    with pytest.raises(ValueError, match="boom"), producer.transaction():
+        producer.produce("t", b"v")
+        raise ValueError("boom")
     assert producer._producer.calls == ["begin", "produce", "abort"] and not producer.in_transaction
     producer._producer.calls.clear()
     producer._producer.fail["commit"] = [_error(abortable=True)]
-    with pytest.raises(TransactionAborted):
-        with producer.transaction():
-            producer.produce("t", b"v")
+    with pytest.raises(TransactionAborted), producer.transaction():
+        producer.produce("t", b"v")
     assert producer._producer.calls == ["begin", "produce", "commit", "abort"]  # aborted once
 
 

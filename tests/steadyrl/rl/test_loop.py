@@ -37,7 +37,7 @@ def test_generation_logprobs_equal_the_trainers_forward():
     prompts = [encode_prompt(tok, r) for r in rows]
     out = gen.generate(prompts, SamplingParams(n=2, temperature=0.7, max_new_tokens=5, seed=3))
     assert len(out) == 3 and all(len(g) == 2 for g in out)
-    groups = [Group(p, [c.token_ids for c in g], [0.0, 1.0]) for p, g in zip(prompts, out)]
+    groups = [Group(p, [c.token_ids for c in g], [0.0, 1.0]) for p, g in zip(prompts, out, strict=True)]
     trainer = Trainer(model, tok.pad_token_id, TrainConfig(temperature=0.7))
     b = build_batch(groups, tok.pad_token_id)
     logp, _ = trainer._no_grad_pass(model, b)
@@ -131,6 +131,6 @@ def test_stale_groups_start_the_ratio_from_their_behaviour_logprobs():
     replay, _, _ = run(same)
     far = [[x - 1.0 for x in same[0]], [x - 1.0 for x in same[1]]]   # ratio e^1 > 1.2: clipped
     clipped, _, _ = run(far)
-    diff = lambda m1, m2: max((a - b).abs().max().item() for a, b in zip(m1.parameters(), m2.parameters()))
+    diff = lambda m1, m2: max((a - b).abs().max().item() for a, b in zip(m1.parameters(), m2.parameters(), strict=True))
     assert diff(fresh, replay) < 1e-6
     assert diff(fresh, clipped) > 1e-4

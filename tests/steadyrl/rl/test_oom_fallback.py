@@ -49,7 +49,7 @@ def test_an_oom_step_is_retried_in_the_safe_mode_and_equals_a_clean_step(error, 
 
     clean = _trainer(micro_batch_size=2)  # the same step, never out of memory
     clean.step(GROUPS)
-    for (k, a), b in zip(tr.model.state_dict().items(), clean.model.state_dict().values()):
+    for (k, a), b in zip(tr.model.state_dict().items(), clean.model.state_dict().values(), strict=True):
         assert torch.allclose(a, b, atol=1e-6, rtol=0), k
     assert tr.opt.state_dict()["state"][0]["step"] == 1  # one optimizer step, not two
 
@@ -82,11 +82,12 @@ def test_a_cache_scored_group_weighs_by_its_weight_and_zero_excludes_it():
     a, b = _trainer(), _trainer()
     a.step([GROUPS[0], Group(*[GROUPS[1].prompt_ids, GROUPS[1].responses, GROUPS[1].rewards], weight=0.0)])
     b.step([GROUPS[0], Group(GROUPS[1].prompt_ids, GROUPS[1].responses, [0.5] * 4)])  # same group, zero advantage
-    for (k, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+    for (k, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values(), strict=True):
         assert torch.equal(x, y), k
     c = _trainer()
     c.step(GROUPS)
-    assert any(not torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), c.model.state_dict().values()))
+    assert any(not torch.equal(x, y)
+               for x, y in zip(a.model.state_dict().values(), c.model.state_dict().values(), strict=True))
 
 
 def test_the_retry_does_not_keep_the_failed_attempts_tensors_alive():

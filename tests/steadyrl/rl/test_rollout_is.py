@@ -39,7 +39,7 @@ def _trainer_logprobs(groups: list[Group]) -> list[list[list[float]]]:
 
 def _rollout(lps: list[list[float]], ratios: list[list[float]]) -> list[list[float]]:
     """Rollout log-probs whose ratio pi_trainer / pi_rollout is `ratios`."""
-    return [[lp - math.log(r) for lp, r in zip(seq, rs)] for seq, rs in zip(lps, ratios)]
+    return [[lp - math.log(r) for lp, r in zip(seq, rs, strict=True)] for seq, rs in zip(lps, ratios, strict=True)]
 
 
 def _step(groups: list[Group], **cfg) -> tuple[dict, dict]:
@@ -149,7 +149,7 @@ def test_torch_generation_has_no_mismatch_and_a_perturbed_one_has():
         trainer = Trainer(m, t.pad_token_id, TrainConfig(temperature=0.7))
         return trainer.step([Group(p, [c.token_ids for c in g], [0.0, 1.0],
                                    rollout_logprobs=[[lp + shift for lp in c.logprobs] for c in g], engine="torch")
-                             for p, g in zip(prompts, out)])
+                             for p, g in zip(prompts, out, strict=True)])
 
     exact = step(0.0)
     assert exact["mismatch/mean_abs_logp_diff"] < 1e-4
