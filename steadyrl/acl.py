@@ -33,8 +33,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from steadyrl.bus.kafka import KafkaAuth, client_config
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AclBinding  # type: ignore[attr-defined]  # re-exported without __all__
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +89,16 @@ def auth_for(principal: str, secrets_dir: Path, protocol: str = "SASL_PLAINTEXT"
                      password_file=password_file(secrets_dir, principal))
 
 
-def bindings(principal: str, grant: Grant, prefix: str = "") -> list:
+def bindings(principal: str, grant: Grant, prefix: str = "") -> list[AclBinding]:
     """The ALLOW AclBindings of `grant` for `User:<principal>` (any host). Topics take `prefix`."""
-    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+    # confluent_kafka.admin re-exports these without __all__, so mypy --strict does not see them
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]  # lazy: heavy (confluent_kafka), only ACL calls
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
 
     user = f"User:{principal}"
 
@@ -96,7 +107,7 @@ def bindings(principal: str, grant: Grant, prefix: str = "") -> list:
             return prefix + name[:-1], ResourcePatternType.PREFIXED
         return prefix + name, ResourcePatternType.LITERAL
 
-    def allow(rtype, name, pattern, op) -> AclBinding:
+    def allow(rtype: ResourceType, name: str, pattern: ResourcePatternType, op: AclOperation) -> AclBinding:
         return AclBinding(rtype, name, pattern, user, "*", op, AclPermissionType.ALLOW)
 
     out = []
@@ -118,7 +129,13 @@ def upsert_users(bootstrap: str, passwords: dict[str, str], auth: KafkaAuth | No
     """Create or update the SCRAM-SHA-512 credential of each `user -> password`.
 
     Raises KafkaException on a broker error (e.g. the caller is not a super user)."""
-    from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+    # confluent_kafka.admin re-exports these without __all__, so mypy --strict does not see them
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]  # lazy: heavy (confluent_kafka), only SCRAM calls
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
 
     if not passwords:
         return
@@ -140,7 +157,7 @@ def apply(bootstrap: str, secrets_dir: Path, prefix: str = "", auth: KafkaAuth |
     Returns `{principal: number of ACL bindings}`. Raises ValueError when no password file is
     there (nothing would be applied), KafkaException on a broker error.
     """
-    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.admin import AdminClient  # lazy: heavy (confluent_kafka), only broker calls need it
 
     found = {p: password_file(secrets_dir, p).read_text().strip() for p in PRINCIPALS
              if password_file(secrets_dir, p).is_file()}

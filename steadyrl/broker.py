@@ -29,10 +29,12 @@ SIGKILLed and started again by id (tests/integration/test_replication.py, docs/r
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import logging
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -41,9 +43,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from steadyrl.assets import asset_dir, user_cache_dir
-from steadyrl.bus.kafka import client_config
+from steadyrl.bus.kafka import KafkaAuth, client_config
 from steadyrl.diskspace import pid_alive
 
 log = logging.getLogger(__name__)
@@ -100,7 +103,8 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def free_port_pair() -> int:
@@ -126,8 +130,6 @@ def _cmdline(pid: int) -> str:
 def ensure_password(secrets_dir: Path, principal: str) -> Path:
     """`secrets_dir/kafka-<principal>`, created (mode 0600, 32 random URL-safe characters) if
     missing; returns its path."""
-    import secrets
-
     path = Path(secrets_dir) / f"kafka-{principal}"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -200,11 +202,9 @@ class LocalBroker:
         """Password files of a `sasl` broker (`kafka-<principal>`, mode 0600)."""
         return self.state_dir / "secrets"
 
-    def admin_auth(self):
+    def admin_auth(self) -> KafkaAuth:
         """The KafkaAuth the broker's own admin calls use: the `admin` super user of a `sasl`
         broker (its password file created on first use), else PLAINTEXT."""
-        from steadyrl.bus.kafka import KafkaAuth
-
         if not self.sasl:
             return KafkaAuth()
         return KafkaAuth(security_protocol="SASL_PLAINTEXT", username="admin",
@@ -303,7 +303,7 @@ class LocalBroker:
     def _listener(self) -> str:
         return "SASL_PLAINTEXT" if self.sasl else "PLAINTEXT"
 
-    def _java(self, *args: str, **kw) -> subprocess.CompletedProcess:
+    def _java(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
         cp = f"{libs_dir()}/*"
         return subprocess.run(["java", "-cp", cp, *args], capture_output=True, text=True, **kw)
 
@@ -346,7 +346,7 @@ class LocalBroker:
         log.info("broker started", extra={"pid": proc.pid, "bootstrap": self.bootstrap})
         return True
 
-    def spawn(self) -> subprocess.Popen:
+    def spawn(self) -> subprocess.Popen[bytes]:
         """Format (if needed) and start the JVM without waiting for it; the pid goes to `pid_file`.
 
         A node of a quorum answers metadata only once a majority of the voters runs, so
@@ -364,11 +364,10 @@ class LocalBroker:
             f"-Dkafka.logs.dir={logs}",
             "-cp", f"{libs_dir()}/*", "kafka.Kafka", str(self.state_dir / "server.properties"),
         ]
-        out = open(logs / "stdout.log", "ab")
-        # Own session: a Ctrl-C in the terminal reaches our supervisor, which stops us in order.
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=self.state_dir)
-        out.close()
+        with open(logs / "stdout.log", "ab") as out:
+            # Own session: a Ctrl-C in the terminal reaches our supervisor, which stops us in order.
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, cwd=self.state_dir)
         self.pid_file.write_text(str(proc.pid))
         self._proc = proc
         return proc
@@ -379,12 +378,13 @@ class LocalBroker:
         assert self.data_dir is not None   # set in __post_init__
         return self.data_dir
 
-    def wait_ready(self, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    def wait_ready(self, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
         """Block until the broker answers a metadata request (not merely the port) with this
         state dir's cluster id (when it has one). Raises ForeignBroker at once when a broker of
         another cluster answers (another stack's, on this port), BrokerError when `proc` exits
         or nothing answers within `timeout_s`."""
-        from confluent_kafka.admin import AdminClient
+        from confluent_kafka import KafkaException  # lazy: heavy (confluent_kafka), only broker calls need it
+        from confluent_kafka.admin import AdminClient  # lazy: heavy (confluent_kafka), only broker calls need it
 
         deadline = time.monotonic() + timeout_s
         admin = AdminClient(client_config(self.bootstrap, self.admin_auth()) | {"log_level": 0,
@@ -403,7 +403,7 @@ class LocalBroker:
                     return
             except ForeignBroker:
                 raise
-            except Exception as e:  # KafkaException while the broker is coming up
+            except KafkaException as e:  # while the broker is coming up
                 last_err = e
             time.sleep(0.2)
         raise BrokerError(f"broker at {self.bootstrap} did not answer metadata in {timeout_s:.0f}s "
@@ -436,7 +436,7 @@ class LocalBroker:
         return pid
 
     def _wait_exit(self, pid: int, timeout_s: float) -> bool:
-        proc = getattr(self, "_proc", None)
+        proc: subprocess.Popen[bytes] | None = getattr(self, "_proc", None)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc is not None and proc.pid == pid:
@@ -447,7 +447,7 @@ class LocalBroker:
             time.sleep(0.1)
         return False
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """`{"running": bool, "pid": int|None, "bootstrap": str, "state_dir": str}`."""
         pid = self.pid()
         return {"running": pid is not None, "pid": pid, "bootstrap": self.bootstrap,
@@ -457,7 +457,7 @@ class LocalBroker:
         """The exit status of the JVM this object spawned last, once it has exited, waiting up
         to `wait_s` seconds for it (a JVM that halts is gone from `pid()` a moment before its
         status is there); None: still running, or started by another process."""
-        proc = getattr(self, "_proc", None)
+        proc: subprocess.Popen[bytes] | None = getattr(self, "_proc", None)
         if proc is None:
             return None
         try:
@@ -480,10 +480,8 @@ class LocalBroker:
     def log_tail(self, lines: int = 30) -> str:
         texts = []
         for f in (self.state_dir / "logs" / "stdout.log", self.log_file):
-            try:
+            with contextlib.suppress(OSError):
                 texts.append("\n".join(f.read_text(errors="replace").splitlines()[-lines:]))
-            except OSError:
-                pass
         return "\n".join(texts)
 
 
@@ -565,7 +563,7 @@ class LocalCluster:
             n.state_dir.mkdir(parents=True, exist_ok=True)
             (n.state_dir / "cluster.id").write_text(cid)
         with ThreadPoolExecutor(max_workers=max(len(down), 1)) as pool:  # formatting is a JVM each
-            procs = dict(zip((n.node_id for n in down), pool.map(LocalBroker.spawn, down)))
+            procs = dict(zip((n.node_id for n in down), pool.map(LocalBroker.spawn, down), strict=True))
         self.wait_ready(timeout_s, procs)
         if down:
             log.info("cluster started", extra={"nodes": [n.node_id for n in down], "bootstrap": self.bootstrap})
@@ -581,14 +579,15 @@ class LocalCluster:
         self.wait_ready(timeout_s, {node_id: proc}, only=[node_id])
         return True
 
-    def wait_ready(self, timeout_s: float, procs: dict[int, subprocess.Popen] | None = None,
+    def wait_ready(self, timeout_s: float, procs: dict[int, subprocess.Popen[bytes]] | None = None,
                    only: list[int] | None = None) -> None:
         """Block until each node of `only` (default: all) answers a metadata request on its own
         address and the cluster's metadata lists every node that runs as a broker.
 
         Raises BrokerError if a node of `procs` exits, or past `timeout_s` seconds.
         """
-        from confluent_kafka.admin import AdminClient
+        from confluent_kafka import KafkaException  # lazy: heavy (confluent_kafka), only broker calls need it
+        from confluent_kafka.admin import AdminClient  # lazy: heavy (confluent_kafka), only broker calls need it
 
         deadline = time.monotonic() + timeout_s
         want = only or list(self.nodes)
@@ -603,7 +602,7 @@ class LocalCluster:
             for nid in sorted(pending):
                 try:
                     listed = set(admins[nid].list_topics(timeout=2.0).brokers)
-                except Exception as e:  # KafkaException while the node is coming up
+                except KafkaException as e:  # while the node is coming up
                     last = f"node {nid}: {e}"
                     continue
                 running = {i for i, n in self.nodes.items() if n.pid() is not None}
@@ -631,12 +630,12 @@ class LocalCluster:
         """node id -> pid of its running JVM (None: not running)."""
         return {nid: n.pid() for nid, n in self.nodes.items()}
 
-    def partitions(self, topic: str, timeout_s: float = 10.0) -> dict[int, dict]:
+    def partitions(self, topic: str, timeout_s: float = 10.0) -> dict[int, dict[str, Any]]:
         """partition -> {"leader": node id (-1: none), "replicas": [...], "isr": [...]} of
         `topic`, from a metadata request to any node. A node may not know a topic created a
         moment ago: asked again for up to `timeout_s` seconds, then KeyError (the topic is
         absent); confluent_kafka.KafkaException if no node answers."""
-        from confluent_kafka.admin import AdminClient
+        from confluent_kafka.admin import AdminClient  # lazy: heavy (confluent_kafka), only broker calls need it
 
         admin = AdminClient(client_config(self.bootstrap) | {"log_level": 0})
         deadline = time.monotonic() + timeout_s
@@ -653,12 +652,12 @@ class LocalCluster:
     def brokers(self, timeout_s: float = 10.0) -> set[int]:
         """Node ids the cluster's metadata lists as brokers now (a killed node drops out once
         the controller fences it: `broker.session.timeout.ms`, 9 s by default)."""
-        from confluent_kafka.admin import AdminClient
+        from confluent_kafka.admin import AdminClient  # lazy: heavy (confluent_kafka), only broker calls need it
 
         return set(AdminClient(client_config(self.bootstrap) | {"log_level": 0})
                    .list_topics(timeout=timeout_s).brokers)
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """`{"bootstrap": str, "state_dir": str, "nodes": {id: LocalBroker.status()}}`."""
         return {"bootstrap": self.bootstrap, "state_dir": str(self.state_dir),
                 "nodes": {nid: n.status() for nid, n in self.nodes.items()}}

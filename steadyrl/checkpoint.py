@@ -50,6 +50,7 @@ without a key the signature is not checked and unsigned folders verify as before
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import io
@@ -63,13 +64,26 @@ import shutil
 import threading
 import time
 import warnings
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
+import numpy as np
 import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
 
 from steadyrl import diskspace, failpoints
 from steadyrl.files import fsync_dir, sha256_file, write_atomic
+from steadyrl.models import state_dict_mismatch
+
+# torch.distributed.checkpoint (DCP) takes seconds to import: the format-3 (sharded) functions
+# import it themselves (`# lazy: heavy (torch DCP)`).
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+    from torch.optim.lr_scheduler import LRScheduler
 
 log = logging.getLogger(__name__)
 
@@ -110,18 +124,14 @@ def refuse_nonfinite(tensors: dict[str, torch.Tensor], what: str) -> None:
 
 def rng_state() -> dict[str, Any]:
     """Python, numpy and torch RNG states, JSON-serialisable."""
-    import numpy as np
-
     py = random.getstate()
-    np_state = np.random.get_state()
+    np_state = cast(tuple[str, Any, int, int, float], np.random.get_state())   # legacy=True: the tuple
     return {"python": [py[0], list(py[1]), py[2]],
             "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
             "torch": torch.get_rng_state().tolist()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    import numpy as np
-
     v, internal, gauss = state["python"]
     random.setstate((v, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
@@ -134,7 +144,7 @@ _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", t
            torch.bool: "BOOL"}
 
 
-def _write_chunks(path: Path, parts, chunk: int = 16 << 20) -> dict[str, Any]:
+def _write_chunks(path: Path, parts: Iterable[bytes | memoryview], chunk: int = 16 << 20) -> dict[str, Any]:
     """Write the buffers in `parts` to a new file in `chunk`-byte pieces, hashing each on the
     way (hashlib and unbuffered file writes release the GIL), and fsync it.
     Returns the manifest entry {"size": bytes, "sha256": hex}."""
@@ -168,12 +178,13 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
     Returns {"size", "sha256"}. Raises KeyError for a dtype safetensors has no name for.
     """
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
-    datas, offset = [], 0
+    datas: list[bytes | memoryview] = []
+    offset = 0
     for name, t in tensors.items():
         t = t.detach().contiguous()
         n = t.numel() * t.element_size()
         header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
-        datas.append(t.reshape(-1).view(torch.uint8).numpy() if n else b"")
+        datas.append(t.reshape(-1).view(torch.uint8).numpy().data if n else b"")
         offset += n
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
@@ -210,7 +221,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _alias_key(t: torch.Tensor) -> tuple:
+def _alias_key(t: torch.Tensor) -> tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...]]:
     """Equal for the same view of the same memory (tied weights; FSDP2 gives two DTensors over
     one shard), different otherwise."""
     t = _local(t)
@@ -229,34 +240,31 @@ def unique_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return out
 
 
-def load_weights(path: Path, model) -> None:
+def load_weights(path: Path, model: torch.nn.Module) -> None:
     """Load a safetensors file of `model`'s weights (tied keys may be absent).
 
     Raises CheckpointError naming missing, unexpected or wrongly shaped keys
     (steadyrl.models.state_dict_mismatch).
     """
-    from safetensors.torch import load_file
-
     fit_weights(model, load_file(str(path)), path)
 
 
-def fit_weights(model, weights: dict[str, torch.Tensor], where: Path) -> None:
+def fit_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: Path) -> None:
     """Load `weights` into `model` (tied keys may be absent). Raises CheckpointError naming
     `where` and the missing, unexpected or wrongly shaped keys (steadyrl.models.state_dict_mismatch)."""
-    from steadyrl.models import state_dict_mismatch
-
     why = state_dict_mismatch(model, weights)
     if why:
         raise CheckpointError(f"{where}: weights do not fit the model: {why}")
     model.load_state_dict(weights, strict=False)
 
 
-def snapshot(model, optimizer, scheduler) -> dict[str, Any]:
+def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None
+             ) -> dict[str, Any]:
     """CPU copies of everything a save writes (the step loop may go on changing the originals).
     Tensors that share storage (tied embeddings) stay shared in the copy."""
-    copies: dict[tuple, torch.Tensor] = {}
+    copies: dict[tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
 
-    def cpu(obj):
+    def cpu(obj: Any) -> Any:   # a state dict's nesting: dicts, lists and tuples of tensors and plain values
         if isinstance(obj, torch.Tensor):
             if obj.numel() == 0:  # every empty tensor has data_ptr 0
                 return obj.detach().to("cpu", copy=True)
@@ -406,7 +414,7 @@ class _MetadataUnpickler(pickle.Unpickler):
                               "(refused, not loaded)")
 
 
-def shard_metadata(folder: Path, data: bytes | None = None) -> Any:
+def shard_metadata(folder: Path, data: bytes | None = None) -> Metadata:
     """The torch.distributed.checkpoint `Metadata` of a format-3 shards folder (its `.metadata`,
     or `data`), unpickled through an allow-list (_METADATA_GLOBALS), so nothing in it runs.
 
@@ -414,8 +422,8 @@ def shard_metadata(folder: Path, data: bytes | None = None) -> Any:
     table, and every piece of data lies in a plain file of `folder` with no transform.
     Raises CheckpointError naming the folder and what is refused (a global outside the list,
     an unexpected entry, a path, a file that is not DCP's metadata)."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+    from torch.distributed.checkpoint.filesystem import _StorageInfo  # lazy: heavy (torch DCP)
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata  # lazy: heavy (torch DCP)
 
     where = Path(folder) / ".metadata"
     try:
@@ -423,7 +431,7 @@ def shard_metadata(folder: Path, data: bytes | None = None) -> Any:
         md = _MetadataUnpickler(io.BytesIO(raw)).load()
     except CheckpointError as e:
         raise CheckpointError(f"{where}: {e}") from None
-    except Exception as e:   # a truncated or foreign pickle: UnpicklingError, EOFError, TypeError, ...
+    except Exception as e:  # noqa: BLE001 - a truncated or foreign pickle: UnpicklingError, EOFError, TypeError, ...
         raise CheckpointError(f"{where}: not a distributed checkpoint's metadata: {type(e).__name__}: {e}") from None
     if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict) \
             or not isinstance(md.storage_data, dict):
@@ -440,18 +448,19 @@ def shard_metadata(folder: Path, data: bytes | None = None) -> Any:
     return md
 
 
-def _safe_reader(folder: Path):
+def _safe_reader(folder: Path) -> FileSystemReader:
     """A torch.distributed.checkpoint FileSystemReader of `folder` whose metadata is read by
     `shard_metadata` (torch's own reader unpickles it unrestricted)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import StorageMeta
+    from torch.distributed.checkpoint.filesystem import FileSystemReader  # lazy: heavy (torch DCP)
+    from torch.distributed.checkpoint.metadata import StorageMeta  # lazy: heavy (torch DCP)
 
-    class Reader(dcp.FileSystemReader):
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
             md = shard_metadata(folder)
-            if getattr(md, "storage_meta", None) is None:
-                md.storage_meta = StorageMeta()
-            md.storage_meta.load_id = self.load_id
+            storage_meta = getattr(md, "storage_meta", None)
+            if storage_meta is None:
+                storage_meta = md.storage_meta = StorageMeta()
+            storage_meta.load_id = self.load_id
             return md
 
     return Reader(str(folder))
@@ -541,16 +550,17 @@ def _read_shards(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch
     """The whole `model` and `optimizer` tables of a torch.distributed.checkpoint folder, on this
     process alone (no collective: DCP's no_dist load reassembles every rank's shards). The
     metadata is read through `shard_metadata`'s allow-list, here and inside DCP's load."""
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load  # lazy: heavy (torch DCP)
 
     reader = _safe_reader(folder)
     tables: dict[str, dict[str, torch.Tensor]] = {"model": {}, "optimizer": {}}
     for key, md in reader.read_metadata().state_dict_metadata.items():   # shard_metadata checked each
         table, _, name = key.partition(".")
-        tables[table][name] = torch.empty(md.size, dtype=md.properties.dtype)
+        tensor = cast("TensorStorageMetadata", md)   # shard_metadata refused every other kind of entry
+        tables[table][name] = torch.empty(tensor.size, dtype=tensor.properties.dtype)
     with warnings.catch_warnings():   # "assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(tables, storage_reader=reader, no_dist=True)
+        dcp_load(tables, storage_reader=reader, no_dist=True)
     return tables["model"], tables["optimizer"]
 
 
@@ -558,8 +568,6 @@ def read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str,
     """The whole weights, optimizer state dict (index-keyed, as `Optimizer.state_dict()`) and
     meta.json of a verified checkpoint of either format (one rank's safetensors, or N ranks'
     shards), on this process alone."""
-    from safetensors.torch import load_file
-
     meta = json.loads((path / "meta.json").read_text())
     if (path / "shards").is_dir():
         weights, opt_tensors = _read_shards(path / "shards")
@@ -569,7 +577,8 @@ def read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str,
     return weights, _optimizer_state(opt_tensors, meta["optimizer"]), meta
 
 
-def load(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
+def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+         scheduler: LRScheduler | None) -> dict[str, Any]:
     """Load a verified checkpoint (either format) into model/optimizer/scheduler; returns
     meta.json. With `optimizer` None the optimizer's state dict is returned as
     meta["optimizer_state"] instead (a sharded trainer scatters it: steadyrl.rl.distributed.sync).
@@ -591,10 +600,24 @@ def load(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
 def _lower_priority() -> None:
     """Nice +10 for the calling thread (Linux: a thread has its own nice value), so the step
     loop's threads win the CPU over a checkpoint writer."""
-    try:
+    with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):
-        pass
+
+
+class ShardedTrainer(Protocol):
+    """What a sharded save uses of a trainer (steadyrl.rl.trainer.Trainer): its whole model,
+    its (FSDP-sharded) module, optimizer and schedule, and the gloo group checkpoints use."""
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+    @property
+    def module(self) -> torch.nn.Module: ...
+    @property
+    def opt(self) -> torch.optim.Optimizer: ...
+    @property
+    def sched(self) -> LRScheduler: ...
+    @property
+    def checkpoint_group(self) -> ProcessGroup | int | None: ...   # int: torch's NON_GROUP_MEMBER, in its types
 
 
 class ShardWriter:
@@ -606,13 +629,13 @@ class ShardWriter:
     with the same `tmp`, one save at a time. `wait()` joins the write in flight and re-raises
     its error."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
-    def snapshot(self, trainer) -> tuple[dict[str, Any], dict[str, Any]]:
+    def snapshot(self, trainer: ShardedTrainer) -> tuple[dict[str, Any], dict[str, Any]]:
         """(tables of this rank's shard copies, the optimizer's JSON part)."""
-        from steadyrl.rl.distributed import to_host
+        from steadyrl.rl.distributed import to_host  # lazy: heavy (torch.distributed, FSDP), only sharded trainers
 
         opt_tensors, opt_json = _optimizer_parts(trainer.opt.state_dict())
         tables = {"model": {k: to_host(v)   # tied weights: one name, as format 2
@@ -620,7 +643,8 @@ class ShardWriter:
                   "optimizer": {k: to_host(v) for k, v in opt_tensors.items()}}
         return tables, opt_json
 
-    def save(self, tmp: str | Path, trainer, then=None) -> None:
+    def save(self, tmp: str | Path, trainer: ShardedTrainer, then: Callable[[dict[str, Any]], None] | None = None
+             ) -> None:
         """Start writing this rank's shards into `<tmp>/shards/`; `then(opt_json)` runs in the same
         thread after the write (rank 0: the manifest), given the optimizer's JSON part. Every rank
         first learns whether any rank's optimizer shards hold NaN or infinity (a MAX all-reduce
@@ -629,24 +653,26 @@ class ShardWriter:
         self.wait()
         tables, opt_json = self.snapshot(trainer)
 
-        def run():
-            import torch.distributed as dist
-            import torch.distributed.checkpoint as dcp
+        def run() -> None:
+            from torch.distributed.checkpoint.filesystem import FileSystemWriter  # lazy: heavy (torch DCP)
+            from torch.distributed.checkpoint.state_dict_saver import save as dcp_save  # lazy: heavy (torch DCP)
 
+            # a gloo group of every rank (dist.new_group): never NON_GROUP_MEMBER, which torch's types allow
+            group = cast("ProcessGroup | None", trainer.checkpoint_group)
             _lower_priority()
             try:
                 bad = nonfinite({k: _local(v) for k, v in tables["optimizer"].items()})
                 flag = torch.tensor([1.0 if bad else 0.0])
-                if trainer.checkpoint_group is not None:
-                    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=trainer.checkpoint_group)
+                if group is not None:
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
                 if float(flag) > 0:
                     raise NonFiniteWeights(f"checkpoint {tmp}: refusing to write non-finite optimizer state "
                                            f"({', '.join(bad[:3]) or 'on another rank'})")
-                dcp.save(tables, storage_writer=dcp.FileSystemWriter(str(Path(tmp) / "shards"), thread_count=1),
-                         process_group=trainer.checkpoint_group)
+                dcp_save(tables, storage_writer=FileSystemWriter(str(Path(tmp) / "shards"), thread_count=1),
+                         process_group=group)
                 if then is not None:
                     then(opt_json)
-            except BaseException as e:  # reported by wait()
+            except BaseException as e:  # noqa: BLE001 - handed to wait(), which raises it in the caller
                 self.error = e
 
         self._thread = threading.Thread(target=run, name="checkpoint-shards", daemon=False)
@@ -693,7 +719,7 @@ class AsyncCheckpointer:
 
     def __init__(self, root: Path, config: dict[str, Any], keep: int = 3, verify: bool = True,
                  verified_step: int | None = None, beat: Callable[[], None] = lambda: None,
-                 key: bytes | None = None):
+                 key: bytes | None = None) -> None:
         self.root, self.config, self.keep, self.verify = Path(root), config, keep, verify
         self.key = key
         self.beat = beat
@@ -704,7 +730,8 @@ class AsyncCheckpointer:
         self.last_verified_step = verified_step
         self.shards: ShardWriter | None = None   # made at the first sharded save; its write is a save in flight
 
-    def save(self, step: int, model, optimizer, scheduler, meta: dict[str, Any]) -> None:
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None,
+             meta: dict[str, Any]) -> None:
         self.wait()
         snap = snapshot(model, optimizer, scheduler)
 
@@ -715,13 +742,13 @@ class AsyncCheckpointer:
                 shutil.rmtree(self.root / f"step_{step:06d}.tmp-{os.getpid()}", ignore_errors=True)
                 raise
 
-        def run():
+        def run() -> None:
             _lower_priority()
             t0 = time.perf_counter()
             try:  # a full disk: retried with backoff until space returns (steadyrl.diskspace.retry)
                 final = diskspace.retry(attempt, "checkpoint", self.root / f"step_{step:06d}", beat=lambda: None)
                 self.last_seconds = time.perf_counter() - t0
-            except BaseException as e:  # reported by wait()
+            except BaseException as e:  # noqa: BLE001 - handed to wait(), which raises it in the caller
                 self.error = e
                 return
             if self.verify:
@@ -730,7 +757,8 @@ class AsyncCheckpointer:
         self._thread = threading.Thread(target=run, name=f"checkpoint-{step}", daemon=False)
         self._thread.start()
 
-    def save_sharded(self, step: int, trainer, meta: dict[str, Any], announce) -> None:
+    def save_sharded(self, step: int, trainer: ShardedTrainer, meta: dict[str, Any],
+                     announce: Callable[[str], None]) -> None:
         """Rank 0's side of a sharded checkpoint (format 3) of `trainer` (sharding fsdp): refuse
         non-finite weights (its whole `model`), prepare the folder, `announce(tmp)` it to the
         other ranks (each then calls ShardWriter.save with it; rank 0's Leader.save hands them
@@ -749,7 +777,7 @@ class AsyncCheckpointer:
         t0 = time.perf_counter()
         scheduler = trainer.sched.state_dict()   # now: the step loop goes on while the shards are written
 
-        def finish(opt_json):
+        def finish(opt_json: dict[str, Any]) -> None:
             files = {str(p.relative_to(tmp)): _file_entry(p) for p in sorted((tmp / "shards").iterdir())}
             full_meta = {**meta, "optimizer": opt_json, "scheduler": scheduler}
             written = _finish(self.root, tmp, final, step, files, full_meta, self.config, self.keep,

@@ -33,6 +33,7 @@ keep-alive `KEEP_ALIVE_S`, a request head within `HEAD_TIMEOUT_S` and at most
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -40,8 +41,11 @@ import queue
 import socket
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
+import h11
+import uvicorn
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, generate_latest
@@ -52,6 +56,10 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +97,7 @@ class Health:
         liveness_timeout_s: /livez fails if `beat()` was not called for this long.
     """
 
-    def __init__(self, liveness_timeout_s: float = 60.0):
+    def __init__(self, liveness_timeout_s: float = 60.0) -> None:
         self.liveness_timeout_s = liveness_timeout_s
         self._last_beat = time.monotonic()
         self._checks: dict[str, Check] = {}
@@ -107,14 +115,14 @@ class Health:
         age = time.monotonic() - self._last_beat
         return age <= self.liveness_timeout_s, age
 
-    def ready(self) -> tuple[bool, dict[str, dict]]:
+    def ready(self) -> tuple[bool, dict[str, dict[str, Any]]]:
         with self._lock:
             checks = dict(self._checks)
-        results: dict[str, dict] = {}
+        results: dict[str, dict[str, Any]] = {}
         for name, check in checks.items():
             try:
                 ok, detail = check()
-            except Exception as e:  # a broken check is a failed check, not a 500
+            except Exception as e:  # noqa: BLE001 - a broken check is a failed check, not a 500
                 ok, detail = False, f"check raised {type(e).__name__}: {e}"
             results[name] = {"ok": bool(ok), "detail": detail}
         return bool(results) and all(r["ok"] for r in results.values()), results
@@ -126,13 +134,14 @@ class DaemonPool:
     exit: a generation in progress, or a check that hangs, must not hold up a stopping service.
     """
 
-    def __init__(self, size: int, name: str):
+    def __init__(self, size: int, name: str) -> None:
         self.size, self.name = size, name
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[[], Any]]] = \
+            queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = self._idle = self._pending = 0
 
-    def submit(self, fn: Callable[[], Any]) -> asyncio.Future:
+    def submit(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
         """fn() on a pool thread; its result (or exception) on the returned future of the
         running loop. Calls past `size` at once wait for a thread."""
         loop = asyncio.get_running_loop()
@@ -157,15 +166,13 @@ class DaemonPool:
                 self._pending -= 1
             try:
                 result, error = fn(), None
-            except BaseException as e:  # handed to the caller
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
                 result, error = None, e
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
                 loop.call_soon_threadsafe(_settle, future, result, error)
-            except RuntimeError:  # the loop is closed: nobody is waiting
-                pass
 
 
-def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if not future.done():  # a caller that timed out has cancelled it
         if error is None:
             future.set_result(result)
@@ -213,12 +220,13 @@ class HTTPError(HTTPException):
     """An HTTPException whose JSON answer carries fields beside `detail` (`extra`)."""
 
     def __init__(self, status_code: int, detail: str, extra: dict[str, Any] | None = None,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(status_code, detail, headers)
         self.extra = extra or {}
 
 
-def _json(status: int, body: dict, headers: dict[str, str] | None = None) -> tuple[int, bytes, dict[str, str]]:
+def _json(status: int, body: dict[str, Any],
+          headers: Mapping[str, str] | None = None) -> tuple[int, bytes, dict[str, str]]:
     return status, json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(), dict(headers or {})
 
 
@@ -228,7 +236,7 @@ def finite_json(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
-def _validation_detail(e: ValidationError, limit: int = 20) -> list[dict]:
+def _validation_detail(e: ValidationError, limit: int = 20) -> list[dict[str, Any]]:
     """FastAPI's 422 `detail` (loc under "body", msg, type), without the inputs (a body of
     megabytes would come back), at most `limit` errors and a last entry counting the rest."""
     errors = e.errors(include_url=False, include_input=False, include_context=False)
@@ -342,15 +350,13 @@ def add_work_route(app: FastAPI, path: str, model: type[BaseModel], handler: Cal
     app.add_api_route(path, endpoint, methods=["POST"])
 
 
-def _protocol_class():
+def _protocol_class() -> type[H11Protocol]:
     """uvicorn's h11 protocol, plus HEAD_TIMEOUT_S for every request head."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
     class Protocol(H11Protocol):
         _head_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport) -> None:  # type: ignore[override]
+        # uvicorn's own H11Protocol narrows it the same way (and ignores [override] there too)
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm_head_timer()
 
@@ -391,9 +397,7 @@ class HealthServer:
         RuntimeError from start() if the server does not come up within 10 s.
     """
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
-        import uvicorn
-
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
         self.host = host
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -409,7 +413,7 @@ class HealthServer:
                                 http=_protocol_class(), timeout_keep_alive=KEEP_ALIVE_S,
                                 h11_max_incomplete_event_size=MAX_HEAD_BYTES)
         self._server = uvicorn.Server(config)
-        self._server.install_signal_handlers = lambda: None  # the service owns signals
+        # The service owns signals: uvicorn (>= 0.29) installs no handler off the main thread.
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name="http", daemon=True)
 
@@ -417,7 +421,7 @@ class HealthServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> "HealthServer":
+    def start(self) -> HealthServer:
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
@@ -433,11 +437,9 @@ class HealthServer:
         self._sock.close()
 
 
-def response_detail(resp) -> str:
+def response_detail(resp: httpx.Response) -> str:
     """A peer's message from its HTTP answer (an httpx.Response): FastAPI's {"detail": ...}, else
     the body; 500 characters at most."""
-    import json
-
     try:
         d = resp.json()["detail"]
         text = d if isinstance(d, str) else json.dumps(d)

@@ -19,6 +19,7 @@ typed service configs. See docs/architecture.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -26,12 +27,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, TextIO
 
 import httpx
 
-from steadyrl.broker import BrokerError, ForeignBroker
+from steadyrl.broker import BrokerError, ForeignBroker, LocalBroker
 
 
 @dataclass
@@ -41,7 +44,7 @@ class Child:
     name: str
     argv: list[str]
     port: int
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     final: bool = False      # exit status 0 means "done": stop the whole stack
     env: dict[str, str] = field(default_factory=dict)   # added to the environment (placement's threads)
     cpus: frozenset[int] | None = None                   # CPU affinity, set before exec (None: any)
@@ -56,7 +59,7 @@ class Child:
         return f"http://127.0.0.1:{self.port}"
 
 
-def _pump(prefix: str, stream, out) -> None:
+def _pump(prefix: str, stream: IO[bytes], out: TextIO) -> None:
     for line in iter(stream.readline, b""):
         out.write(f"{prefix} | {line.decode(errors='replace').rstrip()}\n")
         out.flush()
@@ -71,7 +74,8 @@ class Supervisor:
         grace_s: SIGTERM-to-SIGKILL grace period when stopping.
     """
 
-    def __init__(self, children: list[Child], grace_s: float = 20.0, out=sys.stdout, is_done=lambda: True):
+    def __init__(self, children: list[Child], grace_s: float = 20.0, out: TextIO = sys.stdout,
+                 is_done: Callable[[], bool] = lambda: True) -> None:
         self.children = children
         self.is_done = is_done
         self.grace_s = grace_s
@@ -105,10 +109,8 @@ class Supervisor:
             while not all(ready.values()) and time.monotonic() < deadline and not self.stop.is_set():
                 for c in self.children:
                     if not ready[c.name]:
-                        try:
+                        with contextlib.suppress(httpx.HTTPError):
                             ready[c.name] = http.get(f"{c.url}/readyz").status_code == 200
-                        except httpx.HTTPError:
-                            pass
                 self.watch_once()
                 time.sleep(0.5)
         return ready
@@ -140,7 +142,7 @@ class Supervisor:
             c.next_start = now + c.backoff_s
             c.backoff_s = min(c.backoff_s * 2, 30.0)
 
-    def run_until_stopped(self, tick=None) -> None:
+    def run_until_stopped(self, tick: Callable[[], None] | None = None) -> None:
         while not self.stop.is_set():
             self.watch_once()
             if tick is not None:
@@ -148,22 +150,22 @@ class Supervisor:
             self.stop.wait(0.5)
 
     def stop_all(self) -> None:
-        live = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
-        for c in live:
-            c.proc.send_signal(signal.SIGTERM)
+        live = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
+        for proc in live:
+            proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s
-        for c in live:
+        for proc in live:
             try:
-                c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                c.proc.kill()
-                c.proc.wait(timeout=10)
+                proc.kill()
+                proc.wait(timeout=10)
         for c in self.children:
             for t in c.threads:
                 t.join(timeout=2)
 
 
-def volume_of(path) -> str:
+def volume_of(path: str | os.PathLike[str]) -> str:
     """The mount point of the filesystem that holds `path` (its nearest existing folder): the
     name a full volume is reported by."""
     p = Path(path).resolve()
@@ -194,8 +196,8 @@ class BrokerWatch:
     pid file names the JVM a restart spawned).
     """
 
-    def __init__(self, broker, out=sys.stdout, check_s: float = 1.0, ready_timeout_s: float = 120.0,
-                 low_free_bytes: int = 256 * 1024 * 1024):
+    def __init__(self, broker: LocalBroker, out: TextIO = sys.stdout, check_s: float = 1.0,
+                 ready_timeout_s: float = 120.0, low_free_bytes: int = 256 * 1024 * 1024) -> None:
         self.broker = broker
         self.out = out
         self.check_s = check_s

@@ -115,9 +115,7 @@ def follower(cfg: LearnerConfig) -> int:
 
     try:
         trainer = Trainer(model, tok.pad_token_id, lc.train)
-        # steadyrl.checkpoint.ShardWriter.__init__ has no `-> None` (not this package's file): the
-        # ignore goes once it has; unused-ignore keeps the project's non-strict check quiet meanwhile
-        writer = ShardWriter() if trainer.sharded else None  # type: ignore[no-untyped-call, unused-ignore]
+        writer = ShardWriter() if trainer.sharded else None
         return distributed.follow(trainer, writer)
     except RuntimeError as e:
         if (line := distributed.broken_group(e)) is None:
