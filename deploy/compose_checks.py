@@ -119,7 +119,8 @@ class Stack:
         try:
             body = json.loads(r.stdout)
         except ValueError:
-            raise Failed(f"Prometheus {path} {params}: no JSON (wget exit {r.returncode}: {r.stderr.strip()[-300:]})")
+            raise Failed(f"Prometheus {path} {params}: no JSON "
+                         f"(wget exit {r.returncode}: {r.stderr.strip()[-300:]})") from None
         if body.get("status") != "success":
             raise Failed(f"Prometheus {path} {params}: {body.get('errorType')}: {body.get('error')}")
         return body["data"]
@@ -404,7 +405,7 @@ def read_all(conf: dict, topic: str, timeout_s: float = 60.0) -> list:
         ends = {tp.partition: c.get_watermark_offsets(tp, timeout=timeout_s)[1] for tp in parts}
         c.assign(parts)
         got, deadline = [], time.time() + timeout_s
-        pos = {p: 0 for p in ends}
+        pos = dict.fromkeys(ends, 0)
         while any(pos[p] < ends[p] for p in ends) and time.time() < deadline:
             for m in c.consume(500, timeout=1.0):
                 if m.error():
@@ -465,7 +466,7 @@ def forge(args) -> dict:
     with ThreadPoolExecutor(len(attempts)) as pool:  # a refused login waits out its timeout: all at once
         results = list(pool.map(lambda a: forge_produce(a[1], topic(a[2]), a[3], nonce, transactional_id=a[4],
                                                         timeout_s=args.timeout_s), attempts))
-    for (who, conf, t, value, txn, want), r in zip(attempts, results):
+    for (who, _conf, _t, _value, _txn, want), r in zip(attempts, results, strict=True):
         r["who"], r["want"] = who, want
         r["login_refused"] = any("_AUTHENTICATION" in e or "uthentication failed" in e for e in r["client_errors"])
         ok = not r["delivered"]
