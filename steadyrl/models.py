@@ -31,6 +31,7 @@ from tokenizers import Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import WordLevel
 
 from steadyrl.assets import user_cache_dir
+from steadyrl.stack import SMOLLM2, TINY
 
 if TYPE_CHECKING:
     from transformers import (
@@ -42,9 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SMOLLM2 = "smollm2-135m-instruct"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-TINY = "tiny"
 TINY_CHARS = list("0123456789+-=?: abcdefghijklmnopqrstuvwxyz")
 
 Tok = TypeVar("Tok", bound="PreTrainedTokenizerBase")
@@ -188,14 +187,6 @@ def state_dict_mismatch(model: torch.nn.Module, weights: dict[str, torch.Tensor]
     if unexpected or bad_shape or missing:
         return f"missing {missing[:3]}, unexpected {unexpected[:3]}, wrong shape {bad_shape[:3]}"
     return None
-
-
-def check_model_name(name: str) -> None:
-    """Raise ValueError unless `name` is one load_policy can load: `smollm2-135m-instruct`,
-    `tiny`, or an existing local folder (a configuration's model, checked at start)."""
-    if name not in (SMOLLM2, TINY) and not Path(name).is_dir():
-        raise ValueError(f"model {name!r}: not {SMOLLM2!r}, {TINY!r}, or a local folder "
-                         f"(relative paths start at {Path.cwd()})")
 
 
 def load_policy(name: str, dtype: torch.dtype = torch.float32,

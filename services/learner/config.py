@@ -10,7 +10,6 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from steadyrl.config import ServiceConfig
 from steadyrl.data import DATA_DIR, dataset_path, load_rows, tiny_copy_rows
 from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits
-from steadyrl.models import check_model_name
 from steadyrl.rl.trainer import TrainConfig
 from steadyrl.services.learner.prompt_gate import PromptGateConfig
 from steadyrl.services.learner.watch import WatchConfig
@@ -39,11 +38,11 @@ def check_dataset(v: str) -> str:
 
 class LearnerSection(LearnerStack):
     """The learner's own settings (the defaults are `make run`: SmolLM2 on the arithmetic set),
-    beside those `steadyrl up` reads too (`LearnerStack`: max_staleness, world_size)."""
+    beside those `steadyrl up` and the actor read too (`LearnerStack`: model, max_staleness,
+    world_size)."""
 
     model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
-    model: str = Field("smollm2-135m-instruct", description="smollm2-135m-instruct, tiny, or a local HF dir.")
     data: str = Field("data/arithmetic/train.parquet", description="verl parquet, JSONL, or tiny_copy:N.")
     eval_data: str | None = Field("data/arithmetic/test.parquet",
                                   description="Greedy accuracy before and after training (None: skip).")
@@ -180,12 +179,6 @@ class LearnerSection(LearnerStack):
         from steadyrl.rewards import resolve_scorer
 
         resolve_scorer(v)  # ValueError naming it: unknown name, or no such module or function
-        return v
-
-    @field_validator("model")
-    @classmethod
-    def _model_exists(cls, v: str) -> str:
-        check_model_name(v)
         return v
 
     @field_validator("train")

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from steadyrl.stack import LearnerStack, StackError, load_stack
+from steadyrl.stack import SMOLLM2, ActorStack, LearnerStack, PolicyModel, StackError, load_stack
 
 
 @pytest.fixture(autouse=True)
 def _no_stack_env(monkeypatch):
-    for name in ("STEADYRL_ACTOR__BACKEND", "STEADYRL_LEARNER__MAX_STALENESS", "STEADYRL_LEARNER__WORLD_SIZE"):
+    for name in ("STEADYRL_ACTOR__BACKEND", "STEADYRL_LEARNER__MAX_STALENESS", "STEADYRL_LEARNER__WORLD_SIZE",
+                 "STEADYRL_ACTOR__MODEL", "STEADYRL_LEARNER__MODEL"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -80,3 +81,27 @@ def test_every_committed_config_loads():
     assert files
     for f in files:
         load_stack(f)
+
+
+def test_the_actor_reads_the_same_fields_and_both_the_same_model():
+    """The actor's section is an ActorStack: `backend` and `model` have one definition, and
+    `model` the same one as the learner's (PolicyModel)."""
+    from steadyrl.services.actor.config import ActorSection
+    from steadyrl.services.learner.config import LearnerSection
+
+    assert issubclass(ActorSection, ActorStack) and issubclass(ActorStack, PolicyModel)
+    for name, field in ActorStack.model_fields.items():
+        assert repr(ActorSection.model_fields[name]) == repr(field), name
+    assert repr(ActorSection.model_fields["model"]) == repr(LearnerSection.model_fields["model"])
+    assert ActorSection().model == LearnerSection().model == SMOLLM2
+    with pytest.raises(ValueError, match="'no-such-model'"):
+        ActorSection(model="no-such-model")
+
+
+def test_a_stack_whose_actor_and_learner_name_different_models_is_refused(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("actor: {model: tiny}\nlearner: {model: smollm2-135m-instruct}\n")
+    with pytest.raises(StackError, match=r"actor\.model 'tiny' and learner\.model 'smollm2-135m-instruct' differ"):
+        load_stack(cfg)
+    cfg.write_text("actor: {model: tiny}\nlearner: {model: tiny}\n")
+    assert load_stack(cfg).actor.model == "tiny"
