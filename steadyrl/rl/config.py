@@ -83,7 +83,7 @@ class TrainConfig(BaseModel):
 
     @field_validator("oom_fallback", "rollout_is", mode="before")
     @classmethod
-    def _yaml_off(cls, v):
+    def _yaml_off(cls, v: object) -> object:
         # YAML 1.1 reads a bare `off` as false (and `on` as true)
         return "off" if v is False else "on" if v is True else v
 
@@ -110,7 +110,7 @@ class TrainConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _check(self) -> "TrainConfig":
+    def _check(self) -> TrainConfig:
         if self.kl_in_reward and not self.critic:
             raise ValueError("kl_in_reward needs algorithm=ppo, a critic's GAE (GRPO puts KL in the loss: "
                              "use_kl_loss)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterable
 from typing import Literal
 
 import torch
@@ -474,7 +475,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
 
 # ---------------------------------------------------------------- optimisation
 
-def clip_grad_norm(params, max_norm: float) -> float:
+def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float) -> float:
     """Clip the global L2 norm of the gradients to `max_norm`; returns the norm before clipping.
 
     Source: Pascanu et al. 2013, "On the difficulty of training RNNs", Alg. 1.

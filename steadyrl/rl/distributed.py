@@ -28,6 +28,7 @@ the same on all; sharded, through a restart of the group (`remember_safe_mode`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import logging
@@ -36,16 +37,21 @@ import signal
 import socket
 import struct
 import sys
+from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed import TCPStore  # type: ignore[attr-defined, unused-ignore]  # --strict: not re-exported
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.distributed_c10d import PrefixStore, Store
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from steadyrl.rl.batch import Group
 from steadyrl.rl.errors import NonFiniteStep
 
 log = logging.getLogger(__name__)
@@ -83,10 +89,10 @@ def torchrun_argv(world_size: int, module: str, argv: list[str], max_restarts: i
             "--nproc-per-node", str(world_size), "--max-restarts", str(max_restarts), "-m", module, *argv]
 
 
-_LISTENERS: list = []   # the sockets the stores `listening_store` made listen on (kept open)
+_LISTENERS: list[socket.socket] = []   # the sockets the stores `listening_store` made listen on (kept open)
 
 
-def listening_store(host: str, port: int, **kw):
+def listening_store(host: str, port: int, **kw: Any) -> TCPStore:
     """A TCPStore server that listens on `host`:`port` only (0: a free port). torch's TCPStore
     listens on every interface whatever host it is given (`::`, seen in /proc/net/tcp6), so the
     socket is bound here and handed over (`master_listen_fd`, libuv backend). `kw`: TCPStore's
@@ -96,8 +102,8 @@ def listening_store(host: str, port: int, **kw):
     kw.pop("is_master", None)
     sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     _LISTENERS.append(sock)
-    return dist.TCPStore(host, sock.getsockname()[1], is_master=True, master_listen_fd=sock.fileno(),
-                         use_libuv=True, **kw)
+    return TCPStore(host, sock.getsockname()[1], is_master=True, master_listen_fd=sock.fileno(),
+                    use_libuv=True, **kw)
 
 
 def interface_of(address: str) -> str | None:
@@ -120,12 +126,13 @@ def bind_group_to(host: str) -> None:
     `host` only (`listening_store`), and the ranks' gloo and NCCL sockets use the interface
     that holds it (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME; one already set is kept, and none is
     set when no interface holds `host`, with a warning). The ranks inherit the environment."""
-    client = c10d.TCPStore
+    client = c10d.TCPStore  # type: ignore[attr-defined, unused-ignore]  # --strict: not re-exported
 
-    def store(host_name, port, *args, is_master: bool = False, **kw):
+    def store(host_name: str, port: int, *args: Any, is_master: bool = False, **kw: Any) -> TCPStore:
         if is_master:
             return listening_store(host, port, **kw)
-        return client(host_name, port, *args, **kw)   # is_master False
+        made: TCPStore = client(host_name, port, *args, **kw)   # is_master False
+        return made
 
     setattr(c10d, "TCPStore", store)   # the name c10d's _create_tcp_store calls  # noqa: B010
     dyn.DynamicRendezvousHandler._create_tcp_store_server = (   # type: ignore[method-assign]
@@ -139,7 +146,7 @@ def bind_group_to(host: str) -> None:
         os.environ.setdefault(var, iface)
 
 
-def attempt_store(timeout_s: float):
+def attempt_store(timeout_s: float) -> Store | None:
     """The store this attempt of the group meets in: torchrun's own store (the agent's TCPStore
     at MASTER_ADDR:MASTER_PORT), under a prefix per restart (`TORCHELASTIC_RESTART_COUNT`).
 
@@ -154,16 +161,16 @@ def attempt_store(timeout_s: float):
     store = _agent_store(timeout_s)
     if store is None:
         return None
-    return dist.PrefixStore(f"steadyrl/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    return PrefixStore(f"steadyrl/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def _agent_store(timeout_s: float = 30.0):
+def _agent_store(timeout_s: float = 30.0) -> TCPStore | None:
     """A client of torchrun's own store (the agent's TCPStore at MASTER_ADDR:MASTER_PORT), or
     None when the agent does not share it (not under torchrun)."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                         timeout=timedelta(seconds=timeout_s))
+    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                    timeout=timedelta(seconds=timeout_s))
 
 
 SAFE_MODE_KEY = "steadyrl/safe_mode"  # in torchrun's store, outside every attempt's prefix
@@ -292,13 +299,14 @@ def broken_group(e: RuntimeError) -> str | None:
     return text.splitlines()[0] if "gloo" in text.lower() else None
 
 
-def _broadcast(obj=None):
+def _broadcast(obj: object = None) -> Any:
+    """Rank 0's `obj` on every rank (a collective; pickled: what comes back is whatever rank 0 sent)."""
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
-def shard(module, reshard_after_forward: bool = False):
+def shard(module: torch.nn.Module, reshard_after_forward: bool = False) -> torch.nn.Module:
     """Shard `module` in place over the group with FSDP2 (`torch.distributed.fsdp.fully_shard`):
     each transformer block (`module.model.layers[i]`, where it has them) its own unit, then the
     rest (embeddings, final norm, head) at the root. The gradient reduce-scatter sums instead of
@@ -319,10 +327,10 @@ def shard(module, reshard_after_forward: bool = False):
     return module
 
 
-_MESHES: dict = {}
+_MESHES: dict[tuple[int, str], DeviceMesh] = {}   # (id of the default group, device type) -> mesh
 
 
-def device_mesh(device_type: str = "cpu"):
+def device_mesh(device_type: str = "cpu") -> DeviceMesh:
     """The 1-D device mesh of `device_type` ("cpu", "cuda") over the group (one of each per
     default group). Named, not FSDP2's default: that is a CUDA mesh wherever a GPU is visible,
     also when the trainer's tensors and gloo group are on the CPU."""
@@ -334,7 +342,7 @@ def device_mesh(device_type: str = "cpu"):
     return _MESHES[key]
 
 
-def to_host(t):
+def to_host(t: torch.Tensor) -> torch.Tensor:
     """A CPU copy of `t`: of a DTensor on a GPU mesh, this rank's shard as a DTensor over the
     group's CPU mesh (same placements), which torch.distributed.checkpoint writes as it writes
     the CPU trainer's shards."""
@@ -345,7 +353,7 @@ def to_host(t):
     return t.detach().to("cpu", copy=True)
 
 
-def _place(full, like):
+def _place(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """`full` (the whole tensor, the same on every rank) laid out as `like`: this rank's shard
     when `like` is a DTensor (on its mesh's device), else `full` itself."""
     if isinstance(like, DTensor) and tuple(full.shape) == tuple(like.shape):
@@ -353,7 +361,7 @@ def _place(full, like):
     return full
 
 
-def gather_into(module, whole) -> None:
+def gather_into(module: torch.nn.Module, whole: torch.nn.Module) -> None:
     """Copy the whole parameters of `module` (sharded, FSDP2: an all-gather per parameter, every
     rank; or a plain copy on another device) into the plain module `whole` of the same
     architecture (parameter order as deepcopy keeps it)."""
@@ -362,7 +370,7 @@ def gather_into(module, whole) -> None:
             dst.copy_(src.full_tensor() if isinstance(src, DTensor) else src)
 
 
-def place_into(whole, module) -> None:
+def place_into(whole: torch.nn.Module, module: torch.nn.Module) -> None:
     """The inverse of `gather_into`, with no collective: copy the plain module `whole`'s
     parameters into `module` (each rank keeps its shard of a DTensor, on its device)."""
     with torch.no_grad():
@@ -370,7 +378,37 @@ def place_into(whole, module) -> None:
             dst.copy_(_place(src.data, dst))
 
 
-def sync(trainer) -> None:
+class SyncedTrainer(Protocol):
+    """What the group's messages use of a trainer (steadyrl.rl.trainer.Trainer, which imports
+    this module): its weights, optimizer, schedule and step, and its `step`."""
+
+    global_step: int
+    pending_optimizer: dict[str, Any] | None   # rank 0, sharded: a restored state to scatter
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+    @property
+    def value_head(self) -> torch.nn.Module | None: ...
+    @property
+    def sharded(self) -> bool: ...
+    @property
+    def params(self) -> Sequence[torch.Tensor]: ...
+    @property
+    def opt(self) -> torch.optim.Optimizer: ...
+    @property
+    def sched(self) -> torch.optim.lr_scheduler.LRScheduler: ...
+    def push_weights(self) -> None: ...
+    def step(self, groups: list[Group]) -> dict[str, float]: ...
+
+
+class ShardSaver(Protocol):
+    """A follower's writer of its shards of a checkpoint (steadyrl.checkpoint.ShardWriter)."""
+
+    def save(self, tmp: str, trainer: Any) -> None: ...
+    def wait(self) -> None: ...
+
+
+def sync(trainer: SyncedTrainer) -> None:
     """Every rank takes rank 0's weights, optimizer state, LR schedule and global step (a
     collective; all ranks call it, rank 0 after it restored a checkpoint or a policy version
     into `trainer.model`). The weights are broadcast whole, then each rank keeps its shard when
@@ -381,7 +419,7 @@ def sync(trainer) -> None:
         _sync(trainer)
 
 
-def _sync(trainer) -> None:
+def _sync(trainer: SyncedTrainer) -> None:
     rank = dist.get_rank()
     for p in trainer.model.parameters():
         dist.broadcast(p.data, src=0)
@@ -390,7 +428,8 @@ def _sync(trainer) -> None:
     for p in head.parameters() if head is not None and not trainer.sharded else []:
         dist.broadcast(p.data, src=0)
     # the optimizer's layout first (small: no tensors), then each tensor by broadcast
-    opt, layout = None, None
+    opt: dict[str, Any] | None = None
+    layout: dict[str, Any] | None = None
     if rank == 0:  # sharded without a restored state: rank 0's param groups (lr) all the same
         opt = ((trainer.pending_optimizer or {"state": {}, "param_groups": trainer.opt.state_dict()["param_groups"]})
                if trainer.sharded else trainer.opt.state_dict())
@@ -403,7 +442,7 @@ def _sync(trainer) -> None:
     trainer.sched.load_state_dict(layout["sched"])
     trainer.global_step = layout["global_step"]
     trainer.pending_optimizer = None
-    state: dict = {}
+    state: dict[int, dict[str, Any]] = {}   # parameter index -> its optimizer state
     for i, per in layout["opt"]["state"].items():
         state[i] = {}
         for k, (kind, v) in per.items():
@@ -430,14 +469,14 @@ class Leader:
         # collectives, so no other message may follow (`stop` would meet them there)
         self.in_step = False
 
-    def _sync(self, trainer) -> None:
+    def _sync(self, trainer: SyncedTrainer) -> None:
         """The weights, optimizer and schedule rank 0 restored, to every rank (once)."""
         if not self.synced:
             _broadcast(("sync", None))
             sync(trainer)
             self.synced = True
 
-    def step(self, trainer, groups: list) -> dict[str, float]:
+    def step(self, trainer: SyncedTrainer, groups: list[Group]) -> dict[str, float]:
         """`trainer.step(groups)` on every rank: the restored state first (`sync`, once), then
         the batch to the followers, then rank 0's own step. Returns rank 0's metrics; raises
         what the step raises (NonFiniteStep: every rank skipped it alike)."""
@@ -452,7 +491,7 @@ class Leader:
         self.in_step = False
         return metrics
 
-    def save(self, trainer, tmp: str) -> None:
+    def save(self, trainer: SyncedTrainer, tmp: str) -> None:
         """Before rank 0's sharded checkpoint save: every rank writes its shards into `tmp`. The
         restored state reaches the shards first: a save before the first step (a stop while
         waiting for rollouts) wrote the shards' initial weights under the restored step."""
@@ -469,7 +508,7 @@ class Leader:
         _broadcast(("stop", None))
 
 
-def follow(trainer, saver=None) -> int:
+def follow(trainer: SyncedTrainer, saver: ShardSaver | None = None) -> int:
     """A follower rank's loop: take rank 0's state, then step on each batch it sends (and, when
     sharded, write its shards of each checkpoint with `saver`, a steadyrl.checkpoint
     ShardWriter), until it says stop. Returns 0. A non-finite step is skipped on every rank
@@ -487,10 +526,8 @@ def follow(trainer, saver=None) -> int:
                 assert saver is not None, "a sharded checkpoint needs the follower's ShardWriter"
                 saver.save(payload, trainer)
             else:
-                try:
+                with contextlib.suppress(NonFiniteStep):  # rank 0 took the same decision from the same numbers
                     trainer.step(payload)
-                except NonFiniteStep:
-                    pass  # rank 0 took the same decision from the same all-reduced numbers
                 steps += 1
     finally:
         if saver is not None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,7 +38,7 @@ class LoopConfig(BaseModel):
     train: TrainConfig = TrainConfig()
 
 
-def encode_prompt(tokenizer, row: PromptRow) -> list[int]:
+def encode_prompt(tokenizer: Any, row: PromptRow) -> list[int]:
     """Token ids of the chat, with the assistant turn opened."""
     ids = tokenizer.apply_chat_template(row.messages, add_generation_prompt=True, tokenize=True)
     if hasattr(ids, "keys"):  # BatchEncoding in newer transformers
@@ -55,7 +56,7 @@ def prompt_seed(run_seed: int, epoch: int, index: int) -> int:
     return (run_seed * 1_000_003 + epoch) * 10_000_019 + index
 
 
-def prompt_batches(rows: list[PromptRow], batch: int, seed: int):
+def prompt_batches(rows: list[PromptRow], batch: int, seed: int) -> Iterator[list[tuple[int, int, PromptRow]]]:
     """Endless (epoch, index, row) batches: each epoch a fresh seeded shuffle."""
     epoch = 0
     while True:
@@ -66,8 +67,8 @@ def prompt_batches(rows: list[PromptRow], batch: int, seed: int):
         epoch += 1
 
 
-def run_loop(model, tokenizer, rows: list[PromptRow], cfg: LoopConfig,
-             on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
+def run_loop(model: torch.nn.Module, tokenizer: Any, rows: list[PromptRow], cfg: LoopConfig,
+             on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
     """Train `model` in place for cfg.steps; returns one metrics dict per step."""
     torch.manual_seed(cfg.seed)
     scorer = resolve_scorer(cfg.scorer)
@@ -86,7 +87,7 @@ def run_loop(model, tokenizer, rows: list[PromptRow], cfg: LoopConfig,
         t_gen = time.perf_counter() - t0
         t0 = time.perf_counter()
         groups = []
-        for (_, _, row), ids, comps in zip(batch, prompt_ids, completions):
+        for (_, _, row), ids, comps in zip(batch, prompt_ids, completions, strict=True):
             rewards = [score_value(scorer(row.data_source, c.text, row.ground_truth, row.extra_info))[0]
                        for c in comps]
             groups.append(Group(ids, [c.token_ids for c in comps], rewards))
@@ -103,9 +104,9 @@ def run_loop(model, tokenizer, rows: list[PromptRow], cfg: LoopConfig,
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, rows: list[PromptRow], scorer: str = "numeric_match",
+def evaluate(model: torch.nn.Module, tokenizer: Any, rows: list[PromptRow], scorer: str = "numeric_match",
              max_new_tokens: int = 32, batch_size: int = 32,
-             on_batch: Callable[[], None] | None = None) -> tuple[float, list[dict]]:
+             on_batch: Callable[[], None] | None = None) -> tuple[float, list[dict[str, Any]]]:
     """Greedy accuracy: share of rows whose reward is >= 1.0. Returns (accuracy, per-item results).
 
     on_batch is called after each generation batch (a service beats its liveness there).
@@ -117,7 +118,7 @@ def evaluate(model, tokenizer, rows: list[PromptRow], scorer: str = "numeric_mat
     for s in range(0, len(rows), batch_size):
         chunk = rows[s:s + batch_size]
         outs = gen.generate([encode_prompt(tokenizer, r) for r in chunk], params)
-        for row, out in zip(chunk, outs):
+        for row, out in zip(chunk, outs, strict=True):
             reward, extra = score_value(fn(row.data_source, out[0].text, row.ground_truth, row.extra_info))
             items.append({"prompt": row.messages[-1]["content"], "ground_truth": row.ground_truth,
                           "response": out[0].text, "reward": reward, "correct": reward >= 1.0, **extra})

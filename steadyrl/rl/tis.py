@@ -48,7 +48,7 @@ def rollout_logprobs(groups: list[Group], T: int, cfg: TrainConfig) -> RolloutLo
         G = len(g.responses)
         if g.rollout_logprobs is not None:
             if len(g.rollout_logprobs) != G or any(len(lp) != len(r) for lp, r in zip(g.rollout_logprobs,
-                                                                                      g.responses)):
+                                                                                      g.responses, strict=True)):
                 raise ValueError(f"rollout_logprobs must hold one log-prob per response token, got lengths "
                                  f"{[len(lp) for lp in g.rollout_logprobs]} for responses of "
                                  f"{[len(r) for r in g.responses]}")

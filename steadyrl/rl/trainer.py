@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -37,6 +37,8 @@ __all__ = ["Group", "NonFiniteStep", "RanksOutOfMemory", "RolloutLogprobs", "Tra
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+#: `Trainer._snapshot`: CPU copies of the trained parameters, and their optimizer state by position
+Snapshot = tuple[list[torch.Tensor], dict[int, dict[str, Any]]]
 
 
 class ValueHead(torch.nn.Module):
@@ -49,7 +51,8 @@ class ValueHead(torch.nn.Module):
         torch.nn.init.zeros_(self.v.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:   # (N, L, H) -> (N, L)
-        return self.v(hidden).squeeze(-1)
+        v: torch.Tensor = self.v(hidden)                           # (N, L, 1)
+        return v.squeeze(-1)
 
 
 
@@ -92,7 +95,7 @@ class Trainer:
             steadyrl.rl.distributed.sync scatters to the shards before the first update.
     """
 
-    def __init__(self, model, pad_id: int, cfg: TrainConfig):
+    def __init__(self, model: torch.nn.Module, pad_id: int, cfg: TrainConfig):
         self.model, self.pad_id, self.cfg = model, pad_id, cfg
         self.device = train_device(cfg.device)
         core.warn_if_kl_is_off(cfg.uses_ref, cfg.kl_coef)
@@ -104,7 +107,8 @@ class Trainer:
         self.estimator = algos.estimator_of(cfg.algorithm)
         self.policy_loss = algos.policy_loss_of(cfg.algorithm)
         self.critic = self.estimator.critic   # a value head, trained with the policy
-        self.value_head: ValueHead | None = (ValueHead(model.config.hidden_size).to(self.device)
+        hf_config: Any = model.config   # a transformers model's
+        self.value_head: ValueHead | None = (ValueHead(hf_config.hidden_size).to(self.device)
                                              if self.critic else None)
         self.rank, self.world = distributed.rank_and_world()
         # Data parallel over torch.distributed ranks (steadyrl/rl/distributed.py): every rank
@@ -121,11 +125,11 @@ class Trainer:
         self.module = model
         if self.sharded or cfg.device != "cpu":
             self.module = copy.deepcopy(model).to(self.device)
-        self.checkpoint_group = None
+        self.checkpoint_group: dist.ProcessGroup | None = None
         if self.sharded:
             # sharded checkpoints' collectives run in a writer thread: a gloo group of their own,
-            # made here, where every rank makes its trainer before any collective
-            self.checkpoint_group = dist.new_group(backend="gloo")
+            # made here, where every rank makes its trainer before any collective (so a member of it)
+            self.checkpoint_group = cast(dist.ProcessGroup, dist.new_group(backend="gloo"))
             distributed.shard(self.module)
             # the frozen reference stays whole on every rank (no gradients, no optimizer state:
             # one copy of the weights), so its no-grad forwards hold no collective
@@ -140,11 +144,11 @@ class Trainer:
         self.micro_batch_size = cfg.micro_batch_size   # 4x smaller in the safe mode
         self.safe_mode = False
         self.oom_fallbacks = 0                         # times a step ran out of memory and was retried
-        self.pending_optimizer: dict | None = None     # rank 0, sharded: restored state to scatter (`sync`)
+        self.pending_optimizer: dict[str, Any] | None = None   # rank 0, sharded: restored state to scatter (`sync`)
         self._pushed = self.module is self.model       # `module` holds what `model` holds
-        if self.sharded and cfg.oom_fallback != "off":
-            if (remembered := distributed.remembered_safe_mode()) is not None:  # an earlier attempt ran out
-                self._enter_safe_mode(f"an earlier attempt of the group ran out of memory: {remembered}")
+        if (self.sharded and cfg.oom_fallback != "off"
+                and (remembered := distributed.remembered_safe_mode()) is not None):  # an earlier attempt ran out
+            self._enter_safe_mode(f"an earlier attempt of the group ran out of memory: {remembered}")
 
     def push_weights(self) -> None:
         """Copy `model`'s weights into `module` when that is another copy (sharded, or on the
@@ -162,12 +166,13 @@ class Trainer:
         self.oom_fallbacks += 1
         before, self.micro_batch_size = self.micro_batch_size, max(1, self.micro_batch_size // 4)
         if self.sharded:   # gather each block for its forward and again for its backward only
-            self.module.set_reshard_after_forward(True)
-        if getattr(self.module, "supports_gradient_checkpointing", False):
-            if hasattr(self.module, "activation_checkpointing_enable"):  # transformers >= 5
-                self.module.activation_checkpointing_enable({"use_reentrant": False})
+            self.module.set_reshard_after_forward(True)   # type: ignore[operator]  # an FSDPModule's method
+        hf: Any = self.module   # a transformers model: its gradient checkpointing API
+        if getattr(hf, "supports_gradient_checkpointing", False):
+            if hasattr(hf, "activation_checkpointing_enable"):  # transformers >= 5
+                hf.activation_checkpointing_enable({"use_reentrant": False})
             else:
-                self.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         log.warning("out of memory in a training step; retrying it with gradient checkpointing and a smaller "
@@ -178,9 +183,10 @@ class Trainer:
     def _leave_safe_mode(self) -> None:
         self.safe_mode = False
         self.micro_batch_size = self.cfg.micro_batch_size
-        if getattr(self.module, "supports_gradient_checkpointing", False):
-            disable = getattr(self.module, "activation_checkpointing_disable", None)   # transformers >= 5
-            (disable or self.module.gradient_checkpointing_disable)()
+        hf: Any = self.module   # a transformers model: its gradient checkpointing API
+        if getattr(hf, "supports_gradient_checkpointing", False):
+            disable = getattr(hf, "activation_checkpointing_disable", None)   # transformers >= 5
+            (disable or hf.gradient_checkpointing_disable)()
 
     def _end_of_step(self) -> None:
         """After a step, done or skipped: oom_fallback "step" leaves the safe mode (sharded, the
@@ -231,7 +237,7 @@ class Trainer:
         return result  # type: ignore[return-value]
 
     # -- non-finite steps ------------------------------------------------------------------
-    def _snapshot(self) -> tuple[list[torch.Tensor], dict[int, dict]]:
+    def _snapshot(self) -> Snapshot:
         """CPU copies of every trained parameter and its optimizer state (by position in
         self.params): what `_restore` puts back, bit for bit."""
         params = [p.detach().to("cpu", copy=True) for p in self.params]
@@ -241,11 +247,11 @@ class Trainer:
         return params, state
 
     @torch.no_grad()
-    def _restore(self, snap: tuple[list[torch.Tensor], dict[int, dict]]) -> None:
+    def _restore(self, snap: Snapshot) -> None:
         """Put a `_snapshot` back in place (the tensors keep their identity: the optimizer and
         any alias still point at them); optimizer state made since it is removed."""
         params, state = snap
-        for p, saved in zip(self.params, params):
+        for p, saved in zip(self.params, params, strict=True):
             p.copy_(saved)
         for i, p in enumerate(self.params):
             if i not in state:
@@ -259,7 +265,7 @@ class Trainer:
                     live[k] = v
 
     def _skip(self, what: str, value: float, epoch: int, minibatch: int, applied: int,
-              snap: tuple[list[torch.Tensor], dict[int, dict]] | None) -> NonFiniteStep:
+              snap: Snapshot | None) -> NonFiniteStep:
         """Undo the step so far (`applied` optimizer steps, from `snap`), drop the gradients,
         and return the error to raise."""
         if applied:
@@ -307,7 +313,7 @@ class Trainer:
         them (all-gathers, reduce-scatters), with a gradient of exactly 0 (finite activations)."""
         logp, _, values = self._forward(self.module, b, idx, need_values=self.critic)
         loss = logp.sum() * 0.0 + (values.sum() * 0.0 if values is not None else 0.0)
-        loss.backward()
+        loss.backward()   # type: ignore[no-untyped-call, unused-ignore]  # --strict: torch's backward is unannotated
 
     @torch.no_grad()
     def _no_grad_pass(self, model: torch.nn.Module, b: dict[str, torch.Tensor],
@@ -334,12 +340,12 @@ class Trainer:
             flat = torch.cat([g.reshape(-1) for g in grads])                    # (sum of numels,)
             dist.all_reduce(flat)
             offset = 0
-            for p, g in zip(self.params, grads):   # back in place: two copies of the gradients at most
+            for p, g in zip(self.params, grads, strict=True):   # back in place: two copies of the gradients at most
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))
                 p.grad = g
                 offset += g.numel()
             del flat
-        gathered: list = [None] * self.world
+        gathered: list[Any] = [None] * self.world   # each rank's (metric sums, micro-batch losses)
         dist.all_gather_object(gathered, (sums.sums, [float(x) for x in losses]))
         total = MetricSums()
         all_losses: list[torch.Tensor] = []
@@ -448,7 +454,7 @@ class Trainer:
         gen = torch.Generator().manual_seed(self.global_step)
         planned = cfg.ppo_epochs * math.ceil(N / mini)           # optimizer steps of this step
         sums, grad_norms = MetricSums(), list[float]()
-        snap: tuple[list[torch.Tensor], dict[int, dict]] | None = None
+        snap: Snapshot | None = None
         for epoch in range(cfg.ppo_epochs):
             order = (torch.randperm(N, generator=gen) if mini < N else torch.arange(N)).to(self.device)
             for s in range(0, N, mini):
@@ -487,7 +493,7 @@ class Trainer:
             # share of the minibatch in this micro-batch, so the sum equals the minibatch loss
             weight = core.microbatch_weight(x.mask[idx], x.mask[mb_idx], self.cfg.loss_agg)
             loss, metrics = algos.minibatch_loss(self._microbatch(x, idx), self.cfg, self.policy_loss)
-            (loss * weight).backward()
+            (loss * weight).backward()   # type: ignore[no-untyped-call, unused-ignore]  # --strict: torch's backward is unannotated
             losses.append(loss.detach())
             sums.add(metrics, weight)
 
@@ -508,7 +514,7 @@ class Trainer:
                           is_weights=x.tis.weights(idx, behaviour) if x.tis is not None else None)
 
     def _check_finite(self, losses: list[torch.Tensor], grad_norm: float, epoch: int, minibatch: int,
-                      applied: int, snap: tuple[list[torch.Tensor], dict[int, dict]] | None) -> None:
+                      applied: int, snap: Snapshot | None) -> None:
         """Raise NonFiniteStep (the step rolled back: `_skip`) when a micro-batch loss or the
         grad norm is not finite."""
         stacked = torch.stack(losses)
