@@ -31,7 +31,8 @@ from tokenizers import Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import WordLevel
 
 from steadyrl.assets import user_cache_dir
-from steadyrl.stack import SMOLLM2, TINY
+from steadyrl.stack import SMOLLM2 as SMOLLM2  # re-exported: the names load_policy knows
+from steadyrl.stack import TINY as TINY
 
 if TYPE_CHECKING:
     from transformers import (
