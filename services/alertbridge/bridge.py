@@ -109,7 +109,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import Counter, Histogram
 from starlette.concurrency import run_in_threadpool
 
-from steadyrl.config import load
+from steadyrl.config import ConfigError, load
+from steadyrl.http import unauthorized
+from steadyrl.service import run_service
 
 # Re-exported: tests and the docs name these as steadyrl.services.alertbridge.bridge.X.
 from steadyrl.services.alertbridge.config import (  # noqa: F401
@@ -365,7 +367,6 @@ def add_routes(app: FastAPI, bridge: Bridge, token: str | None = None) -> None:
     `token` (alertbridge.token_file: the alert routes' own token, never the stack's work token),
     401 without `Authorization: Bearer <token>` (Alertmanager's webhook_configs
     `http_config.authorization.credentials_file` sends it)."""
-    from steadyrl.http import unauthorized
 
     limit = bridge.section.max_webhook_bytes
 
@@ -398,8 +399,6 @@ def add_routes(app: FastAPI, bridge: Bridge, token: str | None = None) -> None:
 
 def main(argv: list[str]) -> int:
     cfg = load(AlertBridgeConfig, argv, prog="steadyrl-alertbridge")
-    from steadyrl.config import ConfigError
-    from steadyrl.service import run_service
 
     try:
         bridge = Bridge(cfg.alertbridge)

@@ -7,9 +7,11 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from steadyrl.checkpoint import CheckpointError, read_key
 from steadyrl.config import ServiceConfig
 from steadyrl.data import DATA_DIR, dataset_path, load_rows, tiny_copy_rows
 from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits
+from steadyrl.rewards import resolve_scorer
 from steadyrl.rl.trainer import TrainConfig
 from steadyrl.services.learner.prompt_gate import PromptGateConfig
 from steadyrl.services.learner.watch import WatchConfig
@@ -176,8 +178,6 @@ class LearnerSection(LearnerStack):
     @field_validator("eval_scorer")
     @classmethod
     def _scorer_exists(cls, v: str) -> str:
-        from steadyrl.rewards import resolve_scorer
-
         resolve_scorer(v)  # ValueError naming it: unknown name, or no such module or function
         return v
 
@@ -191,8 +191,6 @@ class LearnerSection(LearnerStack):
 
     @model_validator(mode="after")
     def _key_readable_and_apart(self) -> LearnerSection:
-        from steadyrl.checkpoint import CheckpointError, read_key
-
         if self.checkpoint_key_file is None:
             return self
         try:
@@ -207,7 +205,6 @@ class LearnerSection(LearnerStack):
 
     def checkpoint_key(self) -> bytes | None:
         """The bytes of `checkpoint_key_file` (None: checkpoints are not signed)."""
-        from steadyrl.checkpoint import read_key
 
         return read_key(self.checkpoint_key_file) if self.checkpoint_key_file is not None else None
 

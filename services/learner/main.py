@@ -14,31 +14,31 @@ import signal
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from steadyrl.config import load
+import torch
+
+from steadyrl import diskspace, logs
+from steadyrl.checkpoint import ShardWriter
+from steadyrl.config import ConfigError, load
+from steadyrl.models import load_policy
+from steadyrl.rl import distributed
+from steadyrl.rl.trainer import Trainer
+from steadyrl.service import run_service
+from steadyrl.services.learner.config import LearnerConfig
+from steadyrl.services.learner.loop import Learner
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from steadyrl.http import Health
-    from steadyrl.services.learner.config import LearnerConfig
-    from steadyrl.services.learner.loop import Learner
 
 
 def main(argv: list[str]) -> int:
-    from steadyrl.services.learner.config import LearnerConfig
-
     cfg = load(LearnerConfig, argv, prog="steadyrl-learner")
-    from steadyrl.rl import distributed
-
     if cfg.learner.world_size > 1 and "RANK" not in os.environ:
-        if cfg.learner.train.device == "cuda":   # one GPU per rank, refused here rather than in N ranks
-            import torch
-
-            from steadyrl.config import ConfigError
-
-            if torch.cuda.device_count() < cfg.learner.world_size:
-                raise ConfigError(f"learner.world_size is {cfg.learner.world_size} with learner.train.device cuda, "
-                                 f"but {torch.cuda.device_count()} GPUs are visible: one rank per GPU")
+        # one GPU per rank, refused here rather than in N ranks
+        if cfg.learner.train.device == "cuda" and torch.cuda.device_count() < cfg.learner.world_size:
+            raise ConfigError(f"learner.world_size is {cfg.learner.world_size} with learner.train.device cuda, "
+                              f"but {torch.cuda.device_count()} GPUs are visible: one rank per GPU")
         launch = distributed.torchrun_argv(cfg.learner.world_size, "steadyrl.services.learner", argv)
         logging.getLogger(__name__).info("starting the learner's ranks under torchrun",
                                          extra={"world_size": cfg.learner.world_size})
@@ -53,10 +53,6 @@ def main(argv: list[str]) -> int:
 
 def leader(cfg: LearnerConfig, world: int) -> int:
     """Rank 0 (the only rank when world is 1): the learner service, its probes and /progress."""
-    from steadyrl import diskspace
-    from steadyrl.rl import distributed
-    from steadyrl.service import run_service
-    from steadyrl.services.learner.loop import Learner
 
     state: dict[str, Learner] = {}
 
@@ -91,12 +87,6 @@ def leader(cfg: LearnerConfig, world: int) -> int:
 def follower(cfg: LearnerConfig) -> int:
     """Ranks 1..N-1 (steadyrl/rl/distributed.py): the same model and trainer as rank 0, no
     Kafka, no HTTP; each update's batch comes from rank 0."""
-    import torch
-
-    from steadyrl import logs
-    from steadyrl.models import load_policy
-    from steadyrl.rl import distributed
-    from steadyrl.rl.trainer import Trainer
 
     logs.setup("learner-follower", cfg.log_level, cfg.log_format)
     log = logging.getLogger(__name__)
@@ -111,7 +101,6 @@ def follower(cfg: LearnerConfig) -> int:
     lc = cfg.learner
     torch.manual_seed(lc.seed)
     model, tok = load_policy(lc.model, seed=lc.seed)
-    from steadyrl.checkpoint import ShardWriter
 
     try:
         trainer = Trainer(model, tok.pad_token_id, lc.train)

@@ -14,6 +14,7 @@ from prometheus_client import Gauge
 from scipy.stats import binomtest
 
 from steadyrl.files import write_atomic
+from steadyrl.rl.loop import evaluate as greedy_eval
 from steadyrl.services.learner.config import LearnerSection, load_dataset, spread
 from steadyrl.services.learner.state import RunState
 
@@ -43,7 +44,6 @@ def paired_margin(before: list[bool], after: list[bool]) -> dict[str, Any]:
 
 def _greedy(lc: LearnerSection, spec: str, limit: int, model: torch.nn.Module, tok: Any,
             beat: Callable[[], None]) -> dict[str, Any]:
-    from steadyrl.rl.loop import evaluate as greedy_eval
 
     rows = spread(load_dataset(spec), limit)
     t0 = time.perf_counter()
@@ -147,10 +147,10 @@ def write_summary(lc: LearnerSection, st: RunState, run_dir: Path) -> Path:
 
 def plot(s: dict[str, Any], path: Path) -> None:
     """Batch reward per step, and the test accuracy (and each harder split's) before and after, as a PNG."""
-    import matplotlib
+    import matplotlib  # lazy: heavy (matplotlib), only for the curve at the end
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: heavy (matplotlib), only for the curve at the end
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(range(1, len(s["reward_per_step"]) + 1), s["reward_per_step"], marker="o", label="batch reward mean")

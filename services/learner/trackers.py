@@ -220,7 +220,7 @@ class TensorBoard:
         self.step = 0
 
     def start(self, run_id: str, config: dict[str, Any], resumed: int | None, history: list[dict[str, Any]]) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # lazy: optional: tensorboard, only when the tracker is on
 
         again = resumed is not None or self.log_dir.exists()
         self.writer = SummaryWriter(str(self.log_dir), purge_step=0 if again else None, flush_secs=30)
@@ -265,7 +265,7 @@ class MLflow:
         self.logged: set[int] = set()
 
     def start(self, run_id: str, config: dict[str, Any], resumed: int | None, history: list[dict[str, Any]]) -> None:
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient  # lazy: optional: mlflow, only when the tracker is on
 
         _new_sqlite_store(self.uri)
         self.client = client = MlflowClient(tracking_uri=self.uri)
@@ -287,7 +287,7 @@ class MLflow:
         self.run_id = run.info.run_id
         have = run.data.params
         params = {k: v[:6000] for k, v in flat(config).items() if k not in have}  # a param never changes
-        from mlflow.entities import Metric, Param
+        from mlflow.entities import Metric, Param  # lazy: optional: mlflow, only when the tracker is on
 
         for i in range(0, len(params), 100):
             chunk = list(params.items())[i:i + 100]
@@ -331,7 +331,7 @@ def _new_sqlite_store(uri: str) -> None:
     for stale in path.parent.glob(f"{path.name}.tmp-*"):
         stale.unlink(missing_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # lazy: optional: mlflow, only when the tracker is on
 
     MlflowClient(tracking_uri=f"{prefix}{tmp}").search_experiments(max_results=1)  # creates the tables
     os.replace(tmp, path)
@@ -350,7 +350,7 @@ class WandB:
         self.last = 0
 
     def start(self, run_id: str, config: dict[str, Any], resumed: int | None, history: list[dict[str, Any]]) -> None:
-        import wandb
+        import wandb  # lazy: optional: wandb, only when the tracker is on
 
         mode: Literal["online", "offline"] = (
             "online" if self.mode == "online" and os.environ.get("WANDB_API_KEY") else "offline")

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from scipy.stats import ks_2samp
 
 
 class WatchConfig(BaseModel):
@@ -51,7 +52,6 @@ class WatchConfig(BaseModel):
     rebaseline_after: int = Field(3, ge=1, description="Held batches (within rebaseline_window judged ones) "
                                                        "after which they join the reference.")
     rebaseline_window: int = Field(10, ge=1, description="Judged batches over which held ones are counted.")
-
 
     @model_validator(mode="after")
     def _can_work(self) -> WatchConfig:
@@ -87,7 +87,6 @@ class RewardWatch:
         c = self.cfg
         if c.action == "off" or len(self.batches) < c.min_reference or not rewards:
             return Verdict()
-        from scipy.stats import ks_2samp
 
         self.judged += 1
         batch, ref = np.asarray(rewards, dtype=np.float64), np.concatenate(self.batches)

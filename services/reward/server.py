@@ -48,8 +48,10 @@ from fastapi import HTTPException
 from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, ConfigDict, Field
 
-from steadyrl.config import ServiceConfig, load
-from steadyrl.http import Health, HTTPError
+from steadyrl.config import ConfigError, ServiceConfig, load
+from steadyrl.http import Health, HTTPError, add_work_route, finite_json
+from steadyrl.scorers import ScorerError, build_scorer
+from steadyrl.service import run_service
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -119,8 +121,6 @@ class RewardServer:
     """
 
     def __init__(self, section: RewardServerSection):
-        from steadyrl.scorers import build_scorer
-
         self.section = section
         self.scorers = {spec: build_scorer(spec, section.scorer_version, section.batch_size)
                         for spec in section.scorers}
@@ -146,7 +146,6 @@ class RewardServer:
 
     def score(self, req: ScoreRequest) -> dict[str, Any]:
         """Score every item. Raises HTTPException 404/422/503/500 (see module doc)."""
-        from steadyrl.scorers import ScorerError
 
         name = req.scorer or self.section.default_scorer
         scorer = self.scorers.get(name)
@@ -188,7 +187,6 @@ class RewardServer:
 def _not_finite(result: dict[str, Any]) -> str | None:
     """Why one scored item cannot be sent (reward not a finite number, extra not finite JSON), or
     None; a numeric reward of another type (numpy) becomes a float in place."""
-    from steadyrl.http import finite_json
 
     reward = result["reward"]
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
@@ -208,7 +206,6 @@ def _not_finite(result: dict[str, Any]) -> str | None:
 def add_routes(app: FastAPI, server: RewardServer, token: str | None = None) -> None:
     """`POST /score` on `app`, answered by `server`, with the section's body, time and
     concurrency limits."""
-    from steadyrl.http import add_work_route
 
     s = server.section
     add_work_route(app, "/score", ScoreRequest, server.score, max_concurrent=s.max_concurrent,
@@ -217,12 +214,10 @@ def add_routes(app: FastAPI, server: RewardServer, token: str | None = None) -> 
 
 def main(argv: list[str]) -> int:
     cfg = load(RewardServerConfig, argv, prog="steadyrl-reward-server")
-    from steadyrl.service import run_service
 
     try:
         server = RewardServer(cfg.reward_server)
     except ValueError as e:
-        from steadyrl.config import ConfigError
 
         field = "default_scorer" if str(e).startswith("default_scorer") else "scorers"
         raise ConfigError(f"invalid RewardServerConfig:\n  reward_server.{field}: {e}") from None

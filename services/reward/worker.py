@@ -18,11 +18,17 @@ from typing import TYPE_CHECKING, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from steadyrl.breaker import CircuitBreaker
+from steadyrl.bus.stage import Output, RetryLater, Stage
+from steadyrl.codec import Rejected
 from steadyrl.config import ServiceConfig, load
 from steadyrl.contracts import Contract, RolloutGroup, ScoredGroup
+from steadyrl.service import run_service
+from steadyrl.services.reward.cache import ScoreCache
+from steadyrl.services.reward.client import RewardClient
 
 if TYPE_CHECKING:
-    from steadyrl.bus.stage import BatchHandler, Meta, Output, RetryLater, Stage
+    from steadyrl.bus.stage import BatchHandler, Meta
     from steadyrl.codec import Rejected
     from steadyrl.http import Health
     from steadyrl.services.reward.client import RewardClient
@@ -70,8 +76,6 @@ class RewardConfig(ServiceConfig):
 def make_handler(client: RewardClient) -> BatchHandler:
     """The transform [RolloutGroup] -> one [Output(rl.scored)] each (or RetryLater: held;
     codec.Rejected: to rl.dlq), one server call per batch."""
-    from steadyrl.bus.stage import Output, RetryLater
-    from steadyrl.codec import Rejected
 
     def handle_batch(items: list[tuple[Contract, Meta]]) -> list[list[Output] | RetryLater | Rejected]:
         groups = [cast(RolloutGroup, g) for g, _ in items]  # the stage's input_contract
@@ -87,11 +91,6 @@ def make_handler(client: RewardClient) -> BatchHandler:
 
 def main(argv: list[str]) -> int:
     cfg = load(RewardConfig, argv, prog="steadyrl-reward")
-    from steadyrl.breaker import CircuitBreaker
-    from steadyrl.bus.stage import Stage
-    from steadyrl.service import run_service
-    from steadyrl.services.reward.cache import ScoreCache
-    from steadyrl.services.reward.client import RewardClient
 
     def build(health: Health) -> Stage:
         r = cfg.reward

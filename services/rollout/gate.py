@@ -21,6 +21,8 @@ import re
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from jsonschema import Draft202012Validator
+
 from steadyrl.contracts import RolloutGroup, Sample
 
 if TYPE_CHECKING:
@@ -44,7 +46,6 @@ class RolloutGate:
         self.max_response_tokens = max_response_tokens
         self.validator: Draft202012Validator | None = None
         if response_schema is not None:
-            from jsonschema import Draft202012Validator
 
             Draft202012Validator.check_schema(response_schema)
             self.validator = Draft202012Validator(response_schema)

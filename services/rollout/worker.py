@@ -35,12 +35,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, cast
 
 import httpx
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from steadyrl.bus.stage import Output, RetryLater, Stage, refusal_reason
+from steadyrl.codec import Rejected
 from steadyrl.config import ServiceConfig, load
-from steadyrl.contracts import Contract, Prompt, RolloutGroup, Sample
+from steadyrl.contracts import Contract, DLQReason, Prompt, RolloutGroup, Sample
 from steadyrl.http import Health, response_detail
+from steadyrl.service import run_service
+from steadyrl.services.rollout.gate import RolloutGate
 
 if TYPE_CHECKING:
     from steadyrl.bus.stage import BatchHandler, Meta
@@ -72,13 +78,10 @@ class RolloutSection(BaseModel):
     response_schema: dict[str, Any] | None = Field(None, description="Rollout gate: a JSON Schema every response must "
                                                            "satisfy (structured outputs); None: no check.")
 
-
     @field_validator("response_schema")
     @classmethod
     def _valid_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is not None:
-            from jsonschema import Draft202012Validator
-            from jsonschema.exceptions import SchemaError
 
             try:
                 Draft202012Validator.check_schema(v)
@@ -126,10 +129,6 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client) -> BatchHandler:
     """[(Prompt, meta)] -> per prompt one [Output(rl.rollouts)], a codec.Rejected (to rl.dlq:
     the actor refused it, or the rollout gate emptied its group) or a RetryLater (held), with
     one actor call per sampling setting (module doc)."""
-    from steadyrl.bus.stage import Output, RetryLater, refusal_reason
-    from steadyrl.codec import Rejected
-    from steadyrl.contracts import DLQReason
-    from steadyrl.services.rollout.gate import RolloutGate
 
     r = cfg.rollout
     gate = RolloutGate(r.max_response_tokens, r.response_schema)
@@ -204,8 +203,6 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client) -> BatchHandler:
 
 def main(argv: list[str]) -> int:
     cfg = load(RolloutConfig, argv, prog="steadyrl-rollout")
-    from steadyrl.bus.stage import Stage
-    from steadyrl.service import run_service
 
     def build(health: Health) -> Stage:
         client = httpx.Client(headers=cfg.http_auth_headers())

@@ -112,7 +112,7 @@ def _fake_greedy(monkeypatch) -> None:
     def greedy(model, tok, rows, scorer, max_new_tokens, on_batch=None):
         return 0.5, [{"correct": i % 2 == 0} for i in range(len(rows))]
 
-    monkeypatch.setattr("steadyrl.rl.loop.evaluate", greedy)
+    monkeypatch.setattr("steadyrl.services.learner.report.greedy_eval", greedy)
 
 
 def test_evaluate_splits_spreads_the_limit_and_skips_without_eval_data(monkeypatch):

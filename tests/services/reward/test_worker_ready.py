@@ -5,18 +5,16 @@ from steadyrl.http import Health
 
 
 def test_readyz_fails_until_the_stage_checks_exist_and_pass(monkeypatch):
-    import steadyrl.bus.stage as stage_mod
-    import steadyrl.service as service
     from steadyrl.services.reward import worker
 
-    seen, real = {}, stage_mod.Stage
+    seen, real = {}, worker.Stage
 
     def stage(**kw):
         seen["ready_while_building"] = kw["health"].ready()
         return real(**kw)
 
-    monkeypatch.setattr(stage_mod, "Stage", stage)
-    monkeypatch.setattr(service, "run_service", lambda name, cfg, build, **kw: seen.setdefault("build", build) and 0)
+    monkeypatch.setattr(worker, "Stage", stage)
+    monkeypatch.setattr(worker, "run_service", lambda name, cfg, build, **kw: seen.setdefault("build", build) and 0)
     worker.main(["--bootstrap", "127.0.0.1:1", "--reward.server-url", "http://127.0.0.1:1"])
     health = Health()
     st = seen["build"](health)
