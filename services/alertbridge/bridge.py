@@ -367,7 +367,6 @@ def add_routes(app: FastAPI, bridge: Bridge, token: str | None = None) -> None:
     `token` (alertbridge.token_file: the alert routes' own token, never the stack's work token),
     401 without `Authorization: Bearer <token>` (Alertmanager's webhook_configs
     `http_config.authorization.credentials_file` sends it)."""
-
     limit = bridge.section.max_webhook_bytes
 
     def route(robot: str) -> Callable[[Request], Awaitable[JSONResponse]]:
@@ -399,7 +398,6 @@ def add_routes(app: FastAPI, bridge: Bridge, token: str | None = None) -> None:
 
 def main(argv: list[str]) -> int:
     cfg = load(AlertBridgeConfig, argv, prog="steadyrl-alertbridge")
-
     try:
         bridge = Bridge(cfg.alertbridge)
     except ValueError as e:  # messages carry masked URLs only

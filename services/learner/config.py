@@ -205,7 +205,6 @@ class LearnerSection(LearnerStack):
 
     def checkpoint_key(self) -> bytes | None:
         """The bytes of `checkpoint_key_file` (None: checkpoints are not signed)."""
-
         return read_key(self.checkpoint_key_file) if self.checkpoint_key_file is not None else None
 
     @model_validator(mode="after")

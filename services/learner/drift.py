@@ -66,7 +66,6 @@ class ParamDrift:
 def kl_trend(values: list[float]) -> tuple[float, float] | None:
     """(Theil-Sen slope per step, Mann-Kendall two-sided p-value) of a series at steps 0..n-1;
     None with fewer than 4 points (no test has power there) or a constant series."""
-
     if len(values) < 4 or max(values) == min(values):
         return None
     x = list(range(len(values)))

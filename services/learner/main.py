@@ -53,7 +53,6 @@ def main(argv: list[str]) -> int:
 
 def leader(cfg: LearnerConfig, world: int) -> int:
     """Rank 0 (the only rank when world is 1): the learner service, its probes and /progress."""
-
     state: dict[str, Learner] = {}
 
     def routes(app: FastAPI) -> None:
@@ -87,7 +86,6 @@ def leader(cfg: LearnerConfig, world: int) -> int:
 def follower(cfg: LearnerConfig) -> int:
     """Ranks 1..N-1 (steadyrl/rl/distributed.py): the same model and trainer as rank 0, no
     Kafka, no HTTP; each update's batch comes from rank 0."""
-
     logs.setup("learner-follower", cfg.log_level, cfg.log_format)
     log = logging.getLogger(__name__)
 

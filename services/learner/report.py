@@ -44,7 +44,6 @@ def paired_margin(before: list[bool], after: list[bool]) -> dict[str, Any]:
 
 def _greedy(lc: LearnerSection, spec: str, limit: int, model: torch.nn.Module, tok: Any,
             beat: Callable[[], None]) -> dict[str, Any]:
-
     rows = spread(load_dataset(spec), limit)
     t0 = time.perf_counter()
     acc, items = greedy_eval(model, tok, rows, lc.eval_scorer, lc.eval_max_new_tokens, on_batch=beat)

@@ -51,7 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from steadyrl.config import ConfigError, ServiceConfig, load
 from steadyrl.http import Health, HTTPError, add_work_route, finite_json
 from steadyrl.scorers import ScorerError, build_scorer
-from steadyrl.service import run_service
+from steadyrl.service import main_guard, run_service
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -146,7 +146,6 @@ class RewardServer:
 
     def score(self, req: ScoreRequest) -> dict[str, Any]:
         """Score every item. Raises HTTPException 404/422/503/500 (see module doc)."""
-
         name = req.scorer or self.section.default_scorer
         scorer = self.scorers.get(name)
         if scorer is None:
@@ -187,7 +186,6 @@ class RewardServer:
 def _not_finite(result: dict[str, Any]) -> str | None:
     """Why one scored item cannot be sent (reward not a finite number, extra not finite JSON), or
     None; a numeric reward of another type (numpy) becomes a float in place."""
-
     reward = result["reward"]
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
         return f"reward {reward!r} is not a number"
@@ -206,7 +204,6 @@ def _not_finite(result: dict[str, Any]) -> str | None:
 def add_routes(app: FastAPI, server: RewardServer, token: str | None = None) -> None:
     """`POST /score` on `app`, answered by `server`, with the section's body, time and
     concurrency limits."""
-
     s = server.section
     add_work_route(app, "/score", ScoreRequest, server.score, max_concurrent=s.max_concurrent,
                    max_body_bytes=s.max_body_bytes, body_timeout_s=s.body_timeout_s, token=token)
@@ -214,11 +211,9 @@ def add_routes(app: FastAPI, server: RewardServer, token: str | None = None) -> 
 
 def main(argv: list[str]) -> int:
     cfg = load(RewardServerConfig, argv, prog="steadyrl-reward-server")
-
     try:
         server = RewardServer(cfg.reward_server)
     except ValueError as e:
-
         field = "default_scorer" if str(e).startswith("default_scorer") else "scorers"
         raise ConfigError(f"invalid RewardServerConfig:\n  reward_server.{field}: {e}") from None
 
@@ -239,6 +234,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from steadyrl.service import main_guard
-
     main_guard(main)

@@ -24,14 +24,11 @@ from steadyrl.codec import Rejected
 from steadyrl.config import ServiceConfig, load
 from steadyrl.contracts import Contract, RolloutGroup, ScoredGroup
 from steadyrl.service import run_service
-from steadyrl.services.reward.cache import ScoreCache
 from steadyrl.services.reward.client import RewardClient
 
 if TYPE_CHECKING:
     from steadyrl.bus.stage import BatchHandler, Meta
-    from steadyrl.codec import Rejected
     from steadyrl.http import Health
-    from steadyrl.services.reward.client import RewardClient
 
 
 class RewardSection(BaseModel):
@@ -76,7 +73,6 @@ class RewardConfig(ServiceConfig):
 def make_handler(client: RewardClient) -> BatchHandler:
     """The transform [RolloutGroup] -> one [Output(rl.scored)] each (or RetryLater: held;
     codec.Rejected: to rl.dlq), one server call per batch."""
-
     def handle_batch(items: list[tuple[Contract, Meta]]) -> list[list[Output] | RetryLater | Rejected]:
         groups = [cast(RolloutGroup, g) for g, _ in items]  # the stage's input_contract
         scores = client.score_many(groups)
@@ -91,6 +87,7 @@ def make_handler(client: RewardClient) -> BatchHandler:
 
 def main(argv: list[str]) -> int:
     cfg = load(RewardConfig, argv, prog="steadyrl-reward")
+    from steadyrl.services.reward.cache import ScoreCache  # lazy: heavy (datasketch, scipy: 0.4 s); --help stays fast
 
     def build(health: Health) -> Stage:
         r = cfg.reward

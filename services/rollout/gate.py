@@ -19,14 +19,11 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jsonschema import Draft202012Validator
 
 from steadyrl.contracts import RolloutGroup, Sample
-
-if TYPE_CHECKING:
-    from jsonschema import Draft202012Validator
 
 ILLEGAL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
@@ -46,7 +43,6 @@ class RolloutGate:
         self.max_response_tokens = max_response_tokens
         self.validator: Draft202012Validator | None = None
         if response_schema is not None:
-
             Draft202012Validator.check_schema(response_schema)
             self.validator = Draft202012Validator(response_schema)
 

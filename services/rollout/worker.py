@@ -82,7 +82,6 @@ class RolloutSection(BaseModel):
     @classmethod
     def _valid_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is not None:
-
             try:
                 Draft202012Validator.check_schema(v)
             except SchemaError as e:
@@ -129,7 +128,6 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client) -> BatchHandler:
     """[(Prompt, meta)] -> per prompt one [Output(rl.rollouts)], a codec.Rejected (to rl.dlq:
     the actor refused it, or the rollout gate emptied its group) or a RetryLater (held), with
     one actor call per sampling setting (module doc)."""
-
     r = cfg.rollout
     gate = RolloutGate(r.max_response_tokens, r.response_schema)
 
@@ -203,7 +201,6 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client) -> BatchHandler:
 
 def main(argv: list[str]) -> int:
     cfg = load(RolloutConfig, argv, prog="steadyrl-rollout")
-
     def build(health: Health) -> Stage:
         client = httpx.Client(headers=cfg.http_auth_headers())
         return Stage(name="rollout", bootstrap=cfg.bootstrap, topic_prefix=cfg.topic_prefix,
