@@ -43,8 +43,9 @@ def producer(bootstrap: str) -> Producer:
 
 
 def produce_all(bootstrap: str, topic: str,
-                records: Sequence[tuple[str | None, bytes | None, Sequence[tuple[str, bytes]]]]) -> None:
-    """Produce (key, value, headers) records and wait until every one is acknowledged.
+                records: Sequence[tuple[str | None, bytes | None, Sequence[tuple[str, bytes]] | None]]) -> None:
+    """Produce (key, value, headers) records and wait until every one is acknowledged (headers
+    None: a record without headers).
 
     Raises:
         AssertionError: a record was not delivered, or not all were within 60 s.
@@ -52,7 +53,7 @@ def produce_all(bootstrap: str, topic: str,
     p = producer(bootstrap)
     errors: list[KafkaError] = []
     for key, value, headers in records:
-        p.produce(topic, value, key=key, headers=list(headers),
+        p.produce(topic, value, key=key, headers=None if headers is None else list(headers),
                   on_delivery=lambda err, msg: errors.append(err) if err else None)
         p.poll(0)
     left = p.flush(60)
