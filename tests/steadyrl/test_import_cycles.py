@@ -40,8 +40,9 @@ def _top_level(tree: ast.Module):
             yield n
 
 
-def import_graph(files: dict[str, Path]) -> dict[str, set[str]]:
-    """module -> the steadyrl modules its top-level imports load."""
+def import_graph(files: dict[str, Path], everywhere: bool = False) -> dict[str, set[str]]:
+    """module -> the steadyrl modules its top-level imports load (`everywhere`: its imports
+    inside functions too)."""
     def resolve(name: str) -> str | None:
         parts = name.split(".")
         for i in range(len(parts), 0, -1):
@@ -53,7 +54,8 @@ def import_graph(files: dict[str, Path]) -> dict[str, set[str]]:
     for mod, path in files.items():
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
         edges = set()
-        for n in _top_level(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        for n in (ast.walk(tree) if everywhere else _top_level(tree)):
             names = []
             if isinstance(n, ast.Import):
                 names = [a.name for a in n.names]

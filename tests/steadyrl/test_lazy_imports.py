@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 from tests.helpers import ROOT
-from tests.steadyrl.test_import_cycles import cycles, module_files
+from tests.steadyrl.test_import_cycles import cycles, import_graph, module_files
 
 MARK = "# lazy:"
 
@@ -48,28 +48,7 @@ def test_every_function_level_import_says_why_it_is_lazy():
                           "optional dependency: which>` on the import's line:\n" + "\n".join(unmarked))
 
 
-def _all_imports_graph(files: dict[str, Path]) -> dict[str, set[str]]:
-    """module -> the steadyrl modules any of its imports (top-level or inside functions) names."""
-    graph: dict[str, set[str]] = {m: set() for m in files}
-    for mod, path in files.items():
-        for n in ast.walk(ast.parse(path.read_text(), str(path))):
-            names: list[str] = []
-            if isinstance(n, ast.Import):
-                names = [a.name for a in n.names]
-            elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
-                names = [n.module] + [f"{n.module}.{a.name}" for a in n.names]
-            for name in names:
-                parts = name.split(".")
-                for i in range(len(parts), 0, -1):
-                    target = ".".join(parts[:i])
-                    if target in files:
-                        if target != mod and not mod.startswith(target + "."):
-                            graph[mod].add(target)
-                        break
-    return graph
-
-
 def test_no_import_cycle_even_through_lazy_imports():
-    graph = _all_imports_graph(module_files())
+    graph = import_graph(module_files(), everywhere=True)
     assert graph["steadyrl.cli.up"], "the graph has edges"
     assert cycles(graph) == []
