@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from steadyrl import codec
 from steadyrl.contracts import ScoredGroup
@@ -455,6 +456,31 @@ def test_inflated_rewards_mid_run_are_quarantined_and_release_puts_them_back(boo
     assert sorted({c["step"] for c in consumed}) == list(range(1, steps + 1))
 
 
+def _stage_records(base_url: str, stage: str) -> float:
+    """A stage's `steadyrl_stage_records_total{outcome="ok"}` from its /metrics (0 when unread)."""
+    try:
+        text = httpx.get(f"{base_url}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return 0.0
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples
+               if sample.name == "steadyrl_stage_records_total"
+               and sample.labels == {"stage": stage, "outcome": "ok"})
+
+
+def _wait_for_plateau(read, quiet_s: float, timeout_s: float) -> float:
+    """Poll `read()` until its value has not changed for `quiet_s`; that value."""
+    deadline = time.monotonic() + timeout_s
+    last, since = read(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, f"still changing after {timeout_s} s: {last}"
+        time.sleep(0.25)
+        value = read()
+        if value != last:
+            last, since = value, time.monotonic()
+    return last
+
+
 def test_a_full_train_buffer_evicts_and_every_prompt_is_still_trained_once(bootstrap, tmp_path):
     """max_staleness 3 keeps 4 x B prompts in flight; the learner is SIGSTOPped so their groups
     pile up; on SIGCONT it reads them at once into a buffer of max_buffer_size = B: the
@@ -469,7 +495,11 @@ def test_a_full_train_buffer_evicts_and_every_prompt_is_still_trained_once(boots
         up.wait_step(2)
         learner = up.child_pid("learner-0")
         os.kill(learner, signal.SIGSTOP)
-        time.sleep(4)  # 4 x 8 groups are generated and scored meanwhile
+        stopped_at = up.progress().get("step") or 2
+        # the feeder keeps 4 x 8 prompts ahead of the stopped learner: wait until their groups
+        # are all scored (the reward stage's count stops growing), not for a fixed time
+        scored = _wait_for_plateau(lambda: _stage_records(up.url(8300), "reward"), quiet_s=3, timeout_s=120)
+        assert scored - stopped_at * 8 >= 16, (scored, stopped_at)  # enough waiting to overflow 8
         os.kill(learner, signal.SIGCONT)
         learner = None
         up.wait_step(4)
