@@ -72,14 +72,21 @@ class SeededSampler:
     Draws token ~ top-p(softmax(scores / temperature)) by inverse CDF with one uniform per
     row and step, and returns scores that are 0 at the drawn token and -inf elsewhere, so
     greedy decoding emits exactly the drawn tokens. Args: one seed per row (N,).
+
+    `logprobs` gets, per step, the drawn token's log-probability under softmax(scores /
+    temperature) before top-p, (N,) nats: what a request keeps is O(N·T), not the O(N·T·V)
+    of transformers' `output_logits` (40 GB at 64 answers of 4 096 tokens and V = 49 152).
     """
 
     def __init__(self, seeds: list[int], temperature: float, top_p: float):
         self.gens = [torch.Generator().manual_seed(s) for s in seeds]
         self.temperature, self.top_p = temperature, top_p
+        self.logprobs: list[torch.Tensor] = []                                   # T x (N,)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        probs = F.softmax(scores.float() / self.temperature, dim=-1)            # (N, V)
+        logits = scores.float() / self.temperature                              # (N, V)
+        probs = F.softmax(logits, dim=-1)                                       # (N, V)
+        logz = torch.logsumexp(logits, dim=-1)                                  # (N,)
         if self.top_p < 1.0:  # keep the smallest set of tokens whose mass reaches top_p
             sorted_p, order = probs.sort(dim=-1, descending=True)
             drop = (sorted_p.cumsum(-1) - sorted_p) >= self.top_p              # mass before token
@@ -89,8 +96,24 @@ class SeededSampler:
         cdf = probs.cumsum(-1)                                                  # (N, V)
         # right=True: u = 0 must not pick a leading zero-probability token
         token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).clamp(max=probs.shape[-1] - 1)
+        self.logprobs.append(logits.gather(-1, token).squeeze(-1) - logz)       # (N,)
         out = torch.full_like(scores, float("-inf"))
         return out.scatter(-1, token, 0.0)
+
+
+class GreedyLogprobs:
+    """A logits processor for greedy decoding: leaves the scores as they are (generate takes
+    their argmax) and appends, per step, the argmax token's log-probability under
+    softmax(scores), (N,) nats, to `logprobs` (O(N·T) kept, as `SeededSampler`)."""
+
+    def __init__(self) -> None:
+        self.logprobs: list[torch.Tensor] = []                                   # T x (N,)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logits = scores.float()                                                 # (N, V)
+        best = logits.max(dim=-1).values                                        # (N,) the argmax's logit
+        self.logprobs.append(best - torch.logsumexp(logits, dim=-1))            # (N,)
+        return scores
 
 
 @dataclass
@@ -105,18 +128,45 @@ class Generator(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]: ...
 
 
+def sequence_bytes(config: Any, length: int, dtype_bytes: int = 4) -> int:
+    """Bytes one sequence of `length` tokens (prompt + answer) takes while it is generated, an
+    upper estimate: its KV cache, 2 · layers · kv_heads · head_dim · length · dtype_bytes; the
+    prefill's activations, length · (intermediate + 4 · hidden) · 4; and one step's work on the
+    vocabulary in the sampler, 8 float32 rows of V (logits, probabilities, their sort and CDF).
+
+    `config` is a transformers model config (hidden_size, num_hidden_layers,
+    num_attention_heads, vocab_size; num_key_value_heads, head_dim, intermediate_size when it
+    has them)."""
+    hidden, layers = int(config.hidden_size), int(config.num_hidden_layers)
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    inter = int(getattr(config, "intermediate_size", None) or 4 * hidden)
+    kv = 2 * layers * kv_heads * head_dim * length * dtype_bytes
+    prefill = length * (inter + 4 * hidden) * 4
+    return kv + prefill + 8 * int(config.vocab_size) * 4
+
+
 class TorchGenerator:
     """`transformers.generate` on a causal LM, batched with left padding.
+
+    A request of N = prompts x n sequences runs as generate() calls of at most `batch_size`
+    sequences, fewer where `memory_bytes` asks: a call takes `sequence_bytes` per sequence at
+    the request's longest prompt plus max_new_tokens, so memory stays near the budget at any
+    answer length (and the log-probs kept are O(N·T): `SeededSampler`).
 
     Args:
         model: a causal LM (its weights are read at each call: training updates show at once),
             a transformers PreTrainedModel with `generate`.
         tokenizer: with pad and EOS tokens set.
         batch_size: max sequences per generate() call.
+        memory_bytes: what one call's sequences may take (KV cache, activations, sampling),
+            bytes; None: no limit but batch_size. At least one sequence runs per call.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, batch_size: int = 64):
-        self.model, self.tok, self.batch_size = model, tokenizer, batch_size
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, batch_size: int = 64,
+                 memory_bytes: int | None = None):
+        self.model, self.tok, self.batch_size, self.memory_bytes = model, tokenizer, batch_size, memory_bytes
         self.eos_ids: set[int] = {tokenizer.eos_token_id}
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         if gen_eos is not None:
@@ -137,10 +187,21 @@ class TorchGenerator:
                  else int(torch.randint(0, 1 << 62, ())) for s in given]
         flat = [p for p in prompts for _ in range(params.n)]
         row_seeds = [sample_seed(s, j) for s in drawn for j in range(params.n)]
+        rows = self.rows_per_call(max((len(p) for p in prompts), default=0) + params.max_new_tokens)
         done: list[Completion] = []
-        for i in range(0, len(flat), self.batch_size):
-            done += self._generate_batch(flat[i:i + self.batch_size], params, row_seeds[i:i + self.batch_size])
+        for i in range(0, len(flat), rows):
+            done += self._generate_batch(flat[i:i + rows], params, row_seeds[i:i + rows])
         return [done[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
+
+    def rows_per_call(self, length: int) -> int:
+        """Sequences one generate() call runs for sequences of `length` tokens: batch_size, or
+        fewer so that they fit memory_bytes (`sequence_bytes`), at least 1."""
+        if self.memory_bytes is None:
+            return self.batch_size
+        config: Any = getattr(self.model, "config", None)
+        dtype = next(self.model.parameters()).dtype
+        per = sequence_bytes(config, length, torch.finfo(dtype).bits // 8)
+        return max(1, min(self.batch_size, self.memory_bytes // per))
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
                         row_seeds: list[int]) -> list[Completion]:
@@ -154,18 +215,17 @@ class TorchGenerator:
         greedy = params.temperature == 0.0
         was_training = self.model.training
         self.model.eval()
-        sampler = [] if greedy else [SeededSampler(row_seeds, params.temperature, params.top_p)]
+        chooser = GreedyLogprobs() if greedy else SeededSampler(row_seeds, params.temperature, params.top_p)
         lm: Any = self.model  # transformers' generate(), which nn.Module does not declare
-        out = lm.generate(
-            input_ids=input_ids, attention_mask=attn, max_new_tokens=params.max_new_tokens,
-            do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad,
-            logits_processor=LogitsProcessorList(sampler), eos_token_id=sorted(self.eos_ids),
-            return_dict_in_generate=True, output_logits=True)
-        self.model.train(was_training)
-        new = out.sequences[:, P:]                                                   # (N, T)
-        logits = torch.stack(out.logits, dim=1).float()                             # (N, T, V)
-        temp = 1.0 if greedy else params.temperature
-        logp = F.log_softmax(logits / temp, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # (N, T)
+        try:
+            new = lm.generate(
+                input_ids=input_ids, attention_mask=attn, max_new_tokens=params.max_new_tokens,
+                do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad,
+                logits_processor=LogitsProcessorList([chooser]), eos_token_id=sorted(self.eos_ids),
+            )[:, P:]                                                                 # (N, T)
+        finally:
+            self.model.train(was_training)
+        logp = torch.stack(chooser.logprobs, dim=1)                                 # (N, T)
         result = []
         for row, lp in zip(new.tolist(), logp.tolist(), strict=True):
             end = next((j for j, t in enumerate(row) if t in self.eos_ids), None)

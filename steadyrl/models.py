@@ -159,10 +159,10 @@ def tiny_config(vocab_size: int, hidden: int = 64, layers: int = 2, **kwargs: An
     """The LlamaConfig of the tiny models (`kwargs` override, e.g. `num_labels=1` for a reward model)."""
     from transformers import LlamaConfig  # lazy: heavy (transformers); configs import this module
 
-    return LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
-                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
-                       max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                       tie_word_embeddings=True, **kwargs)
+    return LlamaConfig(**{"vocab_size": vocab_size, "hidden_size": hidden, "intermediate_size": hidden * 2,
+                          "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 4,
+                          "max_position_embeddings": 128, "pad_token_id": 0, "bos_token_id": 1,
+                          "eos_token_id": 2, "tie_word_embeddings": True, **kwargs})
 
 
 def tiny_model(vocab_size: int, seed: int = 0, hidden: int = 64, layers: int = 2) -> LlamaForCausalLM:

@@ -47,7 +47,11 @@ class ActorSection(ActorStack, GenerationLimits):
 
     vllm: VLLMSection = VLLMSection()
     policy_root: Path = Field(Path(".steadyrl/policies"), description="Only weights under this folder are loaded.")
-    batch_size: int = Field(64, ge=1, description="torch: sequences per generate() call.")
+    batch_size: int = Field(64, ge=1, description="torch: sequences per generate() call at most.")
+    generate_memory_mib: int = Field(1024, ge=16,
+                                     description="torch: what one generate() call's sequences may take (KV cache, "
+                                                 "prefill, sampling), MiB; long answers run in calls of fewer "
+                                                 "than batch_size sequences to fit it.")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024,
                                 description="Largest POST /generate body, bytes; larger gets 413 (8 MiB: ~100x a "
                                             "batch of 64 chat prompts).")

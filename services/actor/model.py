@@ -114,7 +114,8 @@ class ServedModel:
             self.module, self.tok = load_policy(section.model)
             # transformers' PreTrainedModel.eval is untyped; the non-strict check does not flag it
             self.module.eval()  # type: ignore[no-untyped-call, unused-ignore]
-            self.gen = TorchGenerator(self.module, self.tok, batch_size=section.batch_size)
+            self.gen = TorchGenerator(self.module, self.tok, batch_size=section.batch_size,
+                                      memory_bytes=section.generate_memory_mib << 20)
             self.context = getattr(self.module.config, "max_position_embeddings", None)
             self.serial = threading.Lock()
 
