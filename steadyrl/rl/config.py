@@ -32,7 +32,12 @@ class TrainConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0)
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     mini_batch_size: int | None = Field(None, ge=1, description="Sequences per optimizer step; None: whole batch.")
-    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward (memory).")
+    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward at most (memory).")
+    max_tokens_per_micro_batch: int | None = Field(
+        4096, ge=1, description="Tokens per forward/backward at most: rows x the batch's padded length (prompt + "
+                                "response), so memory stays bounded at any answer length (verl's "
+                                "ppo_max_token_len_per_gpu); a longer sequence still runs alone. None: "
+                                "micro_batch_size only.")
     clip_low: float = Field(0.2, ge=0, lt=1)
     clip_high: float = Field(0.2, ge=0)
     clip_ratio_c: float | None = Field(3.0, gt=1, description="Dual-clip bound; None disables.")

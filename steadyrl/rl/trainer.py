@@ -142,6 +142,7 @@ class Trainer:
             self.opt, lambda s: core.lr_lambda(s, cfg.warmup_steps, cfg.total_steps, cfg.lr_schedule))
         self.global_step = 0
         self.micro_batch_size = cfg.micro_batch_size   # 4x smaller in the safe mode
+        self.micro_tokens = cfg.max_tokens_per_micro_batch   # 4x smaller in the safe mode
         self.safe_mode = False
         self.oom_fallbacks = 0                         # times a step ran out of memory and was retried
         self.pending_optimizer: dict[str, Any] | None = None   # rank 0, sharded: restored state to scatter (`sync`)
@@ -165,6 +166,8 @@ class Trainer:
         self.safe_mode = True
         self.oom_fallbacks += 1
         before, self.micro_batch_size = self.micro_batch_size, max(1, self.micro_batch_size // 4)
+        if self.micro_tokens is not None:
+            self.micro_tokens = max(1, self.micro_tokens // 4)
         if self.sharded:   # gather each block for its forward and again for its backward only
             self.module.set_reshard_after_forward(True)   # type: ignore[operator]  # an FSDPModule's method
         hf: Any = self.module   # a transformers model: its gradient checkpointing API
@@ -183,6 +186,7 @@ class Trainer:
     def _leave_safe_mode(self) -> None:
         self.safe_mode = False
         self.micro_batch_size = self.cfg.micro_batch_size
+        self.micro_tokens = self.cfg.max_tokens_per_micro_batch
         hf: Any = self.module   # a transformers model: its gradient checkpointing API
         if getattr(hf, "supports_gradient_checkpointing", False):
             disable = getattr(hf, "activation_checkpointing_disable", None)   # transformers >= 5
@@ -308,6 +312,15 @@ class Trainer:
                 root.set_requires_gradient_sync(last)         # type: ignore[operator]
                 root.set_reshard_after_backward(last)         # type: ignore[operator]
 
+    def micro_rows(self, width: int) -> int:
+        """Rows of one micro-batch when every row is `width` tokens (the batch's padded prompt +
+        response): micro_batch_size, fewer where rows x width would pass
+        max_tokens_per_micro_batch, at least 1. The forward's logits are rows x width x V
+        floats, so this bounds a micro-batch's memory at any answer length."""
+        if self.micro_tokens is None:
+            return self.micro_batch_size
+        return max(1, min(self.micro_batch_size, self.micro_tokens // width))
+
     def _idle_backward(self, b: dict[str, torch.Tensor], idx: torch.Tensor) -> None:
         """A forward and backward of micro-batch `idx` weighted 0: the collectives FSDP2 runs in
         them (all-gathers, reduce-scatters), with a gradient of exactly 0 (finite activations)."""
@@ -319,8 +332,8 @@ class Trainer:
     def _no_grad_pass(self, model: torch.nn.Module, b: dict[str, torch.Tensor],
                       need_values: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (N, T) and, when asked, values (N, T) of the whole batch, by micro-batches."""
-        N = b["input_ids"].shape[0]
-        mb = self.micro_batch_size
+        N, width = b["input_ids"].shape                                        # (N, P + T)
+        mb = self.micro_rows(width)
         logps: list[torch.Tensor] = []
         vals: list[torch.Tensor] = []
         for i in range(0, N, mb):
@@ -482,14 +495,15 @@ class Trainer:
         """This rank's micro-batches of the minibatch (`distributed.microbatch_plan`): each one's
         loss times its share of the minibatch backpropagated (gradients accumulate), its metrics
         added to `sums`, its loss appended. No collective of its own (`_agreed` runs it)."""
-        plan = distributed.microbatch_plan(len(mb_idx), self.micro_batch_size, self.rank, self.world, self.sharded)
+        rows = self.micro_rows(x.batch["input_ids"].shape[1])
+        plan = distributed.microbatch_plan(len(mb_idx), rows, self.rank, self.world, self.sharded)
         for j, start in enumerate(plan):
             if self.sharded:
                 self._accumulate(last=j == len(plan) - 1)
             if start is None:
-                self._idle_backward(x.batch, mb_idx[:self.micro_batch_size])
+                self._idle_backward(x.batch, mb_idx[:rows])
                 continue
-            idx = mb_idx[start:start + self.micro_batch_size]
+            idx = mb_idx[start:start + rows]
             # share of the minibatch in this micro-batch, so the sum equals the minibatch loss
             weight = core.microbatch_weight(x.mask[idx], x.mask[mb_idx], self.cfg.loss_agg)
             loss, metrics = algos.minibatch_loss(self._microbatch(x, idx), self.cfg, self.policy_loss)

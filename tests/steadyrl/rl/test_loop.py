@@ -1,5 +1,8 @@
 """The in-process loop and the trainer on the tiny model (CPU, fixed seeds)."""
 
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -9,6 +12,7 @@ from steadyrl.generation import SamplingParams, TorchGenerator
 from steadyrl.models import load_policy
 from steadyrl.rl.loop import LoopConfig, encode_prompt, evaluate, run_loop
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer, build_batch
+from tests.helpers import ROOT
 
 
 def _mean(xs):
@@ -59,11 +63,11 @@ def test_eos_ends_a_completion_and_stays_in_its_tokens():
     assert c.finish_reason == "stop" and c.token_ids[-1] == tok.eos_token_id and c.text == ""
 
 
-def _grads(micro, agg):
+def _grads(micro, agg, tokens=None):
     model, tok = load_policy("tiny", seed=3)
     g = [Group([5, 6], [[7, 8, 9], [7]], [1.0, 0.0]), Group([5], [[9, 9], [8, 7, 6, 5]], [0.0, 1.0])]
     t = Trainer(model, tok.pad_token_id, TrainConfig(micro_batch_size=micro, loss_agg=agg, lr=1e-9,
-                                                     max_grad_norm=1e9))
+                                                     max_grad_norm=1e9, max_tokens_per_micro_batch=tokens))
     t.step(g)
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
@@ -71,6 +75,26 @@ def _grads(micro, agg):
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
 def test_micro_batching_does_not_change_the_gradient(agg):
     assert torch.allclose(_grads(1, agg), _grads(4, agg), atol=1e-6)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+@pytest.mark.parametrize("tokens", [6, 13, 5])   # the batch is 4 rows of 2 + 4 tokens: 1, 2, 1 rows a micro-batch
+def test_a_token_budget_micro_batch_gives_the_same_gradient(agg, tokens):
+    assert torch.allclose(_grads(4, agg, tokens=None), _grads(4, agg, tokens=tokens), atol=1e-6)
+
+
+def test_micro_rows_follow_the_token_budget():
+    model, tok = load_policy("tiny", seed=3)
+    t = Trainer(model, tok.pad_token_id, TrainConfig(micro_batch_size=8, max_tokens_per_micro_batch=4096))
+    assert t.micro_rows(100) == 8               # today's shapes: micro_batch_size rows
+    assert t.micro_rows(1024) == 4 and t.micro_rows(4096) == 1
+    assert t.micro_rows(10_000) == 1            # a sequence longer than the budget runs alone
+    t._enter_safe_mode("test")                  # the out-of-memory fallback: 4x fewer tokens too
+    assert t.micro_tokens == 1024 and t.micro_rows(512) == 2
+    t._leave_safe_mode()
+    assert t.micro_rows(1024) == 4
+    none = Trainer(model, tok.pad_token_id, TrainConfig(micro_batch_size=8, max_tokens_per_micro_batch=None))
+    assert none.micro_rows(10_000) == 8
 
 
 def test_kl_loss_with_zero_coefficient_warns():
@@ -134,3 +158,30 @@ def test_stale_groups_start_the_ratio_from_their_behaviour_logprobs():
     diff = lambda m1, m2: max((a - b).abs().max().item() for a, b in zip(m1.parameters(), m2.parameters(), strict=True))
     assert diff(fresh, replay) < 1e-6
     assert diff(fresh, clipped) > 1e-4
+
+
+_LONG_STEP = """
+import json, resource, torch
+from steadyrl.models import tiny_config
+from steadyrl.rl.trainer import Group, TrainConfig, Trainer
+from transformers import LlamaForCausalLM
+torch.manual_seed(0)
+model = LlamaForCausalLM(tiny_config(49152, max_position_embeddings=528))
+g = torch.Generator().manual_seed(1)
+groups = [Group([5, 6, 7], [torch.randint(4, 49152, (512,), generator=g).tolist() for _ in range(4)],
+                [0.0, 1.0, 0.0, 1.0]) for _ in range(2)]
+t = Trainer(model, 0, TrainConfig(micro_batch_size=8, max_tokens_per_micro_batch=1024))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t.step(groups)
+print(json.dumps({"grew_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024}))
+"""
+
+
+def test_a_token_budget_bounds_a_long_answer_step_s_memory():
+    """8 answers of 512 tokens over a 49 152-token vocabulary, micro_batch_size 8: one
+    micro-batch of all 8 rows grew RSS by 3 905 MB (the logits and their log-softmax, entropy
+    and gradients, 8 x 515 x 49 152 floats each); 1 024 tokens a micro-batch (1 row) by 531 MB."""
+    proc = subprocess.run([sys.executable, "-c", _LONG_STEP], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    grew = json.loads(proc.stdout.strip().splitlines()[-1])["grew_mb"]
+    assert grew < 1500, grew
