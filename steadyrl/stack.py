@@ -67,6 +67,14 @@ class PolicyModel(BaseModel):
         return v
 
 
+class VLLMStack(BaseModel):
+    """What `up` reads of `actor.vllm:` (the rest is the engine's own: services/actor/config.py)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    max_model_len: int = Field(2048, ge=16, description="Longest prompt + completion the engine plans for.")
+
+
 class ActorStack(PolicyModel):
     """What `up` reads of the `actor:` section (the rest is the actor's own)."""
 
@@ -75,6 +83,7 @@ class ActorStack(PolicyModel):
     backend: ActorBackend = Field(
         "torch", description="torch (CPU or GPU, this venv), or vllm (vLLM's async engine; the actor runs from "
                              "the vLLM venv: `make vllm-cpu`, see services/actor/README.md).")
+    vllm: VLLMStack = VLLMStack()
 
 
 class LearnerStack(PolicyModel):
@@ -85,6 +94,11 @@ class LearnerStack(PolicyModel):
 
     max_staleness: int = Field(0, ge=0, description="Train on groups from versions >= step - max_staleness "
                                "(0 on a CPU-only machine: generation and training share the cores).")
+    max_new_tokens: int = Field(32, ge=1, le=32768,
+                                description="The answer length the run asks for: each prompt's max_new_tokens "
+                                            "(the rollout gate's limit too); checked at start against "
+                                            "actor.max_new_tokens_limit, actor.vllm.max_model_len and the "
+                                            "model's context.")
     world_size: int = Field(1, ge=1, le=1024,
                             description="Data-parallel ranks of the learner (steadyrl/rl/distributed.py): "
                                         "`steadyrl up` starts it under torchrun with this many processes; rank 0 is "
@@ -109,6 +123,10 @@ class StackSettings(BaseSettings):
         if self.actor.model != self.learner.model:
             raise ValueError(f"actor.model {self.actor.model!r} and learner.model {self.learner.model!r} differ: the "
                              f"actor serves the policy the learner trains, so both name the same model")
+        if self.actor.backend == "vllm" and self.learner.max_new_tokens >= self.actor.vllm.max_model_len:
+            raise ValueError(f"learner.max_new_tokens {self.learner.max_new_tokens} >= actor.vllm.max_model_len "
+                             f"{self.actor.vllm.max_model_len}: no prompt and answer fit the engine, the actor "
+                             f"would refuse every prompt")
         return self
 
     @classmethod

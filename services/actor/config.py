@@ -9,21 +9,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from steadyrl.config import ServiceConfig
 from steadyrl.limits import GenerationLimits
-from steadyrl.stack import ActorStack
+from steadyrl.stack import ActorStack, VLLMStack
 
 
-class VLLMSection(BaseModel):
-    """The vLLM backend's engine settings (services/actor/vllm_engine.py VLLMSettings)."""
+class VLLMSection(VLLMStack):
+    """The vLLM backend's engine settings (services/actor/vllm_engine.py VLLMSettings);
+    `max_model_len` is steadyrl.stack's (`up` checks it against learner.max_new_tokens)."""
 
     model_config = ConfigDict(extra="forbid")
 
     dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
         "auto", description="Engine dtype; auto: bfloat16 on a GPU or a CPU with native bf16, else float32.")
-    max_model_len: int = Field(2048, ge=16, description="Longest prompt + completion the engine plans for.")
     kv_cache_gib: float | None = Field(1.0, gt=0, description="KV-cache size, GiB (CPU: host memory); "
                                                               "None: gpu_memory_utilization decides (GPU).")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="GPU: share of its memory vLLM may take.")

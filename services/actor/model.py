@@ -107,7 +107,9 @@ class ServedModel:
             self.tok = load_tokenizer(folder)
             #: name -> shape the policy versions must have (the base folder's tensors)
             self.shapes, self.tied = safetensors_shapes(folder)
-            self.context = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+            # the engine plans for max_model_len tokens a sequence: a longer one is refused (422) here
+            positions = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+            self.context = min(positions or section.vllm.max_model_len, section.vllm.max_model_len)
             self.gen = VLLMGenerator(VLLMSettings(model_dir=folder, **section.vllm.model_dump()))
             self.serial = nullcontext()
         else:

@@ -66,7 +66,6 @@ class LearnerSection(LearnerStack):
     # the prompt contract's bounds (steadyrl/contracts.py Prompt): a value past them would make
     # every prompt record invalid, so it fails here, at start, naming the field
     group_size: int = Field(8, ge=1, le=1024, description="G: samples per prompt.")
-    max_new_tokens: int = Field(32, ge=1, le=32768)
     top_p: float = Field(1.0, gt=0, le=1)
     seed: int = Field(0, ge=0, le=2**63 - 1, description="Prompt order, sampling seeds and the tiny model's init.")
     policy_root: Path = Field(Path(".steadyrl/policies"),

@@ -2,7 +2,8 @@
 
 A sample fails when
 
-    too_long             it has more than `max_response_tokens` tokens (default 512)
+    too_long             it has more tokens than its prompt's `max_new_tokens` (what the run
+                         asked for: learner.max_new_tokens), or than `max_response_tokens` when set
     illegal_characters   its text holds NUL or another control character (C0 except tab,
                          newline and carriage return; DEL; C1)
     not_json             `response_schema` is set and the text is not JSON
@@ -33,22 +34,25 @@ class RolloutGate:
 
     Args:
         max_response_tokens: longest response allowed, tokens (a sample of exactly this
-            many passes).
+            many passes); None (the default): each group's own prompt's max_new_tokens, so
+            the one length setting of a run is the learner's.
         response_schema: optional JSON Schema (draft 2020-12) every response must satisfy.
 
     Raises jsonschema.SchemaError for a schema that is not a valid JSON Schema.
     """
 
-    def __init__(self, max_response_tokens: int = 512, response_schema: dict[str, Any] | None = None):
+    def __init__(self, max_response_tokens: int | None = None, response_schema: dict[str, Any] | None = None):
         self.max_response_tokens = max_response_tokens
         self.validator: Draft202012Validator | None = None
         if response_schema is not None:
             Draft202012Validator.check_schema(response_schema)
             self.validator = Draft202012Validator(response_schema)
 
-    def reason(self, text: str, n_tokens: int) -> str | None:
-        """Why this sample fails, or None when it passes."""
-        if n_tokens > self.max_response_tokens:
+    def reason(self, text: str, n_tokens: int, asked: int | None = None) -> str | None:
+        """Why this sample fails, or None when it passes. `asked`: the max_new_tokens its
+        request asked for (the limit when max_response_tokens is None; no limit if both are)."""
+        limit = self.max_response_tokens if self.max_response_tokens is not None else asked
+        if limit is not None and n_tokens > limit:
             return "too_long"
         if ILLEGAL.search(text):
             return "illegal_characters"
@@ -67,7 +71,7 @@ class RolloutGate:
         kept: list[Sample] = []
         why: Counter[str] = Counter()
         for s in group.samples:
-            r = self.reason(s.text, len(s.token_ids))
+            r = self.reason(s.text, len(s.token_ids), group.prompt.max_new_tokens)
             if r is None:
                 kept.append(s)
             else:

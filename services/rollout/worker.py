@@ -74,7 +74,9 @@ class RolloutSection(BaseModel):
                                                        "policy load. While the actor serves no prompt nothing is "
                                                        "dropped. Counted in memory: a restart starts it again.")
     max_attempts: int = Field(5, ge=1, description="Least failed tries before max_hold_s can drop a prompt.")
-    max_response_tokens: int = Field(512, ge=1, description="Rollout gate: longer samples leave their group.")
+    max_response_tokens: int | None = Field(None, ge=1, description="Rollout gate: longer samples leave their "
+                                                                     "group; None: longer than their prompt's "
+                                                                     "max_new_tokens (learner.max_new_tokens).")
     response_schema: dict[str, Any] | None = Field(None, description="Rollout gate: a JSON Schema every response must "
                                                            "satisfy (structured outputs); None: no check.")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from steadyrl.stack import SMOLLM2, ActorStack, LearnerStack, PolicyModel, StackError, load_stack
+from steadyrl.stack import SMOLLM2, ActorStack, LearnerStack, PolicyModel, StackError, VLLMStack, load_stack
 
 
 @pytest.fixture(autouse=True)
@@ -91,7 +91,10 @@ def test_the_actor_reads_the_same_fields_and_both_the_same_model():
 
     assert issubclass(ActorSection, ActorStack) and issubclass(ActorStack, PolicyModel)
     for name, field in ActorStack.model_fields.items():
-        assert repr(ActorSection.model_fields[name]) == repr(field), name
+        if name != "vllm":   # the actor's own VLLMSection extends the VLLMStack `up` reads
+            assert repr(ActorSection.model_fields[name]) == repr(field), name
+    assert issubclass(ActorSection.model_fields["vllm"].annotation, VLLMStack)
+    assert repr(ActorSection().vllm.model_fields["max_model_len"]) == repr(VLLMStack.model_fields["max_model_len"])
     assert repr(ActorSection.model_fields["model"]) == repr(LearnerSection.model_fields["model"])
     assert ActorSection().model == LearnerSection().model == SMOLLM2
     with pytest.raises(ValueError, match="'no-such-model'"):
@@ -105,3 +108,16 @@ def test_a_stack_whose_actor_and_learner_name_different_models_is_refused(tmp_pa
         load_stack(cfg)
     cfg.write_text("actor: {model: tiny}\nlearner: {model: tiny}\n")
     assert load_stack(cfg).actor.model == "tiny"
+
+
+def test_an_answer_length_the_vllm_engine_cannot_hold_is_refused_at_start(tmp_path):
+    """One length setting, learner.max_new_tokens, checked against what the engine plans for:
+    at or past actor.vllm.max_model_len every prompt would be refused by the actor."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("actor: {backend: vllm, vllm: {max_model_len: 2048}}\nlearner: {max_new_tokens: 4096}\n")
+    with pytest.raises(StackError, match=r"learner\.max_new_tokens 4096 >= actor\.vllm\.max_model_len 2048"):
+        load_stack(cfg)
+    cfg.write_text("actor: {backend: vllm, vllm: {max_model_len: 8192}}\nlearner: {max_new_tokens: 4096}\n")
+    assert load_stack(cfg).learner.max_new_tokens == 4096
+    cfg.write_text("actor: {backend: torch}\nlearner: {max_new_tokens: 4096}\n")   # torch: the model's context
+    assert load_stack(cfg).actor.vllm.max_model_len == 2048

@@ -6,16 +6,28 @@ from steadyrl.contracts import Prompt, RolloutGroup, Sample
 from steadyrl.services.rollout.gate import RolloutGate
 
 
-def _group(samples):
-    p = Prompt(prompt_id="e0-i0", epoch=0, index=0, n_samples=len(samples), messages=[{"role": "user", "content": "x"}])
+def _group(samples, max_new_tokens=64):
+    p = Prompt(prompt_id="e0-i0", epoch=0, index=0, n_samples=len(samples), messages=[{"role": "user", "content": "x"}],
+               max_new_tokens=max_new_tokens)
     return RolloutGroup(prompt=p, policy_version=0,
                         samples=[Sample(text=t, token_ids=[1] * n, logprobs=[-0.1] * n) for t, n in samples])
 
 
 def test_length_limit_512_passes_513_fails():
-    gate = RolloutGate()
+    gate = RolloutGate(max_response_tokens=512)
     assert gate.reason("a", 512) is None
     assert gate.reason("a", 513) == "too_long"
+    assert gate.reason("a", 513, asked=4096) == "too_long"   # a set limit wins over the request's
+
+
+def test_by_default_the_limit_is_what_the_prompt_asked_for():
+    """One length setting: learner.max_new_tokens reaches the gate in each prompt; answers of
+    4 096 tokens pass a run that asks for 4 096 (the old fixed 512 sent them all to the DLQ)."""
+    gate = RolloutGate()
+    assert gate.reason("a", 4096, asked=4096) is None and gate.reason("a", 4097, asked=4096) == "too_long"
+    assert gate.reason("a", 10**6) is None                   # nothing asked, nothing set: no length limit
+    g, why = gate.apply(_group([("ok", 4096), ("long", 4097)], max_new_tokens=4096))
+    assert [s.text for s in g.samples] == ["ok"] and why == {"too_long": 1}
 
 
 @pytest.mark.parametrize("text,ok", [("tab\there", True), ("line\nbreak\r\n", True), ("plain ascii ~", True),
