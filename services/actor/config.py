@@ -48,7 +48,7 @@ class ActorSection(ActorStack, GenerationLimits):
     vllm: VLLMSection = VLLMSection()
     policy_root: Path = Field(Path(".steadyrl/policies"), description="Only weights under this folder are loaded.")
     batch_size: int = Field(64, ge=1, description="torch: sequences per generate() call at most.")
-    generate_memory_mib: int = Field(1024, ge=16,
+    generate_memory_mib: int = Field(2048, ge=16,
                                      description="torch: what one generate() call's sequences may take (KV cache, "
                                                  "prefill, sampling), MiB; long answers run in calls of fewer "
                                                  "than batch_size sequences to fit it.")

@@ -7,10 +7,11 @@ import subprocess
 import sys
 
 import torch
-from transformers import LlamaConfig
+from transformers import LlamaConfig, LlamaForCausalLM
 
+from steadyrl import generation
 from steadyrl.generation import SamplingParams, TorchGenerator, sequence_bytes
-from steadyrl.models import tiny_model, tiny_tokenizer
+from steadyrl.models import tiny_config, tiny_model, tiny_tokenizer
 from tests.helpers import ROOT
 
 # 16 answers of 512 tokens over SmolLM2's vocabulary: full-vocabulary logits kept per token
@@ -77,3 +78,32 @@ def test_splitting_a_request_does_not_change_its_samples():
     for g1, g2 in zip(whole, one, strict=True):
         for c1, c2 in zip(g1, g2, strict=True):
             assert torch.allclose(torch.tensor(c1.logprobs), torch.tensor(c2.logprobs), atol=1e-5)
+
+
+def test_long_answers_preallocate_the_kv_cache_and_sample_the_same(monkeypatch):
+    """From STATIC_CACHE_FROM new tokens the KV cache is transformers' static one; the samples
+    are those of the dynamic cache (the same tokens, log-probs to float rounding)."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_config(40, max_position_embeddings=1024))
+    T = generation.STATIC_CACHE_FROM
+    params = SamplingParams(n=3, temperature=0.9, max_new_tokens=T, seed=5)
+    prompts = [[5, 6, 7], [8, 9]]
+    gen = TorchGenerator(model, tiny_tokenizer())
+    gen.eos_ids = {-1}
+    calls = []
+    real = model.generate
+
+    def spy(*a, **kw):
+        calls.append(kw.get("cache_implementation"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(model, "generate", spy)
+    static = gen.generate(prompts, params)
+    monkeypatch.setattr(generation, "STATIC_CACHE_FROM", 10**9)
+    dynamic = gen.generate(prompts, params)
+    assert calls == ["static", None]
+    assert [[c.token_ids for c in g] for g in static] == [[c.token_ids for c in g] for g in dynamic]
+    for g1, g2 in zip(static, dynamic, strict=True):
+        for c1, c2 in zip(g1, g2, strict=True):
+            assert len(c1.token_ids) == T
+            assert torch.allclose(torch.tensor(c1.logprobs), torch.tensor(c2.logprobs), atol=1e-4)

@@ -1,0 +1,279 @@
+"""How the torch actor's generation, the learner's update, a policy version and a record scale
+with the answer length and the model.
+
+    flock /tmp/steadyrl-bench.lock .venv/bin/python bench/scaling.py [--quick] [--out bench/results/scaling.json]
+
+Every figure is measured in a fresh process (its RSS growth is the peak RSS, VmHWM, after the
+phase minus the RSS before it, the peak reset there), on random weights in the shapes of real
+configurations, made in code:
+
+    tiny-v49k      hidden 64, 2 layers, SmolLM2's vocabulary (49 152): the vocabulary's cost alone
+    smollm2-135m   SmolLM2-135M-Instruct's configuration (30 layers, hidden 576, GQA 9/3 heads)
+
+- `generate`: one request of N answers of T tokens through `TorchGenerator` (the actor's
+  path; EOS never ends an answer), with `actor.generate_memory_mib`'s default budget. Per
+  generated token its time, beside the floor 2 x parameters FLOPs a token at this machine's
+  measured fp32 peak (bench/results/cpu_peak.json; attention's T-dependent term not counted).
+- `train`: one learner step (GRPO, AdamW) on N sequences of 16 prompt + T response tokens
+  with `learner.train.max_tokens_per_micro_batch`'s default, beside 6 x parameters x tokens.
+- `policy`: one version written with `policy_files.write_version` (safetensors + sha256) and
+  read back with `read_version` (hash checked), and the share of the weights' elements and bytes
+  that one AdamW step at lr 1e-6 changes, in fp32 and after a cast to bf16 (what a delta
+  would move).
+- `record`: a RolloutGroup of 8 answers of T tokens through the codec (JSON), its size and
+  encode + decode time.
+
+`--quick` is the CI shape (tiny-v49k at 32 and 256 tokens, ~1 min); the whole grid ~20-30 min here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SHAPES = {
+    "tiny-v49k": {"vocab_size": 49152, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 4},
+    "smollm2-135m": {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                     "num_attention_heads": 9, "num_key_value_heads": 3},
+}
+PROMPT = 16
+
+# (phase, shape, T, N): N sequences of T answer tokens
+FULL = [
+    *[("generate", "tiny-v49k", t, 16) for t in (32, 256, 1024, 4096)],
+    *[("generate", "smollm2-135m", t, n) for t, n in ((32, 16), (256, 16), (1024, 4), (4096, 2))],
+    *[("train", "tiny-v49k", t, 8) for t in (32, 256, 1024, 4096)],
+    *[("train", "smollm2-135m", t, n) for t, n in ((32, 8), (256, 8), (1024, 2), (4096, 1))],
+    ("policy", "smollm2-135m", 32, 8),
+    *[("record", "smollm2-135m", t, 8) for t in (32, 1024, 8192)],
+]
+QUICK = [("generate", "tiny-v49k", 32, 16), ("generate", "tiny-v49k", 256, 16),
+         ("train", "tiny-v49k", 32, 8), ("train", "tiny-v49k", 256, 8), ("record", "tiny-v49k", 1024, 8)]
+
+
+def _model(shape: str):  # type: ignore[no-untyped-def]
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**SHAPES[shape], max_position_embeddings=PROMPT + 8192 + 16, pad_token_id=0, bos_token_id=1,
+                      eos_token_id=2, tie_word_embeddings=True)
+    return LlamaForCausalLM(cfg)
+
+
+def _peak_reset() -> None:
+    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux: clear_refs 5)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def _rss_mb(field: str = "VmHWM") -> float:
+    """This process's peak (VmHWM) or current (VmRSS) resident memory, MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _params(model) -> int:  # type: ignore[no-untyped-def]
+    return sum(p.numel() for p in model.parameters())
+
+
+def one(phase: str, shape: str, T: int, N: int) -> dict:
+    """Run one cell in this process; its figures."""
+    import torch
+
+    from steadyrl.generation import SamplingParams, TorchGenerator
+    from steadyrl.models import tiny_tokenizer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = _model(shape)
+    out: dict = {"phase": phase, "shape": shape, "T": T, "N": N, "params": _params(model)}
+    _peak_reset()
+    base = _rss_mb("VmRSS")
+    out["rss_model_mb"] = base
+    if phase == "generate":
+        gen = TorchGenerator(model, tiny_tokenizer(), batch_size=64, memory_bytes=1024 << 20)
+        gen.eos_ids = {-1}
+        out["rows_per_call"] = gen.rows_per_call(PROMPT + T)
+        t0 = time.perf_counter()
+        res = gen.generate([list(range(3, 3 + PROMPT))] * N, SamplingParams(n=1, temperature=1.0, max_new_tokens=T,
+                                                                              seed=1))
+        s = time.perf_counter() - t0
+        assert all(len(g[0].token_ids) == T for g in res)
+        out |= {"seconds": s, "ms_per_token": 1e3 * s / (N * T), "flops": 2 * out["params"] * N * T}
+    elif phase == "train":
+        from steadyrl.rl.trainer import Group, TrainConfig, Trainer
+
+        g = torch.Generator().manual_seed(1)
+        groups = [Group(list(range(3, 3 + PROMPT)), [torch.randint(4, 49152, (T,), generator=g).tolist()
+                                                     for _ in range(2)], [0.0, 1.0]) for _ in range(N // 2 or 1)]
+        groups = groups if N > 1 else [Group(list(range(3, 3 + PROMPT)), [torch.randint(4, 49152, (T,),
+                                                                                         generator=g).tolist()], [1.0])]
+        trainer = Trainer(model, 0, TrainConfig(lr=1e-6, micro_batch_size=8))
+        out["rows_per_micro_batch"] = trainer.micro_rows(PROMPT + T)
+        t0 = time.perf_counter()
+        trainer.step(groups)
+        s = time.perf_counter() - t0
+        out |= {"seconds": s, "ms_per_token": 1e3 * s / (N * T), "flops": 6 * out["params"] * N * (PROMPT + T)}
+    elif phase == "policy":
+        import tempfile
+
+        from steadyrl import policy_files
+        from steadyrl.checkpoint import unique_tensors
+        from steadyrl.rl.trainer import Group, TrainConfig, Trainer
+
+        before = {k: v.detach().clone() for k, v in unique_tensors(model.state_dict()).items()}
+        with tempfile.TemporaryDirectory(dir=ROOT / ".steadyrl" if (ROOT / ".steadyrl").is_dir() else None) as d:
+            root = Path(d)
+            t0 = time.perf_counter()
+            digest = policy_files.write_version(root, Path("r1/v000001"), before)
+            out["write_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            policy_files.read_version(root, "r1/v000001", digest)
+            out["read_s"] = time.perf_counter() - t0
+            out["bytes"] = sum(f.stat().st_size for f in (root / "r1/v000001").iterdir())
+        g = torch.Generator().manual_seed(1)
+        groups = [Group(list(range(3, 3 + PROMPT)), [torch.randint(4, 49152, (T,), generator=g).tolist()
+                                                     for _ in range(2)], [0.0, 1.0]) for _ in range(N // 2)]
+        Trainer(model, 0, TrainConfig(lr=1e-6, micro_batch_size=8)).step(groups)
+        after = unique_tensors(model.state_dict())
+        n = sum(v.numel() for v in before.values())
+        fp32 = sum(int((before[k] != after[k]).sum()) for k in before)
+        bf16 = sum(int((before[k].bfloat16() != after[k].bfloat16()).sum()) for k in before)
+        out |= {"elements": n, "changed_fp32": fp32 / n, "changed_bf16": bf16 / n, "lr": 1e-6}
+    elif phase == "record":
+        from steadyrl import codec
+        from steadyrl.contracts import Prompt, RolloutGroup, Sample
+
+        p = Prompt(prompt_id="e0-i0", epoch=0, index=0, n_samples=N, max_new_tokens=T,
+                   messages=[{"role": "user", "content": "x" * 200}])
+        g = torch.Generator().manual_seed(1)
+        group = RolloutGroup(prompt=p, policy_version=0, prompt_token_ids=list(range(3, 3 + PROMPT)), samples=[
+            Sample(text="y" * (4 * T), token_ids=torch.randint(4, 49152, (T,), generator=g).tolist(),
+                   logprobs=(-torch.rand(T, generator=g) * 5).tolist()) for _ in range(N)])
+        t0 = time.perf_counter()
+        value, headers = codec.encode(group)
+        enc = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        codec.decode(value, headers, RolloutGroup)
+        dec = time.perf_counter() - t0
+        out |= {"bytes": len(value), "encode_ms": 1e3 * enc, "decode_ms": 1e3 * dec}
+        try:
+            import zlib
+
+            out["deflate_bytes"] = len(zlib.compress(value, 6))
+        except ImportError:  # pragma: no cover - zlib is in the standard library
+            pass
+    out["peak_rss_mb"] = _rss_mb()
+    out["rss_growth_mb"] = out["peak_rss_mb"] - base
+    return out
+
+
+def machine_floors() -> dict:
+    """This machine's fp32 peak (cpu_peak.json), memory copy bandwidth and fsynced write rate."""
+    import tempfile
+
+    import torch
+
+    peak = json.loads((ROOT / "bench/results/cpu_peak.json").read_text())
+    gflops = max(m["gflops"] for m in peak["matmul"] if m["dtype"] == "float32")
+    a = torch.empty(256 << 20, dtype=torch.uint8)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    t0 = time.perf_counter()
+    for _ in range(4):
+        b.copy_(a)
+    copy = 4 * 2 * a.numel() / (time.perf_counter() - t0)      # read + write
+    with tempfile.NamedTemporaryFile(dir=ROOT) as f:
+        data = os.urandom(64 << 20)
+        t0 = time.perf_counter()
+        for _ in range(4):
+            f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+        disk = 4 * len(data) / (time.perf_counter() - t0)
+    return {"fp32_gflops": gflops, "memory_copy_gbps": copy / 1e9, "disk_write_gbps": disk / 1e9}
+
+
+def table(result: dict) -> str:
+    """The docs' tables (markdown) of a result."""
+    rows, f = result["rows"], result["floors"]
+    lines = [f"Floors: fp32 {f['fp32_gflops']:.1f} GFLOP/s, memory copy {f['memory_copy_gbps']:.1f} GB/s, "
+             f"fsynced disk write {f['disk_write_gbps']:.2f} GB/s.", "",
+             "| phase | model | T | N | rows a call / micro-batch | s | ms a token | × floor | RSS growth, MB |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["phase"] not in ("generate", "train"):
+            continue
+        if "error" in r:
+            lines.append(f"| {r['phase']} | {r['shape']} | {r['T']} | {r['N']} | | {r['error'][:60]} | | | |")
+            continue
+        per = r.get("rows_per_call", r.get("rows_per_micro_batch"))
+        lines.append(f"| {r['phase']} | {r['shape']} | {r['T']} | {r['N']} | {per} | {r['seconds']:.1f} | "
+                     f"{r['ms_per_token']:.2f} | {r['vs_floor']:.1f} | {r['rss_growth_mb']:.0f} |")
+    for r in rows:
+        if r["phase"] == "policy" and "error" not in r:
+            lines += ["", "| policy version | bytes | write + sha256, s | read + sha256, s | elements changed by "
+                      "one step, fp32 / bf16 |", "|---|---|---|---|---|",
+                      f"| {r['shape']} | {r['bytes'] / 1e6:.0f} MB | {r['write_s']:.2f} | {r['read_s']:.2f} | "
+                      f"{100 * r['changed_fp32']:.1f} % / {100 * r['changed_bf16']:.1f} % (lr {r['lr']:g}) |"]
+    recs = [r for r in rows if r["phase"] == "record" and "error" not in r]
+    if recs:
+        lines += ["", "| record: RolloutGroup of N answers | T | bytes (JSON) | deflated | encode, ms | decode, ms |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| N = {r['N']} | {r['T']} | {r['bytes']:,} | {r['deflate_bytes']:,} | {r['encode_ms']:.1f} | "
+                  f"{r['decode_ms']:.1f} |" for r in recs]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the CI shape: tiny-v49k at 32 and 256 tokens")
+    ap.add_argument("--out", type=Path, default=None, help="JSON result (default: print)")
+    ap.add_argument("--table", type=Path, help="print the docs' tables of a result JSON and exit")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return
+    if args.one:
+        print(json.dumps(one(*json.loads(args.one))))
+        return
+    floors = machine_floors()
+    rows = []
+    for cell in (QUICK if args.quick else FULL):
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(cell)], capture_output=True, text=True,
+                              cwd=ROOT)
+        if proc.returncode != 0:
+            row = {"phase": cell[0], "shape": cell[1], "T": cell[2], "N": cell[3],
+                   "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
+        else:
+            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            if "flops" in row:
+                row["floor_s"] = row["flops"] / (floors["fp32_gflops"] * 1e9)
+                row["vs_floor"] = row["seconds"] / row["floor_s"]
+        row["wall_s"] = time.perf_counter() - t0
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        rows.append(row)
+    result = {"benchmark": "scaling", "command": "flock /tmp/steadyrl-bench.lock .venv/bin/python bench/scaling.py"
+              + (" --quick" if args.quick else ""), "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "cores": os.cpu_count(), "floors": floors, "rows": rows}
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
