@@ -102,7 +102,11 @@ def one(phase: str, shape: str, T: int, N: int) -> dict:
     base = _rss_mb("VmRSS")
     out["rss_model_mb"] = base
     if phase == "generate":
-        gen = TorchGenerator(model, tiny_tokenizer(), batch_size=64, memory_bytes=1024 << 20)
+        from steadyrl.services.actor.config import ActorSection
+
+        section = ActorSection()   # the actor's defaults: batch_size, generate_memory_mib
+        gen = TorchGenerator(model, tiny_tokenizer(), batch_size=section.batch_size,
+                             memory_bytes=section.generate_memory_mib << 20)
         gen.eos_ids = {-1}
         out["rows_per_call"] = gen.rows_per_call(PROMPT + T)
         t0 = time.perf_counter()
