@@ -68,6 +68,15 @@ class SwapLock:
                 self._cv.notify_all()
 
 
+def vllm_context(folder: Path, max_model_len: int) -> int:
+    """The longest prompt + answer the vLLM actor serves: the model's max_position_embeddings
+    (its folder's config.json; absent: no limit of its own), at most actor.vllm.max_model_len,
+    which the engine plans for. A longer request is refused at the route (422) instead of
+    failing in the engine."""
+    positions = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+    return min(positions or max_model_len, max_model_len)
+
+
 class ServedModel:
     """The base model of `section.model` on `section.backend`, ready to generate.
 
@@ -107,9 +116,7 @@ class ServedModel:
             self.tok = load_tokenizer(folder)
             #: name -> shape the policy versions must have (the base folder's tensors)
             self.shapes, self.tied = safetensors_shapes(folder)
-            # the engine plans for max_model_len tokens a sequence: a longer one is refused (422) here
-            positions = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
-            self.context = min(positions or section.vllm.max_model_len, section.vllm.max_model_len)
+            self.context = vllm_context(folder, section.vllm.max_model_len)
             self.gen = VLLMGenerator(VLLMSettings(model_dir=folder, **section.vllm.model_dump()))
             self.serial = nullcontext()
         else:

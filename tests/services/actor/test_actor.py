@@ -8,7 +8,7 @@ from steadyrl.policy_files import PolicyRefused
 from steadyrl.services.actor import gate
 from steadyrl.services.actor.config import ActorConfig, ActorSection
 from steadyrl.services.actor.follower import ServedVersion
-from steadyrl.services.actor.model import ServedModel
+from steadyrl.services.actor.model import ServedModel, vllm_context
 
 
 def _actor(root) -> ServedVersion:
@@ -261,3 +261,14 @@ def test_the_served_version_announced_again_still_raises_the_mark(tmp_path):
     with pytest.raises(PolicyRefused) as e:
         actor.load_version(263, f"{RUN}/v000263", "0" * 64, run_id=RUN)
     assert e.value.reason == "missing" and (actor.version, actor.high_water) == (255, 263)
+
+
+def test_the_vllm_actor_serves_at_most_max_model_len_tokens(tmp_path):
+    """Regression: the vLLM actor took its context from max_position_embeddings alone, so a
+    prompt + max_new_tokens past actor.vllm.max_model_len passed the route and failed in the
+    engine; now the smaller of the two bounds the route's 422."""
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 8192}')
+    assert vllm_context(tmp_path, 2048) == 2048
+    assert vllm_context(tmp_path, 16384) == 8192
+    (tmp_path / "config.json").write_text("{}")
+    assert vllm_context(tmp_path, 2048) == 2048
