@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, Field
 
+from steadyrl.rl import core
+
 
 class SamplingParams(BaseModel):
     """How to sample. temperature 0 means greedy."""
@@ -84,9 +86,7 @@ class SeededSampler:
         self.logprobs: list[torch.Tensor] = []                                   # T x (N,)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        logits = scores.float() / self.temperature                              # (N, V)
-        probs = F.softmax(logits, dim=-1)                                       # (N, V)
-        logz = torch.logsumexp(logits, dim=-1)                                  # (N,)
+        probs = F.softmax(scores.float() / self.temperature, dim=-1)            # (N, V)
         if self.top_p < 1.0:  # keep the smallest set of tokens whose mass reaches top_p
             sorted_p, order = probs.sort(dim=-1, descending=True)
             drop = (sorted_p.cumsum(-1) - sorted_p) >= self.top_p              # mass before token
@@ -96,7 +96,7 @@ class SeededSampler:
         cdf = probs.cumsum(-1)                                                  # (N, V)
         # right=True: u = 0 must not pick a leading zero-probability token
         token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).clamp(max=probs.shape[-1] - 1)
-        self.logprobs.append(logits.gather(-1, token).squeeze(-1) - logz)       # (N,)
+        self.logprobs.append(core.token_logprobs(scores.unsqueeze(1), token, self.temperature).squeeze(1))  # (N,)
         out = torch.full_like(scores, float("-inf"))
         return out.scatter(-1, token, 0.0)
 
@@ -110,9 +110,8 @@ class GreedyLogprobs:
         self.logprobs: list[torch.Tensor] = []                                   # T x (N,)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        logits = scores.float()                                                 # (N, V)
-        best = logits.max(dim=-1).values                                        # (N,) the argmax's logit
-        self.logprobs.append(best - torch.logsumexp(logits, dim=-1))            # (N,)
+        best = scores.argmax(dim=-1, keepdim=True)                              # (N, 1)
+        self.logprobs.append(core.token_logprobs(scores.unsqueeze(1), best).squeeze(1))  # (N,)
         return scores
 
 
