@@ -142,7 +142,6 @@ class Trainer:
             self.opt, lambda s: core.lr_lambda(s, cfg.warmup_steps, cfg.total_steps, cfg.lr_schedule))
         self.global_step = 0
         self.micro_batch_size = cfg.micro_batch_size   # 4x smaller in the safe mode
-        self.micro_tokens = cfg.max_tokens_per_micro_batch   # 4x smaller in the safe mode
         self.safe_mode = False
         self.oom_fallbacks = 0                         # times a step ran out of memory and was retried
         self.pending_optimizer: dict[str, Any] | None = None   # rank 0, sharded: restored state to scatter (`sync`)
@@ -166,8 +165,6 @@ class Trainer:
         self.safe_mode = True
         self.oom_fallbacks += 1
         before, self.micro_batch_size = self.micro_batch_size, max(1, self.micro_batch_size // 4)
-        if self.micro_tokens is not None:
-            self.micro_tokens = max(1, self.micro_tokens // 4)
         if self.sharded:   # gather each block for its forward and again for its backward only
             self.module.set_reshard_after_forward(True)   # type: ignore[operator]  # an FSDPModule's method
         hf: Any = self.module   # a transformers model: its gradient checkpointing API
@@ -186,7 +183,6 @@ class Trainer:
     def _leave_safe_mode(self) -> None:
         self.safe_mode = False
         self.micro_batch_size = self.cfg.micro_batch_size
-        self.micro_tokens = self.cfg.max_tokens_per_micro_batch
         hf: Any = self.module   # a transformers model: its gradient checkpointing API
         if getattr(hf, "supports_gradient_checkpointing", False):
             disable = getattr(hf, "activation_checkpointing_disable", None)   # transformers >= 5
@@ -311,6 +307,12 @@ class Trainer:
             if root is not None:
                 root.set_requires_gradient_sync(last)         # type: ignore[operator]
                 root.set_reshard_after_backward(last)         # type: ignore[operator]
+
+    @property
+    def micro_tokens(self) -> int | None:
+        """max_tokens_per_micro_batch, 4x smaller in the safe mode (as micro_batch_size)."""
+        tokens = self.cfg.max_tokens_per_micro_batch
+        return None if tokens is None else max(1, tokens // 4) if self.safe_mode else tokens
 
     def micro_rows(self, width: int) -> int:
         """Rows of one micro-batch when every row is `width` tokens (the batch's padded prompt +
