@@ -62,13 +62,14 @@ QUICK = [("generate", "tiny-v49k", 32, 16), ("generate", "tiny-v49k", 256, 16),
 
 
 def _model(shape: str):  # type: ignore[no-untyped-def]
+    """Random weights in `shape` (steadyrl.models.tiny_config with its fields overridden)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
+
+    from steadyrl.models import tiny_config
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(**SHAPES[shape], max_position_embeddings=PROMPT + 8192 + 16, pad_token_id=0, bos_token_id=1,
-                      eos_token_id=2, tie_word_embeddings=True)
-    return LlamaForCausalLM(cfg)
+    return LlamaForCausalLM(tiny_config(**SHAPES[shape], max_position_embeddings=PROMPT + 8192 + 16))
 
 
 def _peak_reset() -> None:

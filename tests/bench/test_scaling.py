@@ -1,6 +1,6 @@
 """bench/scaling.py's CI shape (`--quick`): it runs end to end, and the memory it reports for
 the actor's generation stays flat in the answer length (full-vocabulary logits kept per token,
-as before 4a3d846, were 16 x 256 x 49 152 x 4 bytes = 805 MB a copy)."""
+as before f70ced9, were 16 x 256 x 49 152 x 4 bytes = 805 MB a copy)."""
 
 import json
 import subprocess

@@ -14,12 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from steadyrl import codec
 from steadyrl.contracts import ScoredGroup
 from steadyrl.quarantine import read_quarantine
 from steadyrl.testing import RunDir, audit_pipeline, explain, read_all, run_ids, unique_prefix, up_child_pid
+from steadyrl.testing.stack import parse_metrics
 from tests.helpers import ROOT
 
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -462,10 +462,8 @@ def _stage_records(base_url: str, stage: str) -> float:
         text = httpx.get(f"{base_url}/metrics", timeout=2).text
     except httpx.HTTPError:
         return 0.0
-    return sum(sample.value for family in text_string_to_metric_families(text)
-               for sample in family.samples
-               if sample.name == "steadyrl_stage_records_total"
-               and sample.labels == {"stage": stage, "outcome": "ok"})
+    key = ("steadyrl_stage_records_total", frozenset({"stage": stage, "outcome": "ok"}.items()))
+    return parse_metrics(text).get(key, 0.0)
 
 
 def _wait_for_plateau(read, quiet_s: float, timeout_s: float) -> float:
