@@ -138,11 +138,13 @@ S = TypeVar("S", bound=ServiceConfig)
 
 def _shown_input(err: ErrorDetails) -> str:
     """` (got <value>)` for a config error, except where the value may be a secret (an unknown
-    key, i.e. a misspelt secret's name, or a field named like a secret, token, key or URL) and
-    for a whole section (a check across fields: its message names them). At most 200 characters."""
+    key, i.e. a misspelt secret's name, or a field named like a secret, token, key or URL; not
+    a count of tokens such as max_new_tokens) and for a whole section (a check across fields:
+    its message names them). At most 200 characters."""
     name = str(err["loc"][-1]).lower() if err["loc"] else ""
     value = err.get("input")
-    if err["type"] == "extra_forbidden" or re.search(r"secret|token|passw|key|url", name) or isinstance(value, dict):
+    secret = re.search(r"secret|token(?!s)|passw|key|url", name)
+    if err["type"] == "extra_forbidden" or secret or isinstance(value, dict):
         return ""
     shown = repr(value)
     return f" (got {shown if len(shown) <= 200 else shown[:197] + '...'})"

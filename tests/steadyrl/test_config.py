@@ -120,3 +120,20 @@ def test_http_token_file_is_read_and_checked_at_start(tmp_path):
             load(Cfg, ["--http-token-file", str(bad)])
         assert "http_token_file" in str(exc.value) and why in str(exc.value)
         assert "abc123" not in str(exc.value)
+
+
+def test_a_count_of_tokens_is_shown_but_a_token_is_not():
+    """Regression: every field with "token" in its name hid its value, so
+    `--learner.max-new-tokens 0` said only "greater than or equal to 1", not "(got '0')"."""
+    from steadyrl.services.learner.config import LearnerConfig
+    from steadyrl.services.rollout.worker import RolloutConfig
+
+    with pytest.raises(ConfigError) as exc:
+        load(LearnerConfig, ["--learner.max-new-tokens", "0"])
+    assert "learner.max_new_tokens" in str(exc.value) and "(got '0')" in str(exc.value)   # a flag: a string
+    with pytest.raises(ConfigError) as exc:
+        load(RolloutConfig, ["--rollout.max-response-tokens", "0"])
+    assert "(got '0')" in str(exc.value)
+    with pytest.raises(ConfigError) as exc:
+        load(Cfg, ["--http-token-file", "/nonexistent/s3cr3t-token"])
+    assert "s3cr3t" not in str(exc.value)      # a token file's path is still not echoed
