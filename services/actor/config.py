@@ -12,7 +12,6 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from steadyrl.config import ServiceConfig
-from steadyrl.limits import GenerationLimits
 from steadyrl.stack import ActorStack, VLLMStack
 
 
@@ -36,7 +35,7 @@ class VLLMSection(VLLMStack):
                                                           "machines of at most 4, else vLLM's auto.")
 
 
-class ActorSection(ActorStack, GenerationLimits):
+class ActorSection(ActorStack):
     """The actor's own settings, beside those shared: `model` and `backend` (steadyrl.stack's
     `ActorStack`: the learner and `up` read them too) and the request limits (`GenerationLimits`:
     the learner checks its data against them).

@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from steadyrl.checkpoint import CheckpointError, read_key
 from steadyrl.config import ServiceConfig
 from steadyrl.data import DATA_DIR, dataset_path, load_rows, tiny_copy_rows
-from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits
+from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits, answer_length_refusal
 from steadyrl.rewards import resolve_scorer
 from steadyrl.rl.trainer import TrainConfig
 from steadyrl.services.learner.prompt_gate import PromptGateConfig
@@ -235,9 +235,8 @@ class LearnerConfig(ServiceConfig):
     @model_validator(mode="after")
     def _actor_takes_the_prompts(self) -> LearnerConfig:
         lc, actor = self.learner, self.actor
-        if lc.max_new_tokens > actor.max_new_tokens_limit:
-            raise ValueError(f"learner.max_new_tokens {lc.max_new_tokens} > actor.max_new_tokens_limit "
-                             f"{actor.max_new_tokens_limit}: the actor would refuse every prompt")
+        if (why := answer_length_refusal(lc.max_new_tokens, actor)) is not None:
+            raise ValueError(why)
         most = min(MAX_SAMPLES_PER_PROMPT, actor.max_sequences)
         if lc.group_size > most:
             raise ValueError(f"learner.group_size {lc.group_size} > {most}, the most samples of one prompt the actor "

@@ -115,10 +115,22 @@ def test_an_answer_length_the_vllm_engine_cannot_hold_is_refused_at_start(tmp_pa
     """One length setting, learner.max_new_tokens, checked against what the engine plans for:
     at or past actor.vllm.max_model_len every prompt would be refused by the actor."""
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("actor: {backend: vllm, vllm: {max_model_len: 2048}}\nlearner: {max_new_tokens: 4096}\n")
+    learner = "learner: {max_new_tokens: 4096}\n"   # the actor's limit raised to let it through
+    cfg.write_text("actor: {max_new_tokens_limit: 8192, backend: vllm, vllm: {max_model_len: 2048}}\n" + learner)
     with pytest.raises(StackError, match=r"learner\.max_new_tokens 4096 >= actor\.vllm\.max_model_len 2048"):
         load_stack(cfg)
-    cfg.write_text("actor: {backend: vllm, vllm: {max_model_len: 8192}}\nlearner: {max_new_tokens: 4096}\n")
+    cfg.write_text("actor: {max_new_tokens_limit: 8192, backend: vllm, vllm: {max_model_len: 8192}}\n" + learner)
     assert load_stack(cfg).learner.max_new_tokens == 4096
-    cfg.write_text("actor: {backend: torch}\nlearner: {max_new_tokens: 4096}\n")   # torch: the model's context
+    cfg.write_text("actor: {max_new_tokens_limit: 8192, backend: torch}\n" + learner)   # torch: the model's context
     assert load_stack(cfg).actor.vllm.max_model_len == 2048
+
+
+def test_an_answer_length_the_actor_refuses_is_refused_before_anything_starts(tmp_path):
+    """Regression (newcomer walk-through): learner.max_new_tokens past actor.max_new_tokens_limit
+    was refused only by the learner, after `up` had started the broker and every service."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("learner: {max_new_tokens: 5000}\n")
+    with pytest.raises(StackError, match=r"learner\.max_new_tokens 5000 > actor\.max_new_tokens_limit 1024"):
+        load_stack(cfg)
+    cfg.write_text("actor: {max_new_tokens_limit: 8192}\nlearner: {max_new_tokens: 5000}\n")
+    assert load_stack(cfg).actor.max_new_tokens_limit == 8192
