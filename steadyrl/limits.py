@@ -36,3 +36,23 @@ def answer_length_refusal(max_new_tokens: int, limits: GenerationLimits) -> str 
         return (f"learner.max_new_tokens {max_new_tokens} > actor.max_new_tokens_limit "
                 f"{limits.max_new_tokens_limit}: the actor would refuse every prompt")
     return None
+
+
+#: Bytes one sampled token takes in a RolloutGroup record (JSON: its id, its log-prob, its share
+#: of the answer's text): 29.4 measured for 8 answers of 8 192 tokens (bench/scaling.py's
+#: record rows, docs/scaling.md); 32 with a margin.
+RECORD_BYTES_PER_TOKEN = 32
+
+
+def group_record_refusal(group_size: int, max_new_tokens: int, max_record_bytes: int) -> str | None:
+    """Why a group of `group_size` answers of `max_new_tokens` tokens would not fit one record of
+    at most `max_record_bytes` (rl.rollouts' max_message_bytes, schemas/topics.yaml), or None.
+    Estimated at RECORD_BYTES_PER_TOKEN; the learner refuses such a run at start (exit 2):
+    otherwise every group of full-length answers would go to the DLQ as too large."""
+    estimate = group_size * max_new_tokens * RECORD_BYTES_PER_TOKEN
+    if estimate > max_record_bytes:
+        return (f"learner.group_size {group_size} x learner.max_new_tokens {max_new_tokens}: a group of full-length "
+                f"answers takes about {estimate / 2**20:.1f} MiB as one record ({RECORD_BYTES_PER_TOKEN} bytes a "
+                f"token), above rl.rollouts' max_message_bytes of {max_record_bytes / 2**20:.1f} MiB "
+                f"(schemas/topics.yaml); every such group would go to the DLQ: lower one of them")
+    return None

@@ -10,12 +10,13 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from steadyrl.checkpoint import CheckpointError, read_key
 from steadyrl.config import ServiceConfig
 from steadyrl.data import DATA_DIR, dataset_path, load_rows, tiny_copy_rows
-from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits, answer_length_refusal
+from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits, answer_length_refusal, group_record_refusal
 from steadyrl.rewards import resolve_scorer
 from steadyrl.rl.trainer import TrainConfig
 from steadyrl.services.learner.prompt_gate import PromptGateConfig
 from steadyrl.services.learner.watch import WatchConfig
 from steadyrl.stack import LearnerStack
+from steadyrl.topics import load_catalogue
 
 DEFAULT_EVAL_SPLITS = {"level04": "data/arithmetic/test_level04.parquet",
                        "level09": "data/arithmetic/test_level09.parquet"}
@@ -242,6 +243,10 @@ class LearnerConfig(ServiceConfig):
             raise ValueError(f"learner.group_size {lc.group_size} > {most}, the most samples of one prompt the actor "
                              f"generates (actor.max_sequences {actor.max_sequences}, and "
                              f"{MAX_SAMPLES_PER_PROMPT} per prompt): it would refuse every prompt")
+        catalogue = load_catalogue()
+        record_bytes = min(catalogue[t].max_message_bytes for t in ("rl.rollouts", "rl.scored"))
+        if (why := group_record_refusal(lc.group_size, lc.max_new_tokens, record_bytes)) is not None:
+            raise ValueError(why)
         return self
 
 

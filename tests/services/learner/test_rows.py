@@ -148,3 +148,24 @@ def test_a_row_within_a_few_bytes_of_the_record_limit_is_left_out(tmp_path, tiny
     bad = check_row(lc, row, 0, tok, 128, GenerationLimits(), size + RECORD_MARGIN // 2)
     assert bad is not None and "less 1024 for its ids" in bad.reason
     assert check_row(lc, row, 0, tok, 128, GenerationLimits(), size + RECORD_MARGIN) is None
+
+
+def test_a_group_too_large_for_one_record_is_refused_at_start_naming_both_fields():
+    """Regression (issue 36): 64 answers of 8 192 tokens are ~16 MiB of JSON (29.4 bytes a token
+    measured), above rl.rollouts' 8 MiB: every full-length group would have gone to the DLQ."""
+    from steadyrl.limits import RECORD_BYTES_PER_TOKEN, group_record_refusal
+
+    actor = {"max_new_tokens_limit": 8192, "max_sequences": 512}
+    with pytest.raises(ValidationError, match=r"learner.group_size 64 x learner.max_new_tokens 8192: .* about "
+                                              r"16.0 MiB .* above rl.rollouts' max_message_bytes of 8.0 MiB"):
+        LearnerConfig(learner={"group_size": 64, "max_new_tokens": 8192}, actor=actor)
+    LearnerConfig(learner={"group_size": 32, "max_new_tokens": 8192}, actor=actor)   # 8.0 MiB: fits
+    assert group_record_refusal(32, 8192, 8 << 20) is None and RECORD_BYTES_PER_TOKEN == 32
+    assert group_record_refusal(33, 8192, 8 << 20) is not None
+
+
+def test_a_group_too_large_for_one_record_exits_2(tmp_path):
+    r = _learner(tmp_path, "--learner.group-size", "64", "--learner.max-new-tokens", "8192",
+                 env={"STEADYRL_ACTOR__MAX_NEW_TOKENS_LIMIT": "8192"})
+    assert r.returncode == 2 and "rl.rollouts' max_message_bytes" in r.stderr and "Traceback" not in r.stderr, \
+        r.stderr[-2000:]
