@@ -17,7 +17,10 @@ configurations, made in code:
 - `train`: one learner step (GRPO, AdamW) on N sequences of 16 prompt + T response tokens
   with `learner.train.max_tokens_per_micro_batch`'s default, beside 6 x parameters x tokens.
 - `policy`: one version written with `policy_files.write_version` (safetensors + sha256) and
-  read back with `read_version` (hash checked), and the share of the weights' elements and bytes
+  read back with `read_version` (hash checked), in three layouts changed one thing at a time
+  (one shard fsynced before the announcement, as before; shards of SHARD_BYTES; the fsync
+  after the announcement, as the learner does now; two interleaved rounds, the faster kept),
+  and the share of the weights' elements and bytes
   that one AdamW step at lr 1e-6 changes, in fp32 and after a cast to bf16 (what a delta
   would move).
 - `record`: a RolloutGroup of 8 answers of T tokens through the codec (JSON), its size and
@@ -45,6 +48,8 @@ SHAPES = {
                   "num_attention_heads": 4, "num_key_value_heads": 4},
     "smollm2-135m": {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
                      "num_attention_heads": 9, "num_key_value_heads": 3},
+    "qwen2.5-0.5b": {"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                     "num_attention_heads": 14, "num_key_value_heads": 2},
 }
 PROMPT = 16
 
@@ -55,6 +60,7 @@ FULL = [
     *[("train", "tiny-v49k", t, 8) for t in (32, 256, 1024, 4096)],
     *[("train", "smollm2-135m", t, n) for t, n in ((32, 8), (256, 8), (1024, 2), (4096, 1))],
     ("policy", "smollm2-135m", 32, 8),
+    ("policy", "qwen2.5-0.5b", 32, 8),
     *[("record", "smollm2-135m", t, 8) for t in (32, 1024, 8192)],
 ]
 QUICK = [("generate", "tiny-v49k", 32, 16), ("generate", "tiny-v49k", 256, 16),
@@ -110,12 +116,29 @@ def one(phase: str, shape: str, T: int, N: int) -> dict:
                              memory_bytes=section.generate_memory_mib << 20)
         gen.eos_ids = {-1}
         out["rows_per_call"] = gen.rows_per_call(PROMPT + T)
+        # each decode step's time, stamped by the sampler (called once a step): how a token's
+        # cost moves with its position within one call, apart from the length asked for
+        from steadyrl import generation
+
+        stamps: list[float] = []
+        sample = generation.SeededSampler.__call__
+
+        def stamped(self, input_ids, scores):  # type: ignore[no-untyped-def]
+            stamps.append(time.perf_counter())
+            return sample(self, input_ids, scores)
+
+        generation.SeededSampler.__call__ = stamped  # type: ignore[method-assign]
         t0 = time.perf_counter()
         res = gen.generate([list(range(3, 3 + PROMPT))] * N, SamplingParams(n=1, temperature=1.0, max_new_tokens=T,
                                                                               seed=1))
         s = time.perf_counter() - t0
         assert all(len(g[0].token_ids) == T for g in res)
         out |= {"seconds": s, "ms_per_token": 1e3 * s / (N * T), "flops": 2 * out["params"] * N * T}
+        if len(stamps) == T and T > 64:   # one call: steps 1..T-1 are decode steps (0 follows the prefill)
+            w = min(256, T // 4)
+            out["ms_per_token_first"] = 1e3 * (stamps[w] - stamps[1]) / ((w - 1) * N)
+            out["ms_per_token_last"] = 1e3 * (stamps[-1] - stamps[-w]) / ((w - 1) * N)
+            out["position_window"] = w
     elif phase == "train":
         from steadyrl.rl.trainer import Group, TrainConfig, Trainer
 
@@ -138,15 +161,31 @@ def one(phase: str, shape: str, T: int, N: int) -> dict:
         from steadyrl.rl.trainer import Group, TrainConfig, Trainer
 
         before = {k: v.detach().clone() for k, v in unique_tensors(model.state_dict()).items()}
-        with tempfile.TemporaryDirectory(dir=ROOT / ".steadyrl" if (ROOT / ".steadyrl").is_dir() else None) as d:
-            root = Path(d)
-            t0 = time.perf_counter()
-            digest = policy_files.write_version(root, Path("r1/v000001"), before)
-            out["write_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            policy_files.read_version(root, "r1/v000001", digest)
-            out["read_s"] = time.perf_counter() - t0
-            out["bytes"] = sum(f.stat().st_size for f in (root / "r1/v000001").iterdir())
+        out["bytes"] = sum(v.numel() * v.element_size() for v in before.values())
+        # one thing changed at a time: the layout before (one shard, fsynced before the
+        # announcement), then shards of SHARD_BYTES, then the fsync after the announcement
+        variants = {"one_shard_fsync": (1 << 62, True), "shards_fsync": (policy_files.SHARD_BYTES, True),
+                    "shards_fsync_after": (policy_files.SHARD_BYTES, False)}
+        default_shard = policy_files.SHARD_BYTES
+        for name, (shard_bytes, durable) in [*variants.items(), *variants.items()]:   # two interleaved rounds
+            policy_files.SHARD_BYTES = shard_bytes
+            with tempfile.TemporaryDirectory(dir=ROOT / ".steadyrl" if (ROOT / ".steadyrl").is_dir() else None) as d:
+                root, rel = Path(d), Path("r1/v000001")
+                t0 = time.perf_counter()
+                digest = policy_files.write_version(root, rel, before, durable=durable)
+                write_s = time.perf_counter() - t0   # until it can be announced
+                t0 = time.perf_counter()
+                if not durable:
+                    policy_files.sync_version(root, rel)
+                sync_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                policy_files.read_version(root, str(rel), digest)
+                read_s = time.perf_counter() - t0
+                runs = out.setdefault(name, {"shards": len(list((root / rel).glob("*.safetensors"))), "rounds": []})
+                runs["rounds"].append({"write_s": write_s, "sync_after_s": sync_s, "read_s": read_s})
+                runs |= {k: min(r[k] for r in runs["rounds"]) for k in ("write_s", "sync_after_s", "read_s")}
+        policy_files.SHARD_BYTES = default_shard
+        out["write_s"], out["read_s"] = out["shards_fsync_after"]["write_s"], out["shards_fsync_after"]["read_s"]
         g = torch.Generator().manual_seed(1)
         groups = [Group(list(range(3, 3 + PROMPT)), [torch.randint(4, 49152, (T,), generator=g).tolist()
                                                      for _ in range(2)], [0.0, 1.0]) for _ in range(N // 2)]
@@ -215,23 +254,35 @@ def table(result: dict) -> str:
     rows, f = result["rows"], result["floors"]
     lines = [f"Floors: fp32 {f['fp32_gflops']:.1f} GFLOP/s, memory copy {f['memory_copy_gbps']:.1f} GB/s, "
              f"fsynced disk write {f['disk_write_gbps']:.2f} GB/s.", "",
-             "| phase | model | T | N | rows a call / micro-batch | s | ms a token | × floor | RSS growth, MB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| phase | model | T | N | rows a call / micro-batch | s | ms a token | first / last decode steps, "
+             "ms a token | × floor | RSS growth, MB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["phase"] not in ("generate", "train"):
             continue
         if "error" in r:
-            lines.append(f"| {r['phase']} | {r['shape']} | {r['T']} | {r['N']} | | {r['error'][:60]} | | | |")
+            lines.append(f"| {r['phase']} | {r['shape']} | {r['T']} | {r['N']} | | {r['error'][:60]} | | | | |")
             continue
         per = r.get("rows_per_call", r.get("rows_per_micro_batch"))
+        window = (f"{r['ms_per_token_first']:.2f} / {r['ms_per_token_last']:.2f} ({r['position_window']})"
+                  if "ms_per_token_first" in r else "")
         lines.append(f"| {r['phase']} | {r['shape']} | {r['T']} | {r['N']} | {per} | {r['seconds']:.1f} | "
-                     f"{r['ms_per_token']:.2f} | {r['vs_floor']:.1f} | {r['rss_growth_mb']:.0f} |")
-    for r in rows:
-        if r["phase"] == "policy" and "error" not in r:
-            lines += ["", "| policy version | bytes | write + sha256, s | read + sha256, s | elements changed by "
-                      "one step, fp32 / bf16 |", "|---|---|---|---|---|",
-                      f"| {r['shape']} | {r['bytes'] / 1e6:.0f} MB | {r['write_s']:.2f} | {r['read_s']:.2f} | "
-                      f"{100 * r['changed_fp32']:.1f} % / {100 * r['changed_bf16']:.1f} % (lr {r['lr']:g}) |"]
+                     f"{r['ms_per_token']:.2f} | {window} | {r['vs_floor']:.1f} | {r['rss_growth_mb']:.0f} |")
+    pol = [r for r in rows if r["phase"] == "policy" and "error" not in r]
+    if pol:
+        lines += ["", "| policy version | bytes | layout | shards | until announced, s | fsync after, s | "
+                  "read + sha256, s |", "|---|---|---|---|---|---|---|"]
+        for r in pol:
+            for name, label in (("one_shard_fsync", "one shard, fsync, then announce (before)"),
+                                ("shards_fsync", "shards, fsync, then announce"),
+                                ("shards_fsync_after", "shards, announce, then fsync (now)")):
+                v = r.get(name)
+                if v:
+                    lines.append(f"| {r['shape']} | {r['bytes'] / 1e6:.0f} MB | {label} | {v['shards']} | "
+                                 f"{v['write_s']:.2f} | {v['sync_after_s']:.2f} | {v['read_s']:.2f} |")
+        lines += ["", "| model | elements changed by one AdamW step, fp32 / bf16 |", "|---|---|"]
+        lines += [f"| {r['shape']} | {100 * r['changed_fp32']:.1f} % / {100 * r['changed_bf16']:.1f} % "
+                  f"(lr {r['lr']:g}) |" for r in pol]
     recs = [r for r in rows if r["phase"] == "record" and "error" not in r]
     if recs:
         lines += ["", "| record: RolloutGroup of N answers | T | bytes (JSON) | deflated | encode, ms | decode, ms |",
@@ -246,6 +297,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the CI shape: tiny-v49k at 32 and 256 tokens")
     ap.add_argument("--out", type=Path, default=None, help="JSON result (default: print)")
     ap.add_argument("--table", type=Path, help="print the docs' tables of a result JSON and exit")
+    ap.add_argument("--phase", choices=("generate", "train", "policy", "record"),
+                    help="run only this phase's cells of the grid; with --out, replace that phase's rows in it")
+    ap.add_argument("--shape", choices=SHAPES, help="with --phase: only this model's cells")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.table:
@@ -256,7 +310,8 @@ def main() -> None:
         return
     floors = machine_floors()
     rows = []
-    for cell in (QUICK if args.quick else FULL):
+    cells = [c for c in (QUICK if args.quick else FULL) if args.phase in (None, c[0]) and args.shape in (None, c[1])]
+    for cell in cells:
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(cell)], capture_output=True, text=True,
                               cwd=ROOT)
@@ -271,9 +326,18 @@ def main() -> None:
         row["wall_s"] = time.perf_counter() - t0
         print(json.dumps(row), file=sys.stderr, flush=True)
         rows.append(row)
+    when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     result = {"benchmark": "scaling", "command": "flock /tmp/steadyrl-bench.lock .venv/bin/python bench/scaling.py"
-              + (" --quick" if args.quick else ""), "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-              "cores": os.cpu_count(), "floors": floors, "rows": rows}
+              + (" --quick" if args.quick else ""), "when": when, "cores": os.cpu_count(), "floors": floors,
+              "rows": rows}
+    if args.phase and args.out and args.out.is_file():   # one phase again: its rows replaced, the rest kept
+        old = json.loads(args.out.read_text())
+        again = {(r["phase"], r["shape"], r["T"]) for r in rows}
+        old["rows"] = [r for r in old["rows"] if (r["phase"], r["shape"], r["T"]) not in again] + rows
+        what = f" --phase {args.phase}" + (f" --shape {args.shape}" if args.shape else "")
+        old.setdefault("rerun", {})[what.strip()] = {"when": when, "floors": floors,
+                                                     "command": result["command"] + what}
+        result = old
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text + "\n")

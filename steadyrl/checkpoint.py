@@ -144,10 +144,11 @@ _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", t
            torch.bool: "BOOL"}
 
 
-def _write_chunks(path: Path, parts: Iterable[bytes | memoryview], chunk: int = 16 << 20) -> dict[str, Any]:
+def _write_chunks(path: Path, parts: Iterable[bytes | memoryview], chunk: int = 16 << 20, *,
+                  fsync: bool = True) -> dict[str, Any]:
     """Write the buffers in `parts` to a new file in `chunk`-byte pieces, hashing each on the
-    way (hashlib and unbuffered file writes release the GIL), and fsync it.
-    Returns the manifest entry {"size": bytes, "sha256": hex}."""
+    way (hashlib and unbuffered file writes release the GIL), and fsync it (unless `fsync` is
+    False: the caller syncs later). Returns the manifest entry {"size": bytes, "sha256": hex}."""
     h, size = hashlib.sha256(), 0
     with open(path, "wb", buffering=0) as f:
         for data in parts:
@@ -159,7 +160,8 @@ def _write_chunks(path: Path, parts: Iterable[bytes | memoryview], chunk: int = 
                     n = f.write(piece)
                     piece = piece[n:]
             size += len(view)
-        os.fsync(f.fileno())
+        if fsync:
+            os.fsync(f.fileno())
     return {"size": size, "sha256": h.hexdigest()}
 
 
@@ -168,9 +170,10 @@ def _file_entry(path: Path) -> dict[str, Any]:
     return {"size": path.stat().st_size, "sha256": sha256_file(path)}
 
 
-def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
-                      ) -> dict[str, Any]:
-    """Stream `tensors` (CPU) into a safetensors file, hashing as it writes; fsynced.
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None,
+                      *, fsync: bool = True) -> dict[str, Any]:
+    """Stream `tensors` (CPU) into a safetensors file, hashing as it writes; fsynced unless
+    `fsync` is False (the caller syncs it later).
 
     The format (https://github.com/huggingface/safetensors, "Format"): 8-byte little-endian
     header length, a JSON header {name: {dtype, shape, data_offsets}} padded with spaces to
@@ -188,7 +191,7 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
         offset += n
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
-    return _write_chunks(path, [len(head).to_bytes(8, "little") + head, *datas])
+    return _write_chunks(path, [len(head).to_bytes(8, "little") + head, *datas], fsync=fsync)
 
 
 def _optimizer_parts(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

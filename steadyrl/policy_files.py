@@ -5,7 +5,8 @@ read by the actor (torch or vLLM).
         model.safetensors.index.json          Hugging Face's sharded-checkpoint index:
                                               {"metadata": {"total_size", "sha256": {file: hex}},
                                                "weight_map": {tensor name: file}}
-        model-00001-of-00001.safetensors      the shards (one today; a sharded learner writes N)
+        model-00001-of-00005.safetensors      the shards, ~128 MiB each (SHARD_BYTES), written
+        ...                                   and verified by one thread each
 
 A version is a Hugging Face weights folder, so vLLM (`reload_weights(weights_path=...)`) and
 `transformers` read it as it is, and one index serves a single-file learner and a sharded one.
@@ -111,16 +112,47 @@ def version_dir(run_id: str, version: int) -> Path:
     return Path(run_id) / f"v{version:06d}"
 
 
-def write_version(root: Path, rel: Path, tensors: dict[str, torch.Tensor]) -> str:
+#: a version's tensors go into shards of about this many bytes (a tensor is never split), so a
+#: version is written and verified by several threads at once (hashlib and file I/O release
+#: the GIL); the layout depends only on the tensors, not on the machine that writes it.
+SHARD_BYTES = 128 << 20
+
+
+def shard_plan(tensors: dict[str, torch.Tensor], shard_bytes: int | None = None) -> list[dict[str, torch.Tensor]]:
+    """`tensors` split in order into consecutive groups of about `shard_bytes` (default
+    SHARD_BYTES) bytes each: a group closes once it reaches that size."""
+    shard_bytes = SHARD_BYTES if shard_bytes is None else shard_bytes
+    plan: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        if size >= shard_bytes:
+            plan.append({})
+            size = 0
+        plan[-1][name] = t
+        size += t.numel() * t.element_size()
+    return plan
+
+
+def _threads(n: int) -> int:
+    return max(1, min(n, os.cpu_count() or 1))
+
+
+def write_version(root: Path, rel: Path, tensors: dict[str, torch.Tensor], *, durable: bool = True) -> str:
     """Write `tensors` (name -> CPU torch.Tensor, no shared storage) as the version folder
     `root/rel`; returns the sha256 of its index (what `rl.policy` announces).
 
-    Written into `.vNNNNNN.tmp-<pid>` (shard and index fsynced, then the folder), renamed into
-    place, and the run's folder fsynced: a reader sees a whole version or none, and a version
-    announced after this returned survives a crash. Rewriting a version with the same bytes
-    keeps the folder; other bytes replace it. Raises OSError when the disk refuses (ENOSPC...),
-    having removed its temporary and left any version already there as it was.
+    The tensors go into shards of about SHARD_BYTES (`shard_plan`), each written and hashed
+    by its own thread. Written into `.vNNNNNN.tmp-<pid>` and renamed into place: a reader sees
+    a whole version or none. `durable` (default): the shards, the index and the folders are
+    fsynced first, so a version announced after this returned survives a power loss; False
+    leaves that to `sync_version`, which the learner calls after announcing (the actor then
+    reads the version from the page cache while the disk catches up). Rewriting a version
+    with the same bytes keeps the folder; other bytes replace it. Raises OSError when the disk
+    refuses (ENOSPC...), having removed its temporary and left any version already there as
+    it was.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     from steadyrl.checkpoint import write_safetensors  # lazy: heavy (torch, via checkpoint); the learner only
 
     final = root / rel
@@ -128,20 +160,28 @@ def write_version(root: Path, rel: Path, tensors: dict[str, torch.Tensor]) -> st
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
-        shard = "model-00001-of-00001.safetensors"
-        written = write_safetensors(tmp / shard, tensors)  # fsynced, hashed on the way
-        index = {"metadata": {"total_size": written["size"], "sha256": {shard: written["sha256"]}},
-                 "weight_map": dict.fromkeys(tensors, shard)}
+        plan = shard_plan(tensors)
+        names = [f"model-{i + 1:05d}-of-{len(plan):05d}.safetensors" for i in range(len(plan))]
+        with ThreadPoolExecutor(_threads(len(plan))) as pool:   # hashed on the way
+            written = list(pool.map(lambda i: write_safetensors(tmp / names[i], plan[i], fsync=durable),
+                                    range(len(plan))))
+        index = {"metadata": {"total_size": sum(w["size"] for w in written),
+                              "sha256": {n: w["sha256"] for n, w in zip(names, written, strict=True)}},
+                 "weight_map": {name: names[i] for i, part in enumerate(plan) for name in part}}
         text = (json.dumps(index, indent=1, sort_keys=True) + "\n").encode()
         with open(tmp / INDEX, "wb") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         digest = hashlib.sha256(text).hexdigest()
         if (final / INDEX).is_file() and sha256_file(final / INDEX) == digest:
             shutil.rmtree(tmp)  # the same version again (a resumed run re-announces it)
+            if durable:
+                sync_version(root, rel)
             return digest
-        fsync_dir(tmp)
+        if durable:
+            fsync_dir(tmp)
         if final.exists():
             old = final.with_name(f".{final.name}.old-{os.getpid()}")
             final.rename(old)
@@ -152,8 +192,21 @@ def write_version(root: Path, rel: Path, tensors: dict[str, torch.Tensor]) -> st
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    fsync_dir(final.parent)
+    if durable:
+        fsync_dir(final.parent)
     return digest
+
+
+def sync_version(root: Path, rel: Path) -> None:
+    """fsync the version folder `root/rel` (every file, the folder, the run's folder): what
+    `write_version(durable=False)` left to do. Raises OSError (EIO...); after a failed fsync
+    the kernel may have dropped the unwritten pages, so the caller rewrites the version."""
+    final = root / rel
+    for p in sorted(final.iterdir()):
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+    fsync_dir(final)
+    fsync_dir(final.parent)
 
 
 def resolve(root: Path, uri: str) -> Path:
@@ -222,11 +275,16 @@ def read_version(root: Path, uri: str, sha256: str) -> dict[str, torch.Tensor]:
         raise PolicyRefused("bad_index", f"{head}: {e!r}") from None
     if files - set(shards) or any(Path(f).name != f for f in shards):
         raise PolicyRefused("bad_index", f"{head}: every shard must be a file of the folder with a sha256")
+    from concurrent.futures import ThreadPoolExecutor
+
+    order = sorted(shards.items())
+    with ThreadPoolExecutor(_threads(len(order))) as pool:   # one thread a shard, as they were written
+        hashes = list(pool.map(lambda item: sha256_file(path / item[0]), order))
+    for (shard, want), have in zip(order, hashes, strict=True):
+        if have != want:
+            raise PolicyRefused("sha256_mismatch", f"{path / shard}: expected {want}, got {have}")
     tensors: dict[str, torch.Tensor] = {}
-    for shard, want in sorted(shards.items()):
-        got = sha256_file(path / shard)
-        if got != want:
-            raise PolicyRefused("sha256_mismatch", f"{path / shard}: expected {want}, got {got}")
+    for shard, _ in order:
         tensors.update(load_file(str(path / shard)))
     return tensors
 

@@ -216,13 +216,19 @@ class Learner:
             return None
         st.step = self.trainer.global_step
         t_publish = time.monotonic()
-        self.store.publish(self.model, st)
-        publish_s = time.monotonic() - t_publish
-        for pid in take:
-            del st.in_flight[pid]
-        # The next step's prompts go out now, not after this step's bookkeeping: at max_staleness
-        # 0 the actor is idle until they come. The state saved below records them.
-        self.feeder.top_up()
+        timing: dict[str, float] = {}
+
+        def announced() -> None:
+            timing["announced"] = time.monotonic()
+            for pid in take:
+                del st.in_flight[pid]
+            # The next step's prompts go out now, before the version's fsync and this step's
+            # bookkeeping: at max_staleness 0 the actor is idle until they come. The state saved
+            # below records them.
+            self.feeder.top_up()
+
+        self.store.publish(self.model, st, announced)
+        publish_s = timing["announced"] - t_publish   # what the actor waits for: written and announced
         append_audit(self.run_dir, st.step, batch)
         self.cache.append([row for sg in groups for row in rows_of(sg, st.step)])
         count_trained(st, metrics, groups)
