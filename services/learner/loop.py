@@ -102,6 +102,7 @@ class Learner:
         key = lc.checkpoint_key()   # None: checkpoints unsigned (learner.checkpoint_key_file)
         self.state = st = open_run(lc.state_dir, lc.resume, self.fingerprint, restorer, lc.policy_root, key)
         self.run_dir = lc.state_dir / st.run_id
+        self.eval_cache = lc.state_dir / "eval-cache"   # greedy results by weights, rows, settings (report.py)
         # a continued run's folder has its state already (a new run's folder is made just now)
         self.resumed: int | None = st.step if (self.run_dir / "state.json").exists() else None
         settings_changed(st, lc.train.model_dump(mode="json"),   # a new run's {} names nothing
@@ -300,13 +301,14 @@ class Learner:
             self.top_up()
             if st.eval_before is None and st.step == 0:
                 self.progress["phase"] = "eval before"
-                st.eval_before = report.evaluate(lc, self.model, self.tok, "before", self.health.beat)
+                st.eval_before = report.evaluate(lc, self.model, self.tok, "before", self.health.beat,
+                                                 cache=self.eval_cache)
                 self.save_state()
             elif st.step == 0 and st.eval_before is not None and (pending := report.pending_splits(lc, st.eval_before)):
                 # resumed at step 0 with the eval before saved without these harder splits
                 self.progress["phase"] = "eval before"
                 st.eval_before.setdefault("splits", {}).update(report.evaluate_splits(
-                    lc, self.model, self.tok, "before", self.health.beat, names=pending))
+                    lc, self.model, self.tok, "before", self.health.beat, names=pending, cache=self.eval_cache))
                 self.save_state()
             if self.progress["phase"] == "eval before":  # in flight since before it: their age starts now
                 for f in st.in_flight.values():
@@ -329,7 +331,8 @@ class Learner:
                 self.progress["phase"] = "eval after"
                 # the harder splits: those evaluated before (none in a run begun before eval_splits)
                 st.eval_after = report.evaluate(lc, self.model, self.tok, "after", self.health.beat,
-                                                splits=set((st.eval_before or {}).get("splits") or {}))
+                                                splits=set((st.eval_before or {}).get("splits") or {}),
+                                                cache=self.eval_cache)
                 report.write_summary(lc, st, self.run_dir)
                 for name in ("summary.json", "curve.png"):
                     self.trackers.artifact(self.run_dir / name)

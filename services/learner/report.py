@@ -42,41 +42,110 @@ def paired_margin(before: list[bool], after: list[bool]) -> dict[str, Any]:
             "mcnemar_p": p, "learned": delta > 1.96 * se}
 
 
+#: Bump when the greedy evaluation's procedure changes (prompting, batching, scoring, the
+#: record below): results cached by an earlier procedure are then not reused.
+EVAL_PROCEDURE = 1
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 of `model`'s weights: every tensor's name, dtype, shape and bytes, in name order
+    (tied tensors once). What an evaluation's cache key names the model by."""
+    import hashlib
+
+    import torch
+
+    from steadyrl.checkpoint import unique_tensors
+
+    h = hashlib.sha256()
+    for name, t in sorted(unique_tensors(model.state_dict()).items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
+def cache_key(lc: LearnerSection, rows: list[Any], tok: Any, digest: str) -> str:
+    """sha256 of what one greedy evaluation's result depends on: the weights (`digest`), the
+    tokenizer (its vocabulary size, chat template and special tokens), the rows as evaluated,
+    the scorer, max_new_tokens, EVAL_PROCEDURE, torch's and transformers' versions and torch's
+    thread count (a reduction's order can flip a greedy argmax)."""
+    import hashlib
+
+    import torch
+    import transformers
+
+    what = {"procedure": EVAL_PROCEDURE, "weights": digest, "scorer": lc.eval_scorer,
+            "max_new_tokens": lc.eval_max_new_tokens, "torch": torch.__version__,
+            "transformers": transformers.__version__, "threads": torch.get_num_threads(),
+            "tokenizer": [len(tok), getattr(tok, "chat_template", None), getattr(tok, "eos_token", None),
+                          getattr(tok, "pad_token", None)],
+            "rows": [r.model_dump(mode="json") if hasattr(r, "model_dump") else r for r in rows]}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def _greedy(lc: LearnerSection, spec: str, limit: int, model: torch.nn.Module, tok: Any,
-            beat: Callable[[], None]) -> dict[str, Any]:
+            beat: Callable[[], None], cache: tuple[Path, str] | None = None) -> dict[str, Any]:
+    """Greedy accuracy of `model` on `limit` rows of `spec`. With `cache` (a folder, and
+    weights_digest of `model`), a result cached there under the same cache_key is returned
+    instead of evaluating again (logged, `cached: true`), and a new result is cached."""
     rows = spread(load_dataset(spec), limit)
+    path = None
+    if cache is not None:
+        path = cache[0] / f"{cache_key(lc, rows, tok, cache[1])}.json"
+        try:
+            hit = json.loads(path.read_text())
+            if isinstance(hit, dict) and {"accuracy", "n", "correct_items"} <= hit.keys():
+                log.info("evaluation taken from the cache (same weights, rows and settings)",
+                         extra={"data": spec, "cache": str(path), "saved_s": hit.get("seconds")})
+                return {**hit, "cached": True}
+        except (OSError, ValueError):   # absent or unreadable: evaluate
+            pass
     t0 = time.perf_counter()
     acc, items = greedy_eval(model, tok, rows, lc.eval_scorer, lc.eval_max_new_tokens, on_batch=beat)
-    return {"accuracy": acc, "n": len(items), "correct": sum(i["correct"] for i in items),
-            "seconds": round(time.perf_counter() - t0, 1), "correct_items": [i["correct"] for i in items]}
+    result = {"accuracy": acc, "n": len(items), "correct": sum(i["correct"] for i in items),
+              "seconds": round(time.perf_counter() - t0, 1), "correct_items": [i["correct"] for i in items]}
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps(result))
+        except OSError as e:   # a cache: a full disk costs the next run the evaluation, nothing else
+            log.warning("evaluation result not cached", extra={"cache": str(path), "error": str(e)})
+    return result
 
 
 def evaluate(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: str, beat: Callable[[], None],
-             splits: Collection[str] | None = None) -> dict[str, Any] | None:
+             splits: Collection[str] | None = None, cache: Path | None = None) -> dict[str, Any] | None:
     """Greedy accuracy of `model` on lc.eval_data (None when there is none), and under "splits"
     on each harder test split of lc.eval_splits (those named in `splits`, when given: after the
-    run, those evaluated before it); `beat` is called after every batch (liveness)."""
+    run, those evaluated before it); `beat` is called after every batch (liveness). With
+    `cache` (the learner's `<state_dir>/eval-cache`), each result is cached by weights, rows
+    and settings (_greedy, cache_key): a second run of the same base model and evaluation
+    settings skips the evaluation before."""
     if lc.eval_data is None:
         return None
-    result = _greedy(lc, lc.eval_data, lc.eval_limit, model, tok, beat)
+    keyed = None if cache is None else (cache, weights_digest(model))
+    result = _greedy(lc, lc.eval_data, lc.eval_limit, model, tok, beat, keyed)
     EVAL_ACCURACY.labels(when).set(result["accuracy"])
     log.info("evaluation", extra={"when": when, "accuracy": result["accuracy"], "n": result["n"]})
-    result["splits"] = evaluate_splits(lc, model, tok, when, beat, splits)
+    result["splits"] = evaluate_splits(lc, model, tok, when, beat, splits, keyed)
     return result
 
 
 def evaluate_splits(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: str, beat: Callable[[], None],
-                    names: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
+                    names: Collection[str] | None = None, cache: tuple[Path, str] | Path | None = None
+                    ) -> dict[str, dict[str, Any]]:
     """Greedy accuracy on each harder test split of lc.eval_splits (only those in `names`, when
     given), lc.eval_splits_limit rows each, with the dataset under "data"; {} when lc.eval_data
-    is None (no evaluation at all)."""
+    is None (no evaluation at all). `cache`: a folder (see evaluate), or one with the model's
+    weights_digest already taken."""
     if lc.eval_data is None:
         return {}
+    keyed = (cache, weights_digest(model)) if isinstance(cache, Path) else cache
     out = {}
     for name, spec in lc.harder_splits.items():
         if names is not None and name not in names:
             continue
-        out[name] = {"data": spec, **_greedy(lc, spec, lc.eval_splits_limit, model, tok, beat)}
+        out[name] = {"data": spec, **_greedy(lc, spec, lc.eval_splits_limit, model, tok, beat, keyed)}
         log.info("evaluation", extra={"when": when, "split": name, "accuracy": out[name]["accuracy"],
                                       "n": out[name]["n"]})
     return out
