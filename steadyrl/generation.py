@@ -155,6 +155,14 @@ def sequence_bytes(config: Any, length: int, dtype_bytes: int = 4) -> int:
     return kv + prefill + 8 * int(config.vocab_size) * 4
 
 
+def cache_argument(model: Any) -> str:
+    """The name a transformers model's forward() takes its KV cache by: `cache` (transformers
+    5.x) or `past_key_values` (before; still accepted there with a FutureWarning)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
 class TorchGenerator:
     """`transformers.generate` on a causal LM, batched with left padding.
 
@@ -211,6 +219,29 @@ class TorchGenerator:
         per = sequence_bytes(config, length, torch.finfo(dtype).bits // 8)
         return max(1, min(self.batch_size, self.memory_bytes // per))
 
+    def _shared_prefill(self, input_ids: torch.Tensor, attn: torch.Tensor) -> Any:
+        """The KV cache of the rows of `input_ids` (N, P; left-padded, `attn` its mask) up to
+        their last token, computed once per distinct row and repeated for its copies (a
+        prompt's n samples), so a prompt's prefix is computed once, not n times; generate()
+        then starts from the last prompt token. None when no row repeats (or P < 2): generate()
+        prefills as usual. Positions are generate()'s (the mask's running count), so the
+        cache is the one generate() would have built, up to floating-point order."""
+        from transformers import DynamicCache  # lazy: heavy (transformers)
+
+        N, P = input_ids.shape
+        uniq, inverse = torch.unique(input_ids, dim=0, return_inverse=True)     # (U, P), (N,)
+        if uniq.shape[0] == N or P < 2:
+            return None
+        first = torch.full((uniq.shape[0],), N, dtype=torch.long, device=input_ids.device)
+        first.scatter_reduce_(0, inverse, torch.arange(N, device=input_ids.device), "amin")
+        mask = attn[first]                                                       # (U, P)
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)       # (U, P)
+        cache = DynamicCache(config=getattr(self.model, "config", None))
+        self.model(input_ids=uniq[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
+                   use_cache=True, **{cache_argument(self.model): cache})
+        cache.reorder_cache(inverse)                                             # U -> N rows
+        return cache
+
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
                         row_seeds: list[int]) -> list[Completion]:
         from transformers import LogitsProcessorList  # lazy: heavy (transformers); rl.loop, the vLLM actor import this
@@ -225,12 +256,15 @@ class TorchGenerator:
         self.model.eval()
         chooser = GreedyLogprobs() if greedy else SeededSampler(row_seeds, params.temperature, params.top_p)
         lm: Any = self.model  # transformers' generate(), which nn.Module does not declare
+        static = params.max_new_tokens >= STATIC_CACHE_FROM
         try:
+            shared = None if static else self._shared_prefill(input_ids, attn)
             new = lm.generate(
                 input_ids=input_ids, attention_mask=attn, max_new_tokens=params.max_new_tokens,
                 do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad,
                 logits_processor=LogitsProcessorList([chooser]), eos_token_id=sorted(self.eos_ids),
-                cache_implementation="static" if params.max_new_tokens >= STATIC_CACHE_FROM else None,
+                cache_implementation="static" if static else None,
+                **({cache_argument(self.model): shared} if shared is not None else {}),
             )[:, P:]                                                                 # (N, T)
         finally:
             self.model.train(was_training)
