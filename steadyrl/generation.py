@@ -17,6 +17,7 @@ the last entry of `token_ids` (the policy must learn to stop) but not part of `t
 
 from __future__ import annotations
 
+import inspect
 import operator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -158,8 +159,6 @@ def sequence_bytes(config: Any, length: int, dtype_bytes: int = 4) -> int:
 def cache_argument(model: Any) -> str:
     """The name a transformers model's forward() takes its KV cache by: `cache` (transformers
     5.x) or `past_key_values` (before; still accepted there with a FutureWarning)."""
-    import inspect
-
     return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
 
 

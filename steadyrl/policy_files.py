@@ -40,6 +40,7 @@ import random
 import re
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -151,8 +152,6 @@ def write_version(root: Path, rel: Path, tensors: dict[str, torch.Tensor], *, du
     refuses (ENOSPC...), having removed its temporary and left any version already there as
     it was.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     from steadyrl.checkpoint import write_safetensors  # lazy: heavy (torch, via checkpoint); the learner only
 
     final = root / rel
@@ -275,8 +274,6 @@ def read_version(root: Path, uri: str, sha256: str) -> dict[str, torch.Tensor]:
         raise PolicyRefused("bad_index", f"{head}: {e!r}") from None
     if files - set(shards) or any(Path(f).name != f for f in shards):
         raise PolicyRefused("bad_index", f"{head}: every shard must be a file of the folder with a sha256")
-    from concurrent.futures import ThreadPoolExecutor
-
     order = sorted(shards.items())
     with ThreadPoolExecutor(_threads(len(order))) as pool:   # one thread a shard, as they were written
         hashes = list(pool.map(lambda item: sha256_file(path / item[0]), order))

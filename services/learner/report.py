@@ -3,6 +3,7 @@ each harder split of eval_splits), `summary.json`, the SUMMARY lines and the rew
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -50,11 +51,9 @@ EVAL_PROCEDURE = 1
 def weights_digest(model: torch.nn.Module) -> str:
     """sha256 of `model`'s weights: every tensor's name, dtype, shape and bytes, in name order
     (tied tensors once). What an evaluation's cache key names the model by."""
-    import hashlib
+    import torch  # lazy: heavy (torch); report.py is imported where torch is not
 
-    import torch
-
-    from steadyrl.checkpoint import unique_tensors
+    from steadyrl.checkpoint import unique_tensors  # lazy: heavy (torch, via checkpoint)
 
     h = hashlib.sha256()
     for name, t in sorted(unique_tensors(model.state_dict()).items()):
@@ -69,10 +68,8 @@ def cache_key(lc: LearnerSection, rows: list[Any], tok: Any, digest: str) -> str
     tokenizer (its vocabulary size, chat template and special tokens), the rows as evaluated,
     the scorer, max_new_tokens, EVAL_PROCEDURE, torch's and transformers' versions and torch's
     thread count (a reduction's order can flip a greedy argmax)."""
-    import hashlib
-
-    import torch
-    import transformers
+    import torch  # lazy: heavy (torch); report.py is imported where torch is not
+    import transformers  # lazy: heavy (transformers), for its version
 
     what = {"procedure": EVAL_PROCEDURE, "weights": digest, "scorer": lc.eval_scorer,
             "max_new_tokens": lc.eval_max_new_tokens, "torch": torch.__version__,
