@@ -124,20 +124,20 @@ def evaluate(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: str, be
     result = _greedy(lc, lc.eval_data, lc.eval_limit, model, tok, beat, keyed)
     EVAL_ACCURACY.labels(when).set(result["accuracy"])
     log.info("evaluation", extra={"when": when, "accuracy": result["accuracy"], "n": result["n"]})
-    result["splits"] = evaluate_splits(lc, model, tok, when, beat, splits, keyed)
+    result["splits"] = evaluate_splits(lc, model, tok, when, beat, splits, cache, keyed[1] if keyed else None)
     return result
 
 
 def evaluate_splits(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: str, beat: Callable[[], None],
-                    names: Collection[str] | None = None, cache: tuple[Path, str] | Path | None = None
-                    ) -> dict[str, dict[str, Any]]:
+                    names: Collection[str] | None = None, cache: Path | None = None,
+                    digest: str | None = None) -> dict[str, dict[str, Any]]:
     """Greedy accuracy on each harder test split of lc.eval_splits (only those in `names`, when
     given), lc.eval_splits_limit rows each, with the dataset under "data"; {} when lc.eval_data
-    is None (no evaluation at all). `cache`: a folder (see evaluate), or one with the model's
-    weights_digest already taken."""
+    is None (no evaluation at all). `cache`: see evaluate; `digest`: the model's weights_digest
+    when the caller has it (else taken here when `cache` is given)."""
     if lc.eval_data is None:
         return {}
-    keyed = (cache, weights_digest(model)) if isinstance(cache, Path) else cache
+    keyed = None if cache is None else (cache, digest or weights_digest(model))
     out = {}
     for name, spec in lc.harder_splits.items():
         if names is not None and name not in names:

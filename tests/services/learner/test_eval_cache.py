@@ -20,11 +20,14 @@ def _counting(monkeypatch) -> list[int]:
     return calls
 
 
+def _section(eval_rows: int) -> LearnerSection:
+    return LearnerSection(model="tiny", data="tiny_copy:64", eval_data=f"tiny_copy:{eval_rows}", eval_splits={},
+                          eval_scorer="tiny_copy", eval_max_new_tokens=4)
+
+
 def test_the_same_weights_rows_and_settings_are_evaluated_once(tmp_path, monkeypatch):
     calls = _counting(monkeypatch)
-    lc = LearnerSection(model="tiny", data="tiny_copy:64", eval_data="tiny_copy:16", eval_splits={},
-                        eval_scorer="tiny_copy", eval_max_new_tokens=4)
-    model, tok = load_policy("tiny", seed=0)
+    lc, (model, tok) = _section(16), load_policy("tiny", seed=0)
     cache = tmp_path / "eval-cache"
     first = report.evaluate(lc, model, tok, "before", lambda: None, cache=cache)
     second = report.evaluate(lc, model, tok, "before", lambda: None, cache=cache)
@@ -47,9 +50,7 @@ def test_the_same_weights_rows_and_settings_are_evaluated_once(tmp_path, monkeyp
 
 def test_an_unreadable_cache_entry_is_evaluated_again(tmp_path, monkeypatch):
     calls = _counting(monkeypatch)
-    lc = LearnerSection(model="tiny", data="tiny_copy:64", eval_data="tiny_copy:8", eval_splits={},
-                        eval_scorer="tiny_copy", eval_max_new_tokens=4)
-    model, tok = load_policy("tiny", seed=0)
+    lc, (model, tok) = _section(8), load_policy("tiny", seed=0)
     cache = tmp_path / "eval-cache"
     first = report.evaluate(lc, model, tok, "before", lambda: None, cache=cache)
     entry, = cache.iterdir()
