@@ -23,6 +23,7 @@ arrives last, so it is not the next one out.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Literal
 
 Eviction = Literal["fifo", "priority"]
@@ -57,3 +58,37 @@ def evictions(waiting: dict[str, tuple[int, list[float], bool]], max_size: int, 
     else:
         order = sorted(candidates, key=lambda pid: (mean_abs_advantage(waiting[pid][1]), waiting[pid][0]))
     return order[:over]
+
+
+def next_batch(ready: Collection[str], in_flight: Mapping[str, tuple[int, float]], size: int,
+               not_coming: Collection[str], straggler_s: float) -> list[str] | None:
+    """The prompt ids of the next update, in feed order, or None while one of them is still coming.
+
+    The update takes the `size` oldest prompts in flight (by feed order), not the first groups
+    to arrive: which groups arrive first depends on timing (partitions, workers, polls), and a
+    step that trained on them made two runs of one seed part at their first step. A prompt
+    whose group is not coming for now (`not_coming`: sent back by rl.dlq and waiting to go
+    out again) is passed over, and so is a straggler, in flight for `straggler_s` or longer
+    since its last publish: a slow prompt costs the order, never the step.
+
+    Args:
+        ready: ids whose scored group waits in the train buffer.
+        in_flight: id -> (feed order, seconds since its last publish) of every prompt in flight;
+            every id of `ready` is among them.
+        size: B, groups per update (>= 1).
+        not_coming: ids queued to be published again.
+        straggler_s: the age past which a missing prompt is passed over, seconds.
+    Returns `size` ids, all in `ready`, oldest first; None when fewer are ready or an older
+    prompt, not passed over, has no group yet.
+    """
+    if len(ready) < size:
+        return None
+    take: list[str] = []
+    for pid in sorted(in_flight, key=lambda p: in_flight[p][0]):
+        if pid in ready:
+            take.append(pid)
+            if len(take) == size:
+                return take
+        elif pid not in not_coming and in_flight[pid][1] < straggler_s:
+            return None  # an older prompt's group is still on its way: wait for it
+    return None

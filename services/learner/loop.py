@@ -1,6 +1,6 @@
 """The learner loop: one process, one loop.
 
-    top up rl.prompts  ->  read rl.scored, rl.releases  ->  B fresh groups?  ->  screen  ->  Trainer.step
+    top up rl.prompts  ->  read rl.scored, rl.releases  ->  the B oldest in flight ready?  ->  screen  ->  Trainer.step
         ->  weights to the policy store  ->  PolicyUpdate on rl.policy  ->  save state
 
 Policy version k is the weights after k steps (version 0: the initial ones, also
@@ -10,7 +10,9 @@ the same id, so every prompt is still trained on exactly once. max_staleness 0 i
 on-policy. The offsets, the feeder position and the prompts in flight are written to
 `state.json` after every step, with the policy version they go with; every trained group is
 appended to `consumed.jsonl` (step, prompt_id, topic, partition, offset, policy_version,
-reward_mean): the audit log of exactly-once. A step the trainer finds not finite is skipped
+reward_mean): the audit log of exactly-once. A step trains the B oldest prompts in flight in
+feed order (buffer.next_batch), not the first groups to arrive, so two runs of one seed train
+the same batches. A step the trainer finds not finite is skipped
 (nothing of it applied) and its batch held on rl.quarantine. Each part is its own module:
 feeder, intake, screen, policy_store, resume, report, state, stall.
 """
@@ -38,6 +40,7 @@ from steadyrl.rl.trainer import Group, NonFiniteStep, Trainer
 from steadyrl.rollout_cache import rows_of
 from steadyrl.runfolder import Count
 from steadyrl.services.learner import disk, report, rows
+from steadyrl.services.learner.buffer import next_batch
 from steadyrl.services.learner.config import LearnerConfig, load_dataset
 from steadyrl.services.learner.drift import ParamDrift
 from steadyrl.services.learner.feeder import IN_FLIGHT, Feeder
@@ -63,6 +66,10 @@ if TYPE_CHECKING:
     from steadyrl.http import Health
 
 log = logging.getLogger("steadyrl.learner")
+#: A prompt of the next batch whose group has not come passes over after max(STRAGGLER_FACTOR x
+#: the median step seconds, STRAGGLER_MIN_S) in flight (next_batch): the order waits for a slow
+#: group, never for a lost one (those go out again at the republish bound, minutes later).
+STRAGGLER_FACTOR, STRAGGLER_MIN_S = 2.0, 30.0
 TOPICS = ("rl.prompts", "rl.scored", "rl.releases", "rl.policy", "rl.dlq", "rl.quarantine")
 
 
@@ -182,11 +189,24 @@ class Learner:
             self.saver.wait()
 
     # ---- one update -----------------------------------------------------------------------
-    def train_step(self) -> dict[str, float] | None:
-        """One update on the B oldest ready groups; None when the reward watch held them or the
-        update was not finite (skipped by the trainer: the batch is held on rl.quarantine)."""
+    def next_batch(self) -> list[str] | None:
+        """The prompt ids of the next update in feed order (buffer.next_batch), or None while an
+        older prompt's group is still coming. A missing prompt is passed over once it has been in
+        flight for max(STRAGGLER_FACTOR x the median step seconds, STRAGGLER_MIN_S) x
+        (max_staleness + 1)."""
+        st, lc, now = self.state, self.lc, now_ms()
+        median = self.stall.median()
+        straggler_s = max(STRAGGLER_FACTOR * (median or 0.0), STRAGGLER_MIN_S) * (lc.max_staleness + 1)
+        in_flight = {pid: (f.seq, (now - f.published_ms) / 1000) for pid, f in st.in_flight.items()}
+        return next_batch(self.intake.ready, in_flight, lc.prompts_per_step, set(st.requeue), straggler_s)
+
+    def train_step(self, take: list[str] | None = None) -> dict[str, float] | None:
+        """One update on the groups of `take` (prompt ids in the train buffer; None: the B oldest
+        ready); None when the reward watch held them or the update was not finite (skipped by the
+        trainer: the batch is held on rl.quarantine)."""
         st, lc, ready = self.state, self.lc, self.intake.ready
-        take = sorted(ready, key=lambda pid: st.in_flight[pid].seq)[:lc.prompts_per_step]
+        if take is None:
+            take = sorted(ready, key=lambda pid: st.in_flight[pid].seq)[:lc.prompts_per_step]
         if self.screen.held(take, ready):
             self.save_state()
             return None
@@ -322,8 +342,8 @@ class Learner:
                 self.republish_overdue()
                 if st.counts.get(Count.abandoned.value, 0) != abandoned:
                     self.save_state()  # an abandonment is recorded once: its state goes with it
-                if len(self.intake.ready) >= lc.prompts_per_step:
-                    self.train_step()
+                if (take := self.next_batch()) is not None:
+                    self.train_step(take)
                 self.top_up()
                 IN_FLIGHT.set(len(st.in_flight))
             self.checkpoint(wait=True)  # on stop and at the end
