@@ -117,3 +117,21 @@ def register() -> None:
     if not _registered:
         REGISTRY.register(HardwareCollector())
         _registered = True
+
+
+def native_bf16(device: str) -> tuple[bool, str]:
+    """Whether `device` ("cpu", or "cuda" / "cuda:N") computes bfloat16 natively, and why (for
+    the start-up log). A GPU: torch.cuda.is_bf16_supported() (Ampere and later). A CPU: AVX-512
+    BF16 or AMX tiles (torch's own probes); without them torch emulates bf16 matmuls, measured
+    ~90x slower than fp32 for SmolLM2's update on a Zen 3 EPYC (docs/benchmarks.md), and vLLM's
+    CPU backend 6x slower. The learner's `train.autocast: auto` and the vLLM actor's
+    `dtype: auto` both decide by this."""
+    import torch  # lazy: heavy; the metrics collector above runs in processes without torch work
+
+    if device.startswith("cuda"):
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return True, "this GPU computes bf16 natively"
+        return False, "this GPU has no native bf16 (before Ampere)"
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return True, "this CPU computes bf16 natively (AVX-512 BF16 or AMX)"
+    return False, "this CPU has no native bf16 (no AVX-512 BF16, no AMX): emulated bf16 is ~90x slower"

@@ -52,3 +52,18 @@ def reward_server(tmp_path_factory):
         yield svc.url
     finally:
         svc.stop()
+
+
+# Exact figures of the suite are fp32's. `learner.train.autocast` defaults to auto (bf16 where
+# the CPU computes it natively, steadyrl.hardware.native_bf16); the services the tests start
+# inherit this, and tests/steadyrl/rl/test_autocast.py covers auto itself.
+os.environ.setdefault("STEADYRL_LEARNER__TRAIN__AUTOCAST", "off")
+
+
+@pytest.fixture(autouse=True)
+def _fp32_updates(monkeypatch):
+    """In-process Trainers of the suite resolve autocast auto to off on any CPU (see above)."""
+    import torch  # lazy: heavy; only the fixture's first use pays
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)

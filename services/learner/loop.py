@@ -36,6 +36,7 @@ from steadyrl.contracts import now_ms
 from steadyrl.files import write_atomic
 from steadyrl.models import load_policy
 from steadyrl.rl import distributed
+from steadyrl.rl.config import resolve_autocast
 from steadyrl.rl.trainer import Group, NonFiniteStep, Trainer
 from steadyrl.rollout_cache import rows_of
 from steadyrl.runfolder import Count
@@ -97,11 +98,15 @@ class Learner:
         self.bad_rows = rows.check_rows(lc, self.rows, self.tok, limits.context, cfg.actor)
         rows.refuse_too_few(lc, self.rows, self.bad_rows, lc.state_dir)
         self.drift = ParamDrift(self.model)  # the weights as loaded: the reference of the drift metric
+        # autocast auto: bf16 where the device computes it natively; the resolved value is the
+        # one saved with the run (a resume on other hardware names the switch: resume.py)
+        autocast, autocast_why = resolve_autocast(lc.train.autocast, lc.train.device)
+        lc.train = lc.train.model_copy(update={"autocast": autocast})
         self.trainer = Trainer(self.model, self.tok.pad_token_id, lc.train)
         self.ranks = distributed.Leader(self.trainer.world) if self.trainer.world > 1 else None  # rank 0 of N
         log.info("trainer", extra={"ranks": self.trainer.world, "device": str(self.trainer.device),
                                    "sharding": (lc.train.sharding if self.trainer.world > 1 else "none (one rank)"),
-                                   "algorithm": lc.train.algorithm})
+                                   "algorithm": lc.train.algorithm, "autocast": f"{autocast} ({autocast_why})"})
         lc.state_dir.mkdir(parents=True, exist_ok=True)
         self.outbox = Outbox(cfg.bootstrap, f"learner-{cfg.instance_id}", self.topics, cfg.metrics_interval)
         self.store = PolicyStore(lc.policy_root, self.outbox, lc.keep_policies, lc.keep_earlier_runs)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from steadyrl.hardware import native_bf16
 from steadyrl.rl import algos, core
 
 
@@ -55,12 +56,14 @@ class TrainConfig(BaseModel):
     lam: float = Field(0.95, ge=0, le=1)
     vf_coef: float = Field(0.5, ge=0)
     vf_clip: float = Field(0.2, gt=0)
-    autocast: Literal["off", "bf16"] = Field(
-        "off", description="bf16: the model's forward in the update (and any no-grad pass) under torch.autocast "
-                           "to bfloat16; weights, gradients, AdamW state and the loss stay fp32 (the log-probs are "
-                           "taken from fp32 logits). A lever where the CPU has native bf16 (AVX-512 BF16, AMX) or on "
-                           "a GPU: an update micro-batch of SmolLM2 1.59x faster on a Zen 4 CPU (docs/benchmarks.md "
-                           "\"This machine's peak\"); without native bf16 ~90x slower. Off by default.")
+    autocast: Literal["auto", "off", "bf16"] = Field(
+        "auto", description="bf16: the model's forward in the update (and any no-grad pass) under torch.autocast "
+                            "to bfloat16; weights, gradients, AdamW state and the loss stay fp32 (the log-probs are "
+                            "taken from fp32 logits). An update micro-batch of SmolLM2 is 1.59x faster on a Zen 4 "
+                            "CPU with native bf16 (docs/benchmarks.md \"This machine's peak\"), ~90x slower on a "
+                            "CPU without it. auto (the default): bf16 where the device computes bf16 natively "
+                            "(steadyrl.hardware.native_bf16: AVX-512 BF16 or AMX, an Ampere or later GPU), else "
+                            "off; the learner logs which at start and saves the resolved value with the run.")
     oom_fallback: Literal["stay", "step", "off"] = Field(
         "stay", description="On out-of-memory in a step: retry it with gradient checkpointing and a 4x smaller "
                             "micro-batch and stay so for the run (stay), for that step only (step), or raise (off).")
@@ -133,4 +136,16 @@ class TrainConfig(BaseModel):
     def tis_for(self, engine: str) -> bool:
         """Whether TIS weighs a group with rollout log-probs made by `engine` ("" = unknown)."""
         return self.rollout_is == "on" or (self.rollout_is == "auto" and engine == "vllm")
+
+
+def resolve_autocast(setting: str, device: str) -> tuple[Literal["off", "bf16"], str]:
+    """The autocast an update on `device` runs with for the `autocast` setting, and why (for the
+    log): "auto" becomes "bf16" where steadyrl.hardware.native_bf16(device) says the device
+    computes bf16 natively, else "off"; "off" and "bf16" are kept ("configured")."""
+    if setting == "off":
+        return "off", "configured"
+    if setting == "bf16":
+        return "bf16", "configured"
+    native, why = native_bf16(device)
+    return ("bf16" if native else "off"), why
 

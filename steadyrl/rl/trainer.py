@@ -26,7 +26,7 @@ import torch.distributed as dist
 from steadyrl.rl import algos, core, distributed
 from steadyrl.rl.algos import MetricSums, MicroBatch
 from steadyrl.rl.batch import Behaviour, Group, behaviour_logprobs, build_batch
-from steadyrl.rl.config import TrainConfig
+from steadyrl.rl.config import TrainConfig, resolve_autocast
 from steadyrl.rl.distributed import train_device
 from steadyrl.rl.errors import NonFiniteStep, RanksOutOfMemory, is_out_of_memory
 from steadyrl.rl.tis import RolloutCorrection, RolloutLogprobs, rollout_logprobs
@@ -96,8 +96,10 @@ class Trainer:
     """
 
     def __init__(self, model: torch.nn.Module, pad_id: int, cfg: TrainConfig):
-        self.model, self.pad_id, self.cfg = model, pad_id, cfg
         self.device = train_device(cfg.device)
+        if cfg.autocast == "auto":   # the learner resolves it at start (and logs why); direct callers here
+            cfg = cfg.model_copy(update={"autocast": resolve_autocast(cfg.autocast, cfg.device)[0]})
+        self.model, self.pad_id, self.cfg = model, pad_id, cfg
         core.warn_if_kl_is_off(cfg.uses_ref, cfg.kl_coef)
         self.ref: torch.nn.Module | None = None
         if cfg.uses_ref:

@@ -16,6 +16,7 @@ from steadyrl.services.actor.vllm_engine import VLLMSettings, cpu_threads_bind, 
 ])
 def test_auto_dtype_is_bfloat16_only_where_it_is_native(monkeypatch, cuda, bf16, amx, expect):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)   # Ampere or later
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     dtype, why = engine_dtype("auto")
