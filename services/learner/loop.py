@@ -67,10 +67,12 @@ if TYPE_CHECKING:
     from steadyrl.http import Health
 
 log = logging.getLogger("steadyrl.learner")
-#: A prompt of the next batch whose group has not come passes over after max(STRAGGLER_FACTOR x
-#: the median step seconds, STRAGGLER_MIN_S) in flight (next_batch): the order waits for a slow
-#: group, never for a lost one (those go out again at the republish bound, minutes later).
-STRAGGLER_FACTOR, STRAGGLER_MIN_S = 2.0, 30.0
+#: A prompt of the next batch whose group has not come is passed over after max(STRAGGLER_FACTOR x
+#: the median step seconds, STRAGGLER_MIN_S) x (max_staleness + 1) in flight (next_batch): the
+#: order waits for a group a little behind its batch mates (about one generation call), not for
+#: one held up (a partition blocked behind an unserved prompt holds it rollout.max_hold_s) or
+#: lost (published again at the republish bound, minutes later).
+STRAGGLER_FACTOR, STRAGGLER_MIN_S = 2.0, 5.0
 TOPICS = ("rl.prompts", "rl.scored", "rl.releases", "rl.policy", "rl.dlq", "rl.quarantine")
 
 
