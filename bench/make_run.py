@@ -2,12 +2,19 @@
 service, evaluation before and after), timed from start to exit, its summary appended to
 bench/results/make_run.json.
 
-    flock /tmp/steadyrl-bench.lock .venv/bin/python bench/make_run.py [--steps N] [--note TEXT]
+    flock /tmp/steadyrl-bench.lock .venv/bin/python bench/make_run.py [--steps N] [--seed S] [--note TEXT]
+    .venv/bin/python bench/make_run.py --report [--code HASH]
 
 `--steps N` sets `learner.steps` (STEADYRL_LEARNER__STEPS) to try another run length inside the
-20-minute budget; without it the defaults are measured as they are. The run gets a fresh state
-folder (`--state-dir`, removed first), so nothing is resumed; the broker is the one `up` starts
-there. Prints the SUMMARY lines and the wall time; exits 1 when `up` fails.
+20-minute budget, `--seed S` `learner.seed`; without them the defaults are measured as they are.
+The run gets a fresh state folder (`--state-dir`, removed first), so nothing is resumed; the
+broker is the one `up` starts there. Prints the SUMMARY lines and the wall time; exits 1 when
+`up` fails. Each entry keeps `final_weights`: the sha256 of the last policy version's shard
+hashes, so two runs of one seed can be compared bit for bit.
+
+`--report` reads the JSON: per seed its runs, whether the runs of one seed gave the same
+rewards, evaluations and final weights, and each split's change as the mean and spread
+(sample standard deviation) over seeds.
 """
 
 from __future__ import annotations
@@ -62,19 +69,89 @@ def phases(log_text: str) -> dict:
             "generation_hop_median_s": round(statistics.median(s["timing_s/wait"] for s in later), 2)}
 
 
+def final_weights(state: Path) -> str | None:
+    """sha256 over the shard hashes of the newest policy version under `state`/policies (its
+    model.safetensors.index.json `metadata.sha256`); None when there is none."""
+    import hashlib
+
+    versions = sorted(state.glob("policies/r*/v*/model.safetensors.index.json"))
+    if not versions:
+        return None
+    shards = json.loads(versions[-1].read_text()).get("metadata", {}).get("sha256", {})
+    return hashlib.sha256(json.dumps(shards, sort_keys=True).encode()).hexdigest()
+
+
+def cpu_name() -> str:
+    """The CPU's model name and whether it has native bf16 (from /proc/cpuinfo, Linux)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
+    bf16 = "avx512_bf16" in info or "amx_bf16" in info
+    return f"{model}, {'native bf16' if bf16 else 'no native bf16'}"
+
+
+def report(runs: list[dict], code: str | None) -> str:
+    """Markdown: the runs (of commit `code`, all when None) per seed, repeat checks, and the
+    mean +- sample sd over seeds of each split's change in points."""
+    import statistics
+
+    runs = [r for r in runs if code is None or str(r.get("code", "")).startswith(code)]
+    by_seed: dict[int, list[dict]] = {}
+    for r in runs:
+        by_seed.setdefault(int(r.get("seed", 0)), []).append(r)
+    splits = ["test", *sorted({k for r in runs for k in (r.get("eval_splits") or {})})]
+
+    def change(r: dict, split: str) -> dict | None:
+        return r.get("eval") if split == "test" else (r.get("eval_splits") or {}).get(split)
+
+    lines = ["| seed | run | wall min | " + " | ".join(f"{s} before → after (p)" for s in splits) + " |",
+             "|---|---|---|" + "---|" * len(splits)]
+    for seed, rs in sorted(by_seed.items()):
+        for r in rs:
+            cells = []
+            for sp in splits:
+                e = change(r, sp)
+                cells.append(f"{100 * e['before']:.1f} → {100 * e['after']:.1f} (p {e['mcnemar_p']:.2g})" if e else "–")
+            lines.append(f"| {seed} | {r['run_id']} | {r['wall_seconds_total'] / 60:.1f} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for seed, rs in sorted(by_seed.items()):
+        if len(rs) > 1:
+            same = {k: ("unknown" if any(r.get(k) is None for r in rs) else
+                        "same" if len({json.dumps(r[k], sort_keys=True) for r in rs}) == 1 else "DIFFER")
+                    for k in ("reward_per_step", "eval", "eval_splits", "final_weights")}
+            lines.append(f"seed {seed}, {len(rs)} runs: " + ", ".join(f"{k} {v}" for k, v in same.items()))
+    firsts = [rs[0] for _, rs in sorted(by_seed.items())]
+    for sp in splits:
+        deltas = [100 * e["delta"] for r in firsts if (e := change(r, sp))]
+        if len(deltas) >= 2:
+            lines.append(f"{sp}: change {statistics.mean(deltas):+.1f} ± {statistics.stdev(deltas):.1f} points "
+                         f"(mean ± sd over {len(deltas)} seeds: {', '.join(f'{d:+.1f}' for d in deltas)})")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, help="learner.steps (default: the learner's default)")
+    ap.add_argument("--seed", type=int, help="learner.seed (default: the learner's default, 0)")
+    ap.add_argument("--report", action="store_true", help="print the runs in the JSON per seed and exit")
+    ap.add_argument("--code", help="with --report: only runs of this commit")
     ap.add_argument("--state-dir", default="/tmp/steadyrl-make-run", help="removed first, then used by `up`")
     ap.add_argument("--note", default="", help="what this run is (written into the JSON)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/make_run.json"))
     args = ap.parse_args()
+    if args.report:
+        print(report(json.loads(Path(args.out).read_text())["runs"], args.code))  # noqa: T201
+        return
 
     state = Path(args.state_dir)
     shutil.rmtree(state, ignore_errors=True)
     env = dict(os.environ)
     if args.steps:
         env["STEADYRL_LEARNER__STEPS"] = str(args.steps)
+    if args.seed is not None:
+        env["STEADYRL_LEARNER__SEED"] = str(args.seed)
     log = state.with_name(state.name + ".log")
     code = code_commit()
     t0 = time.monotonic()
@@ -99,10 +176,12 @@ def main() -> None:
         sys.exit(1)
     run = state / "learner" / (state / "learner" / "CURRENT").read_text().strip()
     s = json.loads((run / "summary.json").read_text())
-    entry = {**s, "wall_seconds_total": round(wall, 1), "phases": phases(text), "code": code,
+    entry = {**s, "seed": args.seed or 0, "final_weights": final_weights(state),
+             "wall_seconds_total": round(wall, 1), "phases": phases(text), "code": code,
              "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             "machine": f"{os.cpu_count()} vCPU {platform.processor() or platform.machine()}, no GPU, torch CPU",
-             "command": "bench/make_run.py" + (f" --steps {args.steps}" if args.steps else "") + " (steadyrl up)",
+             "machine": f"{os.cpu_count()} vCPU {cpu_name()}, no GPU, torch CPU",
+             "command": "bench/make_run.py" + (f" --steps {args.steps}" if args.steps else "")
+                        + (f" --seed {args.seed}" if args.seed is not None else "") + " (steadyrl up)",
              "note": args.note}
     out = Path(args.out)
     doc = json.loads(out.read_text()) if out.exists() else {"runs": []}
