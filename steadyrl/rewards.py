@@ -1,4 +1,4 @@
-"""Rule rewards with verl's signature, and lookup by name or dotted path.
+"""Rule rewards with verl's signature, and lookup by name, dotted path or file.
 
 `compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict`
 (a dict carries the reward under "score" plus anything else worth logging).
@@ -6,8 +6,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
+import os
 import re
+import sys
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -91,24 +95,64 @@ SCORERS: dict[str, Scorer] = {"numeric_match": numeric_match, "tiny_copy": tiny_
 
 
 def resolve_scorer(name: str) -> Scorer:
-    """A scorer by registered name (`numeric_match`) or dotted path (`pkg.mod:func` or `pkg.mod.func`).
+    """A scorer by registered name (`numeric_match`), dotted path (`pkg.mod:func` or
+    `pkg.mod.func`) or file (`my_reward.py:compute_score`, verl's `custom_reward_function` path
+    and name; relative to the working folder).
+
+    A dotted path is imported as it is, else from the working folder: `steadyrl score` and the
+    services find `my_reward:compute_score` beside the user as `python -m` would, without
+    PYTHONPATH. A file is loaded as module `steadyrl_reward_<stem>_<8 hex of its path>`, once
+    per process.
 
     Raises:
-        ValueError: unknown name, or the path does not name a callable.
+        ValueError: unknown name, no such module, file or function, or not a callable.
     """
     if name in SCORERS:
         return SCORERS[name]
-    module, _, attr = name.partition(":") if ":" in name else name.rpartition(".")
+    module, _, attr = name.rpartition(":") if ":" in name else name.rpartition(".")
     if not module or not attr:
         raise ValueError(f"unknown scorer {name!r}: registered are {sorted(SCORERS)}, "
-                         "or give a dotted path module:function")
+                         "or give module:function or file.py:function")
     try:
-        fn: Scorer = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"scorer {name!r} not found: {e}") from None
+        owner = _from_file(module) if module.endswith(".py") else _import(module)
+        fn: Scorer = getattr(owner, attr)
+    except (ImportError, AttributeError, OSError, SyntaxError) as e:
+        raise ValueError(f"scorer {name!r} not found: {type(e).__name__}: {e}") from None
     if not callable(fn):
         raise ValueError(f"scorer {name!r} is not callable")
     return fn
+
+
+def _import(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        cwd = os.getcwd()
+        if e.name != module.split(".")[0] or cwd in sys.path:
+            raise
+        sys.path.append(cwd)   # after the installed packages: a local file never shadows them
+        return importlib.import_module(module)
+
+
+def _from_file(path: str) -> Any:
+    file = os.path.abspath(path)
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"no file {file} (relative paths are from the working folder, {os.getcwd()})")
+    stem = re.sub(r"\W", "_", os.path.basename(file)[:-3])
+    mod_name = f"steadyrl_reward_{stem}_{hashlib.sha256(file.encode()).hexdigest()[:8]}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {file} as Python")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = mod   # before running it: dataclasses and pickling look it up there
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[mod_name]
+        raise
+    return mod
 
 
 def score_value(result: float | dict[str, Any]) -> tuple[float, dict[str, Any]]:

@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 
 from steadyrl.rewards import extract_answer, numeric_match, resolve_scorer, score_value
@@ -57,3 +59,38 @@ def test_format_and_length_rewards():
     r = numeric_match_formatted("", "42", "42")
     assert r["score"] == pytest.approx(1.1) and r["correct"] == 1.0
     assert tiny_copy("", "7737", "7") == 0.75 and tiny_copy("", "7", "7") == 0.25
+
+
+VERL_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": float(solution_str.strip() == ground_truth), "source": data_source}
+'''
+
+
+def test_a_reward_file_given_by_path_loads_as_verl_names_it(tmp_path, monkeypatch):
+    """Issue 38: `my_reward.py:compute_score` gave "No module named '/x/my_reward'"."""
+    (tmp_path / "my_reward.py").write_text(VERL_REWARD)
+    fn = resolve_scorer(f"{tmp_path}/my_reward.py:compute_score")
+    assert score_value(fn("gsm8k", " 4 ", "4", None)) == (1.0, {"source": "gsm8k"})
+    monkeypatch.chdir(tmp_path)
+    assert resolve_scorer("my_reward.py:compute_score") is fn          # relative: the same file, loaded once
+    with pytest.raises(ValueError, match=r"no file .*nope\.py \(relative paths are from the working folder"):
+        resolve_scorer("nope.py:compute_score")
+    with pytest.raises(ValueError, match="has no attribute 'missing'"):
+        resolve_scorer("my_reward.py:missing")
+    (tmp_path / "broken.py").write_text("def compute_score(:\n")
+    with pytest.raises(ValueError, match="SyntaxError"):
+        resolve_scorer("broken.py:compute_score")
+
+
+def test_a_module_beside_the_user_imports_without_pythonpath(tmp_path, monkeypatch):
+    """`steadyrl score --scorer my_reward2:compute_score` needed PYTHONPATH=. (issue 38)."""
+    (tmp_path / "my_reward2.py").write_text(VERL_REWARD)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.chdir(tmp_path)
+    fn = resolve_scorer("my_reward2:compute_score")
+    assert score_value(fn("x", "1", "1"))[0] == 1.0
+    assert sys.path[-1] == str(tmp_path)                              # after the installed packages
+    with pytest.raises(ValueError, match="No module named 'not_here'"):
+        resolve_scorer("not_here:compute_score")
+    monkeypatch.delitem(sys.modules, "my_reward2")
