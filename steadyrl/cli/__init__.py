@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 
+from steadyrl import __version__
 from steadyrl.cli import broker, ckpt, eval, export, quarantine, replay, score, up
 
 __all__ = ["BROKER_CHECK_S", "DEFAULT_STATE", "LOCAL_BOOTSTRAP", "SCALABLE", "SCALE_INPUT", "SERVICES",
@@ -57,6 +58,7 @@ COMMANDS = (broker, ckpt, export, quarantine, replay, eval, score, up)
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="steadyrl")
+    p.add_argument("--version", action="version", version=f"steadyrl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         module.add_parsers(sub)

@@ -209,3 +209,16 @@ def test_maven_runs_without_colour_codes(monkeypatch, tmp_path):
     assert broker.fetch() == tmp_path
     assert calls and "-Dstyle.color=never" in calls[0] and "-B" in calls[0]
     assert f"-Dsteadyrl.libs={tmp_path}" in calls[0]
+
+
+def test_version_is_the_installed_packages(capsys):
+    """`steadyrl --version` did not exist and steadyrl.__version__ was not set (issue 38)."""
+    import importlib.metadata
+
+    import steadyrl
+    from steadyrl.cli import main
+
+    assert steadyrl.__version__ == importlib.metadata.version("steadyrl") != "0+unknown"
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"steadyrl {steadyrl.__version__}\n"
