@@ -25,6 +25,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
+from steadyrl import verl
 from steadyrl.bus.kafka import KafkaAuth
 
 
@@ -179,6 +180,7 @@ def load(cls: type[S], argv: list[str] | None = None, prog: str | None = None) -
     except ValidationError as e:
         # a check across fields (a model validator) has no location: its message names the fields
         lines = [f"  {'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}{_shown_input(err)}"
+                 f"{verl.hint(err['loc']) if err['type'] == 'extra_forbidden' else ''}"
                  for err in e.errors()]
         raise ConfigError(f"invalid {cls.__name__}:\n" + "\n".join(lines)) from None
     return loaded

@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
+from steadyrl import verl
 from steadyrl.limits import GenerationLimits, answer_length_refusal
 from steadyrl.placement import Placement
 
@@ -166,5 +167,6 @@ def load_stack(config: str | Path | None) -> StackSettings:
     except yaml.YAMLError as e:
         raise StackError(f"config file {path} is not valid YAML: {e}") from None
     except ValidationError as e:
-        lines = [f"  {'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}" for err in e.errors()]
+        lines = [f"  {'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
+                 f"{verl.hint(err['loc']) if err['type'] == 'extra_forbidden' else ''}" for err in e.errors()]
         raise StackError("invalid stack settings:\n" + "\n".join(lines)) from None

@@ -136,6 +136,8 @@ def _check_up_args(args: argparse.Namespace) -> dict[str, int]:
     """`up`'s arguments, checked before anything starts (the ports too: `_check_ports`);
     returns the scale. Raises CliError (2)."""
     scale = _parse_scale(args.scale)
+    if getattr(args, "from_verl", None):
+        args.config = str(_from_verl(Path(args.from_verl), Path(args.state_dir), args.config))
     if args.broker_data and Path(args.broker_data).exists() and not Path(args.broker_data).is_dir():
         raise CliError(f"--broker-data {args.broker_data}: not a folder", 2)
     if args.config:
@@ -149,6 +151,32 @@ def _check_up_args(args: argparse.Namespace) -> dict[str, int]:
                        f"give {1 - min(ports)}..{65535 - max(ports)}", 2)
     _check_ports(args, scale, _bootstrap(args))
     return scale
+
+
+def _from_verl(verl_file: Path, state: Path, config: str | None) -> Path:
+    """Translate a verl config (steadyrl/verl.py) into `<state>/from-verl.yaml`, print what
+    was mapped and left out, and return that file (`up` then runs it as --config). Raises
+    CliError (2) for a missing or unreadable file, a list of several data files, or --config
+    given too."""
+    import yaml  # lazy: only --from-verl reads YAML here
+
+    from steadyrl import verl  # lazy: only --from-verl needs the mapping
+
+    if config:
+        raise CliError("--from-verl and --config: give one (the translated file can be edited and given as "
+                       "--config)", 2)
+    try:
+        cfg, notes = verl.translate(yaml.safe_load(verl_file.read_text()) or {})
+    except (OSError, yaml.YAMLError, ValueError, AttributeError) as e:
+        raise CliError(f"--from-verl {verl_file}: {type(e).__name__}: {e}", 2) from None
+    out = state / "from-verl.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"# translated from {verl_file} by `steadyrl up --from-verl` (docs/verl.md)\n"
+                   + yaml.safe_dump(cfg, sort_keys=False))
+    print(f"verl config {verl_file} -> {out}:", flush=True)
+    for note in notes:
+        print(f"  {note}", flush=True)
+    return out
 
 
 def _readiness(ready: dict[str, bool]) -> str:
@@ -337,6 +365,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_common_options(sp, broker_opts=True)
     sp.add_argument("--scale", action="append", default=[], metavar="SERVICE=N")
     sp.add_argument("--config", help="YAML config passed to every service")
+    sp.add_argument("--from-verl", metavar="FILE", help="a verl config (ppo_trainer.yaml's names): translated "
+                                                         "into <state-dir>/from-verl.yaml and run as --config; "
+                                                         "what has no steadyrl equal is listed (docs/verl.md)")
     sp.add_argument("--exit-when-ready", action="store_true", help="stop everything once all are ready")
     sp.add_argument("--kafka-secrets", metavar="DIR",
                     help="with --sasl on an existing cluster: the kafka-<principal> password files (kafka-admin "
