@@ -204,7 +204,10 @@ def write_summary(lc: LearnerSection, st: RunState, run_dir: Path) -> Path:
         lines.append(f"harder split {name} ({ev['data']}, greedy, n={ev['n']}): before {ev['before']:.4f}, "
                      f"after {ev['after']:.4f}, change {ev['delta']:+.4f} (95% margin +-{ev['margin_95']:.4f}, "
                      f"McNemar p={ev['mcnemar_p']:.3g}) -> {'LEARNED' if ev['learned'] else 'not above noise'}")
-    lines.append(f"counts: {s['counts']}; summary {path}")
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(s["counts"].items()) if v)
+    lines.append(f"counts: {counts or 'none (no bad rows, refusals, drops or held batches)'}")
+    lines.append(f"summary {path}, curve {run_dir / 'curve.png'}; the trained weights as a model folder: "
+                 f"steadyrl export {run_dir} latest <folder>")
     for line in lines:
         print(f"SUMMARY {line}", flush=True)  # noqa: T201  the run's result, for the person at `steadyrl up`
     return path

@@ -59,7 +59,7 @@ def test_the_default_splits_are_committed_harder_arithmetic_without_train_questi
     LearnerSection(eval_splits={k: str(ROOT / v) for k, v in DEFAULT_EVAL_SPLITS.items()})  # valid
 
 
-def test_summary_reports_each_split_beside_eval_unchanged(tmp_path):
+def test_summary_reports_each_split_beside_eval_unchanged(tmp_path, capsys):
     lc = _section(eval_splits={"level04": "tiny_copy:4", "level09": "tiny_copy:4"})
     st = RunState(run_id="r1", step=2, history=[{"reward_mean": 0.5, "seconds": 1.0}] * 2,
                   eval_before=_result([False, True, False, False]), eval_after=_result([True, True, False, False]))
@@ -83,6 +83,13 @@ def test_summary_reports_each_split_beside_eval_unchanged(tmp_path):
 
     report.write_summary(lc, st, tmp_path)
     assert json.loads((tmp_path / "summary.json").read_text()) == s
+    out = capsys.readouterr().out   # issue 38: "SUMMARY counts: {}", and neither the curve nor export named
+    assert "SUMMARY counts: none (no bad rows, refusals, drops or held batches)\n" in out
+    assert f"curve {tmp_path / 'curve.png'}; the trained weights as a model folder: steadyrl export {tmp_path} " \
+           "latest <folder>" in out
+    st.counts = {"bad_rows": 2, "dlq": 0, "abandoned": 1}
+    report.write_summary(lc, st, tmp_path)
+    assert "SUMMARY counts: abandoned 1, bad_rows 2\n" in capsys.readouterr().out
     assert (tmp_path / "curve.png").stat().st_size > 0
     # the state round-trips through state.json with its splits (RunState is unchanged)
     assert RunState.parse(st.model_dump_json(), "x").eval_after["splits"] == st.eval_after["splits"]
