@@ -162,7 +162,7 @@ def summary(lc: LearnerSection, st: RunState) -> dict[str, Any]:
     mismatch KL (mismatch/kl; None for a step without it, or of a run from before it) per step,
     evaluation: `eval` (eval_data) and `eval_splits` (each harder split evaluated before and after
     on the same items; absent for a run from before them)."""
-    out = {"run_id": st.run_id, "steps": st.step, "model": lc.model, "data": lc.data,
+    out = {"run_id": st.run_id, "steps": st.step, "model": lc.model, "algorithm": lc.train.algorithm, "data": lc.data,
            "prompts_per_step": lc.prompts_per_step, "group_size": lc.group_size,
            "max_staleness": lc.max_staleness, "lr": lc.train.lr, "counts": st.counts,
            "reward_per_step": [round(h["reward_mean"], 4) for h in st.history],
@@ -213,26 +213,51 @@ def write_summary(lc: LearnerSection, st: RunState, run_dir: Path) -> Path:
     return path
 
 
+def rolling_mean(xs: list[float], window: int) -> list[float]:
+    """Mean of each value and the up to `window - 1` before it, (n,) -> (n,)."""
+    return [sum(xs[max(0, i - window + 1):i + 1]) / len(xs[max(0, i - window + 1):i + 1]) for i in range(len(xs))]
+
+
+def accuracy_margin(p: float, n: int) -> float:
+    """Half-width of the normal-approximation 95 % interval of an accuracy p over n items."""
+    return 1.96 * (p * (1 - p) / n) ** 0.5 if n else 0.0
+
+
 def plot(s: dict[str, Any], path: Path) -> None:
-    """Batch reward per step, and the test accuracy (and each harder split's) before and after, as a PNG."""
+    """curve.png: left, the batch reward per step and its rolling mean (5 steps); right, the greedy
+    accuracy before and after of the test split and each harder split, with 95 % whiskers and the
+    paired change (its 95 % margin, McNemar's p) above each pair; titled by model and algorithm."""
     import matplotlib  # lazy: heavy (matplotlib), only for the curve at the end
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: heavy (matplotlib), only for the curve at the end
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(range(1, len(s["reward_per_step"]) + 1), s["reward_per_step"], marker="o", label="batch reward mean")
-    if "eval" in s:
-        ax.axhline(s["eval"]["before"], color="grey", ls="--", label=f"test acc before {s['eval']['before']:.3f}")
-        ax.axhline(s["eval"]["after"], color="green", ls="--", label=f"test acc after {s['eval']['after']:.3f}")
-    for i, (name, ev) in enumerate(s.get("eval_splits", {}).items()):  # the harder splits: thinner lines
-        color = ("C1", "C3", "C4", "C5", "C6")[i % 5]  # not eval's grey/green nor the reward's C0
-        ax.axhline(ev["before"], color=color, ls=":", lw=1, label=f"{name} before {ev['before']:.3f}")
-        ax.axhline(ev["after"], color=color, ls="--", lw=1, label=f"{name} after {ev['after']:.3f}")
+    evals = ([("test", s["eval"])] if "eval" in s else []) + list(s.get("eval_splits", {}).items())
+    fig, axes = plt.subplots(1, 2 if evals else 1, figsize=(10 if evals else 6, 3.6), squeeze=False)
+    ax = axes[0][0]
+    rewards = s["reward_per_step"]
+    steps = range(1, len(rewards) + 1)
+    ax.plot(steps, rewards, marker="o", ms=3, lw=1, alpha=0.6, label="batch reward mean")
+    ax.plot(steps, rolling_mean(rewards, 5), lw=2, label="rolling mean (5 steps)")
     ax.set_xlabel("step")
-    ax.set_ylabel("reward / accuracy")
-    ax.set_title(f"{s['model']} GRPO through Kafka ({s['run_id']})", fontsize=9)
-    ax.legend(fontsize=8 if "eval_splits" not in s else 6)
+    ax.set_ylabel("reward")
+    ax.legend(fontsize=8)
+    if evals:
+        ax = axes[0][1]
+        xs = range(len(evals))
+        for dx, when, color in ((-0.2, "before", "grey"), (0.2, "after", "C2")):
+            vals = [ev[when] for _, ev in evals]
+            errs = [accuracy_margin(ev[when], ev["n"]) for _, ev in evals]
+            ax.bar([x + dx for x in xs], vals, width=0.4, yerr=errs, capsize=3, color=color, label=when)
+        for x, (_, ev) in zip(xs, evals, strict=True):
+            top = max(ev[w] + accuracy_margin(ev[w], ev["n"]) for w in ("before", "after"))
+            label = f"{100 * ev['delta']:+.1f} ±{100 * ev['margin_95']:.1f} pts\np={ev['mcnemar_p']:.2g}"
+            ax.text(x, top + 0.01, label, ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(list(xs), [f"{name}\n(n={ev['n']})" for name, ev in evals], fontsize=8)
+        ax.set_ylabel("greedy accuracy")
+        ax.set_ylim(0, min(1.0, max(max(ev["before"], ev["after"]) for _, ev in evals) * 1.5 + 0.1))
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"{s['model']} {str(s.get('algorithm', 'grpo')).upper()} through Kafka ({s['run_id']})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

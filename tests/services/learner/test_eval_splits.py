@@ -160,3 +160,22 @@ def test_a_config_file_sets_the_splits_instead_of_adding_to_the_defaults(tmp_pat
     assert load(LearnerConfig, ["--config", str(one)]).learner.harder_splits == {
         "only": "data/arithmetic/test_level04.parquet"}
     assert load(LearnerConfig, []).learner.harder_splits == DEFAULT_EVAL_SPLITS
+
+
+def test_the_curve_shows_reward_and_its_mean_and_each_split_with_whiskers(tmp_path):
+    """Issue 38: curve.png drew reward and accuracy on one axis, without whiskers, titled GRPO
+    for PPO runs."""
+    import matplotlib.image
+
+    ev = {"data": "d", "before": 0.25, "after": 0.5, "n": 8, "improved": 2, "regressed": 0, "delta": 0.25,
+          "margin_95": 0.3, "mcnemar_p": 0.5, "learned": False}
+    s = {"run_id": "r1", "model": "tiny", "algorithm": "ppo", "reward_per_step": [0.1, 0.3, 0.2, 0.4, 0.5, 0.6],
+         "eval": ev, "eval_splits": {"level04": ev}}
+    report.plot(s, tmp_path / "curve.png")
+    assert matplotlib.image.imread(tmp_path / "curve.png").shape[:2] == (360, 1000)   # two panels side by side
+    report.plot({**s, "eval_splits": {}, "eval": None} | {"eval": ev}, tmp_path / "one.png")
+    assert report.rolling_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert report.accuracy_margin(0.5, 100) == pytest.approx(0.098)
+    no_eval = {k: v for k, v in s.items() if k not in ("eval", "eval_splits")}
+    report.plot(no_eval, tmp_path / "reward.png")
+    assert matplotlib.image.imread(tmp_path / "reward.png").shape[:2] == (360, 600)
