@@ -3,7 +3,8 @@
 Each service instance is a child process with a stable instance id (`reward-0`, ...), so
 a restarted transactional worker fences its crashed predecessor at once. A child that
 exits unexpectedly is restarted with exponential backoff (1 s doubling to 30 s; reset
-after 60 s of healthy running). Output lines are prefixed with the instance name.
+after 60 s of healthy running). Output lines are prefixed with the instance name, and kept
+whole in `<log_dir>/<instance>.log` (`steadyrl logs <instance>`).
 A child marked `final` (the learner) that exits with status 0 and `is_done()` has finished
 its work: the whole stack stops (exit 0 without `is_done()` is a stop from outside: it is
 restarted). A child that exits with status 2 (configuration error) would fail the same way
@@ -59,10 +60,18 @@ class Child:
         return f"http://127.0.0.1:{self.port}"
 
 
-def _pump(prefix: str, stream: IO[bytes], out: TextIO) -> None:
-    for line in iter(stream.readline, b""):
-        out.write(f"{prefix} | {line.decode(errors='replace').rstrip()}\n")
-        out.flush()
+def _pump(prefix: str, stream: IO[bytes], out: TextIO, log: Path | None = None) -> None:
+    """Copy a child's output lines to `out`, prefixed, and whole to the file `log` (appended).
+    A line redrawn with carriage returns (a progress bar) shows on `out` as its last state."""
+    with open(log, "ab") if log is not None else contextlib.nullcontext() as f:
+        for line in iter(stream.readline, b""):
+            if f is not None:
+                f.write(line if line.endswith(b"\n") else line + b"\n")
+                f.flush()
+            text = line.decode(errors="replace").rstrip()
+            shown = next((part for part in reversed(text.split("\r")) if part.strip()), "")
+            out.write(f"{prefix} | {shown}\n")
+            out.flush()
     stream.close()
 
 
@@ -75,8 +84,9 @@ class Supervisor:
     """
 
     def __init__(self, children: list[Child], grace_s: float = 20.0, out: TextIO = sys.stdout,
-                 is_done: Callable[[], bool] = lambda: True) -> None:
+                 is_done: Callable[[], bool] = lambda: True, log_dir: Path | None = None) -> None:
         self.children = children
+        self.log_dir = log_dir   # each child's output also goes, whole, to <log_dir>/<name>.log
         self.is_done = is_done
         self.grace_s = grace_s
         self.out = out
@@ -92,7 +102,11 @@ class Supervisor:
                                   stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1", **c.env},
                                   preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         c.started_at = time.monotonic()
-        c.threads = [threading.Thread(target=_pump, args=(self._prefix[c.name], s, self.out), daemon=True)
+        log = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            log = self.log_dir / f"{c.name}.log"
+        c.threads = [threading.Thread(target=_pump, args=(self._prefix[c.name], s, self.out, log), daemon=True)
                      for s in (c.proc.stdout, c.proc.stderr)]
         for t in c.threads:
             t.start()
