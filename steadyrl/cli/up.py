@@ -138,6 +138,8 @@ def _check_up_args(args: argparse.Namespace) -> dict[str, int]:
     scale = _parse_scale(args.scale)
     if getattr(args, "from_verl", None):
         args.config = str(_from_verl(Path(args.from_verl), Path(args.state_dir), args.config))
+    if any(getattr(args, k, None) is not None for k in ("model", "data", "eval_data", "reward", "steps")):
+        args.config = str(_own_things(args))
     if args.broker_data and Path(args.broker_data).exists() and not Path(args.broker_data).is_dir():
         raise CliError(f"--broker-data {args.broker_data}: not a folder", 2)
     if args.config:
@@ -176,6 +178,44 @@ def _from_verl(verl_file: Path, state: Path, config: str | None) -> Path:
     print(f"verl config {verl_file} -> {out}:", flush=True)
     for note in notes:
         print(f"  {note}", flush=True)
+    return out
+
+
+def _own_things(args: argparse.Namespace) -> Path:
+    """--model, --data, --eval-data, --reward, --steps over the config (or the defaults), each
+    set everywhere it is read (the model: actor and learner; the reward: the reward server's
+    scorers and default, the learner's evaluation), written to `<state-dir>/up-config.yaml`,
+    which is returned. --data without --eval-data turns the evaluation off (the arithmetic test
+    set says nothing of another dataset), and says so. Raises CliError (2): unreadable config."""
+    import yaml  # lazy: only these flags read YAML here
+
+    try:
+        cfg = (yaml.safe_load(Path(args.config).read_text()) or {}) if args.config else {}
+    except (OSError, yaml.YAMLError) as e:
+        raise CliError(f"--config {args.config}: {type(e).__name__}: {e}", 2) from None
+    learner = cfg.setdefault("learner", {})
+    if args.model is not None:
+        cfg.setdefault("actor", {})["model"] = learner["model"] = args.model
+    if args.data is not None:
+        learner["data"] = args.data
+        if args.eval_data is None:
+            learner["eval_data"] = None
+            print("evaluation: none (--data without --eval-data; give --eval-data FILE to evaluate on your "
+                  "own held-out rows)", flush=True)
+    if args.eval_data is not None:
+        learner["eval_data"] = args.eval_data
+    if args.data is not None or args.eval_data is not None:
+        learner.setdefault("eval_splits", {})   # the default harder splits are the arithmetic set's
+    if args.reward is not None:
+        server = cfg.setdefault("reward_server", {})
+        server["scorers"] = [args.reward]
+        server["default_scorer"] = learner["eval_scorer"] = args.reward
+    if args.steps is not None:
+        learner["steps"] = args.steps
+    out = Path(args.state_dir) / "up-config.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"# written by `steadyrl up` from {args.config or 'the defaults'} and its flags\n"
+                   + yaml.safe_dump(cfg, sort_keys=False))
     return out
 
 
@@ -318,7 +358,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 final=svc == "learner", env=placement.child_env(places[svc.replace("-", "_")]),
                 cpus=placement.cpu_set(places[svc.replace("-", "_")])))
     # the learner exited 0: done, or only stopped from outside? (the one reader of a run's files)
-    sup = Supervisor(children, is_done=lambda: run_finished(state / "learner"))
+    sup = Supervisor(children, is_done=lambda: run_finished(state / "learner"), log_dir=state / "logs")
     progress = Progress(url["learner"])
     watch = BrokerWatch(lb) if lb is not None else None   # the broker up started: kept running
 
@@ -365,6 +405,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_common_options(sp, broker_opts=True)
     sp.add_argument("--scale", action="append", default=[], metavar="SERVICE=N")
     sp.add_argument("--config", help="YAML config passed to every service")
+    sp.add_argument("--model", help="the policy, for the actor and the learner: a local Hugging Face folder, "
+                                    "smollm2-135m-instruct or tiny")
+    sp.add_argument("--data", help="the training prompts: a verl parquet or a JSONL (docs/rl.md); without "
+                                   "--eval-data no evaluation runs")
+    sp.add_argument("--eval-data", help="held-out rows (same formats) for the greedy accuracy before and after")
+    sp.add_argument("--reward", help="the reward, for the reward server and the evaluation: a built-in name "
+                                     "(numeric_match, ...), module:function, or file.py:function (verl's signature)")
+    sp.add_argument("--steps", type=int, help="policy updates (learner.steps)")
     sp.add_argument("--from-verl", metavar="FILE", help="a verl config (ppo_trainer.yaml's names): translated "
                                                          "into <state-dir>/from-verl.yaml and run as --config; "
                                                          "what has no steadyrl equal is listed (docs/verl.md)")
