@@ -1,7 +1,7 @@
 """`steadyrl`: the command line for people (`steadyrl --help` lists the commands).
 
 One module per command or group (broker.py: broker, topics, schemas; up.py; ckpt.py; export.py;
-logs.py; quarantine.py; replay.py; eval.py; score.py), each with its `cmd_*` functions and an
+logs.py; quarantine.py; replay.py; eval.py; score.py; status.py), each with its `cmd_*` functions and an
 `add_parsers(sub)`; common.py holds what they share. What only one command needs (torch,
 transformers, confluent_kafka, the steadyrl modules of that command) is imported inside it,
 marked `# lazy:`, so `--help` stays fast. A command that cannot go on raises CliError; main()
@@ -16,7 +16,7 @@ import os
 import sys
 
 from steadyrl import __version__
-from steadyrl.cli import broker, ckpt, eval, export, logs, quarantine, replay, score, up
+from steadyrl.cli import broker, ckpt, eval, export, logs, quarantine, replay, score, status, up
 
 __all__ = ["BROKER_CHECK_S", "DEFAULT_STATE", "LOCAL_BOOTSTRAP", "SCALABLE", "SCALE_INPUT", "SERVICES",
            "SERVICE_PORTS", "CliError", "Progress", "_bootstrap", "_check_up_args", "_local_broker", "_parse_scale",
@@ -53,7 +53,7 @@ from steadyrl.cli.up import (
 )
 
 #: The command modules, in the order `steadyrl --help` lists their commands.
-COMMANDS = (broker, ckpt, export, logs, quarantine, replay, eval, score, up)
+COMMANDS = (broker, ckpt, export, logs, quarantine, replay, eval, score, status, up)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,54 @@
+"""`steadyrl status`: where the run under a `steadyrl up` state dir stands, from its files (the
+learner's state.json, history and checkpoints) and, while the learner answers, its /progress."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import httpx
+
+from steadyrl.cli.common import DEFAULT_STATE, CliError
+
+#: the learner's HTTP port before --port-offset (steadyrl/cli/up.py SERVICE_PORTS)
+LEARNER_PORT = 8400
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print the run's lines; exit 0. CliError (2) when the state dir holds no run."""
+    from steadyrl.runfolder import RunDir  # lazy: a command's own module, keeps `steadyrl --help` fast
+
+    try:
+        run = RunDir.of_up(args.state_dir)
+        step = run.step
+    except (FileNotFoundError, ValueError) as e:
+        raise CliError(f"no run under {Path(args.state_dir) / 'learner'}: {e}", 2) from None
+    try:
+        live = httpx.get(f"http://127.0.0.1:{LEARNER_PORT + args.port_offset}/progress", timeout=2.0).json()
+    except (httpx.HTTPError, ValueError):
+        live = {}
+    live = live if isinstance(live, dict) and live.get("run_id") == run.run_id else {}
+    history = run.history
+    steps = f"{step}/{live['steps']}" if "steps" in live else str(step)
+    state = "finished" if run.finished else (f"running ({live.get('phase')})" if live else "not running")
+    print(f"run {run.run_id}: step {steps}, {state}")
+    if history:
+        last = history[-1]
+        ago = time.time() - float(last.get("time", time.time()))
+        print(f"last step: reward {last['reward_mean']:.3f}, {last['seconds']:.1f} s, {ago:.0f} s ago")
+    latest = run.checkpoints / "LATEST"
+    print(f"last checkpoint: {latest.read_text().strip() if latest.is_file() else 'none'}")
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(run.counts.as_dict().items()) if v)
+    print(f"in flight {len(run.state.get('in_flight', {}))}, held {len(run.quarantined)}; "
+          f"counts: {counts or 'none'}")
+    print(f"folder {run.path}")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sp = sub.add_parser("status", help="where the run of a `steadyrl up` state dir stands (step, last reward, "
+                                       "checkpoint, counts)")
+    sp.add_argument("--state-dir", default=str(DEFAULT_STATE), help="`steadyrl up`'s state dir (default .steadyrl)")
+    sp.add_argument("--port-offset", type=int, default=0, help="up's --port-offset, to ask the learner live")
+    sp.set_defaults(fn=cmd_status)
