@@ -30,10 +30,10 @@ from typing import Any
 import httpx
 import yaml
 
+from steadyrl.cli.up import SERVICE_PORTS
 from steadyrl.runfolder import RunDir
 
-#: the learner's HTTP port before --port-offset (steadyrl/cli/up.py SERVICE_PORTS)
-LEARNER_PORT = 8400
+LEARNER_PORT = SERVICE_PORTS["learner"]   # before --port-offset
 
 
 class RunFailed(RuntimeError):

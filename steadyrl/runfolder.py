@@ -105,6 +105,10 @@ class Counts(Mapping[str, int]):
     def __repr__(self) -> str:
         return f"Counts({self._raw!r})"
 
+    def line(self) -> str:
+        """The non-zero counts as "name n, name n" by name ("" when all are zero or none)."""
+        return ", ".join(f"{k} {v}" for k, v in sorted(self._raw.items()) if v)
+
     def as_dict(self) -> dict[str, int]:
         """The counts as recorded in state.json (absent ones are not filled in)."""
         return dict(self._raw)

@@ -16,6 +16,7 @@ from scipy.stats import binomtest
 
 from steadyrl.files import write_atomic
 from steadyrl.rl.loop import evaluate as greedy_eval
+from steadyrl.runfolder import Counts
 from steadyrl.services.learner.config import LearnerSection, load_dataset, spread
 from steadyrl.services.learner.state import RunState
 
@@ -204,7 +205,7 @@ def write_summary(lc: LearnerSection, st: RunState, run_dir: Path) -> Path:
         lines.append(f"harder split {name} ({ev['data']}, greedy, n={ev['n']}): before {ev['before']:.4f}, "
                      f"after {ev['after']:.4f}, change {ev['delta']:+.4f} (95% margin +-{ev['margin_95']:.4f}, "
                      f"McNemar p={ev['mcnemar_p']:.3g}) -> {'LEARNED' if ev['learned'] else 'not above noise'}")
-    counts = ", ".join(f"{k} {v}" for k, v in sorted(s["counts"].items()) if v)
+    counts = Counts(s["counts"]).line()
     lines.append(f"counts: {counts or 'none (no bad rows, refusals, drops or held batches)'}")
     lines.append(f"summary {path}, curve {run_dir / 'curve.png'}; the trained weights as a model folder: "
                  f"steadyrl export {run_dir} latest <folder>")

@@ -10,9 +10,7 @@ from pathlib import Path
 import httpx
 
 from steadyrl.cli.common import DEFAULT_STATE, CliError
-
-#: the learner's HTTP port before --port-offset (steadyrl/cli/up.py SERVICE_PORTS)
-LEARNER_PORT = 8400
+from steadyrl.cli.up import SERVICE_PORTS
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -25,7 +23,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as e:
         raise CliError(f"no run under {Path(args.state_dir) / 'learner'}: {e}", 2) from None
     try:
-        live = httpx.get(f"http://127.0.0.1:{LEARNER_PORT + args.port_offset}/progress", timeout=2.0).json()
+        live = httpx.get(f"http://127.0.0.1:{SERVICE_PORTS['learner'] + args.port_offset}/progress", timeout=2.0).json()
     except (httpx.HTTPError, ValueError):
         live = {}
     live = live if isinstance(live, dict) and live.get("run_id") == run.run_id else {}
@@ -39,7 +37,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"last step: reward {last['reward_mean']:.3f}, {last['seconds']:.1f} s, {ago:.0f} s ago")
     latest = run.checkpoints / "LATEST"
     print(f"last checkpoint: {latest.read_text().strip() if latest.is_file() else 'none'}")
-    counts = ", ".join(f"{k} {v}" for k, v in sorted(run.counts.as_dict().items()) if v)
+    counts = run.counts.line()
     print(f"in flight {len(run.state.get('in_flight', {}))}, held {len(run.quarantined)}; "
           f"counts: {counts or 'none'}")
     print(f"folder {run.path}")
