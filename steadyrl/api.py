@@ -129,7 +129,7 @@ class Run:
         rc = self.proc.wait(timeout_s)
         if rc != 0:
             raise RunFailed(f"steadyrl up exited with {rc}; the end of {self.log_path}:\n{self.log()[-3000:]}")
-        return dict(yaml.safe_load((self.run_dir / "summary.json").read_text()))
+        return RunDir.of_up(self.state_dir).summary()
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM to `up` (it stops its services and the broker it started), then whatever of its
