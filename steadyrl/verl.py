@@ -65,8 +65,6 @@ VALUES: dict[str, Callable[[Any], Any]] = {
     "actor_rollout_ref.rollout.name": lambda v: {"hf": "torch"}.get(v, v),
     "trainer.logger": lambda v: [v] if isinstance(v, str) else list(v),
     "actor_rollout_ref.actor.kl_loss_type": lambda v: {"kl": "k1", "mse": "k2"}.get(v, v),
-    "data.train_files": lambda v: v,   # a list: see translate
-    "data.val_files": lambda v: v,
 }
 
 #: verl's top-level sections
