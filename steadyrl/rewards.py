@@ -116,8 +116,10 @@ def resolve_scorer(name: str) -> Scorer:
     try:
         owner = _from_file(module) if module.endswith(".py") else _import(module)
         fn: Scorer = getattr(owner, attr)
-    except (ImportError, AttributeError, OSError, SyntaxError) as e:
+    except (ImportError, AttributeError, OSError) as e:
         raise ValueError(f"scorer {name!r} not found: {type(e).__name__}: {e}") from None
+    except SyntaxError as e:
+        raise ValueError(f"scorer {name!r} cannot be loaded: SyntaxError: {e}") from None
     if not callable(fn):
         raise ValueError(f"scorer {name!r} is not callable")
     return fn

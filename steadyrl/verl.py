@@ -113,6 +113,8 @@ def translate(verl: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         for target in VERL_KEYS[key]:
             _set(cfg, target, value)
             notes.append(f"{key} -> {target} = {value!r}")
+    if "learner" in cfg and {"data", "eval_data"} & set(cfg["learner"]):
+        _set(cfg, "learner.eval_splits", {})   # the default harder splits are steadyrl's arithmetic set's
     mini = flat.get("actor_rollout_ref.actor.ppo_mini_batch_size")
     if mini is not None:   # verl counts prompts and multiplies by rollout.n; steadyrl counts sequences
         n = flat.get("actor_rollout_ref.rollout.n") or 1

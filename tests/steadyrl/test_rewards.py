@@ -79,7 +79,7 @@ def test_a_reward_file_given_by_path_loads_as_verl_names_it(tmp_path, monkeypatc
     with pytest.raises(ValueError, match="has no attribute 'missing'"):
         resolve_scorer("my_reward.py:missing")
     (tmp_path / "broken.py").write_text("def compute_score(:\n")
-    with pytest.raises(ValueError, match="SyntaxError"):
+    with pytest.raises(ValueError, match="'broken.py:compute_score' cannot be loaded: SyntaxError"):
         resolve_scorer("broken.py:compute_score")
 
 

@@ -37,6 +37,7 @@ def test_a_verl_config_translates_into_steadyrls_sections():
     assert lrn["train"]["mini_batch_size"] == 8        # verl's 2 prompts x rollout.n 4 = 8 sequences
     assert lrn["eval_scorer"] == cfg["reward_server"]["default_scorer"] == "my_reward.py:compute_score"
     assert cfg["reward_server"]["scorers"] == ["my_reward.py:compute_score"]
+    assert lrn["eval_splits"] == {}   # not steadyrl's arithmetic harder splits, scored by their reward
     assert "left out: actor_rollout_ref.actor.use_dynamic_bsz (no steadyrl equal; docs/verl.md)" in notes
     assert any(n.startswith("left out: trainer.n_gpus_per_node") for n in notes)
     with pytest.raises(ValueError, match="lists 2 files"):
