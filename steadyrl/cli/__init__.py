@@ -1,12 +1,12 @@
 """`steadyrl`: the command line for people (`steadyrl --help` lists the commands).
 
 One module per command or group (broker.py: broker, topics, schemas; up.py; ckpt.py; export.py;
-logs.py; quarantine.py; replay.py; eval.py; score.py; status.py), each with its `cmd_*` functions and an
-`add_parsers(sub)`; common.py holds what they share. What only one command needs (torch,
-transformers, confluent_kafka, the steadyrl modules of that command) is imported inside it,
-marked `# lazy:`, so `--help` stays fast. A command that cannot go on raises CliError; main()
-prints it as one `error: ...` line on stderr and exits 2 (a bad argument) or 1 (anything else),
-with no traceback.
+logs.py; quarantine.py; replay.py; eval.py; score.py; status.py; completion.py), each with its `cmd_*`
+functions and an `add_parsers(sub)` (completion's takes the whole parser too); common.py holds what
+they share. What only one command needs (torch, transformers, confluent_kafka, the steadyrl
+modules of that command) is imported inside it, marked `# lazy:`, so `--help` stays fast. A
+command that cannot go on raises CliError; main() prints it as one `error: ...` line on stderr
+and exits 2 (a bad argument) or 1 (anything else), with no traceback.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import sys
 
 from steadyrl import __version__
-from steadyrl.cli import broker, ckpt, eval, export, logs, quarantine, replay, score, status, up
+from steadyrl.cli import broker, ckpt, completion, eval, export, logs, quarantine, replay, score, status, up
 
 __all__ = ["BROKER_CHECK_S", "DEFAULT_STATE", "LOCAL_BOOTSTRAP", "SCALABLE", "SCALE_INPUT", "SERVICES",
            "SERVICE_PORTS", "CliError", "Progress", "_bootstrap", "_check_up_args", "_local_broker", "_parse_scale",
@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         module.add_parsers(sub)
+    completion.add_parsers(sub, p)   # last: its script is written from the whole parser
     p.description = f"steadyrl: the command line for people ({', '.join(sub.choices)})."
     return p
 

@@ -222,3 +222,14 @@ def test_version_is_the_installed_packages(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out == f"steadyrl {steadyrl.__version__}\n"
+
+
+def test_bash_completion_names_every_command(capsys):
+    """`steadyrl completion bash` is shtab's script of the real parser: every subcommand in it."""
+    commands = next(a for a in cli.build_parser()._actions if a.dest == "command").choices
+    assert cli.main(["completion", "bash"]) == 0
+    script = capsys.readouterr().out
+    listed = re.search(r"^_shtab_steadyrl_subparsers=\(([^)]*)\)$", script, re.M).group(1).split()
+    assert "completion" in commands and listed == list(commands)
+    assert all(f"_shtab_steadyrl_{name}_option_strings=(" in script for name in commands)
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0   # bash reads it
