@@ -157,7 +157,7 @@ class Learner:
         # /readyz's "progress" check and the stall and checkpoint gauges, computed at each scrape
         self.stall = Stall(lc.stall_factor, lc.stall_min_s, st.history)
         self.stall.export(lambda: self.progress["phase"], lambda: len(self.state.in_flight))
-        export_checkpoints(self.saver, lc.checkpoint_every)
+        export_checkpoints(self.saver, lc.checkpoint_every, lc.steps)
         blank_step_gauges()  # NaN, not 0 (a p-value of 0 reads as "significant"), until a step sets them
 
     def tracker_config(self) -> dict[str, Any]:

@@ -43,6 +43,12 @@ LAST_VERIFIED_CHECKPOINT = Gauge("steadyrl_learner_last_verified_checkpoint_step
                                  "Step of the newest checkpoint that verified after it was written (or that the "
                                  "resume verified); 0 before the run's first")
 CHECKPOINT_EVERY = Gauge("steadyrl_learner_checkpoint_every", "learner.checkpoint_every: steps between checkpoints")
+LAST_VERIFIED_CHECKPOINT_TIME = Gauge("steadyrl_learner_last_verified_checkpoint_timestamp_seconds",
+                                      "Unix time the newest verified checkpoint was written (its manifest.json's "
+                                      "mtime); NaN before the run's first")
+PLANNED_STEPS = Gauge("steadyrl_learner_planned_steps", "learner.steps: the step the run ends at (progress, ETA)")
+POLICY_LAG = Gauge("steadyrl_learner_policy_lag", "Policy versions between the weights that generated the last "
+                   "step's oldest group and the weights that step updated (0: on-policy)")
 
 #: The train/inference mismatch (steadyrl.rl.core.mismatch_metrics, over the step's fresh groups)
 #: and the TIS weights (where TrainConfig.rollout_is weighs): a step without them sets NaN, not
@@ -57,7 +63,7 @@ EXPORTED = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy
 def blank_step_gauges() -> None:
     """Per-step figures that mean nothing before a step or after the run: NaN, so alert rules
     (RewardStdHigh, KLDrift) see no value rather than a stale or a zero one."""
-    for g in (REWARD_MEAN, REWARD_STD, KL_SLOPE, KL_TREND_P, TOKENS_PER_S):
+    for g in (REWARD_MEAN, REWARD_STD, KL_SLOPE, KL_TREND_P, TOKENS_PER_S, POLICY_LAG):
         g.set(float("nan"))
 
 
@@ -84,6 +90,8 @@ def export_step(row: dict[str, Any], metrics: dict[str, float], batch: list[Scor
             REWARDS.observe(r)
     REWARD_STD.set(row["reward_std"])
     TOKENS_PER_S.set(row["tokens_per_s"])
+    if row["policy_versions"]:  # the step updated version row["step"] - 1
+        POLICY_LAG.set(row["step"] - 1 - min(row["policy_versions"]))
     for k in EXPORTED:
         if k in metrics:
             TRAIN_METRIC.labels(k).set(metrics[k])
@@ -91,11 +99,27 @@ def export_step(row: dict[str, Any], metrics: dict[str, float], batch: list[Scor
             TRAIN_METRIC.labels(k).set(float("nan"))
 
 
-def export_checkpoints(saver: AsyncCheckpointer, every: int) -> None:
-    """The checkpoint gauges: the newest verified step, read from `saver` (an
-    AsyncCheckpointer) at each scrape, and learner.checkpoint_every."""
+def export_checkpoints(saver: AsyncCheckpointer, every: int, steps: int) -> None:
+    """The checkpoint gauges: the newest verified step and when it was written, read from
+    `saver` (an AsyncCheckpointer) at each scrape, and learner.checkpoint_every; and
+    learner.steps (`steps`), the run's planned end."""
     LAST_VERIFIED_CHECKPOINT.set_function(lambda: float(saver.last_verified_step or 0))
+    LAST_VERIFIED_CHECKPOINT_TIME.set_function(lambda: verified_at(saver))
     CHECKPOINT_EVERY.set(every)
+    PLANNED_STEPS.set(steps)
+
+
+def verified_at(saver: AsyncCheckpointer) -> float:
+    """Unix time the newest verified checkpoint of `saver` was written (the mtime of its
+    manifest.json, the last file written before the folder is renamed into place); NaN when
+    none verified or the folder is gone."""
+    step = saver.last_verified_step
+    if step is None:
+        return float("nan")
+    try:
+        return (saver.root / f"step_{step:06d}" / "manifest.json").stat().st_mtime
+    except OSError:
+        return float("nan")
 
 
 def count_trained(st: RunState, metrics: dict[str, float], groups: list[ScoredGroup]) -> None:

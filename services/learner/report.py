@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("steadyrl.learner")
 
 EVAL_ACCURACY = Gauge("steadyrl_learner_eval_accuracy", "Greedy test-split accuracy", ["when"])
+EVAL_SPLIT_ACCURACY = Gauge("steadyrl_learner_eval_split_accuracy", "Greedy accuracy on each harder test split "
+                            "(learner.eval_splits)", ["split", "when"])
 
 
 def paired_margin(before: list[bool], after: list[bool]) -> dict[str, Any]:
@@ -144,6 +146,7 @@ def evaluate_splits(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: 
         if names is not None and name not in names:
             continue
         out[name] = {"data": spec, **_greedy(lc, spec, lc.eval_splits_limit, model, tok, beat, keyed)}
+        EVAL_SPLIT_ACCURACY.labels(name, when).set(out[name]["accuracy"])
         log.info("evaluation", extra={"when": when, "split": name, "accuracy": out[name]["accuracy"],
                                       "n": out[name]["n"]})
     return out
