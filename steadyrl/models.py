@@ -9,7 +9,9 @@ pad and EOS set). Names:
   `~/.cache/steadyrl`) so later loads skip the conversion. A model loaded
   from GGUF refuses `save_pretrained` ("quantized"); a fresh model built from its config
   without `quantization_config`, given the same state dict, has identical logits.
-- a local directory with a Hugging Face model (safetensors only).
+- a local directory with a Hugging Face model (safetensors only), or a Hugging Face Hub id
+  (`owner/name`): its folder in the Hugging Face cache (steadyrl.stack.resolve_model: downloaded
+  when not cached, unless HF_HUB_OFFLINE is set).
 - `tiny`: a 2-layer Llama built from a config, with a character tokenizer over digits and a
   few symbols (tests and the synthetic task).
 """
@@ -33,6 +35,7 @@ from tokenizers.models import WordLevel
 from steadyrl.assets import user_cache_dir
 from steadyrl.stack import SMOLLM2 as SMOLLM2  # re-exported: the names load_policy knows
 from steadyrl.stack import TINY as TINY
+from steadyrl.stack import resolve_model
 
 if TYPE_CHECKING:
     from transformers import (
@@ -192,19 +195,21 @@ def state_dict_mismatch(model: torch.nn.Module, weights: dict[str, torch.Tensor]
 
 def load_policy(name: str, dtype: torch.dtype = torch.float32,
                 seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """`(model, tokenizer)` for `smollm2-135m-instruct`, `tiny`, or a local HF directory.
+    """`(model, tokenizer)` for `smollm2-135m-instruct`, `tiny`, a local HF directory or a Hub id
+    (resolve_model).
 
     Raises:
-        FileNotFoundError: unknown name and no such directory.
+        FileNotFoundError: unknown name, no such directory, or a Hub id that cannot be had.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: heavy (transformers); configs import this
 
     if name == TINY:
         tok = tiny_tokenizer()
         return tiny_model(len(tok), seed=seed), tok
-    path = smollm2_cached(dtype) if name == SMOLLM2 else Path(name)
-    if not path.is_dir():
-        raise FileNotFoundError(f"model {name!r}: not {SMOLLM2!r}, {TINY!r}, or a local directory")
+    try:
+        path = smollm2_cached(dtype) if name == SMOLLM2 else Path(resolve_model(name))
+    except ValueError as e:
+        raise FileNotFoundError(str(e)) from None
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True)
     tok = _prepare_tokenizer(AutoTokenizer.from_pretrained(path))
     return model, tok

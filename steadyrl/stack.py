@@ -17,6 +17,8 @@ YAML < `STEADYRL_<SECTION>__<FIELD>`; what it does not know of a section is left
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import ClassVar, Literal, Self
 
@@ -36,17 +38,85 @@ class StackError(ValueError):
     """Stack settings that cannot be read; the message names each offending field."""
 
 
-#: The models steadyrl.models.load_policy knows by name (any other is a local Hugging Face folder).
+#: The models steadyrl.models.load_policy knows by name (any other is a local Hugging Face folder,
+#: or a Hub id that resolve_model turns into its folder in the Hugging Face cache).
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny"
+#: A Hugging Face Hub model id, `owner/name` (what `hf download` takes).
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9_]")
+_TRUE = {"1", "ON", "YES", "TRUE"}   # huggingface_hub's spelling of a true environment flag
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face cache folder, as huggingface_hub finds it, read when called (not at import):
+    HF_HUB_CACHE, else HF_HOME/hub, else $XDG_CACHE_HOME (~/.cache)/huggingface/hub."""
+    env = os.environ
+    if env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE"):
+        return Path(env.get("HF_HUB_CACHE") or env["HUGGINGFACE_HUB_CACHE"]).expanduser()
+    home = env.get("HF_HOME") or str(Path(env.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE is set (1, ON, YES or TRUE): only cached or local models load."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in _TRUE
+
+
+def resolve_model(name: str) -> str:
+    """The model a configuration names, as load_policy loads it: `smollm2-135m-instruct`, `tiny`
+    and an existing local folder unchanged; a Hugging Face Hub id (`owner/name`) as its snapshot
+    folder in the Hugging Face cache (hf_cache_dir). The cached snapshot is used when there is
+    one (so every process of a stack resolves the id to the same folder); else it is downloaded,
+    unless HF_HUB_OFFLINE is set.
+
+    Raises ValueError: neither a known name, a folder nor a Hub id; or a Hub id that is not
+    cached while the hub is offline, unreachable or does not have it (the message says how to
+    download it ahead and where the cache is)."""
+    if name in (SMOLLM2, TINY) or Path(name).is_dir():
+        return name
+    if not HUB_ID.fullmatch(name):
+        raise ValueError(f"model {name!r}: not {SMOLLM2!r}, {TINY!r}, a local folder (relative paths start at "
+                         f"{Path.cwd()}) or a Hugging Face Hub id (owner/name)")
+    return str(_hub_snapshot(name))
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    """The cached snapshot folder of the Hub model `repo_id`, downloaded first when not cached and
+    the hub may be asked. Raises ValueError (see resolve_model)."""
+    from huggingface_hub import snapshot_download  # lazy: heavy (huggingface_hub); configs import this module
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError  # lazy: as above
+
+    cache = hf_cache_dir()
+    missing = f"model {repo_id!r}: not a local folder, and not in the Hugging Face cache ({cache})"
+    ahead = (f"download it ahead with `hf download {repo_id}` (older huggingface_hub: `huggingface-cli download "
+             f"{repo_id}`; HF_HUB_CACHE or HF_HOME choose the cache), or give its local folder")
+    try:
+        folder = snapshot_download(repo_id, cache_dir=cache, local_files_only=True)
+    except LocalEntryNotFoundError:
+        if hub_offline():
+            raise ValueError(f"{missing}; HF_HUB_OFFLINE is set: here only cached or local models can load; "
+                             f"{ahead}") from None
+        try:
+            folder = snapshot_download(repo_id, cache_dir=cache)
+        except LocalEntryNotFoundError:   # what snapshot_download raises when the hub cannot be reached
+            raise ValueError(f"{missing}; the Hugging Face Hub cannot be reached: here only cached or local models "
+                             f"can load; {ahead}") from None
+        except (HfHubHTTPError, OSError) as e:
+            raise ValueError(f"{missing}; the Hugging Face Hub answered {type(e).__name__}: "
+                             f"{str(e).strip().splitlines()[0] if str(e).strip() else '-'} (a gated model needs "
+                             f"`hf auth login`); {ahead}") from None
+    path = Path(str(folder))
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model {repo_id!r}: its cached snapshot {path} has no config.json (an incomplete "
+                         f"download?): `hf download {repo_id}` completes it")
+    return path
 
 
 def check_model_name(name: str) -> None:
     """Raise ValueError unless `name` is one load_policy can load: `smollm2-135m-instruct`,
-    `tiny`, or an existing local folder (a configuration's model, checked at start)."""
-    if name not in (SMOLLM2, TINY) and not Path(name).is_dir():
-        raise ValueError(f"model {name!r}: not {SMOLLM2!r}, {TINY!r}, or a local folder "
-                         f"(relative paths start at {Path.cwd()})")
+    `tiny`, an existing local folder, or a Hub id in (or downloadable to) the Hugging Face
+    cache (resolve_model)."""
+    resolve_model(name)
 
 
 class PolicyModel(BaseModel):
@@ -59,14 +129,14 @@ class PolicyModel(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str = Field(SMOLLM2, description="smollm2-135m-instruct, tiny, or a local HF dir; the actor's and the "
-                                            "learner's must be the same.")
+    model: str = Field(SMOLLM2, description="smollm2-135m-instruct, tiny, a local HF dir, or a Hugging Face Hub "
+                                            "id (owner/name: its folder in the HF cache, downloaded unless "
+                                            "HF_HUB_OFFLINE); the actor's and the learner's must be the same.")
 
     @field_validator("model")
     @classmethod
     def _model_exists(cls, v: str) -> str:
-        check_model_name(v)
-        return v
+        return resolve_model(v)   # a Hub id becomes its cached folder, here where the config is read
 
 
 class VLLMStack(BaseModel):
@@ -167,6 +237,9 @@ def load_stack(config: str | Path | None) -> StackSettings:
     except yaml.YAMLError as e:
         raise StackError(f"config file {path} is not valid YAML: {e}") from None
     except ValidationError as e:
-        lines = [f"  {'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
-                 f"{verl.hint(err['loc']) if err['type'] == 'extra_forbidden' else ''}" for err in e.errors()]
+        said: dict[str, list[str]] = {}   # one message, once: a Hub model refused for actor and learner
+        for err in e.errors():
+            msg = f"{err['msg']}{verl.hint(err['loc']) if err['type'] == 'extra_forbidden' else ''}"
+            said.setdefault(msg, []).append(".".join(str(p) for p in err["loc"]) or "settings")
+        lines = [f"  {', '.join(fields)}: {msg}" for msg, fields in said.items()]
         raise StackError("invalid stack settings:\n" + "\n".join(lines)) from None

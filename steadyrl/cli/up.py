@@ -405,7 +405,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     add_common_options(sp, broker_opts=True)
     sp.add_argument("--scale", action="append", default=[], metavar="SERVICE=N")
     sp.add_argument("--config", help="YAML config passed to every service")
-    sp.add_argument("--model", help="the policy, for the actor and the learner: a local Hugging Face folder, "
+    sp.add_argument("--model", help="the policy, for the actor and the learner: a local Hugging Face folder, a "
+                                    "Hub id (owner/name, from the HF cache; HF_HUB_OFFLINE honoured), "
                                     "smollm2-135m-instruct or tiny")
     sp.add_argument("--data", help="the training prompts: a verl parquet or a JSONL (docs/rl.md); without "
                                    "--eval-data no evaluation runs")

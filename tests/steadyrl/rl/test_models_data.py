@@ -27,7 +27,7 @@ def test_smollm2_cache_gives_identical_logits(tmp_path, monkeypatch):
 
 
 def test_unknown_model_name():
-    with pytest.raises(FileNotFoundError, match="not 'smollm2-135m-instruct', 'tiny', or a local directory"):
+    with pytest.raises(FileNotFoundError, match="not 'smollm2-135m-instruct', 'tiny', a local folder"):
         load_policy("no-such-model")
 
 
