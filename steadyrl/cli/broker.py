@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from steadyrl import acl
 from steadyrl import broker as b
@@ -21,9 +22,18 @@ from steadyrl.topics import create_topics, list_topics
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
+    try:
+        return _broker(args)
+    except b.BrokerError as e:   # no Maven, no Java, a broker that does not start: one line, no traceback
+        raise CliError(str(e)) from None
+
+
+def _broker(args: argparse.Namespace) -> int:
     if args.action == "fetch":
-        print(b.fetch())
+        print(b.fetch(release=args.from_release))
         return 0
+    if args.from_release is not None:
+        raise CliError("--from-release goes with `steadyrl broker fetch`", code=2)
     lb = _local_broker(args)
     if args.action == "start":
         b.fetch()
@@ -108,6 +118,9 @@ def cmd_schemas(args: argparse.Namespace) -> int:
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp = sub.add_parser("broker", help="the local single-node Kafka broker")
     sp.add_argument("action", choices=["fetch", "start", "stop", "status"])
+    sp.add_argument("--from-release", type=Path, metavar="TGZ_OR_DIR",
+                    help="fetch: copy the jars from Apache's binary release of the broker's Kafka version "
+                         "(kafka_2.13-<version>.tgz, or its unpacked folder) instead of running Maven")
     add_common_options(sp, broker_opts=True)
     sp.set_defaults(fn=cmd_broker)
 
