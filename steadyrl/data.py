@@ -3,6 +3,9 @@
 verl parquet columns: `data_source`, `prompt` (chat list of {role, content}), `ability`,
 `reward_model` {style, ground_truth}, `extra_info` {split, index, ...}.
 JSONL: either those fields, or `question` + `answer` (the question becomes one user turn).
+Several files are one dataset, their rows concatenated in the order given (`load_rows`). Each row
+knows where it came from (`source`, and `row`: its number in that file counting from 1, a
+JSONL's line number), so a bad row is named as a user finds it (`where`).
 
 The default data set ships with the package (`data/arithmetic/` in the checkout, DATA_DIR
 wherever steadyrl is installed): a relative path under `data/` that names no file in the
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -43,15 +47,33 @@ class PromptRow:
     data_source: str = ""
     ability: str = ""
     extra_info: dict[str, Any] = field(default_factory=dict)
+    #: the file it was read from ("" when made in code) and its row there, counting from 1 (a
+    #: JSONL's line number); not part of the row's value
+    source: str = field(default="", compare=False, repr=False)
+    row: int = field(default=0, compare=False, repr=False)
 
 
 class RowError(ValueError):
     """One dataset row that is not a prompt: `field` names the part (e.g. `prompt[1].content`),
-    the message says why."""
+    the message says why; `source` and `row` say where it is, as PromptRow's do."""
 
     def __init__(self, field: str, reason: str):
         super().__init__(f"{field}: {reason}")
         self.field, self.reason = field, reason
+        self.source, self.row = "", 0
+
+
+def where(row: PromptRow | RowError, index: int) -> str:
+    """A row's place as a user finds it: `file row N` (N from 1, a JSONL's line), or `row N`
+    (index + 1) for a row made in code."""
+    if row.source:
+        return f"{row.source} row {row.row}"
+    return f"row {index + 1}"
+
+
+def _at(row: PromptRow | RowError, source: str | Path, n: int) -> PromptRow | RowError:
+    row.source, row.row = str(source), n
+    return row
 
 
 def _messages(prompt: Any) -> list[dict[str, str]]:
@@ -93,7 +115,7 @@ def read_parquet(path: str | Path, lenient: Literal[False] = False) -> list[Prom
 def read_parquet(path: str | Path, lenient: bool) -> list[PromptRow | RowError]: ...
 def read_parquet(path: str | Path, lenient: bool = False) -> list[PromptRow] | list[PromptRow | RowError]:
     """Rows of a verl-format parquet file. Raises KeyError naming a missing column, and
-    ValueError naming the first row that is not a prompt (its index and field); with
+    ValueError naming the first row that is not a prompt (its number, from 1, and field); with
     `lenient`, such a row is a RowError in the list instead (at its index)."""
     import pyarrow.parquet as pq  # type: ignore[import-untyped]  # lazy: heavy (pyarrow), parquet only; it has no stubs
 
@@ -102,13 +124,13 @@ def read_parquet(path: str | Path, lenient: bool = False) -> list[PromptRow] | l
         if col not in table.column_names:
             raise KeyError(f"{path}: verl parquet needs column {col!r}, has {table.column_names}")
     rows: list[PromptRow | RowError] = []
-    for i, rec in enumerate(table.to_pylist()):
+    for n, rec in enumerate(table.to_pylist(), 1):
         try:
-            rows.append(_from_verl(rec))
+            rows.append(_at(_from_verl(rec), path, n))
         except RowError as e:
             if not lenient:
-                raise ValueError(f"{path}: row {i}: {e}") from None
-            rows.append(e)
+                raise ValueError(f"{path} row {n}: {e}") from None
+            rows.append(_at(e, path, n))
     return rows
 
 
@@ -141,7 +163,7 @@ def read_jsonl(path: str | Path, instruction: str = INSTRUCTION,
             if not isinstance(rec, dict):
                 raise RowError("line", f"expected a JSON object, got {type(rec).__name__}")
             if "prompt" in rec:
-                rows.append(_from_verl(rec))
+                rows.append(_at(_from_verl(rec), path, n))
             else:
                 for key in ("question", "answer"):
                     if key not in rec:
@@ -150,21 +172,37 @@ def read_jsonl(path: str | Path, instruction: str = INSTRUCTION,
                     raise RowError("question", f"expected text, got {type(rec['question']).__name__}")
                 q = f"{rec['question']} {instruction}".strip()
                 rows.append(PromptRow(messages=[{"role": "user", "content": q}], ground_truth=str(rec["answer"]),
-                                      data_source=rec.get("data_source") or rec.get("module") or "jsonl"))
+                                      data_source=rec.get("data_source") or rec.get("module") or "jsonl",
+                                      source=str(path), row=n))
         except RowError as e:
             if not lenient:
                 raise ValueError(f"{path}:{n}: not a verl record nor question/answer: {e}") from None
-            rows.append(e)
+            rows.append(_at(e, path, n))
     return rows
 
 
+#: One dataset file, or several read as one (their rows concatenated in the order given).
+Paths = str | Path | Sequence[str | Path]
+
+
+def paths_of(paths: Paths) -> list[str | Path]:
+    """`paths` as a list of files (one path: a list of one)."""
+    return [paths] if isinstance(paths, (str, Path)) else list(paths)
+
+
 @overload
-def load_rows(path: str | Path, lenient: Literal[False] = False) -> list[PromptRow]: ...
+def load_rows(path: Paths, lenient: Literal[False] = False) -> list[PromptRow]: ...
 @overload
-def load_rows(path: str | Path, lenient: bool) -> list[PromptRow | RowError]: ...
-def load_rows(path: str | Path, lenient: bool = False) -> list[PromptRow] | list[PromptRow | RowError]:
+def load_rows(path: Paths, lenient: bool) -> list[PromptRow | RowError]: ...
+def load_rows(path: Paths, lenient: bool = False) -> list[PromptRow] | list[PromptRow | RowError]:
     """By extension: .parquet or .jsonl (see read_parquet, read_jsonl: `lenient` keeps a bad
-    row as a RowError at its index instead of raising); `path` as `dataset_path` resolves it."""
+    row as a RowError at its index instead of raising); `path` as `dataset_path` resolves it.
+    Several paths: their rows concatenated in the order given, each row knowing its file."""
+    if not isinstance(path, (str, Path)):
+        rows: list[PromptRow | RowError] = []
+        for one in path:
+            rows.extend(load_rows(one, lenient=True) if lenient else load_rows(one))
+        return rows
     p = dataset_path(path)
     if p.suffix == ".parquet":
         return read_parquet(p, lenient)

@@ -90,8 +90,8 @@ def _set(cfg: dict[str, Any], dotted: str, value: Any) -> None:
 def translate(verl: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """steadyrl's config (sections actor, learner, reward_server) from a verl config dict, and
     notes: what was mapped (`verl.key -> steadyrl.key = value`) and each verl key left out with
-    why. `None` values (verl's "unset") are left out. Raises ValueError when data.train_files or
-    data.val_files lists more than one file (steadyrl reads one dataset each)."""
+    why. `None` values (verl's "unset") are left out. data.train_files and data.val_files may list
+    several files, as steadyrl's learner.data and learner.eval_data do (one file: that file)."""
     cfg: dict[str, Any] = {}
     notes: list[str] = []
     flat = dict(_flat(verl))
@@ -106,9 +106,7 @@ def translate(verl: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         if value is None:
             continue
         value = VALUES.get(key, lambda v: v)(value)
-        if key in ("data.train_files", "data.val_files") and isinstance(value, list):
-            if len(value) != 1:
-                raise ValueError(f"{key} lists {len(value)} files; steadyrl reads one: join them into one parquet")
+        if key in ("data.train_files", "data.val_files") and isinstance(value, list) and len(value) == 1:
             value = value[0]
         for target in VERL_KEYS[key]:
             _set(cfg, target, value)

@@ -39,6 +39,22 @@ def check_dataset(v: str) -> str:
     return v
 
 
+def check_datasets(v: str | list[str]) -> str | list[str]:
+    """`v` if each file it names passes check_dataset: one dataset, or several read as one (their
+    rows concatenated in the order given); a list of one is that one (as a resume compares it)."""
+    if isinstance(v, str):
+        return check_dataset(v)
+    if not v:
+        raise ValueError("an empty list: give one dataset or several")
+    files = [check_dataset(one) for one in v]
+    return files[0] if len(files) == 1 else files
+
+
+def data_label(spec: str | list[str]) -> str:
+    """A dataset setting as a person reads it: the file, or the files joined by ', '."""
+    return spec if isinstance(spec, str) else ", ".join(spec)
+
+
 class LearnerSection(LearnerStack):
     """The learner's own settings (the defaults are `make run`: SmolLM2 on the arithmetic set),
     beside those `steadyrl up` and the actor read too (`LearnerStack`: model, max_staleness,
@@ -46,9 +62,12 @@ class LearnerSection(LearnerStack):
 
     model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
-    data: str = Field("data/arithmetic/train.parquet", description="verl parquet, JSONL, or tiny_copy:N.")
-    eval_data: str | None = Field("data/arithmetic/test.parquet",
-                                  description="Greedy accuracy before and after training (None: skip).")
+    data: str | list[str] = Field("data/arithmetic/train.parquet",
+                                  description="verl parquet, JSONL, or tiny_copy:N; a list: several files, "
+                                              "their rows concatenated in the order given.")
+    eval_data: str | list[str] | None = Field("data/arithmetic/test.parquet",
+                                              description="Greedy accuracy before and after training (None: "
+                                                          "skip); a list as data.")
     eval_limit: int = Field(0, ge=0, description="Rows of eval_data, spread evenly (0: all).")
     # None, not the defaults, as the field's default: the config loader merges a value given
     # for a field into a dict default (steadyrl/config.py, partial updates of nested defaults),
@@ -155,8 +174,8 @@ class LearnerSection(LearnerStack):
 
     @field_validator("data", "eval_data")
     @classmethod
-    def _dataset_exists(cls, v: str | None) -> str | None:
-        return v if v is None else check_dataset(v)
+    def _dataset_exists(cls, v: str | list[str] | None) -> str | list[str] | None:
+        return v if v is None else check_datasets(v)
 
     @field_validator("eval_splits")
     @classmethod
@@ -250,10 +269,13 @@ class LearnerConfig(ServiceConfig):
         return self
 
 
-def load_dataset(spec: str, lenient: bool = False) -> list[Any]:
-    """Rows of `spec`: a file (see steadyrl.data.load_rows) or `tiny_copy:N`; with `lenient`, a
-    row that is not a prompt is a steadyrl.data.RowError at its index instead of an error.
-    Typed list[Any] as steadyrl.data.load_rows types its rows: PromptRows (and RowErrors)."""
+def load_dataset(spec: str | list[str], lenient: bool = False) -> list[Any]:
+    """Rows of `spec`: a file (see steadyrl.data.load_rows) or `tiny_copy:N`, or a list of them
+    (rows concatenated in the order given); with `lenient`, a row that is not a prompt is a
+    steadyrl.data.RowError at its index instead of an error. Typed list[Any] as
+    steadyrl.data.load_rows types its rows: PromptRows (and RowErrors)."""
+    if not isinstance(spec, str):
+        return [row for one in spec for row in load_dataset(one, lenient)]
     if spec.startswith("tiny_copy:"):
         return tiny_copy_rows(int(spec.split(":", 1)[1]), seed=0)
     return load_rows(spec, lenient)

@@ -42,7 +42,7 @@ from steadyrl.rollout_cache import rows_of
 from steadyrl.runfolder import Count
 from steadyrl.services.learner import disk, report, rows
 from steadyrl.services.learner.buffer import next_batch
-from steadyrl.services.learner.config import LearnerConfig, load_dataset
+from steadyrl.services.learner.config import LearnerConfig, data_label, load_dataset
 from steadyrl.services.learner.drift import ParamDrift
 from steadyrl.services.learner.feeder import IN_FLIGHT, Feeder
 from steadyrl.services.learner.intake import BUFFER_SIZE, Intake, open_consumer
@@ -85,10 +85,11 @@ class Learner:
         try:  # a row that is not a prompt is a RowError, left out; a file that is not a dataset stops here
             self.rows = load_dataset(lc.data, lenient=True)
         except Exception as e:  # noqa: BLE001 - any reader's error: a ConfigError naming the file
-            raise ConfigError(f"learner.data {lc.data}: cannot be read as a dataset: {type(e).__name__}: {e}") from None
+            raise ConfigError(f"learner.data {data_label(lc.data)}: cannot be read as a dataset: {type(e).__name__}: "
+                              f"{e}") from None
         if len(self.rows) < lc.prompts_per_step:  # before the broker is asked and the model loads
-            raise ConfigError(f"learner.data {lc.data} has {len(self.rows)} rows < learner.prompts_per_step "
-                              f"{lc.prompts_per_step}")
+            raise ConfigError(f"learner.data {data_label(lc.data)} has {len(self.rows)} rows < "
+                              f"learner.prompts_per_step {lc.prompts_per_step}")
         self.topics = {t: topic_name(t, cfg.topic_prefix) for t in TOPICS}
         # Asked first: a broker not up yet costs no model load (resume.py: the fingerprint).
         self.fingerprint = {**lc.fingerprint(), "topic_prefix": cfg.topic_prefix,

@@ -17,7 +17,7 @@ from scipy.stats import binomtest
 from steadyrl.files import write_atomic
 from steadyrl.rl.loop import evaluate as greedy_eval
 from steadyrl.runfolder import Counts
-from steadyrl.services.learner.config import LearnerSection, load_dataset, spread
+from steadyrl.services.learner.config import LearnerSection, data_label, load_dataset, spread
 from steadyrl.services.learner.state import RunState
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def cache_key(lc: LearnerSection, rows: list[Any], tok: Any, digest: str) -> str
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _greedy(lc: LearnerSection, spec: str, limit: int, model: torch.nn.Module, tok: Any,
+def _greedy(lc: LearnerSection, spec: str | list[str], limit: int, model: torch.nn.Module, tok: Any,
             beat: Callable[[], None], cache: tuple[Path, str] | None = None) -> dict[str, Any]:
     """Greedy accuracy of `model` on `limit` rows of `spec`. With `cache` (a folder, and
     weights_digest of `model`), a result cached there under the same cache_key is returned
@@ -196,7 +196,7 @@ def write_summary(lc: LearnerSection, st: RunState, run_dir: Path) -> Path:
         plot(s, run_dir / "curve.png")
     except Exception as e:  # noqa: BLE001 - a missing font (any plotting error) must not fail the run
         log.warning("curve not drawn", extra={"error": str(e)})
-    lines = [f"run {s['run_id']}: {s['steps']} steps of {lc.model} on {lc.data} "
+    lines = [f"run {s['run_id']}: {s['steps']} steps of {lc.model} on {data_label(lc.data)} "
              f"(B={s['prompts_per_step']} x G={s['group_size']}, max_staleness {s['max_staleness']})",
              "reward per step: " + " ".join(f"{r:.2f}" for r in s["reward_per_step"])]
     if "eval" in s:

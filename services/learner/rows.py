@@ -6,9 +6,10 @@ given as a string fails here), its size is checked against rl.prompts' largest r
 its chat is tokenized with the model's template and checked against the actor's limits
 (`GenerationLimits`: `max_prompt_tokens`) and the model's context (prompt + max_new_tokens).
 A bad row is left out of the run: never published, so it costs nothing later. The bad rows
-are written to `<run>/bad_rows.jsonl` (index, field, reason), the first few logged, and
-counted; when fewer good rows are left than one step needs, the learner stops with exit 2
-(`ConfigError`) naming the file and the first reasons.
+are written to `<run>/bad_rows.jsonl` (index, field, reason, and where: the file and the row
+number in it, counting from 1), the first few logged, and counted; when fewer good rows are left
+than one step needs, the learner stops with exit 2 (`ConfigError`) naming the file and the first
+reasons.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,10 @@ from pydantic import ValidationError
 from steadyrl import codec
 from steadyrl.config import ConfigError
 from steadyrl.contracts import Prompt
-from steadyrl.data import PromptRow, RowError
+from steadyrl.data import PromptRow, RowError, where
 from steadyrl.limits import GenerationLimits
 from steadyrl.rl.loop import encode_prompt, prompt_seed
-from steadyrl.services.learner.config import LearnerSection
+from steadyrl.services.learner.config import LearnerSection, data_label
 from steadyrl.topics import load_catalogue
 
 log = logging.getLogger("steadyrl.learner")
@@ -42,11 +43,16 @@ LOGGED = 5
 
 @dataclass(frozen=True)
 class BadRow:
-    """A dataset row the run leaves out: its index, the field at fault and why."""
+    """A dataset row the run leaves out: its index (in the whole dataset, from 0), the field at
+    fault and why; `where` names it as a user finds it (`file row N`, N from 1)."""
 
     index: int
     field: str
     reason: str
+    where: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.where or f'row {self.index + 1}'}: {self.field}: {self.reason}"
 
 
 def prompt_record(lc: LearnerSection, row: PromptRow, pid: str, epoch: int, index: int, attempt: int,
@@ -73,7 +79,15 @@ def _field(loc: tuple[int | str, ...]) -> str:
 
 def check_row(lc: LearnerSection, row: PromptRow | RowError, index: int, tokenizer: Any, context: int | None,
               limits: GenerationLimits, max_record_bytes: int) -> BadRow | None:
-    """Why row `index` cannot be served (the first reason), or None when it can."""
+    """Why row `index` cannot be served (the first reason, and where the row is), or None when
+    it can."""
+    bad = _why(lc, row, index, tokenizer, context, limits, max_record_bytes)
+    return None if bad is None else replace(bad, where=where(row, index))
+
+
+def _why(lc: LearnerSection, row: PromptRow | RowError, index: int, tokenizer: Any, context: int | None,
+         limits: GenerationLimits, max_record_bytes: int) -> BadRow | None:
+    """check_row's reason, without where."""
     if isinstance(row, RowError):
         return BadRow(index, row.field, row.reason)
     try:
@@ -112,13 +126,13 @@ def check_rows(lc: LearnerSection, rows: Sequence[PromptRow | RowError], tokeniz
     max_bytes = load_catalogue()["rl.prompts"].max_message_bytes
     bad = [b for i, row in enumerate(rows)
            if (b := check_row(lc, row, i, tokenizer, context, limits, max_bytes)) is not None]
-    log.info("dataset checked", extra={"data": lc.data, "rows": len(rows), "bad": len(bad),
+    log.info("dataset checked", extra={"data": data_label(lc.data), "rows": len(rows), "bad": len(bad),
                                        "seconds": round(time.monotonic() - t0, 2)})
     return bad
 
 
 def write_report(bad: list[BadRow], folder: Path) -> Path:
-    """`<folder>/bad_rows.jsonl`: one line per bad row (index, field, reason)."""
+    """`<folder>/bad_rows.jsonl`: one line per bad row (index, field, reason, where)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "bad_rows.jsonl"
     path.write_text("".join(json.dumps(asdict(b)) + "\n" for b in bad))
@@ -133,10 +147,10 @@ def refuse_too_few(lc: LearnerSection, rows: Sequence[PromptRow | RowError], bad
         return
     where = ""
     if bad:
-        first = "; ".join(f"row {b.index}: {b.field}: {b.reason}" for b in bad[:3])
+        first = "; ".join(str(b) for b in bad[:3])
         where = f" ({len(bad)} bad, first: {first}; all in {write_report(bad, folder)})"
-    raise ConfigError(f"learner.data {lc.data}: {good} usable rows of {len(rows)} < learner.prompts_per_step "
-                      f"{lc.prompts_per_step}{where}")
+    raise ConfigError(f"learner.data {data_label(lc.data)}: {good} usable rows of {len(rows)} < "
+                      f"learner.prompts_per_step {lc.prompts_per_step}{where}")
 
 
 def report(lc: LearnerSection, rows: Sequence[PromptRow | RowError], bad: list[BadRow], run_dir: Path) -> None:
@@ -144,5 +158,5 @@ def report(lc: LearnerSection, rows: Sequence[PromptRow | RowError], bad: list[B
     if bad:
         path = write_report(bad, run_dir)
         log.warning("dataset rows left out: the actor or the prompt contract cannot take them",
-                    extra={"data": lc.data, "bad": len(bad), "rows": len(rows), "report": str(path),
-                           "first": [f"row {b.index}: {b.field}: {b.reason}" for b in bad[:LOGGED]]})
+                    extra={"data": data_label(lc.data), "bad": len(bad), "rows": len(rows), "report": str(path),
+                           "first": [str(b) for b in bad[:LOGGED]]})

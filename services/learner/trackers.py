@@ -613,9 +613,13 @@ class Trackers:
             w.off = True
 
 
-def provenance(data: str) -> dict[str, str]:
+def provenance(data: str | list[str]) -> dict[str, str]:
     """Tags naming the training data: its path, the file's sha256, and the PROVENANCE.json
-    beside it (generator, script, modules) where there is one."""
+    beside it (generator, script, modules) where there is one. Several files: each one's tags,
+    their values joined by ', ' in the files' order."""
+    if not isinstance(data, str):
+        each = [provenance(one) for one in data]
+        return {k: ", ".join(t.get(k, "-") for t in each) for k in dict.fromkeys(k for t in each for k in t)}
     tags = {"steadyrl.data": data}
     p = Path(data)
     if p.suffix and p.is_file():

@@ -158,8 +158,7 @@ def _check_up_args(args: argparse.Namespace) -> dict[str, int]:
 def _from_verl(verl_file: Path, state: Path, config: str | None) -> Path:
     """Translate a verl config (steadyrl/verl.py) into `<state>/from-verl.yaml`, print what
     was mapped and left out, and return that file (`up` then runs it as --config). Raises
-    CliError (2) for a missing or unreadable file, a list of several data files, or --config
-    given too."""
+    CliError (2) for a missing or unreadable file, or --config given too."""
     import yaml  # lazy: only --from-verl reads YAML here
 
     from steadyrl import verl  # lazy: only --from-verl needs the mapping
@@ -196,14 +195,14 @@ def _own_things(args: argparse.Namespace) -> Path:
     learner = cfg.setdefault("learner", {})
     if args.model is not None:
         cfg.setdefault("actor", {})["model"] = learner["model"] = args.model
-    if args.data is not None:
-        learner["data"] = args.data
+    if args.data is not None:   # several files: one dataset, their rows in the order given
+        learner["data"] = args.data[0] if len(args.data) == 1 else args.data
         if args.eval_data is None:
             learner["eval_data"] = None
             print("evaluation: none (--data without --eval-data; give --eval-data FILE to evaluate on your "
                   "own held-out rows)", flush=True)
     if args.eval_data is not None:
-        learner["eval_data"] = args.eval_data
+        learner["eval_data"] = args.eval_data[0] if len(args.eval_data) == 1 else args.eval_data
     if args.data is not None or args.eval_data is not None:
         learner.setdefault("eval_splits", {})   # the default harder splits are the arithmetic set's
     if args.reward is not None:
@@ -408,9 +407,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     sp.add_argument("--model", help="the policy, for the actor and the learner: a local Hugging Face folder, a "
                                     "Hub id (owner/name, from the HF cache; HF_HUB_OFFLINE honoured), "
                                     "smollm2-135m-instruct or tiny")
-    sp.add_argument("--data", help="the training prompts: a verl parquet or a JSONL (docs/rl.md); without "
-                                   "--eval-data no evaluation runs")
-    sp.add_argument("--eval-data", help="held-out rows (same formats) for the greedy accuracy before and after")
+    sp.add_argument("--data", nargs="+", metavar="FILE",
+                    help="the training prompts: verl parquet or JSONL files (docs/rl.md), their rows concatenated in "
+                         "the order given; without --eval-data no evaluation runs")
+    sp.add_argument("--eval-data", nargs="+", metavar="FILE",
+                    help="held-out rows (same formats) for the greedy accuracy before and after")
     sp.add_argument("--reward", help="the reward, for the reward server and the evaluation: a built-in name "
                                      "(numeric_match, ...), module:function, or file.py:function (verl's signature)")
     sp.add_argument("--steps", type=int, help="policy updates (learner.steps)")

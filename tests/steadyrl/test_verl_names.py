@@ -40,8 +40,8 @@ def test_a_verl_config_translates_into_steadyrls_sections():
     assert lrn["eval_splits"] == {}   # not steadyrl's arithmetic harder splits, scored by their reward
     assert "left out: actor_rollout_ref.actor.use_dynamic_bsz (no steadyrl equal; docs/verl.md)" in notes
     assert any(n.startswith("left out: trainer.n_gpus_per_node") for n in notes)
-    with pytest.raises(ValueError, match="lists 2 files"):
-        verl.translate({"data": {"train_files": ["a.parquet", "b.parquet"]}})
+    several, _ = verl.translate({"data": {"train_files": ["a.parquet", "b.parquet"]}})
+    assert several["learner"]["data"] == ["a.parquet", "b.parquet"]   # read as one dataset, in this order
 
 
 def test_the_translated_learner_section_loads(tmp_path):
