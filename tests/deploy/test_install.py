@@ -11,7 +11,10 @@ broker manifest) can only come from the wheel, which the first test checks.
 Then `steadyrl up` from the venv, in an empty folder, runs the tiny config shipped in the
 package to its end with a broker of its own (jars from the user cache, started with the shipped
 log4j2.properties), and the installed files are compared before and after: nothing written.
-About 35 s on 2 idle CPU cores (90 s with the machine busy): wheel, venv and install 6 s.
+And `steadyrl up --model --data --reward` on a user's own things, made in another empty folder
+(a tiny model folder, a JSONL and a reward file with verl's signature), runs to its end too
+(issue 38). About 60 s on 2 idle CPU cores (150 s with the machine busy): wheel, venv and
+install 6 s.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from steadyrl.broker import fetch, free_port_pair
+from steadyrl.models import tiny_model, tiny_tokenizer
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow
@@ -136,3 +140,45 @@ def test_steadyrl_up_runs_the_shipped_tiny_config_to_its_end_from_another_folder
     assert (run / "summary.json").is_file()
     assert _snapshot(installed["site"]) == before, "steadyrl wrote into its installed package"
     assert "stopping broker" in out   # the broker up started from the shipped manifest
+
+
+#: A user's reward file: verl's signature, the share of the first four characters that repeat the digit.
+REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    assert data_source == "mine", data_source
+    return sum(c == ground_truth for c in solution_str[:4]) / 4.0
+"""
+
+
+def test_steadyrl_up_trains_a_users_model_data_and_reward_from_another_folder(installed, tmp_path):
+    """The installed `steadyrl up --model <folder> --data <jsonl> --reward <file.py>:<function>` from
+    a folder of the user's own (tests/integration/test_own_things.py runs it from the checkout),
+    at the shipped tiny config's sizes, for a few steps."""
+    fetch()
+    home = installed["work"].parent / "own"
+    home.mkdir()
+    assert not list(home.iterdir())
+    tok = tiny_tokenizer()
+    tiny_model(len(tok), seed=3).save_pretrained(home / "model", safe_serialization=True)
+    tok.save_pretrained(home / "model")
+    rows = [{"prompt": [{"role": "user", "content": str(i % 10)}], "reward_model": {"ground_truth": str(i % 10)},
+             "data_source": "mine"} for i in range(40)]
+    (home / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (home / "my_reward.py").write_text(REWARD)
+    tiny = _probe(installed, "import json; from steadyrl.assets import asset_dir; "
+                             "print(json.dumps(str(asset_dir('configs') / 'tiny.yaml')))")
+    port, offset = free_port_pair(), 3000 + (os.getpid() + 500) % 2000
+    r = subprocess.run([installed["steadyrl"], "up", "--config", tiny, "--model", "model", "--data", "train.jsonl",
+                        "--reward", "my_reward.py:compute_score", "--steps", "3", "--state-dir", "state",
+                        "--port", str(port), "--port-offset", str(offset), "--prefix", "install-own."],
+                       cwd=home, capture_output=True, text=True, timeout=480,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, start_new_session=True)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    assert "learner-0 finished its run; stopping the stack" in out and out.rstrip().endswith("stopped"), out[-3000:]
+    assert "evaluation: none (--data without --eval-data" in out
+    run = home / "state" / "learner" / (home / "state" / "learner" / "CURRENT").read_text().strip()
+    st = json.loads((run / "state.json").read_text())
+    assert st["finished"] and st["step"] == 3, st
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["data"] == "train.jsonl" and summary["model"] == "model" and len(summary["reward_per_step"]) == 3
