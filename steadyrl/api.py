@@ -32,6 +32,7 @@ import yaml
 
 from steadyrl.cli.up import SERVICE_PORTS
 from steadyrl.runfolder import RunDir
+from steadyrl.runview import fetch_metrics, fetch_progress
 
 LEARNER_PORT = SERVICE_PORTS["learner"]   # before --port-offset
 
@@ -94,22 +95,17 @@ class Run:
     def progress(self) -> dict[str, Any]:
         """The learner's GET /progress (phase, step, steps, reward_mean, done, run_id, ...); {}
         while it does not answer."""
-        try:
-            r = self._http.get(f"http://127.0.0.1:{LEARNER_PORT + self.port_offset}/progress")
-            return dict(r.json()) if r.status_code == 200 else {}
-        except (httpx.HTTPError, ValueError):
-            return {}
+        return fetch_progress(self.learner_url, self._http)
 
     def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         """The learner's /metrics as {(name, frozenset of (label, value)): value}, e.g.
         `run.metrics()[("steadyrl_learner_step", frozenset())]`; {} while it does not answer."""
-        from steadyrl.testing.stack import parse_metrics  # lazy: the parser lives with the test harness
+        return fetch_metrics(self.learner_url, self._http)
 
-        try:
-            r = self._http.get(f"http://127.0.0.1:{LEARNER_PORT + self.port_offset}/metrics")
-        except httpx.HTTPError:
-            return {}
-        return dict(parse_metrics(r.text)) if r.status_code == 200 else {}
+    @property
+    def learner_url(self) -> str:
+        """The learner's HTTP address under this run's port offset."""
+        return f"http://127.0.0.1:{LEARNER_PORT + self.port_offset}"
 
     def follow(self, interval_s: float = 2.0) -> Iterator[dict[str, Any]]:
         """Yield /progress each time its step or phase changes, until `up` exits."""

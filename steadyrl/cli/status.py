@@ -7,39 +7,29 @@ import argparse
 import time
 from pathlib import Path
 
-import httpx
-
 from steadyrl.cli.common import DEFAULT_STATE, CliError
 from steadyrl.cli.up import SERVICE_PORTS
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print the run's lines; exit 0. CliError (2) when the state dir holds no run."""
-    from steadyrl.runfolder import RunDir  # lazy: a command's own module, keeps `steadyrl --help` fast
+    from steadyrl import runview  # lazy: a command's own module, keeps `steadyrl --help` fast
 
+    live = runview.fetch_progress(f"http://127.0.0.1:{SERVICE_PORTS['learner'] + args.port_offset}")
     try:
-        run = RunDir.of_up(args.state_dir)
-        step = run.step
+        run = runview.read_run(args.state_dir, live)
     except (FileNotFoundError, ValueError) as e:
         raise CliError(f"no run under {Path(args.state_dir) / 'learner'}: {e}", 2) from None
-    try:
-        live = httpx.get(f"http://127.0.0.1:{SERVICE_PORTS['learner'] + args.port_offset}/progress", timeout=2.0).json()
-    except (httpx.HTTPError, ValueError):
-        live = {}
-    live = live if isinstance(live, dict) and live.get("run_id") == run.run_id else {}
-    history = run.history
-    steps = f"{step}/{live['steps']}" if "steps" in live else str(step)
-    state = "finished" if run.finished else (f"running ({live.get('phase')})" if live else "not running")
+    steps = f"{run.step}/{run.steps}" if run.steps is not None else str(run.step)
+    state = "finished" if run.finished else (f"running ({run.phase})" if run.live else "not running")
     print(f"run {run.run_id}: step {steps}, {state}")
-    if history:
-        last = history[-1]
+    if run.last is not None:
+        last = run.last
         ago = time.time() - float(last.get("time", time.time()))
         print(f"last step: reward {last['reward_mean']:.3f}, {last['seconds']:.1f} s, {ago:.0f} s ago")
-    latest = run.checkpoints / "LATEST"
-    print(f"last checkpoint: {latest.read_text().strip() if latest.is_file() else 'none'}")
+    print(f"last checkpoint: {run.checkpoint or 'none'}")
     counts = run.counts.line()
-    print(f"in flight {len(run.state.get('in_flight', {}))}, held {len(run.quarantined)}; "
-          f"counts: {counts or 'none'}")
+    print(f"in flight {run.in_flight}, held {run.held}; counts: {counts or 'none'}")
     print(f"folder {run.path}")
     return 0
 

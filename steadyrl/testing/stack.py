@@ -15,19 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from steadyrl.broker import LocalBroker, fetch
 from steadyrl.cli import SERVICE_PORTS
+from steadyrl.runview import Metrics, parse_metrics  # here too: the harness's names
 from steadyrl.testing.procs import REPO
 from steadyrl.testing.run import RunDir
 
 #: The kinds of service `steadyrl up` runs; an instance is `<kind>-<i>`.
 KINDS = ("reward-server", "actor", "rollout", "reward", "learner")
-
-#: (sample name, its labels) -> value, as parse_metrics reads a /metrics page.
-Metrics = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
 
 def kind_of(instance: str) -> str:
     """`rollout-1` -> `rollout`."""
@@ -68,15 +64,6 @@ def up_child_pid(up_pid: int, instance: str) -> int | None:
         if b"--instance-id" in cmd and cmd[cmd.index(b"--instance-id") + 1] == instance.encode():
             return int(d.name)
     return None
-
-
-def parse_metrics(text: str) -> Metrics:
-    """Prometheus text -> {(sample name, frozenset(labels)): value}."""
-    out: Metrics = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
 
 
 def log_records(text: str) -> list[tuple[str, dict[str, Any]]]:
