@@ -1,5 +1,7 @@
 """`steadyrl up`: broker, topics and every service as processes (steadyrl.supervisor), with
-`--scale`, a progress line from the learner's /progress, and a stop when its run is done.
+`--scale`, a progress line from the learner's /progress (on a terminal, the live panel of
+steadyrl/cli/panel.py instead, each service's lines in `<state-dir>/logs/`), and a stop when
+its run is done.
 
 Which broker: without `--bootstrap`, its own, in `<state-dir>/broker` (data in `--broker-data`,
 default `<state-dir>/broker/data`), known by its pid file and cluster id; it is started if it
@@ -23,9 +25,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import httpx
 
@@ -37,6 +40,9 @@ from steadyrl.runfolder import run_finished
 from steadyrl.stack import StackError, StackSettings, load_stack
 from steadyrl.supervisor import BrokerWatch, Child, Supervisor
 from steadyrl.topics import create_topics, load_catalogue
+
+if TYPE_CHECKING:
+    from steadyrl.cli.panel import LivePanel
 
 SERVICE_PORTS = {"reward-server": 8390, "actor": 8100, "rollout": 8200, "reward": 8300, "learner": 8400}
 #: What `steadyrl up` runs, in start order: service -> module. `--scale` applies to rollout and reward.
@@ -312,6 +318,21 @@ def _gpus() -> int:
     return sum(line.startswith("GPU ") for line in out.splitlines())
 
 
+def _panel(args: argparse.Namespace, state: Path, learner_url: str, scale: dict[str, int],
+           restarts: Callable[[], dict[str, int]]) -> LivePanel | None:
+    """The live panel (steadyrl/cli/panel.py) when stdout is a terminal and not --plain (nor
+    TERM=dumb, nor --exit-when-ready); None: plain lines."""
+    if args.exit_when_ready or args.plain:
+        return None
+    from steadyrl.cli import panel  # lazy: rich, only for a terminal
+
+    if not panel.wanted(False):
+        return None
+    rewards = {f"reward-{i}": f"http://127.0.0.1:{SERVICE_PORTS['reward'] + args.port_offset + i}"
+               for i in range(scale.get("reward", 1))}
+    return panel.LivePanel(state, learner_url, rewards, restarts)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     scale = _check_up_args(args)
     stack = stack_settings(args.config)
@@ -357,12 +378,17 @@ def cmd_up(args: argparse.Namespace) -> int:
                 final=svc == "learner", env=placement.child_env(places[svc.replace("-", "_")]),
                 cpus=placement.cpu_set(places[svc.replace("-", "_")])))
     # the learner exited 0: done, or only stopped from outside? (the one reader of a run's files)
-    sup = Supervisor(children, is_done=lambda: run_finished(state / "learner"), log_dir=state / "logs")
+    watch: BrokerWatch | None = None
+    view = _panel(args, state, url["learner"], scale, lambda: {**{c.name: c.restarts for c in children},
+                                                              "broker": watch.restarts if watch else 0})
+    out = view.out if view is not None else sys.stdout   # the panel: a warning shows, the rest goes to the log
+    sup = Supervisor(children, is_done=lambda: run_finished(state / "learner"), log_dir=state / "logs", out=out)
     progress = Progress(url["learner"])
-    watch = BrokerWatch(lb) if lb is not None else None   # the broker up started: kept running
+    watch = BrokerWatch(lb, out=out) if lb is not None else None   # the broker up started: kept running
 
     def tick() -> None:
-        progress.tick()
+        if view is None:
+            progress.tick()
         if watch is not None:
             watch.tick()
 
@@ -372,6 +398,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     try:
+        if view is not None:
+            view.start()
         sup.start_all()
         ready = sup.wait_ready()
         for c in children:
@@ -380,6 +408,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 0 if all(ready.values()) else 1
         print(_readiness(ready), flush=True)
         sup.run_until_stopped(tick=tick)
+        if view is not None:
+            view.stop()   # and the SUMMARY lines it held print, as without it
         if sup.failed:
             print(f"{sup.failed} cannot start (configuration error, see its output above); stopping the stack",
                   flush=True)
@@ -388,6 +418,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"{sup.finished} finished its run; stopping the stack", flush=True)
         return 0
     finally:
+        if view is not None:
+            view.stop()
         print("stopping services ...", flush=True)
         sup.stop_all()
         if watch is not None:
@@ -419,6 +451,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                                                          "into <state-dir>/from-verl.yaml and run as --config; "
                                                          "what has no steadyrl equal is listed (docs/verl.md)")
     sp.add_argument("--exit-when-ready", action="store_true", help="stop everything once all are ready")
+    sp.add_argument("--plain", action="store_true", help="the services' lines and a progress line, as when "
+                                                         "stdout is not a terminal, instead of the live panel")
     sp.add_argument("--kafka-secrets", metavar="DIR",
                     help="with --sasl on an existing cluster: the kafka-<principal> password files (kafka-admin "
                          "among them); up logs in as admin, applies the ACLs, and each service logs in as its own")

@@ -1,0 +1,92 @@
+"""`steadyrl up`'s live panel (steadyrl/cli/panel.py): what it draws from a state, and which of
+the services' lines it lets through (issue 38)."""
+
+import io
+from types import SimpleNamespace
+
+from rich.console import Console
+
+from steadyrl.cli import panel
+from steadyrl.cli.panel import LivePanel, PanelState, render
+from steadyrl.runview import eta_s, evaluations
+
+
+def text_of(state: PanelState, width: int = 120) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console.print(render(state))
+    out = console.file.getvalue()
+    assert isinstance(out, str)
+    return out
+
+
+def test_render_shows_step_eta_reward_evaluation_breaker_and_counts():
+    out = text_of(PanelState(run_id="r1", step=7, steps=20, phase="training", phase_s=3, elapsed_s=125,
+                             eta_s=65, reward=0.21875, tokens_per_s=32.4,
+                             evals={"test": {"before": 0.1438, "after": 0.2432}, "hard": {"before": 0.05}},
+                             breaker={"reward-0": "closed"}, dlq=3,
+                             restarts={"learner-0": 1, "reward-0": 1, "broker": 0},
+                             counts="dlq 3, republished 2", checkpoint="step_000005", log_dir="/s/logs"))
+    assert "run r1" in out
+    assert "7/20" in out and "35%" in out and "ETA 1m05s" in out and "elapsed 2m05s" in out
+    assert "0.219 (last batch)" in out and "32 tokens/s" in out
+    assert "test before 0.144 -> after 0.243" in out and "hard before 0.050" in out
+    assert "closed" in out and "DLQ" in out and " 3 " in out
+    assert "2 crashes absorbed, 0 prompts given up (learner-0 x1, reward-0 x1)" in out
+    assert "counts: dlq 3, republished 2" in out
+    assert "step_000005" in out and "/s/logs/<instance>.log" in out
+
+
+def test_render_before_anything_is_known_and_during_an_evaluation():
+    out = text_of(PanelState())
+    assert "ETA -" in out and "starting" in out and "none yet" in out
+    assert "0 crashes absorbed" in out and "counts: none" in out
+    out = text_of(PanelState(step=0, steps=100, phase="eval before", phase_s=42))
+    assert "evaluating test (before training), 42s" in out
+    out = text_of(PanelState(step=100, steps=100, phase="eval after", evals={"test": {"before": 0.1, "after": 0.3}},
+                             breaker={"reward-0": "closed", "reward-1": "open"}))
+    assert "evaluating harder splits (after training)" in out and "done: test 0.300" in out
+    assert "reward-0 closed, reward-1 open" in out
+
+
+def test_eta_and_evaluations_read_from_the_run():
+    history = [{"seconds": s} for s in (9.0, 2.0, 2.0, 3.0)]
+    assert eta_s(4, 10, history) == 6 * 2.5
+    assert eta_s(4, None, history) is None and eta_s(0, 10, []) is None
+    before = {"accuracy": 0.25, "splits": {"hard": {"accuracy": 0.125}}}
+    assert evaluations(before, {"accuracy": 0.5, "splits": {}}) == {"test": {"before": 0.25, "after": 0.5},
+                                                                    "hard": {"before": 0.125}}
+    assert evaluations(None, None) == {}
+
+
+def test_lines_warnings_show_info_goes_to_the_log_only_and_summary_waits(tmp_path):
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    view = LivePanel(tmp_path, "http://127.0.0.1:1", {}, dict, console=console)
+    view._live = SimpleNamespace(stop=lambda: None)   # as while drawn: SUMMARY lines are held
+    out = view.out
+    out.write('learner-0 | {"ts": 1, "level": "INFO", "service": "learner", "logger": "x", "msg": "step", "step": 1}\n')
+    out.write('rollout-0 | {"ts": 1, "level": "WARNING", "service": "rollout", "logger": "x", "msg": "slow", '
+              '"seconds": 3}\n')
+    out.write('learner-0 | {"ts": 1, "level": "INFO", "msg": "evaluation", "when": "before", "accuracy": 0.25, '
+              '"n": 64}\n')
+    out.write("learner-0 | SUMMARY counts: none\n")
+    out.write("actor-0   | listening http://127.0.0.1:8100\n")
+    out.write("actor-0   | Loading weights: 45%|####      | 9/20 [00:03<00:04, 2.6it/s]\n")
+    out.write("reward-0 | exited with 1; restart #1 in 1s\nbroker | restarted (pid 7)\n")
+    shown = console.file.getvalue()
+    assert "rollout-0 | WARNING slow (seconds=3)" in shown
+    assert "exited with 1; restart #1" in shown and "broker | restarted" in shown
+    assert '"msg"' not in shown and "listening" not in shown and "it/s" not in shown and "SUMMARY" not in shown
+    assert view._evals == {"test": {"before": 0.25}}
+    view.stop()   # not started: only the held lines print
+    assert "learner-0 | SUMMARY counts: none" in console.file.getvalue()
+
+
+def test_plain_when_not_a_terminal_or_asked(monkeypatch):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setenv("TERM", "xterm")
+    assert panel.wanted(False, Tty()) and not panel.wanted(True, Tty()) and not panel.wanted(False, io.StringIO())
+    monkeypatch.setenv("TERM", "dumb")
+    assert not panel.wanted(False, Tty())
