@@ -57,14 +57,24 @@ class Run:
         port: the local broker's port (its controller on port + 1); ignored with `bootstrap`.
         port_offset: added to every service's HTTP port (`up --port-offset`).
         bootstrap: an existing cluster instead of a local broker.
+        model, data, eval_data, reward, steps: up's `--model`, `--data`, `--eval-data`,
+            `--reward`, `--steps` (each set everywhere it is read; paths relative to the working
+            folder; data and eval_data one file or a list).
         **sections: settings merged over the config, by section (`learner={"steps": 5}`).
     """
 
     def __init__(self, config: str | Path | None = None, state_dir: str | Path = ".steadyrl",
                  port: int | None = None, port_offset: int = 0, bootstrap: str | None = None,
-                 **sections: dict[str, Any]):
+                 model: str | Path | None = None, data: str | Path | list[str | Path] | None = None,
+                 eval_data: str | Path | list[str | Path] | None = None, reward: str | None = None,
+                 steps: int | None = None, **sections: dict[str, Any]):
         self.state_dir = Path(state_dir).resolve()
         self.port, self.port_offset, self.bootstrap = port, port_offset, bootstrap
+        self.own: list[str] = []   # up's flags for the user's own things
+        for flag, value in (("--model", model), ("--data", data), ("--eval-data", eval_data),
+                            ("--reward", reward), ("--steps", steps)):
+            if value is not None:
+                self.own += [flag, *(map(str, value) if isinstance(value, list) else [str(value)])]
         base = yaml.safe_load(Path(config).read_text()) or {} if config is not None else {}
         self.settings: dict[str, Any] = _merge(base, sections)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -79,7 +89,7 @@ class Run:
         config = self.state_dir / "api-config.yaml"
         config.write_text(yaml.safe_dump(self.settings, sort_keys=False))
         cmd = [sys.executable, "-m", "steadyrl.cli", "up", "--config", str(config), "--state-dir",
-               str(self.state_dir), "--port-offset", str(self.port_offset)]
+               str(self.state_dir), "--port-offset", str(self.port_offset), *self.own]
         cmd += ["--bootstrap", self.bootstrap] if self.bootstrap else []
         cmd += ["--port", str(self.port)] if self.port and not self.bootstrap else []
         with open(self.log_path, "ab") as log:
