@@ -139,6 +139,8 @@ def main() -> None:
     ap.add_argument("--code", help="with --report: only runs of this commit")
     ap.add_argument("--state-dir", default="/tmp/steadyrl-make-run", help="removed first, then used by `up`")
     ap.add_argument("--note", default="", help="what this run is (written into the JSON)")
+    ap.add_argument("--port", type=int, help="up's --port (the local broker's); default up's")
+    ap.add_argument("--port-offset", type=int, default=0, help="up's --port-offset (the services' HTTP ports)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/make_run.json"))
     args = ap.parse_args()
     if args.report:
@@ -156,7 +158,8 @@ def main() -> None:
     code = code_commit()
     t0 = time.monotonic()
     with open(log, "wb") as lf:
-        up = subprocess.Popen([str(ROOT / ".venv/bin/steadyrl"), "up", "--state-dir", str(state)], cwd=ROOT,
+        ports = ["--port-offset", str(args.port_offset)] + (["--port", str(args.port)] if args.port else [])
+        up = subprocess.Popen([str(ROOT / ".venv/bin/steadyrl"), "up", "--state-dir", str(state), *ports], cwd=ROOT,
                               env=env, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
         # stopped ourselves: `up` stops its services and its broker on SIGTERM; wait for that
         signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
