@@ -1,5 +1,6 @@
 """`steadyrl status`: where the run under a `steadyrl up` state dir stands, from its files (the
-learner's state.json, history and checkpoints) and, while the learner answers, its /progress."""
+learner's state.json, history and checkpoints) and, while the learner answers, its /progress
+(at the port `up` recorded in `<state-dir>/up.json`, unless --port-offset is given)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,25 @@ import time
 from pathlib import Path
 
 from steadyrl.cli.common import DEFAULT_STATE, CliError
-from steadyrl.cli.up import SERVICE_PORTS
+from steadyrl.cli.up import learner_url
+from steadyrl.runfolder import current
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print the run's lines; exit 0. CliError (2) when the state dir holds no run."""
     from steadyrl import runview  # lazy: a command's own module, keeps `steadyrl --help` fast
 
-    live = runview.fetch_progress(f"http://127.0.0.1:{SERVICE_PORTS['learner'] + args.port_offset}")
+    learner = Path(args.state_dir) / "learner"
+    if current(learner) is None:
+        raise CliError(f"no run under {learner} (has `steadyrl up` run with this --state-dir? give up's: "
+                       f"`steadyrl status --state-dir DIR`)", 2)
+    live = runview.fetch_progress(learner_url(args.state_dir, args.port_offset))
     try:
         run = runview.read_run(args.state_dir, live)
-    except (FileNotFoundError, ValueError) as e:
-        raise CliError(f"no run under {Path(args.state_dir) / 'learner'}: {e}", 2) from None
+    except FileNotFoundError:   # CURRENT names a run whose state.json is not written yet
+        raise CliError(f"run {current(learner)} under {learner} has no state.json yet (starting?)", 2) from None
+    except ValueError as e:
+        raise CliError(f"run {current(learner)} under {learner}: unreadable state.json: {e}", 2) from None
     steps = f"{run.step}/{run.steps}" if run.steps is not None else str(run.step)
     state = "finished" if run.finished else (f"running ({run.phase})" if run.live else "not running")
     print(f"run {run.run_id}: step {steps}, {state}")
@@ -38,5 +46,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     sp = sub.add_parser("status", help="where the run of a `steadyrl up` state dir stands (step, last reward, "
                                        "checkpoint, counts)")
     sp.add_argument("--state-dir", default=str(DEFAULT_STATE), help="`steadyrl up`'s state dir (default .steadyrl)")
-    sp.add_argument("--port-offset", type=int, default=0, help="up's --port-offset, to ask the learner live")
+    sp.add_argument("--port-offset", type=int, default=None,
+                    help="up's --port-offset, to ask the learner live (default: the one up recorded in "
+                         "<state-dir>/up.json)")
     sp.set_defaults(fn=cmd_status)

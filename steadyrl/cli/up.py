@@ -12,6 +12,9 @@ another stack on `--port` is refused (exit 2), never used: only `--bootstrap` us
 checked before anything starts: one already taken stops `up` with exit 2, naming the port and
 the process that holds it.
 
+`up` writes `<state-dir>/up.json` at start (its pid, the broker, each service's HTTP port):
+`steadyrl status` reads the learner's port there.
+
 Services are started by module name (`python -m steadyrl.services.<name>`): nothing here imports them.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -36,6 +40,7 @@ from steadyrl import acl, placement, ports
 from steadyrl import broker as b
 from steadyrl.bus import kafka
 from steadyrl.cli.common import CliError, _bootstrap, _local_broker, _require_broker, add_common_options
+from steadyrl.files import write_atomic
 from steadyrl.runfolder import run_finished
 from steadyrl.stack import StackError, StackSettings, load_stack
 from steadyrl.supervisor import BrokerWatch, Child, Supervisor
@@ -61,6 +66,36 @@ SCALABLE = tuple(SCALE_INPUT)
 VLLM_PYTHON = next((p for p in (Path.cwd() / ".venv-vllm/bin/python",   # the working folder's, else the checkout's
                                 Path(__file__).resolve().parents[2] / ".venv-vllm/bin/python") if p.exists()),
                    Path.cwd() / ".venv-vllm/bin/python")
+
+
+#: What `up` writes in its state dir at start (`write_record`): its pid, the broker and each
+#: service's HTTP port, so `steadyrl status` finds the learner without being told --port-offset.
+UP_RECORD = "up.json"
+
+
+def write_record(state: Path, port_offset: int, scale: dict[str, int], bootstrap: str) -> Path:
+    """Write `<state>/up.json`: pid, start time, broker, --port-offset and each instance's HTTP
+    port (`learner-0`: 8400 + offset, ...). Returns its path."""
+    record = {"pid": os.getpid(), "started": time.time(), "bootstrap": bootstrap, "port_offset": port_offset,
+              "ports": {f"{svc}-{i}": SERVICE_PORTS[svc] + port_offset + i
+                        for svc in SERVICES for i in range(scale.get(svc, 1))}}
+    path = state / UP_RECORD
+    state.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def learner_url(state_dir: str | Path, port_offset: int | None = None) -> str:
+    """The learner's HTTP address for `up --state-dir state_dir`: under `port_offset` when given,
+    else the port `up` recorded in `<state_dir>/up.json` (write_record), else the default (8400)."""
+    port = SERVICE_PORTS["learner"] + (port_offset or 0)
+    if port_offset is None:
+        try:
+            record = json.loads((Path(state_dir) / UP_RECORD).read_text())
+            port = int(record["ports"]["learner-0"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass   # no record (an up before this file, or none yet): the default port
+    return f"http://127.0.0.1:{port}"
 
 
 def vllm_python() -> Path:
@@ -361,6 +396,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"principals (ACLs each) {acl.apply(bootstrap, secrets, args.prefix)}; passwords in {secrets}",
               flush=True)
     print("placement " + " ".join(f"{svc}={p.model_dump(exclude_none=True)}" for svc, p in places.items()), flush=True)
+    write_record(state, args.port_offset, scale, bootstrap)   # steadyrl status reads the learner's port there
     url = {svc: f"http://127.0.0.1:{SERVICE_PORTS[svc] + args.port_offset}" for svc in SERVICES}
     policies = str(state / "policies")
     extra = {"actor": ["--actor.policy-root", policies],

@@ -44,6 +44,10 @@ def test_up_then_ctrl_c_stops_everything(tmp_path):
         while (httpx.get(f"http://127.0.0.1:{8400 + offset}/progress").json().get("step") or 0) < 3:
             assert time.monotonic() < deadline, "the learner does not step"
             time.sleep(0.2)
+        # up recorded its ports in <state>/up.json: status finds the learner without --port-offset
+        st = subprocess.run([sys.executable, "-m", "steadyrl.cli", "status", "--state-dir", str(state)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert st.returncode == 0 and "running (" in st.stdout.splitlines()[0], (st.stdout, st.stderr)
         broker_pid = broker.pid()
         assert broker_pid is not None
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
