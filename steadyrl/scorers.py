@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import threading
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -76,13 +78,36 @@ class Scorer:
         raise NotImplementedError
 
 
+#: Characters of an exception's message kept in an item's error.
+ERROR_MESSAGE_CHARS = 200
+
+
+def raised(spec: str, e: BaseException) -> str:
+    """An item's error for scorer `spec` raising `e`: the scorer, the exception's type and message
+    (cut at ERROR_MESSAGE_CHARS) and the innermost line of its traceback:
+
+        scorer my_reward.py:compute_score raised ValueError: could not convert string to float: 'abc'
+        (at my_reward.py:3 in compute_score: return float(solution_str))
+    """
+    msg = str(e)
+    msg = msg if len(msg) <= ERROR_MESSAGE_CHARS else msg[:ERROR_MESSAGE_CHARS] + "..."
+    frames = traceback.extract_tb(e.__traceback__)
+    where = ""
+    if frames:
+        f = frames[-1]
+        where = f" (at {os.path.basename(f.filename)}:{f.lineno} in {f.name}" + (f": {f.line})" if f.line else ")")
+    return f"scorer {spec} raised {type(e).__name__}: {msg}{where}"
+
+
 class RuleScorer(Scorer):
-    """A verl-style function scored item by item; an exception is that item's error only."""
+    """A verl-style function scored item by item; an exception is that item's error only
+    (`raised`: the scorer, the exception and where it was raised)."""
 
     source = RewardSource.rule
 
     def __init__(self, spec: str, version: str):
         self.fn = resolve_scorer(spec)  # ValueError for an unknown name
+        self.spec = spec
         self.id = f"rule:{spec}@{version}"
 
     def score(self, items: Sequence[ScoreInput]) -> list[Result]:
@@ -91,7 +116,7 @@ class RuleScorer(Scorer):
             try:
                 reward, extra = score_value(self.fn(it.data_source, it.response, it.ground_truth, it.extra_info))
             except Exception as e:  # noqa: BLE001 - a user's scorer bug on one input: report it for that item only
-                out.append({"reward": None, "error": f"{self.id} failed: {type(e).__name__}: {e}"})
+                out.append({"reward": None, "error": raised(self.spec, e)})
                 continue
             out.append({"reward": reward, "extra": extra})
         return out
