@@ -14,14 +14,16 @@ other services (`STACK_SECTIONS`); any other unknown key is an error.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import socket
+import types
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
@@ -30,11 +32,13 @@ from steadyrl.bus.kafka import KafkaAuth
 
 
 class ConfigError(SystemExit):
-    """Bad configuration; the message names each offending field. Exits with status 2."""
+    """Bad configuration; the message names each offending field. Exits with status 2.
+    `lines`: one line per offending field (the message's, after its first line)."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, lines: list[str] | None = None):
         super().__init__(2)
         self.message = message
+        self.lines = lines if lines is not None else [message]
 
     def __str__(self) -> str:
         return self.message
@@ -151,6 +155,38 @@ def _shown_input(err: ErrorDetails) -> str:
     return f" (got {shown if len(shown) <= 200 else shown[:197] + '...'})"
 
 
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds (itself, or the one model of an Optional/union), else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) in (Union, types.UnionType):
+        models = [m for a in get_args(annotation) if (m := _model_of(a)) is not None]
+        return models[0] if len(models) == 1 else None
+    return None
+
+
+def suggestion(cls: type[BaseModel], loc: tuple[str | int, ...]) -> str:
+    """` (did you mean `<name>`?)` for an unknown key at `loc` (a pydantic error location in
+    `cls`) close to a field of the model holding it (difflib); at the top of a service's
+    config, the stack's sections count as well (`lerner` -> `learner`). "" when none is close."""
+    model: type[BaseModel] | None = cls
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
+        model = _model_of(field.annotation) if field is not None else None
+        if model is None:
+            return ""
+    assert model is not None
+    names = set(model.model_fields) | (STACK_SECTIONS if len(loc) == 1 else set())
+    close = difflib.get_close_matches(str(loc[-1]), sorted(names), n=1, cutoff=0.7)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+def unknown_key_hint(cls: type[BaseModel], loc: tuple[str | int, ...]) -> str:
+    """The hint for an unknown key at `loc` in `cls`: verl's name for one of ours (verl.hint),
+    else the closest field's name (`suggestion`), else ""."""
+    return verl.hint(loc) or suggestion(cls, loc)
+
+
 def load(cls: type[S], argv: list[str] | None = None, prog: str | None = None) -> S:
     """Build `cls` from `--config FILE`, the environment and CLI flags in `argv`.
 
@@ -180,7 +216,8 @@ def load(cls: type[S], argv: list[str] | None = None, prog: str | None = None) -
     except ValidationError as e:
         # a check across fields (a model validator) has no location: its message names the fields
         lines = [f"  {'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}{_shown_input(err)}"
-                 f"{verl.hint(err['loc']) if err['type'] == 'extra_forbidden' else ''}"
+                 f"{unknown_key_hint(cls, err['loc']) if err['type'] == 'extra_forbidden' else ''}"
                  for err in e.errors()]
-        raise ConfigError(f"invalid {cls.__name__}:\n" + "\n".join(lines)) from None
+        where = f" (config file {known.config})" if known.config is not None else ""
+        raise ConfigError(f"invalid {cls.__name__}{where}:\n" + "\n".join(lines), lines) from None
     return loaded

@@ -16,6 +16,8 @@ the process that holds it.
 `steadyrl status` reads the learner's port there.
 
 Services are started by module name (`python -m steadyrl.services.<name>`): nothing here imports them.
+Their configuration is checked first, as each will read it, by steadyrl.configcheck in a process
+of its own (`check_config`): a bad key or value stops `up` with exit 2 before the broker starts.
 """
 
 from __future__ import annotations
@@ -368,13 +370,50 @@ def _panel(args: argparse.Namespace, state: Path, learner_url: str, scale: dict[
     return panel.LivePanel(state, learner_url, rewards, restarts)
 
 
+def _service_flags(port_offset: int, state: Path) -> dict[str, list[str]]:
+    """The flags `up` gives a service beyond the common ones: its peers' addresses and its
+    folders under the state dir."""
+    url = {svc: f"http://127.0.0.1:{SERVICE_PORTS[svc] + port_offset}" for svc in SERVICES}
+    policies = str(state / "policies")
+    return {"actor": ["--actor.policy-root", policies],
+            "rollout": ["--rollout.actor-url", url["actor"]],
+            "reward": ["--reward.server-url", url["reward-server"]],
+            "learner": ["--learner.policy-root", policies, "--learner.state-dir", str(state / "learner")]}
+
+
+def check_config(config: str | None, flags: dict[str, list[str]]) -> None:
+    """Check the configuration as every service will read it (steadyrl.configcheck, in a process
+    of its own: the learner's config imports torch), before anything starts. Raises CliError
+    (2) with one line per error, each once (an unknown section is not reported by every
+    service). When the check itself cannot run, says so and returns: each service still
+    checks its own at start."""
+    cmd = [sys.executable, "-m", "steadyrl.configcheck", config or "", json.dumps(flags)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"configuration not checked before the start ({type(e).__name__}: {e}); each service checks its "
+              f"own", flush=True)
+        return
+    if r.returncode == 2 and r.stdout.strip():
+        where = f"config file {config}" if config else "the defaults"
+        raise CliError(f"invalid configuration ({where}, STEADYRL_* over it):\n{r.stdout.rstrip()}", 2)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"configuration not checked before the start (the check exited with {r.returncode}: {last}); "
+              f"each service checks its own", flush=True)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     scale = _check_up_args(args)
     stack = stack_settings(args.config)
     places = _placement(stack)
     python = {"actor": actor_python(stack)}
-    bootstrap = _bootstrap(args)
     state = Path(args.state_dir)
+    bootstrap = _bootstrap(args)
+    if bootstrap is not None and not args.sasl:   # (under --sasl: once logged in, below)
+        _require_broker(bootstrap)   # an existing cluster that does not answer: said before the longer check
+    extra = _service_flags(args.port_offset, state)
+    check_config(args.config, extra)   # before the broker starts: a typo stops up there, said once
     lb = None
     if bootstrap is None:
         b.fetch()
@@ -397,12 +436,7 @@ def cmd_up(args: argparse.Namespace) -> int:
               flush=True)
     print("placement " + " ".join(f"{svc}={p.model_dump(exclude_none=True)}" for svc, p in places.items()), flush=True)
     write_record(state, args.port_offset, scale, bootstrap)   # steadyrl status reads the learner's port there
-    url = {svc: f"http://127.0.0.1:{SERVICE_PORTS[svc] + args.port_offset}" for svc in SERVICES}
-    policies = str(state / "policies")
-    extra = {"actor": ["--actor.policy-root", policies],
-             "rollout": ["--rollout.actor-url", url["actor"]],
-             "reward": ["--reward.server-url", url["reward-server"]],
-             "learner": ["--learner.policy-root", policies, "--learner.state-dir", str(state / "learner")]}
+    extra = _service_flags(args.port_offset, state)
     children = []
     for svc, module in SERVICES.items():
         for i in range(scale.get(svc, 1)):
@@ -415,11 +449,12 @@ def cmd_up(args: argparse.Namespace) -> int:
                 cpus=placement.cpu_set(places[svc.replace("-", "_")])))
     # the learner exited 0: done, or only stopped from outside? (the one reader of a run's files)
     watch: BrokerWatch | None = None
-    view = _panel(args, state, url["learner"], scale, lambda: {**{c.name: c.restarts for c in children},
-                                                              "broker": watch.restarts if watch else 0})
+    url = learner_url(state, args.port_offset)
+    view = _panel(args, state, url, scale, lambda: {**{c.name: c.restarts for c in children},
+                                                   "broker": watch.restarts if watch else 0})
     out = view.out if view is not None else sys.stdout   # the panel: a warning shows, the rest goes to the log
     sup = Supervisor(children, is_done=lambda: run_finished(state / "learner"), log_dir=state / "logs", out=out)
-    progress = Progress(url["learner"])
+    progress = Progress(url)
     watch = BrokerWatch(lb, out=out) if lb is not None else None   # the broker up started: kept running
 
     def tick() -> None:

@@ -2,7 +2,7 @@ import subprocess
 import sys
 
 import pytest
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from steadyrl.config import ConfigError, ServiceConfig, load
 from tests.helpers import ROOT
@@ -137,3 +137,62 @@ def test_a_count_of_tokens_is_shown_but_a_token_is_not():
     with pytest.raises(ConfigError) as exc:
         load(Cfg, ["--http-token-file", "/nonexistent/s3cr3t-token"])
     assert "s3cr3t" not in str(exc.value)      # a token file's path is still not echoed
+
+
+class StrictSection(Section):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StrictCfg(ServiceConfig):
+    svc: StrictSection | None = None
+
+
+def test_an_unknown_key_gets_the_closest_field_and_the_file_is_named(tmp_path):
+    """The walk-through's `learner.max_new_token: Extra inputs are not permitted` named neither
+    the field meant nor the file."""
+    f = tmp_path / "mine.yaml"
+    f.write_text("svc:\n  batch_sise: 3\n  wholly_unlike: 1\nsvcc: {}\n")
+    with pytest.raises(ConfigError) as exc:
+        load(StrictCfg, ["--config", str(f)])
+    text = str(exc.value)
+    assert text.splitlines()[0] == f"invalid StrictCfg (config file {f}):"
+    assert "  svc.batch_sise: Extra inputs are not permitted (did you mean `batch_size`?)" in exc.value.lines
+    assert "  svc.wholly_unlike: Extra inputs are not permitted" in exc.value.lines   # nothing close: no guess
+    assert "  svcc: Extra inputs are not permitted (did you mean `svc`?)" in exc.value.lines
+
+
+def test_a_misspelt_stack_section_suggests_the_section():
+    from steadyrl.config import suggestion
+    from steadyrl.services.learner.config import LearnerConfig
+    from steadyrl.services.reward.worker import RewardConfig
+
+    assert suggestion(RewardConfig, ("lerner",)) == " (did you mean `learner`?)"   # another service's section
+    assert suggestion(LearnerConfig, ("learner", "max_new_token")) == " (did you mean `max_new_tokens`?)"
+    assert suggestion(LearnerConfig, ("learner", "train", "clip_hihg")) == " (did you mean `clip_high`?)"
+    assert suggestion(LearnerConfig, ("learner", "steps", "x")) == ""   # not a section: no guess
+
+
+def test_a_verl_name_keeps_its_verl_hint(tmp_path):
+    from steadyrl.services.learner.config import LearnerConfig
+
+    f = tmp_path / "c.yaml"
+    f.write_text("learner:\n  n: 8\n")
+    with pytest.raises(ConfigError) as exc:
+        load(LearnerConfig, ["--config", str(f)])
+    assert "learner.n: Extra inputs are not permitted (verl's `n`: steadyrl's is `learner.group_size`" in str(exc.value)
+    assert "did you mean" not in str(exc.value)
+
+
+def test_the_stack_check_says_each_error_once(tmp_path):
+    """An unknown top-level section was reported by the reward server, the rollout and the reward
+    workers, after the broker and services had started; steadyrl.configcheck reads the file as
+    every service does, before anything starts, and says each error once."""
+    from steadyrl import configcheck
+
+    f = tmp_path / "c.yaml"
+    f.write_text("lerner:\n  steps: 3\nlearner:\n  max_new_token: 8\n")
+    assert configcheck.errors(str(f)) == [
+        "  lerner: Extra inputs are not permitted (did you mean `learner`?)",
+        "  learner.max_new_token: Extra inputs are not permitted (did you mean `max_new_tokens`?)"]
+    f.write_text("learner:\n  steps: 3\n")
+    assert configcheck.errors(str(f), {"learner": ["--learner.state-dir", str(tmp_path / "state")]}) == []

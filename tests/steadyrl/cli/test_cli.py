@@ -74,6 +74,24 @@ def test_up_refuses_bad_arguments_before_starting_anything(tmp_path, args, says)
     assert not (state / "broker").exists() and not state.exists()
 
 
+def test_up_says_each_config_error_once_before_starting_the_broker(tmp_path):
+    """The walk-through's `lerner:` was reported three times (reward server, rollout and reward
+    workers), and only after the broker and the services had started."""
+    from steadyrl.broker import free_port_pair
+
+    config = tmp_path / "mine.yaml"
+    config.write_text("lerner:\n  steps: 3\nlearner:\n  max_new_token: 8\n")
+    state = tmp_path / "state"
+    r, _ = steadyrl("up", "--config", str(config), "--state-dir", str(state), "--port", str(free_port_pair()),
+                    "--port-offset", str(20000 + os.getpid() % 500), timeout=180)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.splitlines() == [
+        f"error: invalid configuration (config file {config}, STEADYRL_* over it):",
+        "  lerner: Extra inputs are not permitted (did you mean `learner`?)",
+        "  learner.max_new_token: Extra inputs are not permitted (did you mean `max_new_tokens`?)"]
+    assert "broker" not in r.stdout and not state.exists()
+
+
 def test_scale_bound_is_the_input_topics_partitions():
     catalogue = load_catalogue()
     for svc, topic in cli.SCALE_INPUT.items():
