@@ -31,6 +31,7 @@ import httpx
 import yaml
 
 from steadyrl.cli.up import SERVICE_PORTS
+from steadyrl.config import config_path
 from steadyrl.runfolder import RunDir
 from steadyrl.runview import fetch_metrics, fetch_progress
 
@@ -52,7 +53,8 @@ class Run:
     """One `steadyrl up` started from Python.
 
     Args:
-        config: a YAML file (as `up --config`); None: the defaults (`make run`).
+        config: a YAML file (as `up --config`: `configs/tiny.yaml` is the shipped one from any
+            folder); None: the defaults (`make run`).
         state_dir: up's `--state-dir` (broker, policies/, learner/, up.log).
         port: the local broker's port (its controller on port + 1); ignored with `bootstrap`.
         port_offset: added to every service's HTTP port (`up --port-offset`).
@@ -75,7 +77,7 @@ class Run:
                             ("--reward", reward), ("--steps", steps)):
             if value is not None:
                 self.own += [flag, *(map(str, value) if isinstance(value, list) else [str(value)])]
-        base = yaml.safe_load(Path(config).read_text()) or {} if config is not None else {}
+        base = yaml.safe_load(config_path(config).read_text()) or {} if config is not None else {}
         self.settings: dict[str, Any] = _merge(base, sections)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.state_dir / "up.log"

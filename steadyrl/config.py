@@ -28,6 +28,7 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from steadyrl import verl
+from steadyrl.assets import asset_dir
 from steadyrl.bus.kafka import KafkaAuth
 
 
@@ -56,6 +57,19 @@ class _StackYaml(YamlConfigSettingsSource):
         data = super().__call__()
         own = set(self.settings_cls.model_fields)
         return {k: v for k, v in data.items() if k in own or k not in STACK_SECTIONS}
+
+
+def config_path(path: str | Path) -> Path:
+    """The file a `--config` path names: `path` itself, except a relative `configs/...` path
+    with no such file under the working folder, which is the copy steadyrl ships
+    (`asset_dir("configs")`, e.g. configs/tiny.yaml) when that exists: the same rule as
+    steadyrl.data.dataset_path for `data/...`. Nothing else is checked: the caller reports a
+    missing file."""
+    p = Path(path)
+    if p.is_absolute() or p.exists() or not p.parts or p.parts[0] != "configs":
+        return p
+    shipped = asset_dir("configs").joinpath(*p.parts[1:])
+    return shipped if shipped.is_file() else p
 
 
 def read_token(path: Path | None) -> str | None:
@@ -200,6 +214,8 @@ def load(cls: type[S], argv: list[str] | None = None, prog: str | None = None) -
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", type=Path, default=None)
     known, rest = pre.parse_known_args(argv)
+    if known.config is not None:
+        known.config = config_path(known.config)   # configs/tiny.yaml from any folder: the shipped one
     if known.config is not None and not known.config.is_file():
         raise ConfigError(f"config file not found: {known.config}")
 

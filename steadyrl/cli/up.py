@@ -42,6 +42,7 @@ from steadyrl import acl, placement, ports
 from steadyrl import broker as b
 from steadyrl.bus import kafka
 from steadyrl.cli.common import CliError, _bootstrap, _local_broker, _require_broker, add_common_options
+from steadyrl.config import config_path
 from steadyrl.files import write_atomic
 from steadyrl.runfolder import run_finished
 from steadyrl.stack import StackError, StackSettings, load_stack
@@ -179,6 +180,9 @@ def _check_up_args(args: argparse.Namespace) -> dict[str, int]:
     """`up`'s arguments, checked before anything starts (the ports too: `_check_ports`);
     returns the scale. Raises CliError (2)."""
     scale = _parse_scale(args.scale)
+    if args.config and str(config_path(args.config)) != args.config:
+        args.config = str(config_path(args.config))
+        print(f"--config: {args.config} (the copy steadyrl ships; no such file here)", flush=True)
     if getattr(args, "from_verl", None):
         args.config = str(_from_verl(Path(args.from_verl), Path(args.state_dir), args.config))
     if any(getattr(args, k, None) is not None for k in ("model", "data", "eval_data", "reward", "steps")):
@@ -506,7 +510,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                                    "(Ctrl-C stops all)")
     add_common_options(sp, broker_opts=True)
     sp.add_argument("--scale", action="append", default=[], metavar="SERVICE=N")
-    sp.add_argument("--config", help="YAML config passed to every service")
+    sp.add_argument("--config", help="YAML config passed to every service; a relative configs/... path that names "
+                                     "no file in the working folder is the copy steadyrl ships (configs/tiny.yaml "
+                                     "works from any folder)")
     sp.add_argument("--model", help="the policy, for the actor and the learner: a local Hugging Face folder, a "
                                     "Hub id (owner/name, from the HF cache; HF_HUB_OFFLINE honoured), "
                                     "smollm2-135m-instruct or tiny")

@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -196,3 +197,40 @@ def test_the_stack_check_says_each_error_once(tmp_path):
         "  learner.max_new_token: Extra inputs are not permitted (did you mean `max_new_tokens`?)"]
     f.write_text("learner:\n  steps: 3\n")
     assert configcheck.errors(str(f), {"learner": ["--learner.state-dir", str(tmp_path / "state")]}) == []
+
+
+def test_a_relative_configs_path_is_the_shipped_copy_when_no_such_file_is_here(tmp_path, monkeypatch):
+    """The walk-through's `--config configs/tiny.yaml` from a folder outside the checkout said
+    "no such file", though the file ships with the package."""
+    from steadyrl.assets import asset_dir
+    from steadyrl.config import config_path
+    from steadyrl.services.reward.worker import RewardConfig
+
+    monkeypatch.chdir(tmp_path)
+    shipped = asset_dir("configs") / "tiny.yaml"
+    assert config_path("configs/tiny.yaml") == shipped
+    assert config_path("configs/nosuch.yaml") == Path("configs/nosuch.yaml")   # the caller says it is missing
+    assert config_path("tiny.yaml") == Path("tiny.yaml")                       # only configs/... is looked up
+    assert load(RewardConfig, ["--config", "configs/tiny.yaml"]).reward.batch_size >= 1
+    from steadyrl.api import Run
+
+    assert Run(config="configs/tiny.yaml").settings["learner"]["model"] == "tiny"   # the README's example
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "tiny.yaml").write_text("reward:\n  batch_size: 3\n")
+    assert config_path("configs/tiny.yaml") == Path("configs/tiny.yaml")      # a file here wins
+    assert load(RewardConfig, ["--config", "configs/tiny.yaml"]).reward.batch_size == 3
+
+
+def test_up_takes_the_shipped_config_from_any_folder_and_says_so(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "steadyrl.cli", "up", "--config", "configs/tiny.yaml", "--bootstrap",
+                        "127.0.0.1:1", "--state-dir", str(tmp_path / "state"), "--port-offset", "31500"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "cannot reach the Kafka broker at 127.0.0.1:1" in r.stderr, r.stdout + r.stderr
+    assert "tiny.yaml (the copy steadyrl ships; no such file here)" in r.stdout
+    missing = subprocess.run([sys.executable, "-m", "steadyrl.cli", "up", "--config", "configs/nosuch.yaml",
+                              "--state-dir", str(tmp_path / "state")], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=120)
+    assert missing.returncode == 2 and "--config configs/nosuch.yaml: no such file" in missing.stderr
+    helped = subprocess.run([sys.executable, "-m", "steadyrl.cli", "up", "--help"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert "copy steadyrl ships" in " ".join(helped.stdout.split())
