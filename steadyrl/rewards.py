@@ -115,14 +115,26 @@ def resolve_scorer(name: str) -> Scorer:
                          "or give module:function or file.py:function")
     try:
         owner = _from_file(module) if module.endswith(".py") else _import(module)
-        fn: Scorer = getattr(owner, attr)
     except (ImportError, AttributeError, OSError) as e:
         raise ValueError(f"scorer {name!r} not found: {type(e).__name__}: {e}") from None
     except SyntaxError as e:
         raise ValueError(f"scorer {name!r} cannot be loaded: SyntaxError: {e}") from None
+    if not hasattr(owner, attr):   # said by the name the user gave, not the module's internal one
+        defined = _functions(owner)
+        raise ValueError(f"scorer {name!r} not found: {module} has no function {attr}; "
+                         + (f"it defines: {', '.join(defined)}" if defined else "it defines no function"))
+    fn: Scorer = getattr(owner, attr)
     if not callable(fn):
         raise ValueError(f"scorer {name!r} is not callable")
     return fn
+
+
+def _functions(module: Any, most: int = 12) -> list[str]:
+    """The public functions `module` defines itself (not those it imports), sorted; at most
+    `most`, then `...`."""
+    names = sorted(k for k, v in vars(module).items() if not k.startswith("_") and callable(v)
+                   and getattr(v, "__module__", None) == module.__name__ and not isinstance(v, type))
+    return names[:most] + (["..."] if len(names) > most else [])
 
 
 def _import(module: str) -> Any:

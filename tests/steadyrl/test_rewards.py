@@ -40,7 +40,7 @@ def test_resolve_by_name_and_dotted_path():
     assert resolve_scorer("tests.helpers.slow_numeric").__name__ == "slow_numeric"
     with pytest.raises(ValueError, match="unknown scorer 'nope'"):
         resolve_scorer("nope")
-    with pytest.raises(ValueError, match="not found"):
+    with pytest.raises(ValueError, match="not found: tests.helpers has no function missing; it defines: "):
         resolve_scorer("tests.helpers:missing")
 
 
@@ -76,8 +76,15 @@ def test_a_reward_file_given_by_path_loads_as_verl_names_it(tmp_path, monkeypatc
     assert resolve_scorer("my_reward.py:compute_score") is fn          # relative: the same file, loaded once
     with pytest.raises(ValueError, match=r"no file .*nope\.py \(relative paths are from the working folder"):
         resolve_scorer("nope.py:compute_score")
-    with pytest.raises(ValueError, match="has no attribute 'missing'"):
-        resolve_scorer("my_reward.py:missing")
+    (tmp_path / "two.py").write_text(VERL_REWARD + "from os.path import join\nLIMIT = 3\n"
+                                      "def _helper(): pass\nclass Parsed: pass\ndef compute_bonus(): pass\n")
+    with pytest.raises(ValueError) as e:   # the walk-through's typo: AttributeError naming the internal module
+        resolve_scorer("two.py:compute_scor")
+    assert str(e.value) == ("scorer 'two.py:compute_scor' not found: two.py has no function compute_scor; it "
+                            "defines: compute_bonus, compute_score")
+    (tmp_path / "none.py").write_text("X = 1\n")
+    with pytest.raises(ValueError, match="none.py has no function f; it defines no function$"):
+        resolve_scorer("none.py:f")
     (tmp_path / "broken.py").write_text("def compute_score(:\n")
     with pytest.raises(ValueError, match="'broken.py:compute_score' cannot be loaded: SyntaxError"):
         resolve_scorer("broken.py:compute_score")
