@@ -266,6 +266,8 @@ class DLQReason(StrEnum):
     invalid_tokens = "invalid_tokens"        # token ids the model cannot take (vocabulary, context)
     retries_exhausted = "retries_exhausted"  # failed its budget of tries while the dependency answered others
     output_oversize = "output_oversize"      # what it turned into is above the output topic's record limit
+    # 1.3
+    scorer_error = "scorer_error"            # the reward scorer raised on (or cannot take) items of the group
 
 
 class DLQRecord(Contract):
@@ -274,8 +276,9 @@ class DLQRecord(Contract):
     SCHEMA_NAME: ClassVar[str] = "dlq_record"
     # 1.1: reasons non_finite, invalid_tokens, retries_exhausted, output_oversize; 1.2: key_b64
     # and payload_b64 are base64, payload_sha256 is hex, int64 partition/offset/size/time
-    # (refuses only what no writer makes)
-    SCHEMA_VERSION: ClassVar[str] = "1.2"
+    # (refuses only what no writer makes); 1.3: reason scorer_error (a 1.2 reader counts the
+    # record as unreadable, and still publishes its prompt again)
+    SCHEMA_VERSION: ClassVar[str] = "1.3"
 
     reason: DLQReason
     error: str = Field(description="Human-readable detail naming what was expected and what came.")

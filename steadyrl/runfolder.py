@@ -56,6 +56,7 @@ class Count(StrEnum):
     abandoned = "abandoned"                      # prompts refused past their budget: never trained, replaced
     republished = "republished"                  # prompts in flight too long (records lost): published again
     bad_rows = "bad_rows"                        # dataset rows left out at start (services/learner/rows.py)
+    flat_reward_steps = "flat_reward_steps"      # steps whose groups all scored alike: no signal (learner/flat.py)
 
 
 #: Every key the learner writes into `state.json`'s "counts". A name outside this list read

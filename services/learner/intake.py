@@ -32,10 +32,13 @@ generation, scoring or group was refused somewhere -- by a rollout or reward wor
 this learner (rejected, invalid_tokens: the learner acts on its own DLQ records when it
 reads them back, one rule for all). The prompt is published again, same id, attempt + 1
 (a new seed), so each prompt is still trained once; it is counted
-(`steadyrl_learner_dlq_prompts_total{reason}`, `counts.dlq`). The learner never stops on
-them: a configuration that cannot work sends every prompt there, and the alert on that
-counter tells a person. A forged or poison DLQ record costs one more generation of a
-prompt, never the prompt.
+(`steadyrl_learner_dlq_prompts_total{reason}`, `counts.dlq`). The learner goes on: a
+configuration that cannot work sends every prompt there, and the alert on that counter tells a
+person; when a batch's worth in a row came since the last step, an error names the reasons
+(services/learner/refusals.py). The one exception is a reward scorer that raises on every
+sample of learner.scorer_failure_limit groups in a row with none scored in between: the loop
+stops the run (exit 2) naming the scorer and the exception (refusals.py). A forged or poison
+DLQ record costs one more generation of a prompt, never the prompt.
 
 Every prompt has an end: one refused `learner.prompt_max_refusals` times (each a publish of
 the learner's own, after its backoff) over at least `prompt_min_refusal_s` since its first
@@ -65,6 +68,7 @@ from steadyrl.runfolder import Count
 from steadyrl.services.learner.buffer import MAX_EVICTIONS, evictions
 from steadyrl.services.learner.config import LearnerSection
 from steadyrl.services.learner.outbox import Outbox
+from steadyrl.services.learner.refusals import Refusals, default_limit
 from steadyrl.services.learner.state import REASONS_KEPT, InFlight, Ready, RunState
 from steadyrl.services.learner.tokens import TokenLimits
 
@@ -156,11 +160,17 @@ class Intake:
         self.run_dir = run_dir  # where abandoned.jsonl goes (None: not written)
         self.ready: dict[str, Ready] = {}
         self._arrivals = 0
-        self.dlq_in_a_row = 0  # prompts sent back by rl.dlq since the last step (the loop resets it)
+        self.dlq_in_a_row = 0  # prompts sent back by rl.dlq since the last step (stepped() resets it)
+        self.refusals = Refusals(lc.scorer_failure_limit or default_limit(lc.prompts_per_step))
         self.retry_at: dict[str, float] = {}  # prompt id -> time.monotonic() before which it is not sent again
         #: (prompt id, its InFlight) -> the Prompt the feeder published (Feeder.prompt); set by the
         #: loop. A group whose prompt differs is refused (`prompt_differs`). None: not checked.
         self.published: Callable[[str, InFlight], Prompt] | None = None
+
+    def stepped(self) -> None:
+        """A step was made: the count of refusals in a row and their reasons start anew."""
+        self.dlq_in_a_row = 0
+        self.refusals.stepped()
 
     def saved_offsets(self) -> dict[str, dict[str, int]]:
         """What state.json keeps as `offsets` (rl.scored) and `release_offsets` (rl.releases):
@@ -193,6 +203,8 @@ class Intake:
             self._dead_letter_out(msg, rej)
             return
         pid = sg.prompt_id
+        if not releases and sg.group.prompt.run_id == st.run_id:
+            self.refusals.scored()   # the scorer scored a group of this run: it works
         released_from = codec.header_value(msg.headers(), RELEASE_HEADER)
         if released_from is not None and not releases:
             RELEASE_ON_SCORED.inc()
@@ -268,8 +280,10 @@ class Intake:
             rec = codec.decode(msg.value(), msg.headers(), DLQRecord)
             # the error is the writer's text, of any length: a reason is kept and logged cut short
             reason, why = rec.reason.value, f"{rec.stage[:100]}: {rec.reason.value}: {rec.error[:REASON_CHARS]}"
+            self.refusals.refused(rec.stage[:100], reason, rec.error)
         except codec.Rejected as rej:
             reason, why = "unreadable", f"unreadable DLQ record: {rej.detail}"
+            self.refusals.refused("?", reason, rej.detail)
         f = st.in_flight[pid]
         f.attempt += 1
         f.released = False  # what comes back is a new sample
@@ -294,8 +308,8 @@ class Intake:
                     extra={"prompt_id": pid, "attempt": f.attempt, "refused": f.refused, "why": why,
                            "in_a_row": self.dlq_in_a_row})
         if self.dlq_in_a_row == self.lc.prompts_per_step:  # once per streak; the alert is on the counter
-            log.error("a batch's worth of prompts in a row went to rl.dlq since the last step: the configuration "
-                      "may not work (e.g. group_size above what the actor allows); the learner goes on",
+            log.error(f"a batch's worth of prompts in a row went to rl.dlq since the last step: "
+                      f"{self.refusals.summary()}; the learner goes on",
                       extra={"in_a_row": self.dlq_in_a_row, "last": why})
 
     def abandon(self, pid: str, why: str) -> None:

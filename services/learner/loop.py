@@ -45,6 +45,7 @@ from steadyrl.services.learner.buffer import next_batch
 from steadyrl.services.learner.config import LearnerConfig, data_label, load_dataset
 from steadyrl.services.learner.drift import ParamDrift
 from steadyrl.services.learner.feeder import IN_FLIGHT, Feeder
+from steadyrl.services.learner.flat import FlatSteps
 from steadyrl.services.learner.intake import BUFFER_SIZE, Intake, open_consumer
 from steadyrl.services.learner.metrics import (
     SAMPLE_AGE,
@@ -74,6 +75,11 @@ log = logging.getLogger("steadyrl.learner")
 #: lost (published again at the republish bound, minutes later).
 STRAGGLER_FACTOR, STRAGGLER_MIN_S = 2.0, 5.0
 TOPICS = ("rl.prompts", "rl.scored", "rl.releases", "rl.policy", "rl.dlq", "rl.quarantine")
+
+
+class ScorerFailing(ConfigError):
+    """The reward scorer raises on everything (services/learner/refusals.py): the run stops
+    with exit 2, as for bad configuration (a restart would fail the same way)."""
 
 
 class Learner:
@@ -148,6 +154,7 @@ class Learner:
         self._overdue_t = 0.0
         self.intake.published = self.feeder.prompt  # a group's prompt must be the one published
         self.screen = Screen(lc, st, self.outbox)
+        self.flat = FlatSteps()   # steps whose groups all scored alike: warned once per change, counted
         self.consumer: Consumer | None = None  # opened in run()
         # what run() assigned, kept by the loop's thread: /readyz reads this, never the consumer
         # (consumer.assignment() from the probe thread blocks while the loop polls an idle one)
@@ -261,7 +268,12 @@ class Learner:
         append_audit(self.run_dir, st.step, batch)
         self.cache.append([row for sg in groups for row in rows_of(sg, st.step)])
         count_trained(st, metrics, groups)
-        self.intake.dlq_in_a_row = 0
+        flat, warning = self.flat.seen([sg.rewards for sg in groups])
+        if flat:
+            st.count(Count.flat_reward_steps)
+        if warning is not None:
+            log.warning(warning, extra={"step": st.step, "grad_norm": metrics.get("actor/grad_norm")})
+        self.intake.stepped()
         now = time.monotonic()
         seconds, self._last_step_t = now - self._last_step_t, now
         self.stall.stepped(seconds)
@@ -298,6 +310,19 @@ class Learner:
                 consumer.store_offsets(message=msg)
         self.intake.drop_stale()
         self.intake.evict()
+
+    def stop_scorer_failing(self, why: str) -> None:
+        """The reward scorer raised on every sample of learner.scorer_failure_limit groups in a row
+        (services/learner/refusals.py): checkpoint and state saved, the run stops with exit 2
+        (ScorerFailing), which `steadyrl up` reports as the run's failure and never restarts.
+        Nothing is lost: the prompts in flight are in the state, and a run started again with the
+        scorer fixed resumes this one."""
+        log.error(f"stopping the run: {why}", extra={"run_id": self.state.run_id, "step": self.state.step,
+                                                     "dlq": self.state.counts.get(Count.dlq.value, 0)})
+        self.progress["phase"] = "stopped: the reward scorer fails"
+        self.checkpoint(wait=True)
+        self.save_state()
+        raise ScorerFailing(f"learner: {why}")
 
     def republish_overdue(self) -> None:
         """At most once a second: prompts in flight past the bound (max(republish_factor x the
@@ -347,6 +372,8 @@ class Learner:
                 self.health.beat()
                 abandoned = st.counts.get(Count.abandoned.value, 0)
                 self.poll()
+                if (why := self.intake.refusals.failing()) is not None:
+                    self.stop_scorer_failing(why)
                 self.republish_overdue()
                 if st.counts.get(Count.abandoned.value, 0) != abandoned:
                     self.save_state()  # an abandonment is recorded once: its state goes with it
@@ -354,6 +381,8 @@ class Learner:
                     self.train_step(take)
                 self.top_up()
                 IN_FLIGHT.set(len(st.in_flight))
+                self.progress.update(dlq=st.counts.get(Count.dlq.value, 0),
+                                     abandoned=st.counts.get(Count.abandoned.value, 0))
             self.checkpoint(wait=True)  # on stop and at the end
             if st.step >= lc.steps and not st.finished:
                 self.progress["phase"] = "eval after"

@@ -6,8 +6,9 @@
 
     200, every item scored       Scores
     200, an item unscored        that group Rejected: `{"reward": null, "error"}` (the scorer
-                                 raised; handler_error) or a reward that is not finite
-                                 (non_finite); the other groups are scored
+                                 raised; scorer_error, "prompt P: k of n items unscored: <the
+                                 first error>") or a reward that is not finite (non_finite);
+                                 the other groups are scored
     4xx (not 408/429)            the server is up (a breaker success); the request or a group is
                                  wrong. One group: Rejected with the server's message (a 422
                                  naming a non-finite score: non_finite); several: each group is
@@ -101,6 +102,14 @@ def _named_items(resp: httpx.Response) -> dict[int, str]:
         return {int(it["index"]): str(it.get("error", "")) for it in resp.json().get("items", [])}
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}
+
+
+def scorer_error_detail(prompt_id: str, failed: int, items: int, first: str) -> str:
+    """The DLQ error (reason scorer_error) of a group whose scorer raised on `failed` of its `items`
+    samples, `first` the first one's error (the server's, e.g. steadyrl.scorers.raised):
+    `prompt <id>: <failed> of <items> items unscored: <first>` (the learner reads the counts back:
+    services/learner/refusals.py)."""
+    return f"prompt {prompt_id}: {failed} of {items} items unscored: {first}"
 
 
 def _answer_key(g: RolloutGroup) -> tuple[str, str | None]:
@@ -330,7 +339,8 @@ class RewardClient:
                 k += n
                 errors = [str(c["error"]) for c in chunk if c.get("reward") is None]  # KeyError: malformed
                 if errors:  # the scorer cannot score this group: not retryable
-                    result.append(Rejected(refusal_reason(errors[0]), f"prompt {g.prompt_id}: {errors[0]}"))
+                    result.append(Rejected(DLQReason.scorer_error, scorer_error_detail(g.prompt_id, len(errors),
+                                                                                       n, errors[0])))
                     continue
                 rewards = [c["reward"] for c in chunk]
                 if not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rewards):

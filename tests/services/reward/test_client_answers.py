@@ -99,7 +99,8 @@ def test_an_unscorable_or_non_finite_item_in_a_200_refuses_only_its_group(server
     server.answer = answer
     a, p, b = _client(server).score_many([A, P, B])
     assert a.rewards == [1.0, 1.0]
-    assert isinstance(p, Rejected) and p.reason is DLQReason.handler_error and "scorer exploded" in p.detail
+    assert isinstance(p, Rejected) and p.reason is DLQReason.scorer_error
+    assert p.detail == "prompt P: 3 of 3 items unscored: RuntimeError: scorer exploded"
     assert isinstance(b, Rejected) and b.reason is DLQReason.non_finite and "non-finite rewards [inf]" in b.detail
 
 
