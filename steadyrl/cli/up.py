@@ -265,8 +265,11 @@ def _own_things(args: argparse.Namespace) -> Path:
     return out
 
 
-def _readiness(ready: dict[str, bool]) -> str:
-    """The line `up` prints once the services had their time to get ready."""
+def _readiness(ready: dict[str, bool], stopping: bool = False) -> str | None:
+    """The line `up` prints once the services had their time to get ready; None when `up` is
+    stopping already (a service cannot start, the run ended, Ctrl-C): no "they keep running"."""
+    if stopping:
+        return None
     late = [name for name, ok in ready.items() if not ok]
     if not late:
         return "stack up; Ctrl-C stops everything"
@@ -481,7 +484,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"{c.name}: {'ready' if ready[c.name] else 'NOT ready'} at {c.url}/readyz", flush=True)
         if args.exit_when_ready:
             return 0 if all(ready.values()) else 1
-        print(_readiness(ready), flush=True)
+        line = _readiness(ready, stopping=sup.stop.is_set())
+        if line is not None:
+            print(line, flush=True)
         sup.run_until_stopped(tick=tick)
         if view is not None:
             view.stop()   # and the SUMMARY lines it held print, as without it

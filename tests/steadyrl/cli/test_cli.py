@@ -110,6 +110,25 @@ def test_stack_up_only_when_every_service_is_ready():
     assert line.startswith("not ready yet: rollout-0, learner-0") and "Ctrl-C stops everything" in line
 
 
+def test_no_keep_running_line_when_up_is_about_to_stop(tmp_path):
+    """The walk-through saw "not ready yet ... they keep running and are restarted ... Ctrl-C
+    stops everything" just before `up` stopped on a service's configuration error."""
+    import io
+
+    from steadyrl.broker import free_port
+    from steadyrl.supervisor import Child, Supervisor
+
+    bad = Child("reward-0", [sys.executable, "-c", "import sys; sys.exit(2)"], free_port())
+    sup = Supervisor([bad], out=io.StringIO(), log_dir=tmp_path)
+    try:
+        sup.start_all()
+        ready = sup.wait_ready(timeout_s=30)
+        assert sup.failed == "reward-0" and ready == {"reward-0": False}
+        assert cli._readiness(ready, stopping=sup.stop.is_set()) is None
+    finally:
+        sup.stop_all()
+
+
 # ---------------------------------------------------------------------------- quarantine decisions
 
 @pytest.mark.parametrize("action, says", [("release", "released b1: 2 groups on p.rl.releases, to be trained"),
