@@ -11,8 +11,9 @@ come through steadyrl.runview, as `steadyrl status` reads them.
 The services' lines reach the panel through `LinePanel.out` (given to the Supervisor and the
 BrokerWatch as their `out`): a warning or error (a JSON log line of level WARNING and above)
 and any plain line (a traceback, a restart notice) print above the panel; the learner's
-SUMMARY lines print after it stops; the rest (INFO log lines, a library's progress bars) only
-go to `<state>/logs/<instance>.log`, where the supervisor keeps every line whole.
+SUMMARY lines print after it stops; the rest (INFO log lines, a library's progress bars,
+librdkafka's start-up "Coordinator load in progress: retrying", `TRANSIENT`) only go to
+`<state>/logs/<instance>.log`, where the supervisor keeps every line whole.
 Plain lines, as before, when stdout is not a terminal, TERM is dumb, or `up --plain`.
 """
 
@@ -45,6 +46,10 @@ SHOWN_LEVELS = frozenset({"WARNING", "ERROR", "CRITICAL"})
 #: Plain lines that only go to the log file: a server's "listening" line and progress bars
 #: (transformers', tqdm's: "45%|####  | 9/20 [00:03<00:04, 2.6it/s]").
 QUIET = re.compile(r"^listening https?://|\d+%\|.*\||\d+(\.\d+)?(it/s|s/it)\]")
+#: librdkafka's warnings (JSON lines of an `rdkafka.*` logger) that only say a start-up wait is
+#: retried: a transactional producer asking for its id while the broker's transaction coordinator
+#: still loads (every start of a fresh broker). To the log file only, like an INFO line.
+TRANSIENT = re.compile(r"^GETPID \[[^\]]*\] \[[^\]]*\]: .*Coordinator load in progress: retrying$")
 #: A log line's fields that are not worth a person's screen.
 _PLUMBING = frozenset({"ts", "level", "service", "logger", "msg", "exc", "taskName"})
 
@@ -166,6 +171,8 @@ def summarize(name: str, text: str) -> tuple[str, dict[str, Any] | None]:
         except ValueError:
             record = None
         if isinstance(record, dict) and "level" in record:
+            if str(record.get("logger", "")).startswith("rdkafka.") and TRANSIENT.match(str(record.get("msg", ""))):
+                return "quiet", record
             return ("show" if record["level"] in SHOWN_LEVELS else "quiet"), record
     return ("quiet" if not text.strip() or QUIET.search(text) else "show"), None
 

@@ -81,6 +81,19 @@ def test_lines_warnings_show_info_goes_to_the_log_only_and_summary_waits(tmp_pat
     assert "learner-0 | SUMMARY counts: none" in console.file.getvalue()
 
 
+def test_librdkafkas_start_up_retry_goes_to_the_log_only():
+    """Printed above the panel on every start (a fresh broker's transaction coordinator loads)."""
+    retry = ('{"ts": 1796414318.449, "level": "WARNING", "service": "rollout", "logger": '
+             '"rdkafka.rollout-rollout-0-producer", "msg": "GETPID [rollout-rollout-0-producer#producer-2] '
+             '[thrd:main]: Failed to acquire transactional PID from broker TxnCoordinator/1: Broker: Coordinator '
+             'load in progress: retrying"}')
+    assert panel.summarize("rollout-0", retry)[0] == "quiet"
+    other = retry.replace("Coordinator load in progress: retrying", "Fatal error: Broker: Producer fenced")
+    assert panel.summarize("rollout-0", other)[0] == "show"                       # another GETPID warning shows
+    ours = retry.replace('"rdkafka.rollout-rollout-0-producer"', '"steadyrl.rollout"')
+    assert panel.summarize("rollout-0", ours)[0] == "show"                        # only librdkafka's own line
+
+
 def test_plain_when_not_a_terminal_or_asked(monkeypatch):
     class Tty(io.StringIO):
         def isatty(self):
