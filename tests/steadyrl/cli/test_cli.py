@@ -216,6 +216,27 @@ def test_readme_layout_names_every_service_and_doc():
     assert "reward server" in layout
 
 
+def test_readme_where_things_are_matches_the_code(monkeypatch):
+    """The walk-through's questions: which --state-dir the commands read, which ports, a JSONL
+    row's fields, and where the offline machine keeps a tokenizer for a tiny model of one's own."""
+    from steadyrl import models
+    from steadyrl.stack import SMOLLM2
+
+    where = (ROOT / "README.md").read_text().split("## Where things are", 1)[1].split("\n## ", 1)[0]
+    for argv in (["status"], ["logs", "learner-0"], ["export", "r1", "latest", "out"], ["up"]):
+        assert cli.build_parser().parse_args(argv).state_dir == ".steadyrl", argv
+    assert all(f"`{name}`" in where for name in ("status", "logs", "export", "--state-dir", "--port",
+                                                   "--port-offset", ".steadyrl", "up.json"))
+    assert '"question"' in where and '"answer"' in where
+    assert "(docs/rl.md#data-steadyrldatapy)" in where
+    assert "\n## Data (`steadyrl/data.py`)\n" in (ROOT / "docs/rl.md").read_text()   # the anchor's heading
+    monkeypatch.delenv("STEADYRL_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", "/home/someone")
+    cached = str(models.cache_root() / SMOLLM2).replace("/home/someone", "~")
+    assert f"`{cached}/`" in where and "`$STEADYRL_CACHE/models/`" in where
+
+
 def test_alert_bridge_doc_matches_its_config_and_its_curl_example_is_a_webhook():
     from steadyrl.services.alertbridge.bridge import AlertBridgeConfig, AlertBridgeSection, parse_webhook
 
