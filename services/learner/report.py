@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Gauge
 from scipy.stats import binomtest
 
+from steadyrl.config import ConfigError
 from steadyrl.files import write_atomic
+from steadyrl.rl.loop import ScorerRaisedOnEveryItem
 from steadyrl.rl.loop import evaluate as greedy_eval
 from steadyrl.runfolder import Counts
 from steadyrl.services.learner.config import LearnerSection, data_label, load_dataset, spread
@@ -101,7 +103,11 @@ def _greedy(lc: LearnerSection, spec: str | list[str], limit: int, model: torch.
         except (OSError, ValueError):   # absent or unreadable: evaluate
             pass
     t0 = time.perf_counter()
-    acc, items = greedy_eval(model, tok, rows, lc.eval_scorer, lc.eval_max_new_tokens, on_batch=beat)
+    try:
+        acc, items = greedy_eval(model, tok, rows, lc.eval_scorer, lc.eval_max_new_tokens, on_batch=beat)
+    except ScorerRaisedOnEveryItem as e:   # a restart would fail the same way: exit 2, not a crash loop
+        raise ConfigError(f"learner.eval_scorer {lc.eval_scorer} raised on the evaluation of {data_label(spec)} "
+                          f"{e}") from None
     result = {"accuracy": acc, "n": len(items), "correct": sum(i["correct"] for i in items),
               "seconds": round(time.perf_counter() - t0, 1), "correct_items": [i["correct"] for i in items]}
     if path is not None:

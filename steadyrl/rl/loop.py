@@ -19,6 +19,7 @@ from steadyrl.data import PromptRow
 from steadyrl.generation import SamplingParams, TorchGenerator
 from steadyrl.rewards import resolve_scorer, score_value
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
+from steadyrl.scorers import raised
 
 log = logging.getLogger(__name__)
 
@@ -103,26 +104,43 @@ def run_loop(model: torch.nn.Module, tokenizer: Any, rows: list[PromptRow], cfg:
     return history
 
 
+class ScorerRaisedOnEveryItem(ValueError):
+    """The evaluation's scorer raised on every item: no accuracy can be measured. The message
+    is the first item's error (`steadyrl.scorers.raised`)."""
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, tokenizer: Any, rows: list[PromptRow], scorer: str = "numeric_match",
              max_new_tokens: int = 32, batch_size: int = 32,
              on_batch: Callable[[], None] | None = None) -> tuple[float, list[dict[str, Any]]]:
     """Greedy accuracy: share of rows whose reward is >= 1.0. Returns (accuracy, per-item results).
 
-    on_batch is called after each generation batch (a service beats its liveness there).
+    on_batch is called after each generation batch (a service beats its liveness there). An item
+    the scorer raises on counts as wrong (reward 0.0, its `error` kept, one warning naming how
+    many); ScorerRaisedOnEveryItem when it raised on every item.
     """
     fn = resolve_scorer(scorer)
     gen = TorchGenerator(model, tokenizer, batch_size=batch_size)
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
     items = []
+    errors: list[str] = []
     for s in range(0, len(rows), batch_size):
         chunk = rows[s:s + batch_size]
         outs = gen.generate([encode_prompt(tokenizer, r) for r in chunk], params)
         for row, out in zip(chunk, outs, strict=True):
-            reward, extra = score_value(fn(row.data_source, out[0].text, row.ground_truth, row.extra_info))
+            try:
+                reward, extra = score_value(fn(row.data_source, out[0].text, row.ground_truth, row.extra_info))
+            except Exception as e:  # noqa: BLE001 - the user's scorer: any error is the item's
+                reward, extra = 0.0, {"error": raised(scorer, e)}
+                errors.append(extra["error"])
             items.append({"prompt": row.messages[-1]["content"], "ground_truth": row.ground_truth,
                           "response": out[0].text, "reward": reward, "correct": reward >= 1.0, **extra})
         if on_batch:
             on_batch()
+    if items and len(errors) == len(items):
+        raise ScorerRaisedOnEveryItem(f"on all {len(items)} items; the first: {errors[0]}")
+    if errors:
+        log.warning("evaluation: the scorer raised on %d of %d items (counted wrong); the first: %s",
+                    len(errors), len(items), errors[0])
     acc = sum(i["correct"] for i in items) / max(1, len(items))
     return acc, items

@@ -1,0 +1,59 @@
+"""A user's scorer that raises during the evaluation: the items it raised on count as wrong and
+the evaluation goes on; on every item, a ConfigError naming the scorer (exit 2, no crash loop).
+Before, the exception ended the learner, which the supervisor restarted, over and over
+(issue 38's newcomer walk-through)."""
+
+import logging
+
+import pytest
+
+from steadyrl.config import ConfigError
+from steadyrl.data import tiny_copy_rows
+from steadyrl.models import load_policy
+from steadyrl.rl.loop import ScorerRaisedOnEveryItem, evaluate
+from steadyrl.services.learner import report
+from steadyrl.services.learner.config import LearnerSection
+
+SOME = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if ground_truth in "01234":
+        raise ValueError("no score for " + ground_truth)
+    return 1.0
+'''
+ALL = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(solution_str + "x")
+'''
+
+
+def _rows():
+    rows = tiny_copy_rows(20, seed=0)
+    return rows, sum(r.ground_truth in "01234" for r in rows)
+
+
+def test_items_the_scorer_raises_on_count_wrong_and_are_named(tmp_path, caplog):
+    (tmp_path / "some.py").write_text(SOME)
+    model, tok = load_policy("tiny", seed=0)
+    rows, raising = _rows()
+    assert 0 < raising < len(rows)
+    with caplog.at_level(logging.WARNING):
+        acc, items = evaluate(model, tok, rows, scorer=f"{tmp_path}/some.py:compute_score", max_new_tokens=2)
+    assert acc == pytest.approx((len(rows) - raising) / len(rows))
+    errored = [i for i in items if "error" in i]
+    assert len(errored) == raising and all(not i["correct"] and i["reward"] == 0.0 for i in errored)
+    assert "raised ValueError: no score for" in errored[0]["error"] and "some.py:4" in errored[0]["error"]
+    assert f"raised on {raising} of {len(rows)} items (counted wrong)" in caplog.text
+
+
+def test_a_scorer_raising_on_every_item_stops_with_a_config_error(tmp_path):
+    (tmp_path / "all.py").write_text(ALL)
+    spec = f"{tmp_path}/all.py:compute_score"
+    model, tok = load_policy("tiny", seed=0)
+    rows, _ = _rows()
+    first = f"on all {len(rows)} items; the first: scorer .* raised ValueError"
+    with pytest.raises(ScorerRaisedOnEveryItem, match=first):
+        evaluate(model, tok, rows, scorer=spec, max_new_tokens=2)
+    lc = LearnerSection(model="tiny", eval_scorer=spec, eval_data="tiny_copy:8")
+    with pytest.raises(ConfigError, match=r"learner.eval_scorer .*all.py:compute_score raised on the evaluation of "
+                                          r"tiny_copy:8 on all 8 items"):
+        report._greedy(lc, "tiny_copy:8", 8, model, tok, beat=lambda: None)
