@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -48,6 +49,88 @@ def mates() -> list[dict]:
                      "max_abs_logprob_diff": max((abs(x - y) for a, b in equal
                                                   for x, y in zip(a.logprobs, b.logprobs, strict=True)), default=0.0)})
     return rows
+
+
+def where() -> dict:
+    """Which shapes change a row's float result (SmolLM2's weights, no sampling):
+
+    - linear: row r of x[:M] @ W.T (x: 64 random rows, W: layer 0's gate_proj) against the same
+      row computed among 64 rows, for M = 1 ... 32: 1 where it differs;
+    - padded_length: the last position's logits of one 40-token prompt left-padded to P tokens,
+      max |difference| against P = 48;
+    - samples: one prompt's 8 samples (seed 11, 32 tokens) alone and with a mate of the same
+      length (no padding): the samples whose log-probs differ, and from which token."""
+    import torch
+
+    from steadyrl.generation import SamplingParams, TorchGenerator
+    from steadyrl.models import load_policy
+
+    model, tok = load_policy("smollm2-135m-instruct")
+    model.eval()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, model.config.hidden_size, generator=g)                  # (64, H)
+    W = model.model.layers[0].mlp.gate_proj.weight                              # (I, H)
+    with torch.no_grad():
+        full = x @ W.T                                                          # (64, I)
+        linear = {M: [int(bool(((x[:M] @ W.T)[r] != full[r]).any())) for r in range(M)]
+                  for M in (1, 2, 3, 4, 6, 8, 12, 16, 32)}
+        prompt = torch.randint(0, model.config.vocab_size, (40,), generator=g).tolist()
+
+        def last_logits(P: int) -> torch.Tensor:
+            ids = torch.tensor([[tok.pad_token_id] * (P - 40) + prompt] * 8)   # (8, P)
+            mask = (torch.arange(P) >= P - 40).long().expand(8, P)              # (8, P)
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits[0, -1]
+
+        ref = last_logits(48)
+        padded = {P: float((last_logits(P) - ref).abs().max()) for P in (40, 41, 44, 48, 56, 64)}
+    texts = ["What is 12 + 35?", "Compute 7 * 8 and explain briefly."]          # 40 tokens each
+    ids = [tok(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                       tokenize=False), add_special_tokens=False)["input_ids"] for t in texts]
+    gen = TorchGenerator(model, tok)
+    sp = SamplingParams(n=8, max_new_tokens=32, temperature=1.0)
+    alone = gen.generate([ids[0]], sp, seeds=[11])[0]
+    mated = gen.generate([ids[0], ids[1]], sp, seeds=[11, 101])[0]
+    samples = []
+    for j, (a, b) in enumerate(zip(alone, mated, strict=True)):
+        diff = [abs(p - q) for p, q in zip(a.logprobs, b.logprobs, strict=False)]
+        first = next((t for t, d in enumerate(diff) if d > 0), None)
+        samples.append({"sample": j, "same_tokens": a.token_ids == b.token_ids, "first_differing_token": first,
+                        "max_abs_logprob_diff": max(diff, default=0.0)})
+    return {"linear_row_differs": linear, "padded_length_max_abs_diff_vs_48": padded,
+            "prompt_tokens": [len(i) for i in ids], "samples_alone_vs_mate": samples}
+
+
+def threads_cost(rounds: int) -> dict:
+    """Seconds of part 2's one call (8 prompts x 8 samples x 32 tokens, SmolLM2's shapes) at 2
+    and at 1 intra-op thread, alternating within each round: what a bit-repeatable actor costs."""
+    import scaling  # bench/scaling.py: the model shapes
+    import torch
+
+    from steadyrl.generation import SamplingParams, TorchGenerator
+    from steadyrl.models import tiny_tokenizer
+
+    model = scaling._model("smollm2-135m").eval()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, 40, (int(torch.randint(40, 60, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(8)]
+    sp = SamplingParams(n=8, temperature=1.0, max_new_tokens=32)
+    before = torch.get_num_threads()
+    seconds: dict[str, list[float]] = {"2": [], "1": []}
+    try:
+        for _ in range(rounds):
+            for threads in seconds:
+                torch.set_num_threads(int(threads))
+                gen = TorchGenerator(model, tiny_tokenizer(), batch_size=64)
+                gen.eos_ids = {-1}
+                t0 = time.perf_counter()
+                gen.generate(prompts, sp, seeds=list(range(8)))
+                seconds[threads].append(round(time.perf_counter() - t0, 3))
+    finally:
+        torch.set_num_threads(before)
+    med = {k: statistics.median(v) for k, v in seconds.items()}
+    return {"seconds_by_threads": seconds, "median_s": med, "slowdown_at_1": med["1"] / med["2"],
+            "load_average_after": os.getloadavg()}
 
 
 def per_prompt_cost(rounds: int) -> dict:
@@ -85,8 +168,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--where", action="store_true",
+                    help="only the shapes that change a row's result (where()), added to --out's JSON")
     args = ap.parse_args()
     import torch
+
+    if args.where:
+        result = json.loads(args.out.read_text()) if args.out and args.out.exists() else {}
+        result["where"] = where()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)   # the same checks at one thread
+        one = where()
+        result["where"]["one_thread"] = {k: one[k] for k in ("linear_row_differs", "samples_alone_vs_mate")}
+        torch.set_num_threads(threads)
+        result["where"]["threads_cost"] = threads_cost(args.rounds)
+        result["where_command"] = "flock /tmp/steadyrl-bench.lock .venv/bin/python bench/batch_invariance.py --where"
+        result["where_when"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        text = json.dumps(result, indent=2)
+        if args.out:
+            args.out.write_text(text + "\n")
+        print(json.dumps(result["where"]["threads_cost"], indent=2))  # noqa: T201
+        return
 
     result = {"benchmark": "batch_invariance", "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
               "command": "flock /tmp/steadyrl-bench.lock .venv/bin/python bench/batch_invariance.py",
