@@ -185,7 +185,7 @@ def _check_up_args(args: argparse.Namespace) -> dict[str, int]:
         print(f"--config: {args.config} (the copy steadyrl ships; no such file here)", flush=True)
     if getattr(args, "from_verl", None):
         args.config = str(_from_verl(Path(args.from_verl), Path(args.state_dir), args.config))
-    if any(getattr(args, k, None) is not None for k in ("model", "data", "eval_data", "reward", "steps")):
+    if any(getattr(args, k, None) is not None for k in OWN_THINGS) or _own_things_in(args.config):
         args.config = str(_own_things(args))
     if args.broker_data and Path(args.broker_data).exists() and not Path(args.broker_data).is_dir():
         raise CliError(f"--broker-data {args.broker_data}: not a folder", 2)
@@ -227,18 +227,42 @@ def _from_verl(verl_file: Path, state: Path, config: str | None) -> Path:
     return out
 
 
+#: up's own-things flags, which a config may also give as top-level keys (`model: ./my-model`).
+OWN_THINGS = ("model", "data", "eval_data", "reward", "steps")
+
+
+def _own_things_in(config: str | None) -> bool:
+    """Whether the YAML file `config` has a top-level key of OWN_THINGS (False when it has none,
+    or cannot be read: the config check says why)."""
+    if not config:
+        return False
+    import yaml  # lazy: only a config file given reads YAML here
+
+    try:
+        cfg = yaml.safe_load(Path(config).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(cfg, dict) and any(k in cfg for k in OWN_THINGS)
+
+
 def _own_things(args: argparse.Namespace) -> Path:
-    """--model, --data, --eval-data, --reward, --steps over the config (or the defaults), each
-    set everywhere it is read (the model: actor and learner; the reward: the reward server's
-    scorers and default, the learner's evaluation), written to `<state-dir>/up-config.yaml`,
-    which is returned. --data without --eval-data turns the evaluation off (the arithmetic test
-    set says nothing of another dataset), and says so. Raises CliError (2): unreadable config."""
+    """--model, --data, --eval-data, --reward, --steps (or the same top-level keys of the config
+    file; a flag wins) over the config (or the defaults), each set everywhere it is read (the
+    model: actor and learner; the reward: the reward server's scorers and default, the learner's
+    evaluation), written to `<state-dir>/up-config.yaml`, which is returned. Data without eval
+    data turns the evaluation off (the arithmetic test set says nothing of another dataset), and
+    says so. Raises CliError (2): unreadable config."""
     import yaml  # lazy: only these flags read YAML here
 
     try:
         cfg = (yaml.safe_load(Path(args.config).read_text()) or {}) if args.config else {}
     except (OSError, yaml.YAMLError) as e:
         raise CliError(f"--config {args.config}: {type(e).__name__}: {e}", 2) from None
+    for key in OWN_THINGS:   # top-level keys of the file, as the flags
+        value = cfg.pop(key, None)
+        if value is not None and getattr(args, key, None) is None:
+            setattr(args, key, [str(v) for v in value] if key in ("data", "eval_data") and isinstance(value, list)
+                    else [str(value)] if key in ("data", "eval_data") else value)
     learner = cfg.setdefault("learner", {})
     if args.model is not None:
         cfg.setdefault("actor", {})["model"] = learner["model"] = args.model
