@@ -311,6 +311,11 @@ class Learner:
         self.intake.drop_stale()
         self.intake.evict()
 
+    def eval_progress(self, split: str, done: int, rows: int) -> None:
+        """An evaluation's progress, on /progress as `eval` {split, done, rows} (the live panel
+        shows it) while the phase is "eval before" or "eval after"."""
+        self.progress["eval"] = {"split": split, "done": done, "rows": rows}
+
     def stop_scorer_failing(self, why: str) -> None:
         """The reward scorer raised on every sample of learner.scorer_failure_limit groups in a row
         (services/learner/refusals.py): checkpoint and state saved, the run stops with exit 2
@@ -355,18 +360,20 @@ class Learner:
             if st.eval_before is None and st.step == 0:
                 self.progress["phase"] = "eval before"
                 st.eval_before = report.evaluate(lc, self.model, self.tok, "before", self.health.beat,
-                                                 cache=self.eval_cache)
+                                                 cache=self.eval_cache, progress=self.eval_progress)
                 self.save_state()
             elif st.step == 0 and st.eval_before is not None and (pending := report.pending_splits(lc, st.eval_before)):
                 # resumed at step 0 with the eval before saved without these harder splits
                 self.progress["phase"] = "eval before"
                 st.eval_before.setdefault("splits", {}).update(report.evaluate_splits(
-                    lc, self.model, self.tok, "before", self.health.beat, names=pending, cache=self.eval_cache))
+                    lc, self.model, self.tok, "before", self.health.beat, names=pending, cache=self.eval_cache,
+                    progress=self.eval_progress))
                 self.save_state()
             if self.progress["phase"] == "eval before":  # in flight since before it: their age starts now
                 for f in st.in_flight.values():
                     f.published_ms = now_ms()
             self.progress["phase"] = "waiting"
+            self.progress.pop("eval", None)
             self.stall.waiting()
             while st.step < lc.steps and not stop.is_set():
                 self.health.beat()
@@ -389,7 +396,8 @@ class Learner:
                 # the harder splits: those evaluated before (none in a run begun before eval_splits)
                 st.eval_after = report.evaluate(lc, self.model, self.tok, "after", self.health.beat,
                                                 splits=set((st.eval_before or {}).get("splits") or {}),
-                                                cache=self.eval_cache)
+                                                cache=self.eval_cache, progress=self.eval_progress)
+                self.progress.pop("eval", None)
                 report.write_summary(lc, st, self.run_dir)
                 for name in ("summary.json", "curve.png"):
                     self.trackers.artifact(self.run_dir / name)

@@ -85,11 +85,18 @@ def cache_key(lc: LearnerSection, rows: list[Any], tok: Any, digest: str) -> str
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
 
+#: What the learner is told as an evaluation goes: (split, rows done, rows). The split is
+#: "test" for eval_data (steadyrl.runview.MAIN_SPLIT), else the harder split's name.
+EvalProgress = Callable[[str, int, int], None]
+
+
 def _greedy(lc: LearnerSection, spec: str | list[str], limit: int, model: torch.nn.Module, tok: Any,
-            beat: Callable[[], None], cache: tuple[Path, str] | None = None) -> dict[str, Any]:
+            beat: Callable[[], None], cache: tuple[Path, str] | None = None,
+            progress: EvalProgress | None = None, split: str = "test") -> dict[str, Any]:
     """Greedy accuracy of `model` on `limit` rows of `spec`. With `cache` (a folder, and
     weights_digest of `model`), a result cached there under the same cache_key is returned
-    instead of evaluating again (logged, `cached: true`), and a new result is cached."""
+    instead of evaluating again (logged, `cached: true`), and a new result is cached.
+    `progress(split, done, rows)` as the evaluation goes (not for a cached result)."""
     rows = spread(load_dataset(spec), limit)
     path = None
     if cache is not None:
@@ -104,7 +111,8 @@ def _greedy(lc: LearnerSection, spec: str | list[str], limit: int, model: torch.
             pass
     t0 = time.perf_counter()
     try:
-        acc, items = greedy_eval(model, tok, rows, lc.eval_scorer, lc.eval_max_new_tokens, on_batch=beat)
+        acc, items = greedy_eval(model, tok, rows, lc.eval_scorer, lc.eval_max_new_tokens, on_batch=beat,
+                                 on_progress=(lambda done, n: progress(split, done, n)) if progress else None)
     except ScorerRaisedOnEveryItem as e:   # a restart would fail the same way: exit 2, not a crash loop
         raise ConfigError(f"learner.eval_scorer {lc.eval_scorer} raised on the evaluation of {data_label(spec)} "
                           f"{e}") from None
@@ -120,7 +128,8 @@ def _greedy(lc: LearnerSection, spec: str | list[str], limit: int, model: torch.
 
 
 def evaluate(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: str, beat: Callable[[], None],
-             splits: Collection[str] | None = None, cache: Path | None = None) -> dict[str, Any] | None:
+             splits: Collection[str] | None = None, cache: Path | None = None,
+             progress: EvalProgress | None = None) -> dict[str, Any] | None:
     """Greedy accuracy of `model` on lc.eval_data (None when there is none), and under "splits"
     on each harder test split of lc.eval_splits (those named in `splits`, when given: after the
     run, those evaluated before it); `beat` is called after every batch (liveness). With
@@ -130,16 +139,17 @@ def evaluate(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: str, be
     if lc.eval_data is None:
         return None
     keyed = None if cache is None else (cache, weights_digest(model))
-    result = _greedy(lc, lc.eval_data, lc.eval_limit, model, tok, beat, keyed)
+    result = _greedy(lc, lc.eval_data, lc.eval_limit, model, tok, beat, keyed, progress)
     EVAL_ACCURACY.labels(when).set(result["accuracy"])
     log.info("evaluation", extra={"when": when, "accuracy": result["accuracy"], "n": result["n"]})
-    result["splits"] = evaluate_splits(lc, model, tok, when, beat, splits, cache, keyed[1] if keyed else None)
+    result["splits"] = evaluate_splits(lc, model, tok, when, beat, splits, cache, keyed[1] if keyed else None,
+                                       progress)
     return result
 
 
 def evaluate_splits(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: str, beat: Callable[[], None],
                     names: Collection[str] | None = None, cache: Path | None = None,
-                    digest: str | None = None) -> dict[str, dict[str, Any]]:
+                    digest: str | None = None, progress: EvalProgress | None = None) -> dict[str, dict[str, Any]]:
     """Greedy accuracy on each harder test split of lc.eval_splits (only those in `names`, when
     given), lc.eval_splits_limit rows each, with the dataset under "data"; {} when lc.eval_data
     is None (no evaluation at all). `cache`: see evaluate; `digest`: the model's weights_digest
@@ -151,7 +161,8 @@ def evaluate_splits(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: 
     for name, spec in lc.harder_splits.items():
         if names is not None and name not in names:
             continue
-        out[name] = {"data": spec, **_greedy(lc, spec, lc.eval_splits_limit, model, tok, beat, keyed)}
+        out[name] = {"data": spec, **_greedy(lc, spec, lc.eval_splits_limit, model, tok, beat, keyed, progress,
+                                             name)}
         EVAL_SPLIT_ACCURACY.labels(name, when).set(out[name]["accuracy"])
         log.info("evaluation", extra={"when": when, "split": name, "accuracy": out[name]["accuracy"],
                                       "n": out[name]["n"]})

@@ -83,6 +83,7 @@ class PanelState:
     reward: float | None = None               # the last batch's mean reward
     tokens_per_s: float | None = None
     evals: dict[str, dict[str, float]] = field(default_factory=dict)   # split -> {"before"/"after": accuracy}
+    evaluating: dict[str, Any] | None = None  # the learner's /progress `eval`: {split, done, rows}
     breaker: dict[str, str] = field(default_factory=dict)              # reward instance -> closed/open/half_open
     dlq: int = 0
     restarts: dict[str, int] = field(default_factory=dict)             # instance (or "broker") -> restarts
@@ -101,6 +102,8 @@ def _phase(s: PanelState) -> Text:
         when = s.phase.removeprefix("eval ")
         done = [f"{name} {ev[when]:.3f}" for name, ev in s.evals.items() if when in ev]
         doing = runview.MAIN_SPLIT if not done else "harder splits"
+        if s.evaluating:   # the learner says which split and how far
+            doing = f"{s.evaluating.get('split')} {s.evaluating.get('done')}/{s.evaluating.get('rows')}"
         text = Text(f"evaluating {doing} ({when} training), {duration(s.phase_s)}", style="bold")
         if done:
             text.append(f"; done: {', '.join(done)}", style="dim")
@@ -295,6 +298,7 @@ class LivePanel:
                 eta_s=runview.eta_s(step, steps, run.history) if run and not run.finished else None,
                 reward=live.get("reward_mean", last["reward_mean"] if last else None),
                 tokens_per_s=live.get("tokens_per_s"), evals=evals, breaker=breaker,
+                evaluating=live.get("eval") if isinstance(live.get("eval"), dict) else None,
                 dlq=run.counts[Count.dlq] if run else 0, abandoned=run.counts[Count.abandoned] if run else 0,
                 counts=run.counts.line() if run else "", checkpoint=run.checkpoint if run else None)
 

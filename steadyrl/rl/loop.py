@@ -112,10 +112,12 @@ class ScorerRaisedOnEveryItem(ValueError):
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, tokenizer: Any, rows: list[PromptRow], scorer: str = "numeric_match",
              max_new_tokens: int = 32, batch_size: int = 32,
-             on_batch: Callable[[], None] | None = None) -> tuple[float, list[dict[str, Any]]]:
+             on_batch: Callable[[], None] | None = None,
+             on_progress: Callable[[int, int], None] | None = None) -> tuple[float, list[dict[str, Any]]]:
     """Greedy accuracy: share of rows whose reward is >= 1.0. Returns (accuracy, per-item results).
 
-    on_batch is called after each generation batch (a service beats its liveness there). An item
+    on_batch is called after each generation batch (a service beats its liveness there), and
+    on_progress with (rows done, rows) before the first batch and after each. An item
     the scorer raises on counts as wrong (reward 0.0, its `error` kept, one warning naming how
     many); ScorerRaisedOnEveryItem when it raised on every item.
     """
@@ -124,6 +126,8 @@ def evaluate(model: torch.nn.Module, tokenizer: Any, rows: list[PromptRow], scor
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
     items = []
     errors: list[str] = []
+    if on_progress:
+        on_progress(0, len(rows))
     for s in range(0, len(rows), batch_size):
         chunk = rows[s:s + batch_size]
         outs = gen.generate([encode_prompt(tokenizer, r) for r in chunk], params)
@@ -137,6 +141,8 @@ def evaluate(model: torch.nn.Module, tokenizer: Any, rows: list[PromptRow], scor
                           "response": out[0].text, "reward": reward, "correct": reward >= 1.0, **extra})
         if on_batch:
             on_batch()
+        if on_progress:
+            on_progress(len(items), len(rows))
     if items and len(errors) == len(items):
         raise ScorerRaisedOnEveryItem(f"on all {len(items)} items; the first: {errors[0]}")
     if errors:

@@ -116,7 +116,9 @@ def test_a_state_of_the_previous_version_resumes_without_splits():
 
 
 def _fake_greedy(monkeypatch) -> None:
-    def greedy(model, tok, rows, scorer, max_new_tokens, on_batch=None):
+    def greedy(model, tok, rows, scorer, max_new_tokens, on_batch=None, on_progress=None):
+        if on_progress:
+            on_progress(len(rows), len(rows))
         return 0.5, [{"correct": i % 2 == 0} for i in range(len(rows))]
 
     monkeypatch.setattr("steadyrl.services.learner.report.greedy_eval", greedy)
@@ -132,6 +134,14 @@ def test_evaluate_splits_spreads_the_limit_and_skips_without_eval_data(monkeypat
     off = lc.model_copy(update={"eval_data": None})
     assert report.evaluate_splits(off, None, None, "before", lambda: None) == {}
     assert report.evaluate(off, None, None, "before", lambda: None) is None
+
+
+def test_evaluate_reports_progress_by_split(monkeypatch):
+    _fake_greedy(monkeypatch)
+    seen = []
+    lc = _section(eval_splits={"a": "tiny_copy:20", "b": "tiny_copy:3"}, eval_splits_limit=0)
+    report.evaluate(lc, None, None, "before", lambda: None, progress=lambda *p: seen.append(p))
+    assert seen == [("test", 8, 8), ("a", 20, 20), ("b", 3, 3)]
 
 
 def test_evaluate_puts_the_splits_beside_eval_data(monkeypatch):

@@ -46,6 +46,8 @@ def test_render_before_anything_is_known_and_during_an_evaluation():
                              breaker={"reward-0": "closed", "reward-1": "open"}))
     assert "evaluating harder splits (after training)" in out and "done: test 0.300" in out
     assert "reward-0 closed, reward-1 open" in out
+    out = text_of(PanelState(phase="eval after", phase_s=61, evaluating={"split": "level04", "done": 64, "rows": 96}))
+    assert "evaluating level04 64/96 (after training), 1m01s" in out
 
 
 def test_eta_and_evaluations_read_from_the_run():

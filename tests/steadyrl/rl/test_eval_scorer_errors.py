@@ -45,6 +45,15 @@ def test_items_the_scorer_raises_on_count_wrong_and_are_named(tmp_path, caplog):
     assert f"raised on {raising} of {len(rows)} items (counted wrong)" in caplog.text
 
 
+def test_progress_is_told_before_the_first_batch_and_after_each():
+    model, tok = load_policy("tiny", seed=0)
+    rows = tiny_copy_rows(70, seed=0)
+    seen = []
+    evaluate(model, tok, rows, scorer="tiny_copy", max_new_tokens=2, batch_size=32,
+             on_progress=lambda done, n: seen.append((done, n)))
+    assert seen == [(0, 70), (32, 70), (64, 70), (70, 70)]
+
+
 def test_a_scorer_raising_on_every_item_stops_with_a_config_error(tmp_path):
     (tmp_path / "all.py").write_text(ALL)
     spec = f"{tmp_path}/all.py:compute_score"
