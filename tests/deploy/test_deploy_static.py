@@ -265,11 +265,15 @@ def check_command(argv: list[str], where: str) -> None:
 
 def section_flags_of_up() -> dict[str, list[str]]:
     """The per-service wiring `steadyrl up` passes as flags (`--reward.server-url`, ...):
-    {section: [FIELD, ...]} read off cli.cmd_up's source."""
+    {section: [FIELD, ...]} read off the source of cli.cmd_up and of the function it takes them
+    from (`_service_flags`, which the config check before the broker starts uses too)."""
     import inspect
 
+    from steadyrl.cli import up as up_cli
+
+    source = inspect.getsource(cli.cmd_up) + inspect.getsource(up_cli._service_flags)
     flags: dict[str, list[str]] = {}
-    for section, field in re.findall(r'"--(actor|rollout|reward|learner)\.([a-z-]+)"', inspect.getsource(cli.cmd_up)):
+    for section, field in re.findall(r'"--(actor|rollout|reward|learner)\.([a-z-]+)"', source):
         flags.setdefault(section, []).append(field.replace("-", "_"))
     assert flags, "no wiring flags found in cmd_up"
     return flags
