@@ -182,13 +182,14 @@ def summarize(name: str, text: str) -> tuple[str, dict[str, Any] | None]:
 
 def shown(name: str, record: dict[str, Any], width: int = 240) -> Text:
     """A warning's or an error's log record as one readable line: `name | LEVEL msg (k=v, ...)`,
-    and an exception's last line."""
+    and an exception's last line. A warning is cut at `width` characters; an error is shown
+    whole (it says what to do, and there is one)."""
     level = str(record.get("level"))
     extra = ", ".join(f"{k}={v}" for k, v in record.items() if k not in _PLUMBING)
     body = str(record.get("msg", "")) + (f" ({extra})" if extra else "")
     if record.get("exc"):
         body += f": {str(record['exc']).strip().splitlines()[-1]}"
-    if len(body) > width:
+    if len(body) > width and level == "WARNING":
         body = body[:width - 3] + "..."
     return Text.assemble((f"{name} | ", "dim"), (level, "red" if level != "WARNING" else "yellow"), f" {body}")
 

@@ -19,8 +19,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     learner = Path(args.state_dir) / "learner"
     if current(learner) is None:
-        raise CliError(f"no run under {learner} (has `steadyrl up` run with this --state-dir? give up's: "
-                       f"`steadyrl status --state-dir DIR`)", 2)
+        raise CliError(f"no run under {learner} (has `steadyrl up` run with this --state-dir? pass the one "
+                       f"up used: `steadyrl status --state-dir DIR`)", 2)
     live = runview.fetch_progress(learner_url(args.state_dir, args.port_offset))
     try:
         run = runview.read_run(args.state_dir, live)

@@ -185,8 +185,11 @@ def _check_up_args(args: argparse.Namespace) -> dict[str, int]:
         print(f"--config: {args.config} (the copy steadyrl ships; no such file here)", flush=True)
     if getattr(args, "from_verl", None):
         args.config = str(_from_verl(Path(args.from_verl), Path(args.state_dir), args.config))
+        args.config_source = f"config file {args.config}, translated from {args.from_verl}"
     if any(getattr(args, k, None) is not None for k in OWN_THINGS) or _own_things_in(args.config):
+        given = f"config file {args.config}" if args.config else "the defaults"
         args.config = str(_own_things(args))
+        args.config_source = f"{given} and up's own-things flags, as {args.config}"
     if args.broker_data and Path(args.broker_data).exists() and not Path(args.broker_data).is_dir():
         raise CliError(f"--broker-data {args.broker_data}: not a folder", 2)
     if args.config:
@@ -412,12 +415,13 @@ def _service_flags(port_offset: int, state: Path) -> dict[str, list[str]]:
             "learner": ["--learner.policy-root", policies, "--learner.state-dir", str(state / "learner")]}
 
 
-def check_config(config: str | None, flags: dict[str, list[str]]) -> None:
+def check_config(config: str | None, flags: dict[str, list[str]], source: str | None = None) -> None:
     """Check the configuration as every service will read it (steadyrl.configcheck, in a process
     of its own: the learner's config imports torch), before anything starts. Raises CliError
     (2) with one line per error, each once (an unknown section is not reported by every
     service). When the check itself cannot run, says so and returns: each service still
-    checks its own at start."""
+    checks its own at start. `source`: what `config` was written from (`up`'s own-things or
+    --from-verl file), named in the error instead."""
     cmd = [sys.executable, "-m", "steadyrl.configcheck", config or "", json.dumps(flags)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
@@ -426,7 +430,7 @@ def check_config(config: str | None, flags: dict[str, list[str]]) -> None:
               f"own", flush=True)
         return
     if r.returncode == 2 and r.stdout.strip():
-        where = f"config file {config}" if config else "the defaults"
+        where = source or (f"config file {config}" if config else "the defaults")
         raise CliError(f"invalid configuration ({where}, STEADYRL_* over it):\n{r.stdout.rstrip()}", 2)
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["no output"])[-1]
@@ -444,7 +448,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if bootstrap is not None and not args.sasl:   # (under --sasl: once logged in, below)
         _require_broker(bootstrap)   # an existing cluster that does not answer: said before the longer check
     extra = _service_flags(args.port_offset, state)
-    check_config(args.config, extra)   # before the broker starts: a typo stops up there, said once
+    check_config(args.config, extra, getattr(args, "config_source", None))   # before the broker: said once
     lb = None
     if bootstrap is None:
         b.fetch()
@@ -515,8 +519,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         if view is not None:
             view.stop()   # and the SUMMARY lines it held print, as without it
         if sup.failed:
-            print(f"{sup.failed} cannot start (configuration error, see its output above); stopping the stack",
-                  flush=True)
+            if ready.get(sup.failed):   # it ran, then stopped the run on an error no restart gets past
+                print(f"{sup.failed} stopped the run (exit 2: see its error above); stopping the stack", flush=True)
+            else:
+                print(f"{sup.failed} cannot start (configuration error, see its output above); stopping the stack",
+                      flush=True)
             return 2
         if sup.finished:
             print(f"{sup.finished} finished its run; stopping the stack", flush=True)

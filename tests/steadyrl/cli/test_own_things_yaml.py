@@ -38,3 +38,22 @@ def test_a_config_without_them_is_not_rewritten(tmp_path):
     assert not _own_things_in(str(path)) and not _own_things_in(None)
     path.write_text("model: [unclosed")
     assert not _own_things_in(str(path))   # unreadable: the config check names it
+
+
+def test_a_config_error_names_the_users_file_not_the_one_up_wrote(tmp_path):
+    """The walk-through's typo in its own file was reported in `<state>/up-config.yaml`."""
+    import os
+    import subprocess
+    import sys
+
+    from steadyrl.broker import free_port_pair
+
+    bad = tmp_path / "typo_key.yaml"
+    bad.write_text(yaml.safe_dump({"learner": {"max_new_token": 8}}))
+    r = subprocess.run([sys.executable, "-m", "steadyrl.cli", "up", "--config", str(bad), "--model", "tiny",
+                        "--state-dir", str(tmp_path / "st"), "--port", str(free_port_pair()),
+                        "--port-offset", str(2900 + os.getpid() % 300)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"config file {bad} and up's own-things flags, as {tmp_path / 'st' / 'up-config.yaml'}" in r.stderr
+    assert "did you mean `max_new_tokens`?" in r.stderr

@@ -105,3 +105,14 @@ def test_plain_when_not_a_terminal_or_asked(monkeypatch):
     assert panel.wanted(False, Tty()) and not panel.wanted(True, Tty()) and not panel.wanted(False, io.StringIO())
     monkeypatch.setenv("TERM", "dumb")
     assert not panel.wanted(False, Tty())
+
+
+def test_an_error_shows_whole_a_warning_is_cut():
+    """The walk-through's stop message ("... learner.scorer_failure_limit (16) sets how many") was
+    cut at 240 characters, before what to do."""
+    from steadyrl.cli.panel import shown
+
+    msg = "x" * 300 + " what to do"
+    assert shown("learner-0", {"level": "ERROR", "msg": msg}).plain.endswith("what to do")
+    cut = shown("learner-0", {"level": "WARNING", "msg": msg}).plain
+    assert cut.endswith("...") and len(cut) < 280

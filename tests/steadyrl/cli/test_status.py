@@ -28,7 +28,7 @@ def test_status_without_a_run_says_so_once_and_names_the_state_dir_flag(tmp_path
     assert main(["status", "--state-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"error: no run under {tmp_path / 'learner'} (has `steadyrl up` run with this --state-dir? "
-                   f"give up's: `steadyrl status --state-dir DIR`)")
+                   f"pass the one up used: `steadyrl status --state-dir DIR`)")
     assert "CURRENT" not in err
 
 
