@@ -229,13 +229,14 @@ def test_learner_killed_mid_run_resumes_and_trains_every_prompt_once(bootstrap, 
 def test_a_group_size_the_actor_refuses_stops_up_at_start_with_the_field_named(bootstrap, tmp_path):
     """group_size 300 > the 256 samples of one prompt the actor generates: every prompt would be
     refused. It used to cycle through rl.dlq for ever (and before that, exit after a batch's
-    worth); now the learner refuses it at start (exit 2, the field named) and `up` stops the
-    stack instead of restarting the learner (issue 33)."""
+    worth); the learner refused it at start (exit 2, the field named) and `up` stopped the
+    stack instead of restarting the learner (issue 33); now `up` refuses it before any service
+    starts (its config check, 49ac106), exit 2, the field named."""
     up = Up(bootstrap, tmp_path, _config(tmp_path, steps=5, group_size=300, eval_data=None))
     rc = up.wait(180)
     out = up.log()
-    assert rc != 0 and "learner.group_size 300 > 256" in out, out[-4000:]
-    assert "cannot start (configuration error" in out and "restart #" not in out, out[-4000:]
+    assert rc == 2 and "learner.group_size 300 > 256" in out, out[-4000:]
+    assert "invalid configuration" in out and "restart #" not in out and "ready at" not in out, out[-4000:]
 
 
 @pytest.mark.slow
