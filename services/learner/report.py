@@ -111,8 +111,11 @@ def _greedy(lc: LearnerSection, spec: str | list[str], limit: int, model: torch.
             pass
     t0 = time.perf_counter()
     try:
-        acc, items = greedy_eval(model, tok, rows, lc.eval_scorer, lc.eval_max_new_tokens, on_batch=beat,
-                                 on_progress=(lambda done, n: progress(split, done, n)) if progress else None)
+        if progress is None:
+            acc, items = greedy_eval(model, tok, rows, lc.eval_scorer, lc.eval_max_new_tokens, on_batch=beat)
+        else:
+            acc, items = greedy_eval(model, tok, rows, lc.eval_scorer, lc.eval_max_new_tokens, on_batch=beat,
+                                     on_progress=lambda done, n: progress(split, done, n))
     except ScorerRaisedOnEveryItem as e:   # a restart would fail the same way: exit 2, not a crash loop
         raise ConfigError(f"learner.eval_scorer {lc.eval_scorer} raised on the evaluation of {data_label(spec)} "
                           f"{e}") from None

@@ -3,6 +3,7 @@ prompt_differs): a stage that rewrote it (its ground truth, its question) is ref
 to rl.dlq, never trained. Regression from the issue 21 review: the rollout principal may write
 rl.rollouts, and the reward workers score against the ground truth the record carries."""
 
+from steadyrl.services.learner.config import LearnerSection
 from steadyrl.services.learner.intake import Intake, prompt_differs
 from steadyrl.services.learner.state import InFlight, RunState
 from tests.services.learner.conftest import FakeOutbox
@@ -16,7 +17,7 @@ def published(pid: str, f: InFlight):
 def intake() -> Intake:
     st = RunState(run_id="r1")
     st.in_flight["r1/e0-i1"] = InFlight(seq=1, epoch=0, index=1)
-    lrn = Intake(None, st, outbox=FakeOutbox(), stage="learner/0")
+    lrn = Intake(LearnerSection(model="tiny"), st, outbox=FakeOutbox(), stage="learner/0")
     lrn.published = published
     return lrn
 

@@ -8,6 +8,7 @@ from prometheus_client import REGISTRY
 from steadyrl import codec
 from steadyrl.contracts import Prompt, RewardSource, RolloutGroup, Sample, ScoredGroup
 from steadyrl.quarantine import RELEASE_HEADER, batch_id
+from steadyrl.services.learner.config import LearnerSection
 from steadyrl.services.learner.intake import Intake
 from steadyrl.services.learner.state import Held, InFlight, RunState
 
@@ -35,8 +36,8 @@ def group(pid: str, reward: float) -> ScoredGroup:
 
 
 def learner(state: RunState) -> Intake:
-    """The learner's intake of rl.scored and rl.releases, on `state` (no broker: accept reads no config)."""
-    return Intake(None, state, outbox=None, stage="learner/0")
+    """The learner's intake of rl.scored and rl.releases, on `state` (no broker; the defaults of the config)."""
+    return Intake(LearnerSection(model="tiny"), state, outbox=None, stage="learner/0")
 
 
 def held_state() -> RunState:
