@@ -23,7 +23,7 @@ def test_round_trip_and_every_bad_record_lands_in_dlq(bootstrap, reward_server, 
         ("oversize", b"x" * 300_000, ok_header, DLQReason.oversize),
         ("noheader", v, None, DLQReason.missing_schema_header),
         ("wrongschema", v, [("schema", b"prompt/v1.0")], DLQReason.wrong_schema),
-        ("boom", *codec.encode(boom), DLQReason.handler_error),  # the scorer raises
+        ("boom", *codec.encode(boom), DLQReason.scorer_error),  # the scorer raises (ed1d4a4)
     ]
     records += [(k, val, h) for k, val, h, _ in bad]
     produce_all(bootstrap, f"{prefix}rl.rollouts", records)
