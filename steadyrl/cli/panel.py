@@ -292,7 +292,8 @@ class LivePanel:
             for split, ev in self._evals.items():
                 evals[split] = {**evals.get(split, {}), **ev}
             last = run.last if run is not None else None
-            step = int(live.get("step") or (run.step if run else 0))
+            # the learner gone (the run ended, a restart) and its folder not read: the last known step
+            step = int(live.get("step") or (run.step if run else self.state.step))
             steps = live.get("steps", self.state.steps)
             self.state = replace(
                 self.state, run_id=run_id, step=step, steps=steps, phase=phase,
