@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import httpx
 
@@ -245,7 +245,13 @@ def _own_things_in(config: str | None) -> bool:
         cfg = yaml.safe_load(Path(config).read_text())
     except (OSError, yaml.YAMLError):
         return False
-    return isinstance(cfg, dict) and any(k in cfg for k in OWN_THINGS)
+    return isinstance(cfg, dict) and any(_own(cfg, k) for k in OWN_THINGS)
+
+
+def _own(cfg: dict[str, Any], key: str) -> bool:
+    """Whether top-level `key` of a config is an own thing: not a mapping (`reward:` as a mapping
+    is the reward workers' section, not the reward)."""
+    return key in cfg and cfg[key] is not None and not isinstance(cfg[key], dict)
 
 
 def _own_things(args: argparse.Namespace) -> Path:
@@ -262,7 +268,7 @@ def _own_things(args: argparse.Namespace) -> Path:
     except (OSError, yaml.YAMLError) as e:
         raise CliError(f"--config {args.config}: {type(e).__name__}: {e}", 2) from None
     for key in OWN_THINGS:   # top-level keys of the file, as the flags
-        value = cfg.pop(key, None)
+        value = cfg.pop(key) if _own(cfg, key) else None
         if value is not None and getattr(args, key, None) is None:
             setattr(args, key, [str(v) for v in value] if key in ("data", "eval_data") and isinstance(value, list)
                     else [str(value)] if key in ("data", "eval_data") else value)

@@ -57,3 +57,14 @@ def test_a_config_error_names_the_users_file_not_the_one_up_wrote(tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"config file {bad} and up's own-things flags, as {tmp_path / 'st' / 'up-config.yaml'}" in r.stderr
     assert "did you mean `max_new_tokens`?" in r.stderr
+
+
+def test_the_reward_workers_section_is_not_the_reward(tmp_path):
+    """`reward:` as a mapping is the reward workers' own section (test_pipeline's configs have
+    one); only a name (`reward: my_reward.py:fn`) is the own thing."""
+    _, path = _up(tmp_path, {"reward": {"batch_timeout_s": 0.1}, "learner": {"steps": 3}})
+    assert not _own_things_in(str(path))
+    args, path = _up(tmp_path, {"reward": {"batch_timeout_s": 0.1}, "model": "./m"})
+    written = yaml.safe_load(_own_things(args).read_text())
+    assert written["reward"] == {"batch_timeout_s": 0.1} and written["learner"]["model"] == "./m"
+    assert "reward_server" not in written
