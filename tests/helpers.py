@@ -162,3 +162,21 @@ def probes_while_held(url: str, held, *, rounds: int = 20, wait_s: float = 60.0,
                 assert r.status_code == 200, (path, r.status_code, r.text)
     assert held(), "the slow calls ended while the probes ran: the probes proved nothing"
     return out
+
+
+def own_things(home: Path, reward: str) -> list[dict]:
+    """A user's own things in folder `home`: `model/` (a tiny Llama and its tokenizer, safetensors),
+    `train.jsonl` (40 rows of verl's fields, data_source "mine", in the tiny model's characters)
+    and `my_reward.py` (the source `reward`). Returns the rows."""
+    import json
+
+    from steadyrl.models import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    tiny_model(len(tok), seed=3).save_pretrained(home / "model", safe_serialization=True)
+    tok.save_pretrained(home / "model")
+    rows = [{"prompt": [{"role": "user", "content": str(i % 10)}], "reward_model": {"ground_truth": str(i % 10)},
+             "data_source": "mine"} for i in range(40)]
+    (home / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (home / "my_reward.py").write_text(reward)
+    return rows

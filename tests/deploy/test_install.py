@@ -30,8 +30,7 @@ from pathlib import Path
 import pytest
 
 from steadyrl.broker import fetch, free_port_pair
-from steadyrl.models import tiny_model, tiny_tokenizer
-from tests.helpers import ROOT
+from tests.helpers import ROOT, own_things
 
 pytestmark = pytest.mark.slow
 
@@ -158,13 +157,7 @@ def test_steadyrl_up_trains_a_users_model_data_and_reward_from_another_folder(in
     home = installed["work"].parent / "own"
     home.mkdir()
     assert not list(home.iterdir())
-    tok = tiny_tokenizer()
-    tiny_model(len(tok), seed=3).save_pretrained(home / "model", safe_serialization=True)
-    tok.save_pretrained(home / "model")
-    rows = [{"prompt": [{"role": "user", "content": str(i % 10)}], "reward_model": {"ground_truth": str(i % 10)},
-             "data_source": "mine"} for i in range(40)]
-    (home / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (home / "my_reward.py").write_text(REWARD)
+    own_things(home, REWARD)
     tiny = _probe(installed, "import json; from steadyrl.assets import asset_dir; "
                              "print(json.dumps(str(asset_dir('configs') / 'tiny.yaml')))")
     port, offset = free_port_pair(), 3000 + (os.getpid() + 500) % 2000

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from steadyrl.broker import free_port_pair
-from steadyrl.models import tiny_model, tiny_tokenizer
 from steadyrl.runfolder import RunDir
+from tests.helpers import own_things
 
 REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -27,14 +27,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 def test_up_trains_a_users_model_on_their_data_and_reward(tmp_path):
     home = tmp_path / "mine"
     home.mkdir()
-    tok = tiny_tokenizer()
-    tiny_model(len(tok), seed=3).save_pretrained(home / "model", safe_serialization=True)
-    tok.save_pretrained(home / "model")
-    rows = [{"prompt": [{"role": "user", "content": str(i % 10)}], "reward_model": {"ground_truth": str(i % 10)},
-             "data_source": "mine"} for i in range(40)]   # verl's fields, in the tiny model's characters
-    (home / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows = own_things(home, REWARD)   # verl's fields, in the tiny model's characters
     (home / "held.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:8]))
-    (home / "my_reward.py").write_text(REWARD)
     state = home / "run"
     cmd = [sys.executable, "-m", "steadyrl.cli", "up", "--model", "model", "--data", "train.jsonl",
            "--eval-data", "held.jsonl", "--reward", "my_reward.py:compute_score", "--steps", "3",

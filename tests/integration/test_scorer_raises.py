@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from steadyrl.broker import free_port_pair
-from steadyrl.models import tiny_model, tiny_tokenizer
 from steadyrl.runfolder import RunDir
+from tests.helpers import own_things
 
 ALWAYS = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -35,13 +35,7 @@ def _up(tmp_path, reward: str, steps: int, timeout_s: float, **learner) -> tuple
                                                                                 RunDir, list[dict]]:
     home = tmp_path / "mine"
     home.mkdir()
-    tok = tiny_tokenizer()
-    tiny_model(len(tok), seed=3).save_pretrained(home / "model", safe_serialization=True)
-    tok.save_pretrained(home / "model")
-    rows = [{"prompt": [{"role": "user", "content": str(i % 10)}], "reward_model": {"ground_truth": str(i % 10)},
-             "data_source": "mine"} for i in range(40)]
-    (home / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (home / "my_reward.py").write_text(reward)
+    own_things(home, reward)
     state = home / "run"
     tiny = {"learner": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 4,
                         "train": {"lr": 0.003, "micro_batch_size": 16}, "prompt_gate": {"cooldown_s": 0},
