@@ -14,7 +14,8 @@ hashes, so two runs of one seed can be compared bit for bit.
 
 `--report` reads the JSON: per seed its runs, whether the runs of one seed gave the same
 rewards, evaluations and final weights, and each split's change as the mean and spread
-(sample standard deviation) over seeds.
+(sample standard deviation) over seeds, a seed's change being the mean of its runs. Runs
+recorded before the seed was are listed but left out of the means.
 """
 
 from __future__ import annotations
@@ -93,28 +94,36 @@ def cpu_name() -> str:
 
 
 def report(runs: list[dict], code: str | None) -> str:
-    """Markdown: the runs (of commit `code`, all when None) per seed, repeat checks, and the
-    mean +- sample sd over seeds of each split's change in points."""
+    """Markdown: the runs (of commit `code`, all when None) per seed, repeat checks, and each
+    split's change in points as the mean +- sample sd over seeds, where a seed's change is the
+    mean of its runs. Runs recorded before the seed was (no `seed` key: other machines, other
+    feed order) are listed apart and left out of the means."""
     import statistics
 
     runs = [r for r in runs if code is None or str(r.get("code", "")).startswith(code)]
     by_seed: dict[int, list[dict]] = {}
     for r in runs:
-        by_seed.setdefault(int(r.get("seed", 0)), []).append(r)
+        if "seed" in r:
+            by_seed.setdefault(int(r["seed"]), []).append(r)
+    unseeded = [r for r in runs if "seed" not in r]
     splits = ["test", *sorted({k for r in runs for k in (r.get("eval_splits") or {})})]
 
     def change(r: dict, split: str) -> dict | None:
         return r.get("eval") if split == "test" else (r.get("eval_splits") or {}).get(split)
 
-    lines = ["| seed | run | wall min | " + " | ".join(f"{s} before → after (p)" for s in splits) + " |",
-             "|---|---|---|" + "---|" * len(splits)]
-    for seed, rs in sorted(by_seed.items()):
-        for r in rs:
-            cells = []
-            for sp in splits:
-                e = change(r, sp)
-                cells.append(f"{100 * e['before']:.1f} → {100 * e['after']:.1f} (p {e['mcnemar_p']:.2g})" if e else "–")
-            lines.append(f"| {seed} | {r['run_id']} | {r['wall_seconds_total'] / 60:.1f} | " + " | ".join(cells) + " |")
+    def row(label: str, r: dict) -> str:
+        cells = []
+        for sp in splits:
+            e = change(r, sp)
+            cells.append(f"{100 * e['before']:.1f} → {100 * e['after']:.1f} (p {e['mcnemar_p']:.2g})" if e else "–")
+        commit = str(r.get("code", "?")).split()[0]
+        wall = r["wall_seconds_total"] / 60
+        return f"| {label} | {r['run_id']} | {commit} | {wall:.1f} | " + " | ".join(cells) + " |"
+
+    lines = ["| seed | run | code | wall min | " + " | ".join(f"{s} before → after (p)" for s in splits) + " |",
+             "|---|---|---|---|" + "---|" * len(splits)]
+    lines += [row(str(seed), r) for seed, rs in sorted(by_seed.items()) for r in rs]
+    lines += [row("none recorded", r) for r in unseeded]
     lines.append("")
     for seed, rs in sorted(by_seed.items()):
         if len(rs) > 1:
@@ -122,12 +131,17 @@ def report(runs: list[dict], code: str | None) -> str:
                         "same" if len({json.dumps(r[k], sort_keys=True) for r in rs}) == 1 else "DIFFER")
                     for k in ("reward_per_step", "eval", "eval_splits", "final_weights")}
             lines.append(f"seed {seed}, {len(rs)} runs: " + ", ".join(f"{k} {v}" for k, v in same.items()))
-    firsts = [rs[0] for _, rs in sorted(by_seed.items())]
+    if unseeded:
+        lines.append(f"{len(unseeded)} run(s) without a recorded seed: listed, left out of the means")
     for sp in splits:
-        deltas = [100 * e["delta"] for r in firsts if (e := change(r, sp))]
-        if len(deltas) >= 2:
-            lines.append(f"{sp}: change {statistics.mean(deltas):+.1f} ± {statistics.stdev(deltas):.1f} points "
-                         f"(mean ± sd over {len(deltas)} seeds: {', '.join(f'{d:+.1f}' for d in deltas)})")
+        per_seed = {seed: [100 * e["delta"] for r in rs if (e := change(r, sp))]
+                    for seed, rs in sorted(by_seed.items())}
+        means = {seed: statistics.mean(ds) for seed, ds in per_seed.items() if ds}
+        if len(means) >= 2:
+            each = ", ".join(f"seed {s} {m:+.1f}" + (f" (mean of {len(per_seed[s])})" if len(per_seed[s]) > 1 else "")
+                             for s, m in means.items())
+            lines.append(f"{sp}: change {statistics.mean(means.values()):+.1f} ± "
+                         f"{statistics.stdev(means.values()):.1f} points (mean ± sd over {len(means)} seeds: {each})")
     return "\n".join(lines)
 
 
