@@ -6,6 +6,13 @@ forward + backward of one micro-batch at the default run's shape (8 rows, prompt
 tokens: the batch's padded widths at the default settings), both arms interleaved, fp32 on the CPU.
 
     .venv/bin/python bench/lm_head.py --rounds 5    # -> bench/results/lm_head.json
+    .venv/bin/python bench/lm_head.py --trainer --rounds 3 --out bench/results/lm_head_trainer.json
+
+`--trainer` times the learner's whole `Trainer.step` instead (the default run's train settings:
+lr 1e-5, temperature 0.8; 8 prompts x 8 samples, prompts of 50-57 tokens, responses of 7-32),
+the same fixed batch each time, arms interleaved: `response_only` is the trainer as it is,
+`all_positions` the same trainer with adf8f9f's parent's `_forward` (the head on every position,
+the response logits sliced out). The step's `timing_s/update_actor` is the number kept.
 
 Floor: the head is hidden x vocab = 576 x 49 152 = 28.3 M of the model's 134.5 M parameters, so
 on the 70 prompt positions of each row it was 6 x 28.3 M x 8 x 70 = 95 GFLOP of a micro-batch's
@@ -49,6 +56,44 @@ def step(model: torch.nn.Module, ids: torch.Tensor, P: int, keep: bool) -> tuple
     return time.perf_counter() - t0, time.process_time() - c0
 
 
+def _forward_all_positions(self, model, b, idx, need_values=False, need_entropy=False):
+    """Trainer._forward as it was before adf8f9f: logits for every position, sliced to the T
+    response ones."""
+    P = int(b["P"])
+    out = model(input_ids=b["input_ids"][idx], attention_mask=b["attention_mask"][idx],
+                position_ids=b["position_ids"][idx], output_hidden_states=need_values, use_cache=False)
+    logits = out.logits[:, P - 1:-1].float()                                     # (n, T, V)
+    logp = core.token_logprobs(logits, b["responses"][idx], self.cfg.temperature)   # (n, T)
+    ent = core.entropy_from_logits(logits / self.cfg.temperature) if need_entropy else None
+    return logp, ent, None
+
+
+def trainer_arms(rounds: int) -> dict:
+    """{arm: [update_actor seconds per round]} of `Trainer.step` on one fixed batch (module doc)."""
+    import random
+
+    from steadyrl.rl.batch import Group
+    from steadyrl.rl.trainer import TrainConfig, Trainer
+
+    model, tok = load_policy("smollm2-135m-instruct")
+    rng = random.Random(0)
+    V = model.config.vocab_size
+    groups = [Group([rng.randrange(V) for _ in range(rng.randint(50, 57))],
+                    [[rng.randrange(V) for _ in range(rng.randint(7, 32))] for _ in range(8)],
+                    [float(rng.random() < 0.2) for _ in range(8)]) for _ in range(8)]
+    groups[0].responses[0] = [rng.randrange(V) for _ in range(32)]   # the batch's T = 32, as in the run
+    trainer = Trainer(model, tok.pad_token_id, TrainConfig(lr=1e-5, temperature=0.8, total_steps=20))  # the learner's
+    trainer.step(groups)   # warm-up
+    kept = Trainer._forward
+    times: dict[str, list[float]] = {"all_positions": [], "response_only": []}
+    for _ in range(rounds):
+        for arm in times:
+            Trainer._forward = _forward_all_positions if arm == "all_positions" else kept  # type: ignore[method-assign]
+            times[arm].append(round(trainer.step(groups)["timing_s/update_actor"], 3))
+    Trainer._forward = kept  # type: ignore[method-assign]
+    return times
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
@@ -56,8 +101,20 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=70)
     ap.add_argument("--response", type=int, default=32)
     ap.add_argument("--out", default=str(ROOT / "bench/results/lm_head.json"))
+    ap.add_argument("--trainer", action="store_true", help="time the learner's Trainer.step (module doc)")
     a = ap.parse_args()
     torch.manual_seed(0)
+    if a.trainer:
+        times = trainer_arms(a.rounds)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        out = {"benchmark": "lm_head_trainer", "command": f"bench/lm_head.py --trainer --rounds {a.rounds}",
+               "machine": f"{os.cpu_count()} vCPU {cpu_name()}, {torch.get_num_threads()} threads, "
+                          f"torch {torch.__version__}",
+               "update_actor_s": times, "median_s": med,
+               "speedup": round(med["all_positions"] / med["response_only"], 3), "load_average": os.getloadavg()}
+        Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+        print(json.dumps(out, indent=1))  # noqa: T201
+        return
     model, _ = load_policy("smollm2-135m-instruct")
     model.train()
     ids = torch.randint(0, model.config.vocab_size, (a.rows, a.prompt + a.response))
