@@ -14,6 +14,11 @@ the same fixed batch each time, arms interleaved: `response_only` is the trainer
 `all_positions` the same trainer with adf8f9f's parent's `_forward` (the head on every position,
 the response logits sliced out). The step's `timing_s/update_actor` is the number kept.
 
+`--trainer --gap` keeps the head on the response only and times the same step alone
+(`fixed`) against the step right after a generation of the step's 8 prompts x 8 samples x 32
+tokens in the same process (`after_generate`, what the in-process loop does): whether the update
+inside a run is slower than on its own because of the work around it.
+
 Floor: the head is hidden x vocab = 576 x 49 152 = 28.3 M of the model's 134.5 M parameters, so
 on the 70 prompt positions of each row it was 6 x 28.3 M x 8 x 70 = 95 GFLOP of a micro-batch's
 6 x 134.5 M x 8 x 102 = 658 GFLOP (14 %).
@@ -68,10 +73,12 @@ def _forward_all_positions(self, model, b, idx, need_values=False, need_entropy=
     return logp, ent, None
 
 
-def trainer_arms(rounds: int) -> dict:
-    """{arm: [update_actor seconds per round]} of `Trainer.step` on one fixed batch (module doc)."""
+def trainer_arms(rounds: int, gap: bool = False) -> dict:
+    """{arm: [update_actor seconds per round]} of `Trainer.step` on one fixed batch (module doc);
+    with `gap` the arms are `fixed` and `after_generate`."""
     import random
 
+    from steadyrl.generation import SamplingParams, TorchGenerator
     from steadyrl.rl.batch import Group
     from steadyrl.rl.trainer import TrainConfig, Trainer
 
@@ -85,6 +92,16 @@ def trainer_arms(rounds: int) -> dict:
     trainer = Trainer(model, tok.pad_token_id, TrainConfig(lr=1e-5, temperature=0.8, total_steps=20))  # the learner's
     trainer.step(groups)   # warm-up
     kept = Trainer._forward
+    if gap:
+        gen = TorchGenerator(model, tok)
+        params = SamplingParams(n=8, temperature=0.8, max_new_tokens=32)
+        gap_times: dict[str, list[float]] = {"fixed": [], "after_generate": []}
+        for r in range(rounds):
+            for arm in gap_times:
+                if arm == "after_generate":
+                    gen.generate([g.prompt_ids for g in groups], params, seeds=[r * 8 + i for i in range(8)])
+                gap_times[arm].append(round(trainer.step(groups)["timing_s/update_actor"], 3))
+        return gap_times
     times: dict[str, list[float]] = {"all_positions": [], "response_only": []}
     for _ in range(rounds):
         for arm in times:
@@ -102,16 +119,19 @@ def main() -> None:
     ap.add_argument("--response", type=int, default=32)
     ap.add_argument("--out", default=str(ROOT / "bench/results/lm_head.json"))
     ap.add_argument("--trainer", action="store_true", help="time the learner's Trainer.step (module doc)")
+    ap.add_argument("--gap", action="store_true", help="with --trainer: the step alone vs after a generation")
     a = ap.parse_args()
     torch.manual_seed(0)
     if a.trainer:
-        times = trainer_arms(a.rounds)
+        times = trainer_arms(a.rounds, a.gap)
         med = {k: statistics.median(v) for k, v in times.items()}
-        out = {"benchmark": "lm_head_trainer", "command": f"bench/lm_head.py --trainer --rounds {a.rounds}",
+        slow, fast = ("after_generate", "fixed") if a.gap else ("all_positions", "response_only")
+        out = {"benchmark": "lm_head_trainer" + ("_gap" if a.gap else ""),
+               "command": f"bench/lm_head.py --trainer{' --gap' if a.gap else ''} --rounds {a.rounds}",
                "machine": f"{os.cpu_count()} vCPU {cpu_name()}, {torch.get_num_threads()} threads, "
                           f"torch {torch.__version__}",
                "update_actor_s": times, "median_s": med,
-               "speedup": round(med["all_positions"] / med["response_only"], 3), "load_average": os.getloadavg()}
+               ("ratio" if a.gap else "speedup"): round(med[slow] / med[fast], 3), "load_average": os.getloadavg()}
         Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
         print(json.dumps(out, indent=1))  # noqa: T201
         return
