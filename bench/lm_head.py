@@ -17,7 +17,9 @@ the response logits sliced out). The step's `timing_s/update_actor` is the numbe
 `--trainer --gap` keeps the head on the response only and times the same step alone
 (`fixed`) against the step right after a generation of the step's 8 prompts x 8 samples x 32
 tokens in the same process (`after_generate`, what the in-process loop does): whether the update
-inside a run is slower than on its own because of the work around it.
+inside a run is slower than on its own because of the work around it. `--trainer --vary` times
+the step on the fixed batch (`fixed`) against a new batch of the same shape each time
+(`new_batch`: other token ids and lengths, as every step of a run has).
 
 Floor: the head is hidden x vocab = 576 x 49 152 = 28.3 M of the model's 134.5 M parameters, so
 on the 70 prompt positions of each row it was 6 x 28.3 M x 8 x 70 = 95 GFLOP of a micro-batch's
@@ -73,7 +75,7 @@ def _forward_all_positions(self, model, b, idx, need_values=False, need_entropy=
     return logp, ent, None
 
 
-def trainer_arms(rounds: int, gap: bool = False) -> dict:
+def trainer_arms(rounds: int, gap: bool = False, vary: bool = False) -> dict:
     """{arm: [update_actor seconds per round]} of `Trainer.step` on one fixed batch (module doc);
     with `gap` the arms are `fixed` and `after_generate`."""
     import random
@@ -85,6 +87,12 @@ def trainer_arms(rounds: int, gap: bool = False) -> dict:
     model, tok = load_policy("smollm2-135m-instruct")
     rng = random.Random(0)
     V = model.config.vocab_size
+
+    def batch() -> list:
+        return [Group([rng.randrange(V) for _ in range(rng.randint(50, 57))],
+                      [[rng.randrange(V) for _ in range(rng.randint(7, 32))] for _ in range(8)],
+                      [float(rng.random() < 0.2) for _ in range(8)]) for _ in range(8)]
+
     groups = [Group([rng.randrange(V) for _ in range(rng.randint(50, 57))],
                     [[rng.randrange(V) for _ in range(rng.randint(7, 32))] for _ in range(8)],
                     [float(rng.random() < 0.2) for _ in range(8)]) for _ in range(8)]
@@ -92,6 +100,17 @@ def trainer_arms(rounds: int, gap: bool = False) -> dict:
     trainer = Trainer(model, tok.pad_token_id, TrainConfig(lr=1e-5, temperature=0.8, total_steps=20))  # the learner's
     trainer.step(groups)   # warm-up
     kept = Trainer._forward
+    if vary:
+        vary_times: dict[str, list[float]] = {"fixed": [], "new_batch": []}
+        for _ in range(rounds):
+            for arm in vary_times:
+                b = groups if arm == "fixed" else batch()
+                if arm == "new_batch":
+                    b[0].responses[0] = [rng.randrange(V) for _ in range(32)]   # T = 32 as the fixed batch
+                    b[0].prompt_ids = [rng.randrange(V) for _ in range(len(groups[0].prompt_ids))]
+                    b[1].prompt_ids = [rng.randrange(V) for _ in range(max(len(g.prompt_ids) for g in groups))]
+                vary_times[arm].append(round(trainer.step(b)["timing_s/update_actor"], 3))
+        return vary_times
     if gap:
         gen = TorchGenerator(model, tok)
         params = SamplingParams(n=8, temperature=0.8, max_new_tokens=32)
@@ -120,18 +139,21 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench/results/lm_head.json"))
     ap.add_argument("--trainer", action="store_true", help="time the learner's Trainer.step (module doc)")
     ap.add_argument("--gap", action="store_true", help="with --trainer: the step alone vs after a generation")
+    ap.add_argument("--vary", action="store_true", help="with --trainer: the fixed batch vs a new one each step")
     a = ap.parse_args()
     torch.manual_seed(0)
     if a.trainer:
-        times = trainer_arms(a.rounds, a.gap)
+        times = trainer_arms(a.rounds, a.gap, a.vary)
         med = {k: statistics.median(v) for k, v in times.items()}
-        slow, fast = ("after_generate", "fixed") if a.gap else ("all_positions", "response_only")
-        out = {"benchmark": "lm_head_trainer" + ("_gap" if a.gap else ""),
-               "command": f"bench/lm_head.py --trainer{' --gap' if a.gap else ''} --rounds {a.rounds}",
+        mode = " --gap" if a.gap else " --vary" if a.vary else ""
+        slow, fast = (("after_generate", "fixed") if a.gap else ("new_batch", "fixed") if a.vary
+                      else ("all_positions", "response_only"))
+        out = {"benchmark": "lm_head_trainer" + mode.replace(" --", "_"),
+               "command": f"bench/lm_head.py --trainer{mode} --rounds {a.rounds}",
                "machine": f"{os.cpu_count()} vCPU {cpu_name()}, {torch.get_num_threads()} threads, "
                           f"torch {torch.__version__}",
                "update_actor_s": times, "median_s": med,
-               ("ratio" if a.gap else "speedup"): round(med[slow] / med[fast], 3), "load_average": os.getloadavg()}
+               ("ratio" if mode else "speedup"): round(med[slow] / med[fast], 3), "load_average": os.getloadavg()}
         Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
         print(json.dumps(out, indent=1))  # noqa: T201
         return
