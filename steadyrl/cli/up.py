@@ -268,7 +268,7 @@ def _own_things(args: argparse.Namespace) -> Path:
     except (OSError, yaml.YAMLError) as e:
         raise CliError(f"--config {args.config}: {type(e).__name__}: {e}", 2) from None
     for key in OWN_THINGS:   # top-level keys of the file, as the flags
-        value = cfg.pop(key) if _own(cfg, key) else None
+        value = cfg.pop(key) if key in cfg and not isinstance(cfg[key], dict) else None   # a mapping stays
         if value is not None and getattr(args, key, None) is None:
             setattr(args, key, [str(v) for v in value] if key in ("data", "eval_data") and isinstance(value, list)
                     else [str(value)] if key in ("data", "eval_data") else value)

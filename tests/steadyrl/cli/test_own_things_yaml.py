@@ -68,3 +68,11 @@ def test_the_reward_workers_section_is_not_the_reward(tmp_path):
     written = yaml.safe_load(_own_things(args).read_text())
     assert written["reward"] == {"batch_timeout_s": 0.1} and written["learner"]["model"] == "./m"
     assert "reward_server" not in written
+
+
+def test_an_empty_own_thing_key_is_dropped_not_passed_on(tmp_path):
+    """`model:` left empty is no own thing, and is not left in the services' config either (where
+    it would be an unknown section), as before 3135db0."""
+    args, path = _up(tmp_path, {"model": None, "steps": 3})
+    written = yaml.safe_load(_own_things(args).read_text())
+    assert "model" not in written and written["learner"]["steps"] == 3
