@@ -75,9 +75,10 @@ def _forward_all_positions(self, model, b, idx, need_values=False, need_entropy=
     return logp, ent, None
 
 
-def trainer_arms(rounds: int, gap: bool = False, vary: bool = False) -> dict:
-    """{arm: [update_actor seconds per round]} of `Trainer.step` on one fixed batch (module doc);
-    with `gap` the arms are `fixed` and `after_generate`."""
+def trainer_arms(rounds: int, mode: str = "head") -> dict:
+    """{arm: [update_actor seconds per round]} of `Trainer.step` (module doc). `mode` "head":
+    all_positions vs response_only on one fixed batch; "gap": fixed vs after_generate; "vary":
+    fixed vs new_batch."""
     import random
 
     from steadyrl.generation import SamplingParams, TorchGenerator
@@ -88,44 +89,42 @@ def trainer_arms(rounds: int, gap: bool = False, vary: bool = False) -> dict:
     rng = random.Random(0)
     V = model.config.vocab_size
 
-    def batch() -> list:
+    def batch() -> list:   # 8 prompts x 8 samples, the padded width set by the first batch made
         return [Group([rng.randrange(V) for _ in range(rng.randint(50, 57))],
                       [[rng.randrange(V) for _ in range(rng.randint(7, 32))] for _ in range(8)],
                       [float(rng.random() < 0.2) for _ in range(8)]) for _ in range(8)]
 
-    groups = [Group([rng.randrange(V) for _ in range(rng.randint(50, 57))],
-                    [[rng.randrange(V) for _ in range(rng.randint(7, 32))] for _ in range(8)],
-                    [float(rng.random() < 0.2) for _ in range(8)]) for _ in range(8)]
+    groups = batch()
     groups[0].responses[0] = [rng.randrange(V) for _ in range(32)]   # the batch's T = 32, as in the run
+    P = max(len(g.prompt_ids) for g in groups)
+
+    def new_batch(_: int) -> list:   # other ids and lengths, the fixed batch's padded shape
+        b = batch()
+        b[0].responses[0] = [rng.randrange(V) for _ in range(32)]
+        b[0].prompt_ids = [rng.randrange(V) for _ in range(len(groups[0].prompt_ids))]
+        b[1].prompt_ids = [rng.randrange(V) for _ in range(P)]
+        return b
+
+    def after_generate(r: int) -> list:
+        gen.generate([g.prompt_ids for g in groups], SamplingParams(n=8, temperature=0.8, max_new_tokens=32),
+                     seeds=[r * 8 + i for i in range(8)])
+        return groups
+
+    def fixed(_: int) -> list:
+        return groups
+
     trainer = Trainer(model, tok.pad_token_id, TrainConfig(lr=1e-5, temperature=0.8, total_steps=20))  # the learner's
     trainer.step(groups)   # warm-up
     kept = Trainer._forward
-    if vary:
-        vary_times: dict[str, list[float]] = {"fixed": [], "new_batch": []}
-        for _ in range(rounds):
-            for arm in vary_times:
-                b = groups if arm == "fixed" else batch()
-                if arm == "new_batch":
-                    b[0].responses[0] = [rng.randrange(V) for _ in range(32)]   # T = 32 as the fixed batch
-                    b[0].prompt_ids = [rng.randrange(V) for _ in range(len(groups[0].prompt_ids))]
-                    b[1].prompt_ids = [rng.randrange(V) for _ in range(max(len(g.prompt_ids) for g in groups))]
-                vary_times[arm].append(round(trainer.step(b)["timing_s/update_actor"], 3))
-        return vary_times
-    if gap:
-        gen = TorchGenerator(model, tok)
-        params = SamplingParams(n=8, temperature=0.8, max_new_tokens=32)
-        gap_times: dict[str, list[float]] = {"fixed": [], "after_generate": []}
-        for r in range(rounds):
-            for arm in gap_times:
-                if arm == "after_generate":
-                    gen.generate([g.prompt_ids for g in groups], params, seeds=[r * 8 + i for i in range(8)])
-                gap_times[arm].append(round(trainer.step(groups)["timing_s/update_actor"], 3))
-        return gap_times
-    times: dict[str, list[float]] = {"all_positions": [], "response_only": []}
-    for _ in range(rounds):
-        for arm in times:
-            Trainer._forward = _forward_all_positions if arm == "all_positions" else kept  # type: ignore[method-assign]
-            times[arm].append(round(trainer.step(groups)["timing_s/update_actor"], 3))
+    gen = TorchGenerator(model, tok)
+    arms = {"head": {"all_positions": (_forward_all_positions, fixed), "response_only": (kept, fixed)},
+            "gap": {"fixed": (kept, fixed), "after_generate": (kept, after_generate)},
+            "vary": {"fixed": (kept, fixed), "new_batch": (kept, new_batch)}}[mode]
+    times: dict[str, list[float]] = {arm: [] for arm in arms}
+    for r in range(rounds):
+        for arm, (forward, prepare) in arms.items():
+            Trainer._forward = forward  # type: ignore[method-assign]
+            times[arm].append(round(trainer.step(prepare(r))["timing_s/update_actor"], 3))
     Trainer._forward = kept  # type: ignore[method-assign]
     return times
 
@@ -143,17 +142,18 @@ def main() -> None:
     a = ap.parse_args()
     torch.manual_seed(0)
     if a.trainer:
-        times = trainer_arms(a.rounds, a.gap, a.vary)
+        mode = "gap" if a.gap else "vary" if a.vary else "head"
+        times = trainer_arms(a.rounds, mode)
         med = {k: statistics.median(v) for k, v in times.items()}
-        mode = " --gap" if a.gap else " --vary" if a.vary else ""
-        slow, fast = (("after_generate", "fixed") if a.gap else ("new_batch", "fixed") if a.vary
-                      else ("all_positions", "response_only"))
-        out = {"benchmark": "lm_head_trainer" + mode.replace(" --", "_"),
-               "command": f"bench/lm_head.py --trainer{mode} --rounds {a.rounds}",
+        slow, fast = list(times) if mode == "head" else list(times)[::-1]
+        flag = "" if mode == "head" else f" --{mode}"
+        out = {"benchmark": "lm_head_trainer" + flag.replace(" --", "_"),
+               "command": f"bench/lm_head.py --trainer{flag} --rounds {a.rounds}",
                "machine": f"{os.cpu_count()} vCPU {cpu_name()}, {torch.get_num_threads()} threads, "
                           f"torch {torch.__version__}",
                "update_actor_s": times, "median_s": med,
-               ("ratio" if mode else "speedup"): round(med[slow] / med[fast], 3), "load_average": os.getloadavg()}
+               ("speedup" if mode == "head" else "ratio"): round(med[slow] / med[fast], 3),
+               "load_average": os.getloadavg()}
         Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
         print(json.dumps(out, indent=1))  # noqa: T201
         return
