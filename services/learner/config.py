@@ -13,6 +13,7 @@ from steadyrl.data import DATA_DIR, dataset_path, load_rows, tiny_copy_rows
 from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits, answer_length_refusal, group_record_refusal
 from steadyrl.rewards import resolve_scorer
 from steadyrl.rl.trainer import TrainConfig
+from steadyrl.scorepool import ScoringLimits
 from steadyrl.services.learner.prompt_gate import PromptGateConfig
 from steadyrl.services.learner.watch import WatchConfig
 from steadyrl.stack import LearnerStack
@@ -258,6 +259,7 @@ class LearnerConfig(ServiceConfig):
 
     learner: LearnerSection = LearnerSection()
     actor: GenerationLimits = GenerationLimits()
+    reward_server: ScoringLimits = ScoringLimits()   # the evaluation scores the reward as the server does
 
     @model_validator(mode="after")
     def _actor_takes_the_prompts(self) -> LearnerConfig:
