@@ -196,9 +196,9 @@ class RewardServer:
         SCORE_SECONDS.labels(name).observe(time.perf_counter() - t0)
         failed: dict[str, int] = {}
         for i, r in enumerate(out):
-            if r["reward"] is not None and (why := _not_finite(r)) is not None:   # a model scorer's NaN
+            if r["reward"] is not None and (bad := _not_finite(r)) is not None:   # a model scorer's NaN
                 r.clear()
-                r.update({"reward": None, "error": f"scorer {scorer.id} {why}", "kind": "non_finite"})
+                r.update({"reward": None, "error": f"scorer {scorer.id} {bad[1]}", "kind": bad[0]})
             if r["reward"] is None:
                 kind = r.setdefault("kind", "scorer_error")
                 ERRORS.labels(kind).inc()
@@ -212,21 +212,23 @@ class RewardServer:
         return {"scorer": scorer.id, "reward_source": scorer.source.value, "scores": out}
 
 
-def _not_finite(result: dict[str, Any]) -> str | None:
-    """Why one scored item cannot be sent (reward not a finite number, extra not finite JSON), or
-    None; a numeric reward of another type (numpy) becomes a float in place."""
+def _not_finite(result: dict[str, Any]) -> tuple[str, str] | None:
+    """(kind, why) one scored item cannot be sent (reward not a number: scorer_error; NaN or
+    infinity in the reward or the extras: non_finite; extras not JSON: scorer_error), or None;
+    a numeric reward of another type (numpy) becomes a float in place. The rule scorers' pool
+    checks the same in its processes (steadyrl.rewards.score_value): this is for model scorers."""
     reward = result["reward"]
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
-        return f"returned {reward!r}, not a number"
+        return "scorer_error", f"returned {reward!r}, not a number"
     if not math.isfinite(reward):
-        return f"returned {float(reward)!r}, not a finite number"
+        return "non_finite", f"returned {float(reward)!r}, not a finite number"
     result["reward"] = float(reward)
     try:
         finite_json(result.get("extra", {}))
     except ValueError:
-        return "returned extras holding NaN or infinity"
+        return "non_finite", "returned extras holding NaN or infinity"
     except TypeError as e:
-        return f"returned extras that are not JSON ({e})"
+        return "scorer_error", f"returned extras that are not JSON ({e})"
     return None
 
 
