@@ -25,7 +25,8 @@ to kill it when the caller dies (PR_SET_PDEATHSIG) before it resolves the scorer
 the caller over a socket pair.
 
 One thread of the caller per process hands items over the socket and waits for the answer, at
-most until the item's end: min(its start + item_timeout_s, the call's deadline). Items of a
+most until the item's end: min(its start + item_timeout_s, the call's deadline). A new
+process first imports the scorer (within START_TIMEOUT_S): that time is not the item's. Items of a
 call are handed out in rounds over its groups (items sharing data_source, prompt and
 ground_truth), so that a reward that hangs on one ground truth holds one process at a time
 and the other groups' items are scored first. The answer is a few primitives, checked in the
@@ -66,6 +67,8 @@ log = logging.getLogger(__name__)
 KINDS = ("scorer_error", "scorer_timeout", "scorer_crash", "non_finite")
 #: /readyz: the pool is full when an item has waited this long for a process.
 QUEUE_WAIT_NOT_READY_S = 5.0
+#: Seconds a new process may take to start and import the scorer (not counted in item_timeout_s).
+START_TIMEOUT_S = 60.0
 #: Seconds a process that was killed is given to go before the next one starts.
 _JOIN_S = 5.0
 _PR_SET_PDEATHSIG = 1   # linux/prctl.h
@@ -122,6 +125,11 @@ def _worker(conn: multiprocessing.connection.Connection, memory_limit_mb: int) -
             spec, name, args = conn.recv()
         except (EOFError, OSError):   # the caller went away
             return
+        if args is None:   # load the scorer before items come (its errors are the items')
+            with contextlib.suppress(BaseException):
+                _resolved[spec] = resolve_scorer(spec)
+            conn.send(("loaded", None, None))
+            continue
         conn.send(_score_here(spec, name, args))
 
 
@@ -196,6 +204,7 @@ class _Slot:
         self.conn: multiprocessing.connection.Connection | None = None
         self.busy_since: float | None = None
         self.started = 0   # processes started for this slot
+        self.spec: str | None = None   # the scorer its process has loaded
 
 
 class ScoringPool:
@@ -313,9 +322,19 @@ class ScoringPool:
         if now >= job.call.deadline:
             return _failed("scorer_timeout", f"scorer {job.name}: not started before the call's deadline (the "
                                              f"{self.processes} scoring processes were busy with other items)")
-        if slot.proc is None or slot.proc.poll() is not None:
-            self._stop(slot)
-            self._start(slot)
+        if slot.proc is None or slot.proc.poll() is not None or slot.spec != job.spec:
+            if slot.proc is None or slot.proc.poll() is not None:
+                self._stop(slot)
+                self._start(slot)
+            if not self._load(slot, job.spec, job.call.deadline):
+                if time.monotonic() >= job.call.deadline:
+                    return _failed("scorer_timeout", f"scorer {job.name}: not scored before the call's deadline "
+                                                     "(its scoring process was starting)")
+                self._stop(slot)
+                self.restarts["scorer_crash"] += 1
+                return _failed("scorer_crash", f"scorer {job.name}: its scoring process did not start or load "
+                                               f"the scorer within {START_TIMEOUT_S:g} s")
+            now = time.monotonic()   # the item's time starts once its process is ready
         assert slot.conn is not None and slot.proc is not None   # _start set them
         end = min(now + self.item_timeout_s, job.call.deadline)
         try:
@@ -346,6 +365,21 @@ class ScoringPool:
                and -code in signal.valid_signals() else f"exited with code {code}")
         return _failed("scorer_crash", f"scorer {job.name} crashed its scoring process ({how}) on this item")
 
+    def _load(self, slot: _Slot, spec: str, deadline: float) -> bool:
+        """Have `slot`'s process import the scorer `spec` (a user's module may take seconds to
+        import), waiting until it says so, START_TIMEOUT_S or `deadline`. Whether it did."""
+        assert slot.conn is not None
+        slot.spec = None
+        try:
+            slot.conn.send((spec, spec, None))
+            if not slot.conn.poll(max(0.0, min(START_TIMEOUT_S, deadline - time.monotonic()))):
+                return False
+            slot.conn.recv()
+        except (EOFError, OSError):
+            return False
+        slot.spec = spec
+        return True
+
     def _start(self, slot: _Slot) -> None:
         ours, theirs = socket.socketpair()
         try:
@@ -363,6 +397,7 @@ class ScoringPool:
     def _stop(self, slot: _Slot) -> None:
         proc, conn = slot.proc, slot.conn
         slot.proc = slot.conn = None
+        slot.spec = None
         if conn is not None:
             conn.close()
         if proc is not None:

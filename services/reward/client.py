@@ -352,10 +352,11 @@ class RewardClient:
                 n = len(g.samples)
                 chunk = scores[k:k + n]
                 k += n
-                failed = [c for c in chunk if c.get("reward") is None]  # KeyError (c not a dict): malformed
+                failed = [c for c in chunk if c.get("reward") is None]
                 if failed:  # the scorer could not score this group (it said why): not retryable
-                    result.append(Rejected(item_reason(failed[0]), scorer_error_detail(
-                        g.prompt_id, len(failed), n, str(failed[0].get("error", "")))))
+                    why = [str(c["error"]) for c in failed]  # KeyError: no error, malformed
+                    result.append(Rejected(item_reason(failed[0]), scorer_error_detail(g.prompt_id, len(failed), n,
+                                                                                        why[0])))
                     continue
                 rewards = [c["reward"] for c in chunk]
                 if not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rewards):

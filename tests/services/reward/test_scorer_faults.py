@@ -57,8 +57,8 @@ def served(tmp_path, monkeypatch):
     (tmp_path / "faulty.py").write_text(REWARD)
     monkeypatch.chdir(tmp_path)   # the spec is relative, as `up --reward faulty.py:compute_score` gives it
     spec = "faulty.py:compute_score"
-    server = RewardServer(RewardServerSection(scorers=[spec], default_scorer=spec, processes=2, item_timeout_s=0.5,
-                                              call_deadline_s=4.0, memory_limit_mb=512, max_concurrent=2))
+    server = RewardServer(RewardServerSection(scorers=[spec], default_scorer=spec, processes=2, item_timeout_s=1.0,
+                                              call_deadline_s=6.0, memory_limit_mb=512, max_concurrent=2))
     health = Health()
     health.beat()
     health.add_check("scorers", server.ready)
@@ -96,7 +96,7 @@ def test_every_fault_is_its_items_error_and_the_good_items_are_scored(served):
     assert "exited with code 3" in by["exit"]["error"]
     assert "MemoryError" in by["alloc"]["error"] and "memory_limit_mb 512" in by["alloc"]["error"]
     assert "'0.7' (str), not a number" in by["str"]["error"] and "True (bool)" in by["bool"]["error"]
-    assert took < 4.0 + 1.0, took   # within call_deadline_s
+    assert took < 6.0 + 1.0, took   # within call_deadline_s
     assert server.pool is not None and server.pool.restarts == {"scorer_timeout": 1, "scorer_crash": 1}
     # and it serves on, with the processes replaced
     r = httpx.post(f"{url}/score", json={"items": _items("ok", "numpy")})
@@ -109,17 +109,16 @@ def test_a_call_is_answered_by_its_deadline_and_hanging_calls_never_hold_a_slot(
     _, url = served
     t0 = time.monotonic()
     with ThreadPoolExecutor(2) as pool:
-        # 3 hanging items a call on 2 processes at 0.5 s each; the ok items go first (rounds
-        # over groups); 3 calls of them, 2 at a time
+        # 3 calls, 2 at a time, of 2 hanging items each, on 2 processes at 1 s an item
         calls = [pool.submit(httpx.post, f"{url}/score", timeout=30,
-                             json={"items": _items("ok", "hang", "hang", "ok", "hang")}) for _ in range(3)]
+                             json={"items": _items("ok", "ok", "hang", "hang")}) for _ in range(3)]
         answers = [c.result() for c in calls]
     took = time.monotonic() - t0
     for a in answers:
         assert a.status_code == 200, a.text
         kinds = [s.get("kind") for s in a.json()["scores"]]
-        assert kinds == [None, "scorer_timeout", "scorer_timeout", None, "scorer_timeout"], kinds
-    assert took < 3 * 4.0, took
+        assert kinds == [None, None, "scorer_timeout", "scorer_timeout"], kinds
+    assert took < 2 * 6.0, took
     assert httpx.get(f"{url}/readyz").status_code == 200
     r = httpx.post(f"{url}/score", json={"items": _items("ok")})
     assert r.status_code == 200 and r.json()["scores"] == [{"reward": 1.0, "extra": {}}]
