@@ -124,11 +124,12 @@ class LearnerSection(LearnerStack):
                                         "restarting, costs no prompt).")
     scorer_failure_limit: int | None = Field(
         None, ge=1, description="Groups in a row (each a generation of a prompt) on whose every sample the reward "
-                                "scorer raised (rl.dlq reason scorer_error), with no group scored in between, "
-                                "after which the learner stops the run with exit 2 naming the scorer, the "
-                                "exception and where it was raised: a scorer that raises on everything can "
-                                "never make a step. A group scored resets the count; timeouts, an open breaker "
-                                "or a reward server down never count. None: max(16, 2 x prompts_per_step).")
+                                "scorer failed (rl.dlq reasons scorer_error, scorer_timeout, scorer_crash, "
+                                "non_finite), with no group scored in between, after which the learner stops the "
+                                "run with exit 2 naming the scorer, the kinds of failure and an example: a scorer "
+                                "that fails on everything can never make a step. A group scored resets the count; "
+                                "an open breaker or a reward server down never count. None: max(16, 2 x "
+                                "prompts_per_step).")
     republish_factor: float = Field(5.0, gt=0, description="A prompt in flight, not refused, not waiting, for "
                                     "longer than max(republish_factor x the median seconds between the last 20 "
                                     "steps, republish_min_s) is published again with the same id: its records "

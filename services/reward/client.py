@@ -26,7 +26,10 @@
 
 Around each call to `POST /score`:
 
-    timeout      `timeout_s` (default 30 s) for connect, each read and each write
+    timeout      `timeout_s` (default 30 s) for connect, each read and each write; the
+                 server answers within its call_deadline_s (25 s), a user's scorer that
+                 hangs included (those items are its scorer_timeout), so a timeout here is
+                 the server down, not the scorer
     breaker      steadyrl.breaker.CircuitBreaker: 3 consecutive failures (unreachable,
                  timeout, 408/429/5xx, malformed answer) open it; while open no call goes
                  out, and a background probe re-scores the last scored item every

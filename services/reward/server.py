@@ -10,28 +10,36 @@ Scorers are named by their spec (`reward_server.scorers`; `steadyrl.scorers` lis
 them: rules, `rm:<dir>` reward models, `embedding:all-minilm-l6-v2`); model scorers answer
 `reward_source: "model"` and score a request in batches of `batch_size` items.
 
+Rule scorers are the user's code: they run item by item in `processes` worker processes
+(steadyrl.scorepool), each item within `item_timeout_s` (then its process is killed and
+replaced) and each process within `memory_limit_mb`; every call is answered within
+`call_deadline_s` of its body (below the reward worker's 30 s timeout). When a scorer cannot
+score one item, that item's entry is `{"reward": null, "error": "...", "kind": "..."}` and the
+others are scored; the caller decides (the reward worker sends that group to `rl.dlq`, the
+kind its reason):
+
+    scorer_error     it raised (sys.exit too), or returned what is not a reward: a str
+                     ("0.7"), a bool, None, a dict without "score", extras JSON cannot hold;
+                     MemoryError past memory_limit_mb; an item a model scorer cannot take
+    scorer_timeout   it ran past item_timeout_s, or past the call's deadline (started or not)
+    scorer_crash     it killed its process (os._exit, a segfault)
+    non_finite       it returned NaN or infinity (in the reward or an extra)
+
+A reward is a real number or a dict with a real "score" (steadyrl.rewards.score_value: numpy
+numbers are taken; numpy scalars and arrays in the extras become numbers and lists).
+
 Answers 404 for a scorer it does not serve, 422 for a malformed body, 503 while a model
-scorer is loading (/readyz is 503 until all are loaded) and 500 when a model fails on a
-batch. When a scorer cannot score one item (a rule raises, an item lacks what the scorer
-needs), that item's entry is `{"reward": null, "error": "..."}` and the others are scored:
-the caller decides (the reward worker sends that group to `rl.dlq`). When a scorer returns a
-reward that is not a finite number (NaN, infinity, a string, a bool) or an `extra` that is
-not finite JSON, the whole call is 422, the same every time, naming the items:
-
-    {"detail": "scorer 'rule:x@1' returned 2 of 8 items that are not finite JSON: item 3 (reward nan
-                is not a finite number), item 5 (reward 'high' is not a number)",
-     "scorer": "rule:x@1",
-     "items": [{"index": 3, "error": "reward nan is not a finite number"},
-               {"index": 5, "error": "reward 'high' is not a number"}]}
-
-(`index` is the item's position in the request.) Limits (`reward_server:` section): a body
-above `max_body_bytes` gets 413, one slower than `body_timeout_s` 408, a call past
-`max_concurrent` in progress 503 with Retry-After (steadyrl/http.py `add_work_route`; the
-probes never wait behind /score). Reward workers call it through
-`steadyrl.services.reward.client.RewardClient`. Run: `python -m steadyrl.services.reward.server`.
-Metrics: `steadyrl_reward_server_score_seconds{scorer}`, `_items_total{scorer}`,
-`_errors_total{kind}` (kind: unknown_scorer, too_many_items, not_ready, model_error, scorer_error,
-non_finite).
+scorer is loading, 500 when a model fails on a batch, and 504 when a model scorer has not
+answered by call_deadline_s + 1 s (its slot is freed then). /readyz is 503 until every model
+is loaded, while every `max_concurrent` slot is taken, and while items wait over 5 s for a
+scoring process. Limits (`reward_server:` section): a body above `max_body_bytes` gets 413,
+one slower than `body_timeout_s` 408, a call past `max_concurrent` in progress 503 with
+Retry-After (steadyrl/http.py `add_work_route`; the probes never wait behind /score). Reward
+workers call it through `steadyrl.services.reward.client.RewardClient`. Run:
+`python -m steadyrl.services.reward.server`. Metrics:
+`steadyrl_reward_server_score_seconds{scorer}`, `_items_total{scorer}` (scored),
+`_errors_total{kind}` (kind: unknown_scorer, too_many_items, not_ready, model_error, and per
+item scorer_error, scorer_timeout, scorer_crash, non_finite).
 """
 
 from __future__ import annotations
