@@ -268,6 +268,9 @@ class DLQReason(StrEnum):
     output_oversize = "output_oversize"      # what it turned into is above the output topic's record limit
     # 1.3
     scorer_error = "scorer_error"            # the reward scorer raised on (or cannot take) items of the group
+    # 1.4
+    scorer_timeout = "scorer_timeout"        # the reward scorer did not return in time on items of the group
+    scorer_crash = "scorer_crash"            # the reward scorer crashed its process on items of the group
 
 
 class DLQRecord(Contract):
@@ -277,8 +280,9 @@ class DLQRecord(Contract):
     # 1.1: reasons non_finite, invalid_tokens, retries_exhausted, output_oversize; 1.2: key_b64
     # and payload_b64 are base64, payload_sha256 is hex, int64 partition/offset/size/time
     # (refuses only what no writer makes); 1.3: reason scorer_error (a 1.2 reader counts the
-    # record as unreadable, and still publishes its prompt again)
-    SCHEMA_VERSION: ClassVar[str] = "1.3"
+    # record as unreadable, and still publishes its prompt again); 1.4: reasons scorer_timeout,
+    # scorer_crash (the same for a 1.3 reader)
+    SCHEMA_VERSION: ClassVar[str] = "1.4"
 
     reason: DLQReason
     error: str = Field(description="Human-readable detail naming what was expected and what came.")

@@ -23,6 +23,8 @@ bounded pool of their own (`max_concurrent` threads); a call past `max_concurren
     503  max_concurrent calls already in progress; Retry-After     (the body is not read)
     422  body is not valid JSON for the route's model (FastAPI's `detail` list), or the
          answer cannot be sent as finite JSON (NaN, Infinity: `detail` says so)
+    504  the handler did not return within the route's `answer_within_s` (when it has one):
+         the call is answered and its slot freed; the handler's thread runs on
 
 `HealthServer` runs uvicorn in a daemon thread so the service's own loop owns the main
 thread and its signals, with its h11 protocol and these limits against slow clients:
@@ -83,10 +85,10 @@ PROBE_TIMEOUT_S = 5.0
 RETRY_AFTER_S = 1
 
 REFUSED = Counter("steadyrl_http_requests_refused", "Heavy-route calls refused by the HTTP layer",
-                  ["route", "reason"])  # busy, too_large, body_timeout, invalid, not_json
+                  ["route", "reason"])  # busy, too_large, body_timeout, invalid, not_json, answer_timeout
 IN_FLIGHT = Gauge("steadyrl_http_requests_in_flight", "Heavy-route calls holding one of max_concurrent slots",
                   ["route"])
-REFUSED_REASONS = ("busy", "too_large", "body_timeout", "invalid", "not_json", "unauthorized")
+REFUSED_REASONS = ("busy", "too_large", "body_timeout", "invalid", "not_json", "unauthorized", "answer_timeout")
 HEAD_TIMEOUTS = Counter("steadyrl_http_head_timeouts", "Connections closed: request head not received in time")
 
 
@@ -140,6 +142,11 @@ class DaemonPool:
             queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = self._idle = self._pending = 0
+
+    def busy(self) -> int:
+        """Threads running a call now (a call past its answer's deadline included)."""
+        with self._lock:
+            return self._threads - self._idle
 
     def submit(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
         """fn() on a pool thread; its result (or exception) on the returned future of the
@@ -260,25 +267,71 @@ def unauthorized(request: Request, token: str | None, setting: str = "http_token
                                    f"{setting}>)"}, 401, headers={"WWW-Authenticate": "Bearer"})
 
 
+class WorkRoute:
+    """What `add_work_route` made: its slots and threads, for a readiness check."""
+
+    def __init__(self, path: str, max_concurrent: int, pool: DaemonPool) -> None:
+        self.path, self.max_concurrent, self.pool = path, max_concurrent, pool
+        self.slots = threading.BoundedSemaphore(max_concurrent)
+        self.taken = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if not self.slots.acquire(blocking=False):
+                return False
+            self.taken += 1
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            self.taken -= 1
+            self.slots.release()
+
+    def ready(self) -> tuple[bool, str]:
+        """(a call would be taken now, detail): False when every slot is taken, or every
+        thread is still running a call (answered past its deadline or not)."""
+        busy = self.pool.busy()
+        ok = self.taken < self.max_concurrent and busy < self.pool.size
+        return ok, (f"{self.path}: {self.taken} of {self.max_concurrent} calls in progress, "
+                    f"{busy} of {self.pool.size} threads busy")
+
+
 def add_work_route(app: FastAPI, path: str, model: type[BaseModel], handler: Callable[[Any], Any], *,
                    max_concurrent: int, max_body_bytes: int, body_timeout_s: float,
-                   retry_after_s: int = RETRY_AFTER_S, token: str | None = None) -> None:
+                   retry_after_s: int = RETRY_AFTER_S, token: str | None = None,
+                   answer_within_s: float | None = None) -> WorkRoute:
     """`POST path` on `app`: the body, at most `max_body_bytes`, arrives within `body_timeout_s`;
-    then, on a pool of `max_concurrent` threads, it is validated as `model`, `handler(request)`
-    runs and its answer (a JSON-able value) is serialised. A call that finds `max_concurrent`
-    calls in progress gets 503 with Retry-After. `handler` raises HTTPException (or HTTPError)
-    to refuse; any other exception is a 500 with its type and message. With `token`, a call
-    without `Authorization: Bearer <token>` gets 401 before anything else. See the module doc."""
-    pool = DaemonPool(max_concurrent, f"http{path.replace('/', '-')}")
-    slots = threading.BoundedSemaphore(max_concurrent)
+    then, on a pool of threads, it is validated as `model`, `handler(request)` runs and its
+    answer (a JSON-able value) is serialised. A call that finds `max_concurrent` calls in
+    progress gets 503 with Retry-After. `handler` raises HTTPException (or HTTPError) to refuse;
+    any other exception is a 500 with its type and message. With `token`, a call without
+    `Authorization: Bearer <token>` gets 401 before anything else. With `answer_within_s`, a
+    call whose handler has not returned that long after its body arrived is answered 504 and
+    its slot freed at once (the slot is freed when the call is answered, not when its thread
+    ends; the pool has 2 x max_concurrent threads, so such calls do not starve the next ones).
+    Returns the route's WorkRoute (its `ready` for /readyz). See the module doc."""
+    pool = DaemonPool(max_concurrent * (2 if answer_within_s is not None else 1), f"http{path.replace('/', '-')}")
+    route = WorkRoute(path, max_concurrent, pool)
     in_flight = IN_FLIGHT.labels(path)
     refused = {r: REFUSED.labels(path, r) for r in REFUSED_REASONS}  # every series from the start
 
-    def release() -> None:
-        in_flight.dec()
-        slots.release()
+    def releaser() -> Callable[[], None]:
+        """A release of one call's slot that frees it once, whoever calls it first."""
+        done = threading.Event()
+        guard = threading.Lock()
 
-    def work(body: bytes) -> tuple[int, bytes, dict[str, str]]:
+        def release() -> None:
+            with guard:
+                if done.is_set():
+                    return
+                done.set()
+            in_flight.dec()
+            route.give_back()
+
+        return release
+
+    def work(body: bytes, release: Callable[[], None]) -> tuple[int, bytes, dict[str, str]]:
         """On the pool: the whole call after the body, so nothing heavy runs on the event loop."""
         try:
             try:
@@ -308,12 +361,13 @@ def add_work_route(app: FastAPI, path: str, model: type[BaseModel], handler: Cal
         if refusal is not None:
             refused["unauthorized"].inc()
             return refusal
-        if not slots.acquire(blocking=False):
+        if not route.take():
             refused["busy"].inc()
             return JSONResponse({"detail": f"{path} busy: {max_concurrent} calls in progress (max_concurrent "
                                            f"{max_concurrent}); retry after {retry_after_s} s"}, 503,
                                 headers={"Retry-After": str(retry_after_s)})
         in_flight.inc()
+        release = releaser()
         submitted = False
         try:
             too_large = JSONResponse({"detail": f"body above max_body_bytes {max_body_bytes}"}, 413,
@@ -338,16 +392,24 @@ def add_work_route(app: FastAPI, path: str, model: type[BaseModel], handler: Cal
             except ClientDisconnect:  # nobody to answer
                 return Response(status_code=400)
             body = b"".join(chunks)
-            future = pool.submit(lambda: work(body))
+            future = pool.submit(lambda: work(body, release))
             submitted = True
         finally:
             if not submitted:  # refused, or the client went away while sending
                 release()
-        status, content, headers = await future
+        try:
+            status, content, headers = await asyncio.wait_for(asyncio.shield(future), answer_within_s)
+        except TimeoutError:   # the handler runs on; the call is answered and its slot freed now
+            release()
+            refused["answer_timeout"].inc()
+            log.error("call not answered in time; its thread runs on", extra={"route": path,
+                                                                               "answer_within_s": answer_within_s})
+            return JSONResponse({"detail": f"{path} did not answer within {answer_within_s:g} s"}, 504)
         return Response(content, status, headers=headers, media_type="application/json")
 
     endpoint.__name__ = f"post{path.replace('/', '_')}"
     app.add_api_route(path, endpoint, methods=["POST"])
+    return route
 
 
 def _protocol_class() -> type[H11Protocol]:

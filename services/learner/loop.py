@@ -360,14 +360,15 @@ class Learner:
             if st.eval_before is None and st.step == 0:
                 self.progress["phase"] = "eval before"
                 st.eval_before = report.evaluate(lc, self.model, self.tok, "before", self.health.beat,
-                                                 cache=self.eval_cache, progress=self.eval_progress)
+                                                 cache=self.eval_cache, progress=self.eval_progress,
+                                                 limits=self.cfg.reward_server)
                 self.save_state()
             elif st.step == 0 and st.eval_before is not None and (pending := report.pending_splits(lc, st.eval_before)):
                 # resumed at step 0 with the eval before saved without these harder splits
                 self.progress["phase"] = "eval before"
                 st.eval_before.setdefault("splits", {}).update(report.evaluate_splits(
                     lc, self.model, self.tok, "before", self.health.beat, names=pending, cache=self.eval_cache,
-                    progress=self.eval_progress))
+                    progress=self.eval_progress, limits=self.cfg.reward_server))
                 self.save_state()
             if self.progress["phase"] == "eval before":  # in flight since before it: their age starts now
                 for f in st.in_flight.values():
@@ -396,7 +397,8 @@ class Learner:
                 # the harder splits: those evaluated before (none in a run begun before eval_splits)
                 st.eval_after = report.evaluate(lc, self.model, self.tok, "after", self.health.beat,
                                                 splits=set((st.eval_before or {}).get("splits") or {}),
-                                                cache=self.eval_cache, progress=self.eval_progress)
+                                                cache=self.eval_cache, progress=self.eval_progress,
+                                                limits=self.cfg.reward_server)
                 self.progress.pop("eval", None)
                 report.write_summary(lc, st, self.run_dir)
                 for name in ("summary.json", "curve.png"):

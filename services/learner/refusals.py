@@ -1,26 +1,30 @@
 """What the learner makes of the refusals rl.dlq sends back: which reasons came since the last
-step (named in its warning), and the rule that stops a run whose reward scorer raises on
+step (named in its warning), and the rule that stops a run whose reward scorer fails on
 everything.
 
-A scorer that raises (a user's `compute_score` doing `float(solution_str)` on a response that
-is not a number) is reported by the reward server per item, and the reward worker sends the
-group to rl.dlq with reason `scorer_error` and the error `prompt <id>: <k> of <n> items
-unscored: scorer <spec> raised <Type>: <message> (at <file>:<line> in <function>: <code>)`
-(services/reward/client.py `scorer_error_detail`, steadyrl/scorers.py `raised`). The learner
-publishes the prompt again (intake.py), as for any refusal.
+The reward server reports per item what the user's scorer did wrong, and the reward worker
+sends the group to rl.dlq with the first such item's kind as the reason: `scorer_error` (it
+raised, or returned what is not a number: "0.7", True), `scorer_timeout` (it ran past
+reward_server.item_timeout_s, or past the call's deadline), `scorer_crash` (it killed its
+process: os._exit, a segfault) or `non_finite` (NaN, infinity); the error is `prompt <id>: <k>
+of <n> items unscored: <the first item's error>`, which names the scorer, e.g. `scorer <spec>
+raised <Type>: <message> (at <file>:<line> in <function>: <code>)` (services/reward/client.py
+`scorer_error_detail`, steadyrl/scorepool.py). The learner publishes the prompt again
+(intake.py), as for any refusal.
 
 The stop rule (`Refusals.failing`): `limit` groups in a row on whose every sample the scorer
-raised, with no group scored in between (any group of this run read from rl.scored resets
-the count; so does a group the scorer raised on only in part: it can score some responses).
-Counted since the last group scored, not over the whole run: a run that trained for hours and
-then reaches rows the scorer cannot take (a second data source, another answer format) gets
-the same clear stop, with its last checkpoint, instead of abandoning every row from there on,
-which loses them; and a scorer that raises on some items only never stops the run, since the
-groups it scores reset the count (the groups it raised on are refused and published again, and
-abandoned after learner.prompt_max_refusals, as before). Timeouts, an open breaker or a reward
-server down never send a group to rl.dlq (the reward worker holds it), and `retries_exhausted`
-or any other reason neither counts nor resets: only what the scorer itself said. Only records
-that name a prompt in flight count (intake.py filters them): one record per publish.
+failed (any of those four kinds, mixed or not), with no group scored in between (any group of
+this run read from rl.scored resets the count; so does a group the scorer failed on only in
+part: it can score some responses). Counted since the last group scored, not over the whole
+run: a run that trained for hours and then reaches rows the scorer cannot take (a second data
+source, another answer format) gets the same clear stop, with its last checkpoint, instead of
+abandoning every row from there on, which loses them; and a scorer that fails on some items
+only never stops the run, since the groups it scores reset the count (the groups it failed on
+are refused and published again, and abandoned after learner.prompt_max_refusals, as before).
+An open breaker or a reward server down never send a group to rl.dlq (the reward worker holds
+it), and `retries_exhausted` or any other reason neither counts nor resets: only what the
+scorer itself did. Only records that name a prompt in flight count (intake.py filters them):
+one record per publish.
 """
 
 from __future__ import annotations
@@ -41,10 +45,16 @@ def default_limit(prompts_per_step: int) -> int:
     return max(16, 2 * prompts_per_step)
 
 
+#: The reasons that are the scorer's own failure on items, each counted by the stop rule.
+SCORER_FAILURES = frozenset(r.value for r in (DLQReason.scorer_error, DLQReason.scorer_timeout,
+                                              DLQReason.scorer_crash, DLQReason.non_finite))
+
+
 def scorer_items(reason: str, error: str) -> tuple[int, int, str] | None:
-    """(items the scorer raised on, items of the group, the first item's error) of a scorer_error
-    refusal; None for another reason or an error not in the reward worker's form."""
-    if reason != DLQReason.scorer_error.value:
+    """(items the scorer failed on, items of the group, the first item's error) of a refusal for
+    one of SCORER_FAILURES; None for another reason or an error not in the reward worker's form
+    (a non_finite record of a worker before 1.4's kinds)."""
+    if reason not in SCORER_FAILURES:
         return None
     m = SCORER_ERROR.match(error)
     if m is None:
@@ -73,9 +83,10 @@ class Refusals:
     def __init__(self, limit: int):
         self.limit = limit
         self.since_step: dict[tuple[str, str], Tally] = {}
-        self.streak = 0          # groups in a row the scorer raised on entirely, none scored since
+        self.streak = 0          # groups in a row the scorer failed on entirely, none scored since
         self.streak_items = 0    # their samples
         self.streak_first = ""   # the first item's error of the first of them
+        self.streak_kinds: dict[str, int] = {}   # their reasons (scorer_error, scorer_timeout, ...): groups
 
     def refused(self, stage: str, reason: str, error: str) -> None:
         """A refusal of a prompt in flight: `stage` the DLQ record's (`reward/reward-0`), its reason
@@ -97,10 +108,12 @@ class Refusals:
             self.streak_first = first[:EXAMPLE_CHARS]
         self.streak += 1
         self.streak_items += items
+        self.streak_kinds[reason] = self.streak_kinds.get(reason, 0) + 1
 
     def scored(self) -> None:
         """A group of this run was scored: the scorer works."""
         self.streak, self.streak_items, self.streak_first = 0, 0, ""
+        self.streak_kinds = {}
 
     def stepped(self) -> None:
         """A step was made: the next summary starts anew."""
@@ -118,11 +131,15 @@ class Refusals:
         return "; ".join(parts) or "none"
 
     def failing(self) -> str | None:
-        """Why the run must stop (the scorer raised on every sample of `limit` groups in a row,
-        none scored in between), or None."""
+        """Why the run must stop (the scorer failed on every sample of `limit` groups in a row,
+        none scored in between: raised, timed out, crashed or returned what is not a finite
+        number), or None. Names the kinds (most first) and the first item's error, which names
+        the scorer."""
         if self.streak < self.limit:
             return None
-        return (f"the reward scorer raised on every sample of {self.streak} groups in a row ({self.streak_items} "
-                f"items) and scored none: {self.streak_first}. Make it return a number for every response (e.g. "
-                f"0.0 for one it cannot read), try it with `steadyrl score --scorer SPEC --response TEXT`, and "
-                f"run again (the run resumes); learner.scorer_failure_limit ({self.limit}) sets how many")
+        kinds = ", ".join(f"{k} x{n}" for k, n in sorted(self.streak_kinds.items(), key=lambda kv: -kv[1]))
+        return (f"the reward scorer failed on every sample of {self.streak} groups in a row ({self.streak_items} "
+                f"items; {kinds}) and scored none: {self.streak_first}. Make it return a finite number for every "
+                f"response, within reward_server.item_timeout_s (e.g. 0.0 for one it cannot read), try it with "
+                f"`steadyrl score --scorer SPEC --response TEXT`, and run again (the run resumes); "
+                f"learner.scorer_failure_limit ({self.limit}) sets how many")

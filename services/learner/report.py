@@ -19,6 +19,7 @@ from steadyrl.files import write_atomic
 from steadyrl.rl.loop import ScorerRaisedOnEveryItem
 from steadyrl.rl.loop import evaluate as greedy_eval
 from steadyrl.runfolder import Counts
+from steadyrl.scorepool import ScoringLimits
 from steadyrl.services.learner.config import LearnerSection, data_label, load_dataset, spread
 from steadyrl.services.learner.state import RunState
 
@@ -92,7 +93,8 @@ EvalProgress = Callable[[str, int, int], None]
 
 def _greedy(lc: LearnerSection, spec: str | list[str], limit: int, model: torch.nn.Module, tok: Any,
             beat: Callable[[], None], cache: tuple[Path, str] | None = None,
-            progress: EvalProgress | None = None, split: str = "test") -> dict[str, Any]:
+            progress: EvalProgress | None = None, split: str = "test",
+            limits: ScoringLimits | None = None) -> dict[str, Any]:
     """Greedy accuracy of `model` on `limit` rows of `spec`. With `cache` (a folder, and
     weights_digest of `model`), a result cached there under the same cache_key is returned
     instead of evaluating again (logged, `cached: true`), and a new result is cached.
@@ -112,12 +114,13 @@ def _greedy(lc: LearnerSection, spec: str | list[str], limit: int, model: torch.
     t0 = time.perf_counter()
     try:
         if progress is None:
-            acc, items = greedy_eval(model, tok, rows, lc.eval_scorer, lc.eval_max_new_tokens, on_batch=beat)
+            acc, items = greedy_eval(model, tok, rows, lc.eval_scorer, lc.eval_max_new_tokens, on_batch=beat,
+                                     limits=limits)
         else:
             acc, items = greedy_eval(model, tok, rows, lc.eval_scorer, lc.eval_max_new_tokens, on_batch=beat,
-                                     on_progress=lambda done, n: progress(split, done, n))
+                                     on_progress=lambda done, n: progress(split, done, n), limits=limits)
     except ScorerRaisedOnEveryItem as e:   # a restart would fail the same way: exit 2, not a crash loop
-        raise ConfigError(f"learner.eval_scorer {lc.eval_scorer} raised on the evaluation of {data_label(spec)} "
+        raise ConfigError(f"learner.eval_scorer {lc.eval_scorer} failed on the evaluation of {data_label(spec)} "
                           f"{e}") from None
     result = {"accuracy": acc, "n": len(items), "correct": sum(i["correct"] for i in items),
               "seconds": round(time.perf_counter() - t0, 1), "correct_items": [i["correct"] for i in items]}
@@ -132,27 +135,29 @@ def _greedy(lc: LearnerSection, spec: str | list[str], limit: int, model: torch.
 
 def evaluate(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: str, beat: Callable[[], None],
              splits: Collection[str] | None = None, cache: Path | None = None,
-             progress: EvalProgress | None = None) -> dict[str, Any] | None:
+             progress: EvalProgress | None = None, limits: ScoringLimits | None = None) -> dict[str, Any] | None:
     """Greedy accuracy of `model` on lc.eval_data (None when there is none), and under "splits"
     on each harder test split of lc.eval_splits (those named in `splits`, when given: after the
     run, those evaluated before it); `beat` is called after every batch (liveness). With
     `cache` (the learner's `<state_dir>/eval-cache`), each result is cached by weights, rows
     and settings (_greedy, cache_key): a second run of the same base model and evaluation
-    settings skips the evaluation before."""
+    settings skips the evaluation before. `limits`: the rule scorer's processes (the
+    `reward_server:` section's ScoringLimits; None: their defaults)."""
     if lc.eval_data is None:
         return None
     keyed = None if cache is None else (cache, weights_digest(model))
-    result = _greedy(lc, lc.eval_data, lc.eval_limit, model, tok, beat, keyed, progress)
+    result = _greedy(lc, lc.eval_data, lc.eval_limit, model, tok, beat, keyed, progress, limits=limits)
     EVAL_ACCURACY.labels(when).set(result["accuracy"])
     log.info("evaluation", extra={"when": when, "accuracy": result["accuracy"], "n": result["n"]})
     result["splits"] = evaluate_splits(lc, model, tok, when, beat, splits, cache, keyed[1] if keyed else None,
-                                       progress)
+                                       progress, limits)
     return result
 
 
 def evaluate_splits(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: str, beat: Callable[[], None],
                     names: Collection[str] | None = None, cache: Path | None = None,
-                    digest: str | None = None, progress: EvalProgress | None = None) -> dict[str, dict[str, Any]]:
+                    digest: str | None = None, progress: EvalProgress | None = None,
+                    limits: ScoringLimits | None = None) -> dict[str, dict[str, Any]]:
     """Greedy accuracy on each harder test split of lc.eval_splits (only those in `names`, when
     given), lc.eval_splits_limit rows each, with the dataset under "data"; {} when lc.eval_data
     is None (no evaluation at all). `cache`: see evaluate; `digest`: the model's weights_digest
@@ -165,7 +170,7 @@ def evaluate_splits(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: 
         if names is not None and name not in names:
             continue
         out[name] = {"data": spec, **_greedy(lc, spec, lc.eval_splits_limit, model, tok, beat, keyed, progress,
-                                             name)}
+                                             name, limits)}
         EVAL_SPLIT_ACCURACY.labels(name, when).set(out[name]["accuracy"])
         log.info("evaluation", extra={"when": when, "split": name, "accuracy": out[name]["accuracy"],
                                       "n": out[name]["n"]})

@@ -5,10 +5,12 @@
 `RetryLater` when the whole batch must wait. What the server's answer means:
 
     200, every item scored       Scores
-    200, an item unscored        that group Rejected: `{"reward": null, "error"}` (the scorer
-                                 raised; scorer_error, "prompt P: k of n items unscored: <the
-                                 first error>") or a reward that is not finite (non_finite);
-                                 the other groups are scored
+    200, an item unscored        that group Rejected: `{"reward": null, "error", "kind"}`, the
+                                 reason the first such item's kind: scorer_error (raised, or
+                                 returned what is not a reward), scorer_timeout, scorer_crash,
+                                 non_finite (NaN, infinity); the error "prompt P: k of n items
+                                 unscored: <the first error>". The other groups are scored, and
+                                 nothing the server answered is sent again
     4xx (not 408/429)            the server is up (a breaker success); the request or a group is
                                  wrong. One group: Rejected with the server's message (a 422
                                  naming a non-finite score: non_finite); several: each group is
@@ -24,7 +26,10 @@
 
 Around each call to `POST /score`:
 
-    timeout      `timeout_s` (default 30 s) for connect, each read and each write
+    timeout      `timeout_s` (default 30 s) for connect, each read and each write; the
+                 server answers within its call_deadline_s (25 s), a user's scorer that
+                 hangs included (those items are its scorer_timeout), so a timeout here is
+                 the server down, not the scorer
     breaker      steadyrl.breaker.CircuitBreaker: 3 consecutive failures (unreachable,
                  timeout, 408/429/5xx, malformed answer) open it; while open no call goes
                  out, and a background probe re-scores the last scored item every
@@ -105,11 +110,24 @@ def _named_items(resp: httpx.Response) -> dict[int, str]:
 
 
 def scorer_error_detail(prompt_id: str, failed: int, items: int, first: str) -> str:
-    """The DLQ error (reason scorer_error) of a group whose scorer raised on `failed` of its `items`
-    samples, `first` the first one's error (the server's, e.g. steadyrl.scorers.raised):
+    """The DLQ error (reason: the first failed item's kind, `item_reason`) of a group whose scorer
+    failed on `failed` of its `items` samples, `first` the first one's error (the server's, e.g.
+    steadyrl.rewards.raised):
     `prompt <id>: <failed> of <items> items unscored: <first>` (the learner reads the counts back:
     services/learner/refusals.py)."""
     return f"prompt {prompt_id}: {failed} of {items} items unscored: {first}"
+
+
+#: The item kinds the reward server names (`kind`), each its own rl.dlq reason.
+ITEM_KINDS = {k.value: k for k in (DLQReason.scorer_error, DLQReason.scorer_timeout, DLQReason.scorer_crash,
+                                   DLQReason.non_finite)}
+
+
+def item_reason(item: dict[str, Any]) -> DLQReason:
+    """The rl.dlq reason of an unscored item of the server's answer: its `kind`
+    (scorer_error, scorer_timeout, scorer_crash, non_finite); scorer_error when it has none (a
+    server before kinds) or one this client does not know."""
+    return ITEM_KINDS.get(str(item.get("kind", "")), DLQReason.scorer_error)
 
 
 def _answer_key(g: RolloutGroup) -> tuple[str, str | None]:
@@ -337,17 +355,19 @@ class RewardClient:
                 n = len(g.samples)
                 chunk = scores[k:k + n]
                 k += n
-                errors = [str(c["error"]) for c in chunk if c.get("reward") is None]  # KeyError: malformed
-                if errors:  # the scorer cannot score this group: not retryable
-                    result.append(Rejected(DLQReason.scorer_error, scorer_error_detail(g.prompt_id, len(errors),
-                                                                                       n, errors[0])))
+                failed = [c for c in chunk if c.get("reward") is None]
+                if failed:  # the scorer could not score this group (it said why): not retryable
+                    why = [str(c["error"]) for c in failed]  # KeyError: no error, malformed
+                    result.append(Rejected(item_reason(failed[0]), scorer_error_detail(g.prompt_id, len(failed), n,
+                                                                                        why[0])))
                     continue
                 rewards = [c["reward"] for c in chunk]
                 if not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rewards):
                     raise TypeError(f"rewards must be numbers, got {rewards[:3]!r}")
-                if not all(math.isfinite(r) for r in rewards):  # JSON NaN/Infinity parse as floats
-                    result.append(Rejected(DLQReason.non_finite, f"prompt {g.prompt_id}: scorer {scorer} returned "
-                                                                 f"non-finite rewards {rewards[:8]!r}"))
+                bad = [r for r in rewards if not math.isfinite(r)]  # JSON NaN/Infinity parse as floats
+                if bad:  # a server before per-item kinds
+                    result.append(Rejected(DLQReason.non_finite, scorer_error_detail(
+                        g.prompt_id, len(bad), n, f"scorer {scorer} returned non-finite rewards {rewards[:8]!r}")))
                     continue
                 result.append(Scores([float(r) for r in rewards], scorer, source,
                                      [dict(c.get("extra") or {}) for c in chunk]))

@@ -10,28 +10,36 @@ Scorers are named by their spec (`reward_server.scorers`; `steadyrl.scorers` lis
 them: rules, `rm:<dir>` reward models, `embedding:all-minilm-l6-v2`); model scorers answer
 `reward_source: "model"` and score a request in batches of `batch_size` items.
 
+Rule scorers are the user's code: they run item by item in `processes` worker processes
+(steadyrl.scorepool), each item within `item_timeout_s` (then its process is killed and
+replaced) and each process within `memory_limit_mb`; every call is answered within
+`call_deadline_s` of its body (below the reward worker's 30 s timeout). When a scorer cannot
+score one item, that item's entry is `{"reward": null, "error": "...", "kind": "..."}` and the
+others are scored; the caller decides (the reward worker sends that group to `rl.dlq`, the
+kind its reason):
+
+    scorer_error     it raised (sys.exit too), or returned what is not a reward: a str
+                     ("0.7"), a bool, None, a dict without "score", extras JSON cannot hold;
+                     MemoryError past memory_limit_mb; an item a model scorer cannot take
+    scorer_timeout   it ran past item_timeout_s, or past the call's deadline (started or not)
+    scorer_crash     it killed its process (os._exit, a segfault)
+    non_finite       it returned NaN or infinity (in the reward or an extra)
+
+A reward is a real number or a dict with a real "score" (steadyrl.rewards.score_value: numpy
+numbers are taken; numpy scalars and arrays in the extras become numbers and lists).
+
 Answers 404 for a scorer it does not serve, 422 for a malformed body, 503 while a model
-scorer is loading (/readyz is 503 until all are loaded) and 500 when a model fails on a
-batch. When a scorer cannot score one item (a rule raises, an item lacks what the scorer
-needs), that item's entry is `{"reward": null, "error": "..."}` and the others are scored:
-the caller decides (the reward worker sends that group to `rl.dlq`). When a scorer returns a
-reward that is not a finite number (NaN, infinity, a string, a bool) or an `extra` that is
-not finite JSON, the whole call is 422, the same every time, naming the items:
-
-    {"detail": "scorer 'rule:x@1' returned 2 of 8 items that are not finite JSON: item 3 (reward nan
-                is not a finite number), item 5 (reward 'high' is not a number)",
-     "scorer": "rule:x@1",
-     "items": [{"index": 3, "error": "reward nan is not a finite number"},
-               {"index": 5, "error": "reward 'high' is not a number"}]}
-
-(`index` is the item's position in the request.) Limits (`reward_server:` section): a body
-above `max_body_bytes` gets 413, one slower than `body_timeout_s` 408, a call past
-`max_concurrent` in progress 503 with Retry-After (steadyrl/http.py `add_work_route`; the
-probes never wait behind /score). Reward workers call it through
-`steadyrl.services.reward.client.RewardClient`. Run: `python -m steadyrl.services.reward.server`.
-Metrics: `steadyrl_reward_server_score_seconds{scorer}`, `_items_total{scorer}`,
-`_errors_total{kind}` (kind: unknown_scorer, too_many_items, not_ready, model_error, scorer_error,
-non_finite).
+scorer is loading, 500 when a model fails on a batch, and 504 when a model scorer has not
+answered by call_deadline_s + 1 s (its slot is freed then). /readyz is 503 until every model
+is loaded, while every `max_concurrent` slot is taken, and while items wait over 5 s for a
+scoring process. Limits (`reward_server:` section): a body above `max_body_bytes` gets 413,
+one slower than `body_timeout_s` 408, a call past `max_concurrent` in progress 503 with
+Retry-After (steadyrl/http.py `add_work_route`; the probes never wait behind /score). Reward
+workers call it through `steadyrl.services.reward.client.RewardClient`. Run:
+`python -m steadyrl.services.reward.server`. Metrics:
+`steadyrl_reward_server_score_seconds{scorer}`, `_items_total{scorer}` (scored),
+`_errors_total{kind}` (kind: unknown_scorer, too_many_items, not_ready, model_error, and per
+item scorer_error, scorer_timeout, scorer_crash, non_finite).
 """
 
 from __future__ import annotations
@@ -49,8 +57,9 @@ from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.config import ConfigError, ServiceConfig, load
-from steadyrl.http import Health, HTTPError, add_work_route, finite_json
-from steadyrl.scorers import ScorerError, build_scorer
+from steadyrl.http import Health, WorkRoute, add_work_route, finite_json
+from steadyrl.scorepool import ScoringLimits, ScoringPool
+from steadyrl.scorers import ScorerError, build_scorer, spec_kind
 from steadyrl.service import main_guard, run_service
 
 if TYPE_CHECKING:
@@ -64,10 +73,16 @@ SCORE_SECONDS = Histogram("steadyrl_reward_server_score_seconds", "Time of one /
                           buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
 SCORED = Counter("steadyrl_reward_server_items", "Items scored", ["scorer"])
 ERRORS = Counter("steadyrl_reward_server_errors", "Failed /score calls and failed items", ["kind"])
+for _k in ("scorer_error", "scorer_timeout", "scorer_crash", "non_finite"):
+    ERRORS.labels(_k)   # every item kind exists from the start
+
+#: Seconds past call_deadline_s after which the HTTP layer answers 504 itself (a model scorer
+#: that hangs): the rule scorers' pool has answered by then.
+ANSWER_MARGIN_S = 1.0
 
 
-class RewardServerSection(BaseModel):
-    """The reward server's own settings."""
+class RewardServerSection(ScoringLimits):
+    """The reward server's own settings (the scoring processes' limits: ScoringLimits)."""
 
     model_config = ConfigDict(extra="forbid")  # a typo is an error, not a silent default
 
@@ -122,10 +137,24 @@ class RewardServer:
 
     def __init__(self, section: RewardServerSection):
         self.section = section
-        self.scorers = {spec: build_scorer(spec, section.scorer_version, section.batch_size)
-                        for spec in section.scorers}
-        if section.default_scorer not in self.scorers:
-            raise ValueError(f"default_scorer {section.default_scorer!r} is not among scorers {sorted(self.scorers)}")
+        n = section.pool_processes()
+        self.pool = (ScoringPool(n, section.item_timeout_s, section.memory_limit_mb)
+                     if n and any(spec_kind(spec) == "rule" for spec in section.scorers) else None)
+        try:
+            self.scorers = {spec: build_scorer(spec, section.scorer_version, section.batch_size, self.pool)
+                            for spec in section.scorers}
+            if section.default_scorer not in self.scorers:
+                raise ValueError(f"default_scorer {section.default_scorer!r} is not among scorers "
+                                 f"{sorted(self.scorers)}")
+        except BaseException:
+            self.close()
+            raise
+        self.route: WorkRoute | None = None   # add_routes sets it: its slots are part of /readyz
+
+    def close(self) -> None:
+        """Stop the scoring processes."""
+        if self.pool is not None:
+            self.pool.close()
 
     def load(self, beat: Callable[[], None] = lambda: None) -> None:
         """Load every model scorer's weights, calling `beat()` between them."""
@@ -138,11 +167,18 @@ class RewardServer:
                                                   "seconds": round(time.perf_counter() - t0, 2)})
 
     def ready(self) -> tuple[bool, str]:
-        """(all scorers loaded, detail): the /readyz check."""
+        """(all scorers loaded and room for a call, detail): the /readyz check. Not ready while a
+        model loads, while every max_concurrent slot is taken, or while items wait for a scoring
+        process (steadyrl.scorepool.ScoringPool.ready)."""
         loading = sorted(n for n, s in self.scorers.items() if not s.ready)
         if loading:
             return False, f"loading {loading}"
-        return True, f"serving {sorted(self.scorers)}"
+        parts, ok = [f"serving {sorted(self.scorers)}"], True
+        for check in (self.route.ready if self.route else None, self.pool.ready if self.pool else None):
+            if check is not None:
+                good, detail = check()
+                ok, parts = ok and good, [*parts, detail]
+        return ok, "; ".join(parts)
 
     def score(self, req: ScoreRequest) -> dict[str, Any]:
         """Score every item. Raises HTTPException 404/422/503/500 (see module doc)."""
@@ -157,47 +193,50 @@ class RewardServer:
         if not scorer.ready:
             ERRORS.labels("not_ready").inc()
             raise HTTPException(503, f"scorer {name!r} is still loading")
+        t0_mono = time.monotonic()
         t0 = time.perf_counter()
         try:
-            out = scorer.score(req.items)
+            out = scorer.score(req.items, deadline=t0_mono + self.section.call_deadline_s)
         except ScorerError as e:  # the model failed: the caller retries (5xx)
             ERRORS.labels("model_error").inc()
             log.error("model scorer failed", extra={"scorer": name, "error": str(e)})
             raise HTTPException(500, str(e)) from None
         SCORE_SECONDS.labels(name).observe(time.perf_counter() - t0)
-        bad = []
+        failed: dict[str, int] = {}
         for i, r in enumerate(out):
+            if r["reward"] is not None and (bad := _not_finite(r)) is not None:   # a model scorer's NaN
+                r.clear()
+                r.update({"reward": None, "error": f"scorer {scorer.id} {bad[1]}", "kind": bad[0]})
             if r["reward"] is None:
-                ERRORS.labels("scorer_error").inc()
-                log.warning("scorer failed on an item", extra={"scorer": name, "item": i, "error": r["error"]})
-            elif (why := _not_finite(r)) is not None:
-                bad.append({"index": i, "error": why})
-        if bad:
-            ERRORS.labels("non_finite").inc(len(bad))
-            shown = ", ".join(f"item {b['index']} ({b['error']})" for b in bad[:5])
-            detail = (f"scorer {scorer.id!r} returned {len(bad)} of {len(out)} items that are not finite JSON: "
-                      f"{shown}{', ...' if len(bad) > 5 else ''}")
-            log.error("scorer returned non-finite scores", extra={"scorer": name, "items": [b["index"] for b in bad]})
-            raise HTTPError(422, detail, {"scorer": scorer.id, "items": bad})
-        SCORED.labels(name).inc(len(out))
+                kind = r.setdefault("kind", "scorer_error")
+                ERRORS.labels(kind).inc()
+                if kind not in failed:   # one line per kind and call: a scorer failing on everything floods no log
+                    log.warning("scorer failed on an item", extra={"scorer": name, "item": i, "kind": kind,
+                                                                    "error": r["error"]})
+                failed[kind] = failed.get(kind, 0) + 1
+        if failed:
+            log.warning("scorer failed on items of a call", extra={"scorer": name, "items": len(out), **failed})
+        SCORED.labels(name).inc(len(out) - sum(failed.values()))
         return {"scorer": scorer.id, "reward_source": scorer.source.value, "scores": out}
 
 
-def _not_finite(result: dict[str, Any]) -> str | None:
-    """Why one scored item cannot be sent (reward not a finite number, extra not finite JSON), or
-    None; a numeric reward of another type (numpy) becomes a float in place."""
+def _not_finite(result: dict[str, Any]) -> tuple[str, str] | None:
+    """(kind, why) one scored item cannot be sent (reward not a number: scorer_error; NaN or
+    infinity in the reward or the extras: non_finite; extras not JSON: scorer_error), or None;
+    a numeric reward of another type (numpy) becomes a float in place. The rule scorers' pool
+    checks the same in its processes (steadyrl.rewards.score_value): this is for model scorers."""
     reward = result["reward"]
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
-        return f"reward {reward!r} is not a number"
+        return "scorer_error", f"returned {reward!r}, not a number"
     if not math.isfinite(reward):
-        return f"reward {float(reward)!r} is not a finite number"
+        return "non_finite", f"returned {float(reward)!r}, not a finite number"
     result["reward"] = float(reward)
     try:
         finite_json(result.get("extra", {}))
     except ValueError:
-        return "extra holds a non-finite number (NaN or infinity)"
+        return "non_finite", "returned extras holding NaN or infinity"
     except TypeError as e:
-        return f"extra is not JSON ({e})"
+        return "scorer_error", f"returned extras that are not JSON ({e})"
     return None
 
 
@@ -205,8 +244,9 @@ def add_routes(app: FastAPI, server: RewardServer, token: str | None = None) -> 
     """`POST /score` on `app`, answered by `server`, with the section's body, time and
     concurrency limits."""
     s = server.section
-    add_work_route(app, "/score", ScoreRequest, server.score, max_concurrent=s.max_concurrent,
-                   max_body_bytes=s.max_body_bytes, body_timeout_s=s.body_timeout_s, token=token)
+    server.route = add_work_route(app, "/score", ScoreRequest, server.score, max_concurrent=s.max_concurrent,
+                                  max_body_bytes=s.max_body_bytes, body_timeout_s=s.body_timeout_s, token=token,
+                                  answer_within_s=s.call_deadline_s + ANSWER_MARGIN_S)
 
 
 def main(argv: list[str]) -> int:
@@ -230,7 +270,10 @@ def main(argv: list[str]) -> int:
         return Idle()
 
     token = cfg.http_token()
-    return run_service("reward-server", cfg, build, extra_routes=lambda app: add_routes(app, server, token))
+    try:
+        return run_service("reward-server", cfg, build, extra_routes=lambda app: add_routes(app, server, token))
+    finally:
+        server.close()
 
 
 if __name__ == "__main__":

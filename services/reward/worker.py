@@ -6,8 +6,9 @@ is scored in one request through `RewardClient` (timeout, circuit breaker). Whil
 breaker is open, groups are scored from the cache of recently scored prompts
 (`reward_source=cache`, with the similarity); a group with no similar cached prompt is
 held -- never dropped -- until the server is back. Groups the codec refuses, that the
-scorer cannot score (or scores NaN), or that the server refuses go to `rl.dlq` with the
-reason. A group on which the server keeps failing while it scores other items goes there
+scorer fails on (reason its kind: scorer_error, scorer_timeout, scorer_crash, non_finite), or
+that the server refuses go to `rl.dlq` with the reason; nothing the server answered is sent
+again. A group on which the server keeps failing while it scores other items goes there
 too (`retries_exhausted`) once its budget (`max_hold_s`, `max_attempts`) is spent;
 services/reward/client.py says which answer is which.
 """

@@ -6,18 +6,31 @@ import argparse
 import json
 import sys
 from types import SimpleNamespace
+from typing import Any
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    """One item through a reward server scorer (steadyrl.scorers), in-process: prints
-    `reward  scorer-id  [extra]`.
+    """One item through a reward server scorer (steadyrl.scorers), as the reward server scores
+    it: a rule in a worker process with the server's default limits (steadyrl.scorepool), a
+    model in this process. Prints `reward  scorer-id  [extra]`.
 
-    Exit status 2 for a scorer that cannot be built or loaded, 1 when it cannot score the item."""
+    Exit status 2 for a scorer that cannot be built or loaded, 1 when it cannot score the item
+    (the error names its kind: scorer_error, scorer_timeout, scorer_crash, non_finite)."""
+    from steadyrl.scorepool import ScoringLimits  # lazy: entry point (a command), keeps `steadyrl --help` fast
+    from steadyrl.scorers import spec_kind  # lazy: entry point (a command), keeps `steadyrl --help` fast
+
+    if spec_kind(args.scorer) != "rule":
+        return _score(args, None)
+    with ScoringLimits(processes=1).pool() as pool:
+        return _score(args, pool)
+
+
+def _score(args: argparse.Namespace, pool: Any) -> int:
     from steadyrl.contracts import RewardSource  # lazy: entry point (a command), keeps `steadyrl --help` fast
     from steadyrl.scorers import ScorerError, build_scorer  # lazy: entry point (a command), keeps --help fast
 
     try:
-        scorer = build_scorer(args.scorer)
+        scorer = build_scorer(args.scorer, pool=pool)
         if scorer.source is RewardSource.model:
             from transformers.utils import logging as hf_logging  # lazy: heavy (transformers), model scorers only
 
@@ -34,7 +47,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if result["reward"] is None:
-        print(f"error: {result['error']}", file=sys.stderr)
+        print(f"error ({result.get('kind', 'scorer_error')}): {result['error']}", file=sys.stderr)
         return 1
     extra = f"  {json.dumps(result['extra'])}" if result["extra"] else ""
     print(f"{round(result['reward'], 6)}  {scorer.id}{extra}")

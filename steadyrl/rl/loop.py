@@ -6,10 +6,12 @@ against: same model loading, generator, scorers and Trainer, no broker.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -19,7 +21,8 @@ from steadyrl.data import PromptRow
 from steadyrl.generation import SamplingParams, TorchGenerator
 from steadyrl.rewards import resolve_scorer, score_value
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
-from steadyrl.scorers import raised
+from steadyrl.scorepool import ScoringLimits
+from steadyrl.scorers import ScorerError, build_scorer, spec_kind
 
 log = logging.getLogger(__name__)
 
@@ -105,48 +108,67 @@ def run_loop(model: torch.nn.Module, tokenizer: Any, rows: list[PromptRow], cfg:
 
 
 class ScorerRaisedOnEveryItem(ValueError):
-    """The evaluation's scorer raised on every item: no accuracy can be measured. The message
-    is the first item's error (`steadyrl.scorers.raised`)."""
+    """The evaluation's scorer failed on every item (raised, timed out, crashed, returned what
+    is not a finite number): no accuracy can be measured. The message is the first item's
+    error, which names the scorer (`steadyrl.rewards.raised`, steadyrl.scorepool)."""
 
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, tokenizer: Any, rows: list[PromptRow], scorer: str = "numeric_match",
              max_new_tokens: int = 32, batch_size: int = 32,
              on_batch: Callable[[], None] | None = None,
-             on_progress: Callable[[int, int], None] | None = None) -> tuple[float, list[dict[str, Any]]]:
+             on_progress: Callable[[int, int], None] | None = None,
+             limits: ScoringLimits | None = None) -> tuple[float, list[dict[str, Any]]]:
     """Greedy accuracy: share of rows whose reward is >= 1.0. Returns (accuracy, per-item results).
 
-    on_batch is called after each generation batch (a service beats its liveness there), and
-    on_progress with (rows done, rows) before the first batch and after each. An item
-    the scorer raises on counts as wrong (reward 0.0, its `error` kept, one warning naming how
-    many); ScorerRaisedOnEveryItem when it raised on every item.
+    The scorer runs as the reward server runs it: a rule in worker processes with `limits`
+    (steadyrl.scorepool; default ScoringLimits(): item_timeout_s, memory_limit_mb, each
+    generation batch scored within call_deadline_s), a model scorer in this process. on_batch
+    is called after each generation batch (a service beats its liveness there), and on_progress
+    with (rows done, rows) before the first batch and after each. An item the scorer fails on
+    (raises, times out, crashes its process, returns what is not a finite number) counts as
+    wrong (reward 0.0, its `error` and `kind` kept, one warning naming how many);
+    ScorerRaisedOnEveryItem when it failed on every item.
     """
-    fn = resolve_scorer(scorer)
-    gen = TorchGenerator(model, tokenizer, batch_size=batch_size)
-    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
-    items = []
-    errors: list[str] = []
-    if on_progress:
-        on_progress(0, len(rows))
-    for s in range(0, len(rows), batch_size):
-        chunk = rows[s:s + batch_size]
-        outs = gen.generate([encode_prompt(tokenizer, r) for r in chunk], params)
-        for row, out in zip(chunk, outs, strict=True):
-            try:
-                reward, extra = score_value(fn(row.data_source, out[0].text, row.ground_truth, row.extra_info))
-            except Exception as e:  # noqa: BLE001 - the user's scorer: any error is the item's
-                reward, extra = 0.0, {"error": raised(scorer, e)}
-                errors.append(extra["error"])
-            items.append({"prompt": row.messages[-1]["content"], "ground_truth": row.ground_truth,
-                          "response": out[0].text, "reward": reward, "correct": reward >= 1.0, **extra})
-        if on_batch:
-            on_batch()
+    limits = limits or ScoringLimits()
+    with contextlib.ExitStack() as stack:
+        pool = None
+        if spec_kind(scorer) == "rule" and limits.pool_processes() > 0:
+            pool = stack.enter_context(limits.pool())
+        judge = build_scorer(scorer, pool=pool)
+        judge.load()
+        gen = TorchGenerator(model, tokenizer, batch_size=batch_size)
+        params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
+        items = []
+        errors: list[str] = []
         if on_progress:
-            on_progress(len(items), len(rows))
+            on_progress(0, len(rows))
+        for s in range(0, len(rows), batch_size):
+            chunk = rows[s:s + batch_size]
+            outs = gen.generate([encode_prompt(tokenizer, r) for r in chunk], params)
+            asked = [SimpleNamespace(data_source=r.data_source, prompt=r.messages[-1]["content"], response=o[0].text,
+                                     ground_truth=r.ground_truth, extra_info=r.extra_info)
+                     for r, o in zip(chunk, outs, strict=True)]
+            try:
+                results = judge.score(asked, deadline=time.monotonic() + limits.call_deadline_s)
+            except ScorerError as e:   # a model scorer failed on the batch: each item's error
+                results = [{"reward": None, "error": str(e), "kind": "scorer_error"} for _ in asked]
+            for row, it, res in zip(chunk, asked, results, strict=True):
+                if res["reward"] is None:
+                    reward, extra = 0.0, {"error": res["error"], "kind": res.get("kind", "scorer_error")}
+                    errors.append(res["error"])
+                else:
+                    reward, extra = res["reward"], res.get("extra", {})
+                items.append({"prompt": row.messages[-1]["content"], "ground_truth": row.ground_truth,
+                              "response": it.response, "reward": reward, "correct": reward >= 1.0, **extra})
+            if on_batch:
+                on_batch()
+            if on_progress:
+                on_progress(len(items), len(rows))
     if items and len(errors) == len(items):
         raise ScorerRaisedOnEveryItem(f"on all {len(items)} items; the first: {errors[0]}")
     if errors:
-        log.warning("evaluation: the scorer raised on %d of %d items (counted wrong); the first: %s",
+        log.warning("evaluation: the scorer failed on %d of %d items (counted wrong); the first: %s",
                     len(errors), len(items), errors[0])
     acc = sum(i["correct"] for i in items) / max(1, len(items))
     return acc, items

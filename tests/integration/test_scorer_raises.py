@@ -57,7 +57,7 @@ def test_a_reward_that_raises_on_every_item_stops_the_run_with_exit_2_naming_it(
     assert r.returncode == 2, out[-4000:]
     assert "restart #" not in out and "exited with" not in out, out[-4000:]
     assert "learner-0 stopped the run (exit 2: see its error above)" in out and "cannot start" not in out, out[-4000:]
-    assert "the reward scorer raised on every sample of 16 groups in a row" in out, out[-4000:]
+    assert "the reward scorer failed on every sample of 16 groups in a row" in out, out[-4000:]
     assert ("scorer my_reward.py:compute_score raised ValueError: could not convert string to float" in out
             and "(at my_reward.py:3 in compute_score: return float(solution_str + \" points\"))" in out), out[-4000:]
     # bounded: the first prompts went out once the services were ready; the stop came seconds after

@@ -116,7 +116,7 @@ def test_a_state_of_the_previous_version_resumes_without_splits():
 
 
 def _fake_greedy(monkeypatch) -> None:
-    def greedy(model, tok, rows, scorer, max_new_tokens, on_batch=None, on_progress=None):
+    def greedy(model, tok, rows, scorer, max_new_tokens, on_batch=None, on_progress=None, limits=None):
         if on_progress:
             on_progress(len(rows), len(rows))
         return 0.5, [{"correct": i % 2 == 0} for i in range(len(rows))]

@@ -35,11 +35,37 @@ def test_limit_groups_in_a_row_all_raising_stop_the_run_naming_the_scorer_and_th
     assert r.failing() is None
     r.refused("reward/reward-1", "scorer_error", _error(8))
     why = r.failing()
-    assert why is not None and why.startswith("the reward scorer raised on every sample of 3 groups in a row "
-                                              "(24 items) and scored none: scorer my_reward.py:compute_score "
+    assert why is not None and why.startswith("the reward scorer failed on every sample of 3 groups in a row "
+                                              "(24 items; scorer_error x3) and scored none: scorer "
+                                              "my_reward.py:compute_score "
                                               "raised ValueError: could not convert string to float: 'abc' "
                                               "(at my_reward.py:2 in compute_score: return float(solution_str))")
     assert "learner.scorer_failure_limit (3)" in why
+
+
+def test_timeouts_crashes_and_non_finite_returns_count_as_failures_too_naming_each_kind():
+    """Issue 46: one failure rule. A scorer that hangs, kills its process or returns NaN on every
+    item stops the run as one that raises does; the stop names the kinds and an example."""
+    kinds = {"scorer_timeout": "scorer my_reward.py:compute_score did not return within item_timeout_s (2 s): "
+                               "its scoring process was killed and replaced",
+             "scorer_crash": "scorer my_reward.py:compute_score crashed its scoring process (exited with code 3) "
+                             "on this item",
+             "non_finite": "scorer my_reward.py:compute_score returned nan, not a finite number"}
+    for kind, first in kinds.items():
+        r = Refusals(limit=2)
+        assert scorer_items(kind, scorer_error_detail("r/e0-i0", 8, 8, first)) == (8, 8, first)
+        r.refused("reward/0", kind, scorer_error_detail("r/e0-i0", 8, 8, first))
+        assert r.failing() is None
+        r.refused("reward/0", kind, scorer_error_detail("r/e0-i1", 8, 8, first))
+        why = r.failing()
+        assert why is not None and f"(16 items; {kind} x2) and scored none: {first}" in why, why
+    r = Refusals(limit=3)   # mixed kinds make one run of failures
+    r.refused("reward/0", "scorer_timeout", scorer_error_detail("p", 8, 8, kinds["scorer_timeout"]))
+    r.refused("reward/0", "non_finite", scorer_error_detail("p", 8, 8, kinds["non_finite"]))
+    r.refused("reward/0", "scorer_error", _error(8))
+    why = r.failing()
+    assert why is not None and "scorer_timeout x1" in why and "non_finite x1" in why and "scorer_error x1" in why
+    assert kinds["scorer_timeout"] in why   # the first group's example
 
 
 def test_a_group_scored_or_a_group_raising_in_part_resets_the_count():
@@ -62,8 +88,9 @@ def test_outages_and_other_refusals_neither_count_nor_reset():
     (retries_exhausted) and every other reason are not the scorer's word."""
     r = Refusals(limit=2)
     r.refused("reward/0", "scorer_error", _error(8))
-    for reason in ("retries_exhausted", "handler_error", "non_finite", "validation_failed", "unreadable"):
+    for reason in ("retries_exhausted", "handler_error", "validation_failed", "unreadable"):
         r.refused("reward/0", reason, "prompt p: reward server answered 500 ...")
+    r.refused("reward/0", "non_finite", "prompt p: scorer x returned non-finite rewards [nan]")  # a 1.3 worker's
     assert r.streak == 1 and r.failing() is None
     r.refused("reward/0", "scorer_error", _error(8))
     assert r.failing() is not None
@@ -120,10 +147,10 @@ def test_the_learner_names_the_scorer_not_group_size_and_stops_with_exit_2(make_
     lrn.feeder.top_up()
     lrn.intake.dead_letter(_dlq(pids[0], 4, offset=30))
     why = lrn.intake.refusals.failing()
-    assert why is not None and "6 groups in a row (24 items)" in why
+    assert why is not None and "6 groups in a row (24 items; scorer_error x6)" in why
     with pytest.raises(ScorerFailing) as e:
         lrn.stop_scorer_failing(why)
-    assert e.value.code == 2 and str(e.value).startswith("learner: the reward scorer raised on every sample")
+    assert e.value.code == 2 and str(e.value).startswith("learner: the reward scorer failed on every sample")
     assert "ValueError: could not convert string to float: 'abc' (at my_reward.py:2" in str(e.value)
     saved = json.loads((lrn.run_dir / "state.json").read_text())
     assert set(saved["in_flight"]) == set(st.in_flight) and not saved["abandoned"]   # nothing lost

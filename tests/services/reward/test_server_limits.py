@@ -1,6 +1,8 @@
 """The reward server's POST /score over real HTTP on 127.0.0.1 (the app run_service builds):
-probes under a flood of slow calls, the body and concurrency limits, and 422 naming the items
-when a scorer returns a reward that is not a finite number."""
+probes under a flood of slow calls, the body and concurrency limits, and the item's own error
+(kind non_finite or scorer_error) when a scorer returns a reward that is not a finite number.
+Calls are held in a scorer of this process (`Gated`, as a model scorer runs): the rule
+scorers run in worker processes (steadyrl.scorepool; tests/services/reward/test_scorer_faults.py)."""
 
 import threading
 import time
@@ -27,9 +29,19 @@ def odd_scorer(data_source, solution_str, ground_truth, extra_info=None):
         return float("-inf")
     if solution_str == "nan extra":
         return {"score": 1.0, "confidence": float("nan")}
-    if solution_str == "wait":
-        GATE.wait(60)  # a bound, not a timing: every test that holds calls sets GATE
     return 1.0
+
+
+class Gated(Scorer):
+    """Scores 1.0, holding a "wait" item until GATE is set (in this process, as a model scorer)."""
+
+    id, source = "model:gated@1", RewardSource.model
+
+    def score(self, items, deadline=None):
+        for it in items:
+            if it.response == "wait":
+                GATE.wait(60)  # a bound, not a timing: every test that holds calls sets GATE
+        return [{"reward": 1.0, "extra": {}} for _ in items]
 
 
 class OtherTypes(Scorer):
@@ -37,7 +49,7 @@ class OtherTypes(Scorer):
 
     id, source = "model:other-types@1", RewardSource.model
 
-    def score(self, items):
+    def score(self, items, deadline=None):
         import numpy as np
 
         values = {"str": "high", "bool": True, "numpy": np.float32(0.5), "int": 2}
@@ -48,6 +60,7 @@ def _serve(**section):
     server = RewardServer(RewardServerSection(scorers=[f"{HERE}:odd_scorer"], default_scorer=f"{HERE}:odd_scorer",
                                               **section))
     server.scorers["other"] = OtherTypes()
+    server.scorers["gated"] = Gated()
     health = Health()
     health.beat()
     health.add_check("scorers", server.ready)
@@ -62,6 +75,7 @@ def served():
     yield server, http.url
     GATE.set()
     http.stop()
+    server.close()
     GATE.clear()
 
 
@@ -69,52 +83,48 @@ def _items(*responses):
     return [{"prompt": "p", "response": r, "ground_truth": "1"} for r in responses]
 
 
-def test_non_finite_rewards_are_422_naming_each_item(served):
+def test_non_finite_rewards_are_each_items_error_and_the_others_are_scored(served):
+    """Issue 46: a NaN used to make the whole call 422; now that item alone is refused."""
     _, url = served
     r = httpx.post(f"{url}/score", json={"items": _items("ok", "nan", "ok", "inf", "nan extra")})
-    assert r.status_code == 422, r.text
-    scorer = f"rule:{HERE}:odd_scorer@1"
-    assert r.json() == {
-        "detail": f"scorer {scorer!r} returned 3 of 5 items that are not finite JSON: item 1 (reward nan is not a "
-                  "finite number), item 3 (reward -inf is not a finite number), item 4 (extra holds a non-finite "
-                  "number (NaN or infinity))",
-        "scorer": scorer,
-        "items": [{"index": 1, "error": "reward nan is not a finite number"},
-                  {"index": 3, "error": "reward -inf is not a finite number"},
-                  {"index": 4, "error": "extra holds a non-finite number (NaN or infinity)"}]}
-    r = httpx.post(f"{url}/score", json={"items": _items("ok", "ok")})  # and it serves on
-    assert r.status_code == 200 and [s["reward"] for s in r.json()["scores"]] == [1.0, 1.0]
+    assert r.status_code == 200, r.text
+    spec = f"{HERE}:odd_scorer"
+    assert r.json()["scores"] == [
+        {"reward": 1.0, "extra": {}},
+        {"reward": None, "error": f"scorer {spec} returned nan, not a finite number", "kind": "non_finite"},
+        {"reward": 1.0, "extra": {}},
+        {"reward": None, "error": f"scorer {spec} returned -inf, not a finite number", "kind": "non_finite"},
+        {"reward": None, "error": f"scorer {spec} returned extras holding NaN or infinity: {{'confidence': nan}}",
+         "kind": "non_finite"}]
 
 
-def test_non_numeric_rewards_are_422_and_numbers_of_other_types_become_floats(served):
+def test_non_numeric_rewards_are_refused_per_item_and_numbers_of_other_types_become_floats(served):
     _, url = served
     r = httpx.post(f"{url}/score", json={"scorer": "other", "items": _items("numpy", "str", "bool", "int")})
-    assert r.status_code == 422
-    assert r.json()["items"] == [{"index": 1, "error": "reward 'high' is not a number"},
-                                 {"index": 2, "error": "reward True is not a number"}]
-    r = httpx.post(f"{url}/score", json={"scorer": "other", "items": _items("numpy", "int")})
-    assert r.status_code == 200 and r.json()["scores"] == [{"reward": 0.5, "extra": {}}, {"reward": 2.0, "extra": {}}]
+    assert r.status_code == 200
+    assert r.json()["scores"] == [
+        {"reward": 0.5, "extra": {}},
+        {"reward": None, "error": "scorer model:other-types@1 returned 'high', not a number", "kind": "scorer_error"},
+        {"reward": None, "error": "scorer model:other-types@1 returned True, not a number", "kind": "scorer_error"},
+        {"reward": 2.0, "extra": {}}]
 
 
-def test_the_reward_client_takes_the_422_as_a_refusal_not_a_retry(served):
-    """The contract with services/reward/client.py: a 422 is the group's fault (rl.dlq), where a
-    5xx would be retried. Either form the client has used passes: ValueError raised, or the
-    group's rejection returned in its place."""
-    from steadyrl.bus.stage import RetryLater
-    from steadyrl.services.reward.client import RewardClient, Scores
+def test_the_reward_client_sends_a_non_finite_group_to_the_dlq_not_a_retry(served):
+    """The contract with services/reward/client.py: an item's kind is its group's rl.dlq reason."""
+    from steadyrl.codec import Rejected
+    from steadyrl.contracts import DLQReason
+    from steadyrl.services.reward.client import RewardClient
     from tests.helpers import rollout_group
 
     _, url = served
     client = RewardClient(url, probe_interval_s=0)
     try:
-        try:
-            [answer] = client.score_many([rollout_group(0, answer="nan")])
-        except ValueError as e:
-            answer = e
+        [answer] = client.score_many([rollout_group(0, answer="nan")])
     finally:
         client.close()
-    assert not isinstance(answer, (Scores, RetryLater)), answer
-    assert "(422)" in str(answer) and "item 0 (reward nan is not a finite number)" in str(answer), answer
+    assert isinstance(answer, Rejected) and answer.reason is DLQReason.non_finite, answer
+    assert answer.detail == (f"prompt e0-i0: 1 of 1 items unscored: scorer {HERE}:odd_scorer returned nan, not a "
+                             "finite number")
 
 
 def test_an_oversize_body_is_413(served):
@@ -127,26 +137,31 @@ def test_an_oversize_body_is_413(served):
 def test_past_max_concurrent_is_503_with_retry_after(served):
     _, url = served
     with ThreadPoolExecutor(2) as pool:
-        held = [pool.submit(httpx.post, f"{url}/score", json={"items": _items("wait")}, timeout=15) for _ in range(2)]
+        held = [pool.submit(httpx.post, f"{url}/score", json={"scorer": "gated", "items": _items("wait")}, timeout=15)
+                for _ in range(2)]
         deadline = time.monotonic() + 5
         while in_flight("/score") != 2:
             assert time.monotonic() < deadline, "calls never got their slots"
             time.sleep(0.01)
         r = httpx.post(f"{url}/score", json={"items": _items("ok")})
         assert r.status_code == 503 and r.headers["retry-after"] == "1" and "max_concurrent 2" in r.json()["detail"]
-        assert httpx.get(f"{url}/readyz").status_code == 200
+        ready = httpx.get(f"{url}/readyz")   # no slot free: not ready (issue 46), and says why
+        assert ready.status_code == 503 and "/score: 2 of 2 calls in progress" in ready.json()["checks"]["scorers"][
+            "detail"], ready.text
         GATE.set()
         assert [c.result().status_code for c in held] == [200, 200]
+    assert httpx.get(f"{url}/readyz").status_code == 200   # the slots are back
 
 
 def test_probes_answer_under_sixty_score_calls_in_progress():
     """60 /score calls held in the scorer (GATE) until the probes have answered: bound by calls,
     not timing (the scorer's GATE.wait(60) bounds the hold)."""
-    _, http = _serve(max_concurrent=64)
+    server, http = _serve(max_concurrent=64)
     flood = httpx.Client(limits=httpx.Limits(max_connections=100), timeout=90)
     try:
         with ThreadPoolExecutor(60) as pool:
-            calls = [pool.submit(flood.post, f"{http.url}/score", json={"items": _items("wait")}) for _ in range(60)]
+            calls = [pool.submit(flood.post, f"{http.url}/score", json={"scorer": "gated", "items": _items("wait")})
+                     for _ in range(60)]
             try:
                 lat = probes_while_held(http.url, lambda: in_flight("/score") == 60
                                         and not any(c.done() for c in calls), wait_s=30)
@@ -157,6 +172,7 @@ def test_probes_answer_under_sixty_score_calls_in_progress():
         GATE.set()
         flood.close()
         http.stop()
+        server.close()
         GATE.clear()
     print("60 held /score calls: " + ", ".join(  # noqa: T201  the figure, with -s
         f"{p} n={len(s)} max {max(s) * 1000:.1f} ms" for p, s in lat.items()))

@@ -42,7 +42,7 @@ def test_items_the_scorer_raises_on_count_wrong_and_are_named(tmp_path, caplog):
     errored = [i for i in items if "error" in i]
     assert len(errored) == raising and all(not i["correct"] and i["reward"] == 0.0 for i in errored)
     assert "raised ValueError: no score for" in errored[0]["error"] and "some.py:4" in errored[0]["error"]
-    assert f"raised on {raising} of {len(rows)} items (counted wrong)" in caplog.text
+    assert f"failed on {raising} of {len(rows)} items (counted wrong)" in caplog.text
 
 
 def test_progress_is_told_before_the_first_batch_and_after_each():
@@ -63,6 +63,42 @@ def test_a_scorer_raising_on_every_item_stops_with_a_config_error(tmp_path):
     with pytest.raises(ScorerRaisedOnEveryItem, match=first):
         evaluate(model, tok, rows, scorer=spec, max_new_tokens=2)
     lc = LearnerSection(model="tiny", eval_scorer=spec, eval_data="tiny_copy:8")
-    with pytest.raises(ConfigError, match=r"learner.eval_scorer .*all.py:compute_score raised on the evaluation of "
+    with pytest.raises(ConfigError, match=r"learner.eval_scorer .*all.py:compute_score failed on the evaluation of "
                                           r"tiny_copy:8 on all 8 items"):
         report._greedy(lc, "tiny_copy:8", 8, model, tok, beat=lambda: None)
+
+
+FAULTS = '''
+import os, time
+import numpy as np
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if ground_truth == "0":
+        time.sleep(600)
+    if ground_truth == "1":
+        os._exit(3)
+    if ground_truth == "2":
+        return float("nan")
+    return {"score": np.float64(1.0), "hits": np.int64(2)}
+'''
+
+
+def test_the_evaluation_scores_in_the_guarded_pool_a_hang_or_a_crash_counts_wrong(tmp_path):
+    """Issue 46: the evaluation called the user's reward on the learner's main loop, so a hang
+    stopped it for good. Now each item runs in a scoring process with the reward server's
+    limits: hung, crashed and NaN items count wrong with their kind, the others are scored."""
+    from steadyrl.scorepool import ScoringLimits
+
+    (tmp_path / "faults.py").write_text(FAULTS)
+    model, tok = load_policy("tiny", seed=0)
+    rows = tiny_copy_rows(20, seed=0)
+    kinds = {"0": "scorer_timeout", "1": "scorer_crash", "2": "non_finite"}
+    assert set(kinds) <= {r.ground_truth for r in rows}
+    acc, items = evaluate(model, tok, rows, scorer=f"{tmp_path}/faults.py:compute_score", max_new_tokens=2,
+                          limits=ScoringLimits(processes=2, item_timeout_s=0.5, call_deadline_s=5))
+    for row, item in zip(rows, items, strict=True):
+        if row.ground_truth in kinds:
+            assert item["kind"] == kinds[row.ground_truth] and not item["correct"], item
+        else:
+            assert item["correct"] and item["hits"] == 2 and "error" not in item, item
+    assert acc == pytest.approx(sum(r.ground_truth not in kinds for r in rows) / len(rows))

@@ -1,0 +1,435 @@
+"""A user's rule reward, run item by item in worker processes with hard limits.
+
+The reward function is code the user brings: it may hang, exit the process (`os._exit`,
+`sys.exit`), crash it (a segfault in a C extension), allocate without bound or return what
+is not a reward. `ScoringPool.score(spec, items)` scores each item in one of `processes`
+worker processes, so that any of these costs that item only:
+
+    the item's outcome                         its result
+    a reward (steadyrl.rewards.score_value)    {"reward": float, "extra": {...}}
+    raised (SystemExit too), or a return       {"reward": None, "error": "scorer S raised ...",
+      that is not a reward ("0.7", True)        "kind": "scorer_error"}
+    NaN or infinity returned                   ... "kind": "non_finite"
+    ran past `item_timeout_s`, or past the     ... "kind": "scorer_timeout"; the process is killed
+      call's deadline (started or not)          (SIGKILL) and replaced
+    the process died (os._exit, a signal)      ... "kind": "scorer_crash"; replaced
+    MemoryError past `memory_limit_mb`         ... "kind": "scorer_error" (the process lives on)
+
+Each worker process is a fresh interpreter (`python -m steadyrl.scorepool`, started with
+subprocess: safe in a threaded service, and it does not import the caller's `__main__` as
+multiprocessing's spawn and forkserver do) in its own session (Ctrl-C on `up` does not reach
+it; the caller stops it) in the caller's folder. It sets a memory limit (RLIMIT_DATA, what it
+allocates: `memory_limit_mb`; 0: none; importing torch takes ~0.8 GB of it) and asks Linux
+to kill it when the caller dies (PR_SET_PDEATHSIG) before it resolves the scorer spec itself
+(a file-loaded module cannot be pickled; a relative file is made absolute here). It talks to
+the caller over a socket pair.
+
+One thread of the caller per process hands items over the socket and waits for the answer, at
+most until the item's end: min(its start + item_timeout_s, the call's deadline). A new
+process first imports the scorer (within START_TIMEOUT_S): that time is not the item's. Items of a
+call are handed out in rounds over its groups (items sharing data_source, prompt and
+ground_truth), so that a reward that hangs on one ground truth holds one process at a time
+and the other groups' items are scored first. The answer is a few primitives, checked in the
+worker (`score_value`), so nothing the user returns is unpickled here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from steadyrl.rewards import NotAReward, raised, resolve_scorer, score_value
+
+if TYPE_CHECKING:
+    from steadyrl.scorers import ScoreInput
+
+log = logging.getLogger(__name__)
+
+#: The failure kinds of an item (its `kind`, and the reward worker's rl.dlq reason).
+KINDS = ("scorer_error", "scorer_timeout", "scorer_crash", "non_finite")
+#: /readyz: the pool is full when an item has waited this long for a process.
+QUEUE_WAIT_NOT_READY_S = 5.0
+#: Seconds a new process may take to start and import the scorer (not counted in item_timeout_s).
+START_TIMEOUT_S = 60.0
+#: Seconds a process that was killed is given to go before the next one starts.
+_JOIN_S = 5.0
+_PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+def absolute_spec(spec: str) -> str:
+    """`spec` with a relative reward file made absolute (`my_reward.py:fn` ->
+    `/home/u/my_reward.py:fn`), so a process started elsewhere finds the same file."""
+    module, sep, attr = spec.rpartition(":")
+    if sep and module.endswith(".py") and not os.path.isabs(module):
+        return f"{os.path.abspath(module)}:{attr}"
+    return spec
+
+
+# ---- in the worker process ---------------------------------------------------------------------
+_resolved: dict[str, Any] = {}
+
+
+def _score_here(spec: str, name: str, args: tuple[Any, ...]) -> tuple[str, Any, Any]:
+    """One item, in this process: ("ok", reward, extra as JSON text) or (kind, error, None)."""
+    try:
+        fn = _resolved.get(spec)
+        if fn is None:
+            fn = _resolved[spec] = resolve_scorer(spec)
+        value = fn(*args)
+    except MemoryError as e:
+        limit = resource.getrlimit(resource.RLIMIT_DATA)[0]
+        shown = f" (memory_limit_mb {limit // 2**20} per scoring process)" if limit > 0 else ""
+        return "scorer_error", raised(name, e) + shown, None
+    except BaseException as e:  # noqa: BLE001 - SystemExit, KeyboardInterrupt too: the item's error
+        return "scorer_error", raised(name, e), None
+    try:
+        reward, extra = score_value(value)
+    except NotAReward as e:
+        return e.kind, f"scorer {name} {e}", None
+    except Exception as e:  # noqa: BLE001 - a user's type that breaks on being looked at (__eq__, tolist)
+        return "scorer_error", f"scorer {name} returned a {type(value).__name__} that cannot be read: " \
+                               f"{type(e).__name__}: {e}", None
+    return "ok", reward, json.dumps(extra, allow_nan=False)
+
+
+def _worker(conn: multiprocessing.connection.Connection, memory_limit_mb: int) -> None:
+    """A worker process's life: limits, then items until the socket closes."""
+    with contextlib.suppress(OSError, AttributeError):   # Linux: die with the caller, even mid-item
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:   # the caller died before that
+        return
+    if memory_limit_mb > 0:
+        limit = memory_limit_mb * 2**20
+        with contextlib.suppress(ValueError, OSError):   # a hard limit below it: keep the hard one
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
+    while True:
+        try:
+            spec, name, args = conn.recv()
+        except (EOFError, OSError):   # the caller went away
+            return
+        if args is None:   # load the scorer before items come (its errors are the items')
+            with contextlib.suppress(BaseException):
+                _resolved[spec] = resolve_scorer(spec)
+            conn.send(("loaded", None, None))
+            continue
+        conn.send(_score_here(spec, name, args))
+
+
+if __name__ == "__main__":   # python -m steadyrl.scorepool FD MEMORY_LIMIT_MB: one worker (ScoringPool._start)
+    _worker(multiprocessing.connection.Connection(int(sys.argv[1])), int(sys.argv[2]))
+    sys.exit(0)
+
+
+# ---- in the caller -----------------------------------------------------------------------------
+class ScoringLimits(BaseModel):
+    """The limits of a rule scorer's processes: the reward server's (`reward_server:` section),
+    which the learner's evaluation reads too, so both score the user's reward alike. The rest
+    of the section is ignored here."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    processes: int | None = Field(None, ge=0,
+                                  description="Worker processes that run the rule scorers, item by item, with the "
+                                              "limits below (None: the CPU count, between 2 and 8). 0: in the "
+                                              "server's own threads, without limits (a hang holds a call, a crash "
+                                              "kills the server; for debugging only).")
+    item_timeout_s: float = Field(10.0, gt=0,
+                                  description="Longest one item may take in a rule scorer; past it its process is "
+                                              "killed and replaced and the item's error is scorer_timeout.")
+    call_deadline_s: float = Field(25.0, gt=0,
+                                   description="Every /score call is answered within this many seconds of its "
+                                               "body: items of rule scorers not scored by then are scorer_timeout. "
+                                               "Keep it below the reward worker's reward.timeout_s (30 s), which "
+                                               "takes a call not answered in time for a server down. Model "
+                                               "scorers: a call not answered by then gets 504 and its slot back. "
+                                               "The learner's evaluation gives each batch of rows the same.")
+    memory_limit_mb: int = Field(4096, ge=0,
+                                 description="Memory each rule scorer process may allocate (RLIMIT_DATA), MiB; past "
+                                             "it the scorer gets MemoryError (the item's scorer_error). 0: no "
+                                             "limit. Importing torch in a reward takes ~800 MiB of it.")
+
+    def pool_processes(self) -> int:
+        """processes, or its default: the CPU count, between 2 and 8."""
+        return self.processes if self.processes is not None else min(8, max(2, os.cpu_count() or 2))
+
+    def pool(self) -> ScoringPool:
+        """A ScoringPool with these limits (at least one process)."""
+        return ScoringPool(max(1, self.pool_processes()), self.item_timeout_s, self.memory_limit_mb)
+
+
+@dataclass
+class _Call:
+    """One `score` call: its results as they come, and its deadline (monotonic seconds)."""
+
+    results: list[dict[str, Any] | None]
+    deadline: float
+    left: int
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Job:
+    call: _Call
+    index: int
+    spec: str
+    name: str
+    args: tuple[Any, ...]
+    queued: float = field(default_factory=time.monotonic)
+
+
+class _Slot:
+    """One worker process and the thread that feeds it."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.conn: multiprocessing.connection.Connection | None = None
+        self.busy_since: float | None = None
+        self.started = 0   # processes started for this slot
+        self.spec: str | None = None   # the scorer its process has loaded
+
+
+class ScoringPool:
+    """Worker processes that score rule rewards item by item with hard limits (module doc).
+
+    Args:
+        processes: worker processes (>= 1); items beyond them wait their turn.
+        item_timeout_s: longest one item may run; past it the process is killed and replaced.
+        memory_limit_mb: memory each process may allocate (RLIMIT_DATA), MiB (0: none).
+    """
+
+    def __init__(self, processes: int, item_timeout_s: float, memory_limit_mb: int = 0):
+        if processes < 1:
+            raise ValueError(f"processes {processes} < 1")
+        self.processes, self.item_timeout_s, self.memory_limit_mb = processes, item_timeout_s, memory_limit_mb
+        self._cwd = os.getcwd()
+        self._queue: deque[_Job] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self.slots = [_Slot(n) for n in range(processes)]
+        self.restarts = {"scorer_timeout": 0, "scorer_crash": 0}
+        self._threads = [threading.Thread(target=self._serve, args=(s,), name=f"scorepool-{s.n}", daemon=True)
+                         for s in self.slots]
+        for t in self._threads:
+            t.start()
+
+    # ---- the API ---------------------------------------------------------------------------
+    def score(self, spec: str, items: Sequence[ScoreInput], deadline: float | None = None,
+              name: str | None = None) -> list[dict[str, Any]]:
+        """One result per item of `items`, in order (module doc's table), by `deadline`
+        (time.monotonic(); None: no deadline but each item's timeout). `name` is the scorer as
+        errors name it (default: `spec`). Never raises for what the scorer does."""
+        spec_abs = absolute_spec(spec)
+        call = _Call([None] * len(items), deadline if deadline is not None else float("inf"), len(items))
+        if not items:
+            return []
+        jobs = [_Job(call, i, spec_abs, name or spec,
+                     (it.data_source, it.response, it.ground_truth, it.extra_info)) for i, it in enumerate(items)]
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the scoring pool is closed")
+            self._queue.extend(_rounds(items, jobs))
+            self._cond.notify_all()
+        if not call.done.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+            with self._cond:   # the deadline: what waits is dropped, what runs is killed by its thread
+                mine = [j for j in self._queue if j.call is call]
+                for j in mine:
+                    self._queue.remove(j)
+            for j in jobs:
+                self._finish(j, _failed("scorer_timeout", f"scorer {j.name}: not scored before the call's deadline "
+                                                          f"({'waiting' if j in mine else 'running'}; "
+                                                          f"item_timeout_s {self.item_timeout_s:g}, "
+                                                          f"{self.processes} scoring processes)"))
+        return [r for r in call.results if r is not None]
+
+    def ready(self) -> tuple[bool, str]:
+        """(can take work, detail): False when an item has waited QUEUE_WAIT_NOT_READY_S for a
+        process, or when the pool is closed (the reward server's /readyz)."""
+        now = time.monotonic()
+        with self._cond:
+            waiting = len(self._queue)
+            oldest = now - self._queue[0].queued if self._queue else 0.0
+            closed = self._closed
+        busy = sum(1 for s in self.slots if s.busy_since is not None)
+        detail = (f"scoring processes: {busy} of {self.processes} busy, {waiting} items waiting"
+                  + (f" (oldest {oldest:.1f} s)" if waiting else ""))
+        if closed:
+            return False, "scoring pool closed"
+        return oldest < QUEUE_WAIT_NOT_READY_S, detail
+
+    def close(self) -> None:
+        """Stop every process; calls in progress get scorer_timeout for what is left."""
+        with self._cond:
+            self._closed = True
+            left = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        for job in left:
+            self._finish(job, _failed("scorer_timeout", f"scorer {job.name}: not scored: the scoring pool closed"))
+        for s in self.slots:
+            self._stop(s)
+
+    def __enter__(self) -> ScoringPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the threads -----------------------------------------------------------------------
+    def _serve(self, slot: _Slot) -> None:
+        try:
+            self._start(slot)
+        except Exception:   # noqa: BLE001 - told on the first item (the start is tried again there)
+            log.exception("scoring process did not start", extra={"slot": slot.n})
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                job = self._queue.popleft()
+                slot.busy_since = time.monotonic()
+            try:
+                self._finish(job, self._run(slot, job))
+            except BaseException as e:  # noqa: BLE001 - never leave a call waiting
+                log.exception("scoring pool failed on an item", extra={"slot": slot.n})
+                self._finish(job, _failed("scorer_crash", f"scorer {job.name}: the scoring pool failed: "
+                                                          f"{type(e).__name__}: {e}"))
+                self._stop(slot)
+            finally:
+                slot.busy_since = None
+
+    def _run(self, slot: _Slot, job: _Job) -> dict[str, Any]:
+        now = time.monotonic()
+        if now >= job.call.deadline:
+            return _failed("scorer_timeout", f"scorer {job.name}: not started before the call's deadline (the "
+                                             f"{self.processes} scoring processes were busy with other items)")
+        if slot.proc is None or slot.proc.poll() is not None or slot.spec != job.spec:
+            if slot.proc is None or slot.proc.poll() is not None:
+                self._stop(slot)
+                self._start(slot)
+            if not self._load(slot, job.spec, job.call.deadline):
+                if time.monotonic() >= job.call.deadline:
+                    return _failed("scorer_timeout", f"scorer {job.name}: not scored before the call's deadline "
+                                                     "(its scoring process was starting)")
+                self._stop(slot)
+                self.restarts["scorer_crash"] += 1
+                return _failed("scorer_crash", f"scorer {job.name}: its scoring process did not start or load "
+                                               f"the scorer within {START_TIMEOUT_S:g} s")
+            now = time.monotonic()   # the item's time starts once its process is ready
+        assert slot.conn is not None and slot.proc is not None   # _start set them
+        end = min(now + self.item_timeout_s, job.call.deadline)
+        try:
+            slot.conn.send((job.spec, job.name, job.args))
+            if slot.conn.poll(max(0.0, end - time.monotonic())):
+                status, a, b = slot.conn.recv()
+                if status == "ok":
+                    return {"reward": a, "extra": json.loads(b)}
+                return _failed(status, a)
+        except (EOFError, OSError, BrokenPipeError):
+            pass  # the process died: below
+        except Exception as e:  # noqa: BLE001 - its arguments cannot be pickled (an odd extra_info)
+            return _failed("scorer_error", f"scorer {job.name}: the item cannot be sent to a scoring process: "
+                                           f"{type(e).__name__}: {e}")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            slot.proc.wait(0.05)
+        if slot.proc.poll() is None:   # still running at its end: a timeout
+            timed = (f"item_timeout_s ({self.item_timeout_s:g} s)" if end < job.call.deadline
+                     else f"the call's deadline ({end - now:.1f} s after it started)")
+            self._stop(slot)
+            self.restarts["scorer_timeout"] += 1
+            return _failed("scorer_timeout", f"scorer {job.name} did not return within {timed}: its scoring process "
+                                             "was killed and replaced")
+        code = slot.proc.returncode
+        self._stop(slot)
+        self.restarts["scorer_crash"] += 1
+        how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
+               and -code in signal.valid_signals() else f"exited with code {code}")
+        return _failed("scorer_crash", f"scorer {job.name} crashed its scoring process ({how}) on this item")
+
+    def _load(self, slot: _Slot, spec: str, deadline: float) -> bool:
+        """Have `slot`'s process import the scorer `spec` (a user's module may take seconds to
+        import), waiting until it says so, START_TIMEOUT_S or `deadline`. Whether it did."""
+        assert slot.conn is not None
+        slot.spec = None
+        try:
+            slot.conn.send((spec, spec, None))
+            if not slot.conn.poll(max(0.0, min(START_TIMEOUT_S, deadline - time.monotonic()))):
+                return False
+            slot.conn.recv()
+        except (EOFError, OSError):
+            return False
+        slot.spec = spec
+        return True
+
+    def _start(self, slot: _Slot) -> None:
+        ours, theirs = socket.socketpair()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "steadyrl.scorepool", str(theirs.fileno()), str(self.memory_limit_mb)],
+                pass_fds=(theirs.fileno(),), cwd=self._cwd, stdin=subprocess.DEVNULL, start_new_session=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        slot.proc, slot.conn = proc, multiprocessing.connection.Connection(ours.detach())
+        slot.started += 1
+
+    def _stop(self, slot: _Slot) -> None:
+        proc, conn = slot.proc, slot.conn
+        slot.proc = slot.conn = None
+        slot.spec = None
+        if conn is not None:
+            conn.close()
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(_JOIN_S)
+
+    def _finish(self, job: _Job, result: dict[str, Any]) -> None:
+        call = job.call
+        with self._cond:
+            if call.results[job.index] is not None:
+                return
+            call.results[job.index] = result
+            call.left -= 1
+            last = call.left == 0
+        if last:
+            call.done.set()
+
+
+def _failed(kind: str, error: str) -> dict[str, Any]:
+    return {"reward": None, "error": error, "kind": kind}
+
+
+def _rounds(items: Sequence[ScoreInput], jobs: list[_Job]) -> list[_Job]:
+    """`jobs` in rounds over the groups of `items` (same data_source, prompt, ground_truth):
+    each group's first item, then each one's second, ... (module doc)."""
+    groups: dict[tuple[Any, ...], list[_Job]] = {}
+    for it, job in zip(items, jobs, strict=True):
+        groups.setdefault((it.data_source, getattr(it, "prompt", ""), it.ground_truth), []).append(job)
+    out: list[_Job] = []
+    lists = list(groups.values())
+    for k in range(max(len(g) for g in lists)):
+        out.extend(g[k] for g in lists if k < len(g))
+    return out

@@ -1,0 +1,117 @@
+"""steadyrl.scorepool.ScoringPool: a user's reward item by item in worker processes with hard
+limits (issue 46). A timeout kills and replaces the process, a crash costs its item, the
+memory limit holds, the call's deadline bounds the wait; the pool serves on after each."""
+
+import os
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from steadyrl.rewards import NotAReward, score_value
+from steadyrl.scorepool import ScoringPool, absolute_spec
+
+REWARD = '''
+import os, signal, time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "pid":
+        return {"score": 1.0, "pid": os.getpid()}
+    if solution_str == "hang":
+        time.sleep(600)
+    if solution_str == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if solution_str == "alloc":
+        hoard = []
+        while True:
+            hoard.append(bytearray(8 * 2**20))
+    if solution_str == "cwd":
+        return {"score": 1.0, "cwd": os.getcwd()}
+    return 0.5
+'''
+
+
+def _item(response, truth="1"):
+    return SimpleNamespace(data_source="d", prompt="p", response=response, ground_truth=truth, extra_info={})
+
+
+@pytest.fixture
+def pool(tmp_path, monkeypatch):
+    (tmp_path / "r.py").write_text(REWARD)
+    monkeypatch.chdir(tmp_path)
+    with ScoringPool(1, item_timeout_s=0.5, memory_limit_mb=256) as p:
+        yield p
+
+
+def _pid(pool):
+    [r] = pool.score("r.py:compute_score", [_item("pid")])
+    return r["extra"]["pid"]
+
+
+def test_a_timeout_kills_the_process_and_a_new_one_scores_the_next_item(pool):
+    first = _pid(pool)
+    t0 = time.monotonic()
+    [r] = pool.score("r.py:compute_score", [_item("hang")])
+    assert time.monotonic() - t0 < 3
+    assert r["kind"] == "scorer_timeout" and "item_timeout_s (0.5 s)" in r["error"], r
+    with pytest.raises(ProcessLookupError):
+        os.kill(first, 0)   # killed
+    assert _pid(pool) != first and pool.restarts["scorer_timeout"] == 1
+
+
+def test_a_crash_costs_its_item_only(pool):
+    out = pool.score("r.py:compute_score", [_item("x", "a"), _item("segv", "b"), _item("x", "c")])
+    assert out[0] == out[2] == {"reward": 0.5, "extra": {}}
+    assert out[1]["kind"] == "scorer_crash" and "killed by SIGSEGV" in out[1]["error"], out
+    assert pool.restarts["scorer_crash"] == 1
+
+
+def test_the_memory_limit_is_a_memory_error_of_the_item_and_the_process_goes_on(pool):
+    before = _pid(pool)
+    [r] = pool.score("r.py:compute_score", [_item("alloc")])
+    assert r["kind"] == "scorer_error" and "MemoryError" in r["error"] and "memory_limit_mb 256" in r["error"], r
+    assert _pid(pool) == before
+
+
+def test_the_calls_deadline_bounds_it_what_waits_and_what_runs_are_timeouts(pool):
+    t0 = time.monotonic()
+    out = pool.score("r.py:compute_score", [_item("hang", "a"), _item("x", "b")], deadline=time.monotonic() + 0.3)
+    assert time.monotonic() - t0 < 1.0
+    assert [r.get("kind") for r in out] == ["scorer_timeout", "scorer_timeout"], out
+    assert "not scored before the call's deadline (running" in out[0]["error"]
+    assert "not scored before the call's deadline (waiting" in out[1]["error"]
+    assert pool.score("r.py:compute_score", [_item("x")]) == [{"reward": 0.5, "extra": {}}]
+
+
+def test_the_processes_work_in_the_callers_folder_and_a_relative_file_is_made_absolute(pool, tmp_path):
+    assert absolute_spec("r.py:compute_score") == f"{tmp_path}/r.py:compute_score"
+    assert absolute_spec("numeric_match") == "numeric_match" and absolute_spec("pkg.mod:fn") == "pkg.mod:fn"
+    [r] = pool.score("r.py:compute_score", [_item("cwd")])
+    assert r["extra"]["cwd"] == str(tmp_path)
+
+
+def test_a_spec_that_cannot_be_resolved_is_each_items_error(pool):
+    [r] = pool.score("nowhere.py:fn", [_item("x")])
+    assert r["kind"] == "scorer_error" and "nowhere.py" in r["error"], r
+
+
+@pytest.mark.parametrize(("value", "kind"), [
+    (float("nan"), "non_finite"), (float("inf"), "non_finite"), ("0.7", "scorer_error"), (True, "scorer_error"),
+    (None, "scorer_error"), ({"pred": 1}, "scorer_error"), ({"score": "1"}, "scorer_error"),
+    ({"score": 1.0, "x": float("nan")}, "non_finite"), ({"score": 1.0, "x": {1, 2}}, "scorer_error")])
+def test_score_value_refuses_what_is_not_a_finite_reward(value, kind):
+    with pytest.raises(NotAReward) as e:
+        score_value(value)
+    assert e.value.kind == kind
+
+
+def test_score_value_takes_numpy_numbers_and_makes_extras_json():
+    import numpy as np
+
+    assert score_value(np.float32(0.5)) == (0.5, {})
+    assert score_value(np.int64(1)) == (1.0, {})
+    assert score_value({"score": np.float64(0.25), "n": np.int64(3), "ok": np.bool_(True), "v": np.arange(2),
+                        "nested": {"a": [np.float32(1.5)]}}) == (0.25, {"n": 3, "ok": True, "v": [0, 1],
+                                                                         "nested": {"a": [1.5]}})
+    with pytest.raises(NotAReward):
+        score_value(np.bool_(True))
