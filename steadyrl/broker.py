@@ -66,6 +66,13 @@ class BrokerError(RuntimeError):
     """The broker could not be fetched, formatted, started or reached."""
 
 
+class NoLogins(BrokerError):
+    """A `sasl` start of a state dir whose broker was formatted without logins (PLAINTEXT: by a
+    steadyrl before logins were `up`'s default, or with --insecure): its metadata holds no
+    credential for the `admin` super user, so the broker could not log in to itself. Refused
+    before anything is written."""
+
+
 class ForeignBroker(BrokerError):
     """The broker answering on a LocalBroker's address belongs to another cluster (another
     stack's state folder): its cluster id is not the one in this state dir's `cluster.id`."""
@@ -350,6 +357,28 @@ class LocalBroker:
         except OSError:
             return None
 
+    @property
+    def logins_file(self) -> Path:
+        """Written when the storage is formatted with the admin's SCRAM credential (`sasl`): this
+        state dir's broker can take logins."""
+        return self.state_dir / "logins"
+
+    def formatted(self) -> bool:
+        """Whether the broker's storage was formatted (KRaft's meta.properties in its data)."""
+        return (self.data / "meta.properties").exists()
+
+    def made_without_logins(self) -> bool:
+        """Whether this state dir's broker was formatted without the admin's SCRAM credential:
+        formatted, no `logins_file`, and its last server.properties had no SASL (a broker of
+        an earlier `--sasl`, before `logins_file` existed, had it)."""
+        if not self.formatted() or self.logins_file.exists():
+            return False
+        try:
+            last = (self.state_dir / "server.properties").read_text()
+        except OSError:
+            last = ""
+        return "sasl.enabled.mechanisms=" not in last
+
     def _server_properties(self) -> str:
         data = self.data
         rf, min_isr = str(self.replication_factor), str(self.min_insync_replicas)
@@ -429,6 +458,11 @@ class LocalBroker:
     def format(self, java: Java | None = None) -> None:
         """Write server.properties and format KRaft storage (no-op if already formatted), with
         `java` (default: `java_binary()`)."""
+        if self.sasl and self.made_without_logins():
+            raise NoLogins(f"the broker of {self.state_dir} was made without logins (PLAINTEXT: by a steadyrl before "
+                           f"logins were up's default, or with --insecure), so it has no admin credential to start "
+                           f"with them; run it as it was made (`steadyrl up --insecure`), or start a new state "
+                           f"folder")
         java = java or java_binary()
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.data.mkdir(parents=True, exist_ok=True)
@@ -451,6 +485,8 @@ class LocalBroker:
                        cid_file.read_text().strip(), "-c", str(cfg), "-g")
         if r.returncode != 0:
             raise BrokerError(f"StorageTool format failed: {r.stdout.strip()} {r.stderr.strip()}")
+        if self.sasl and not self.logins_file.exists():
+            self.logins_file.write_text("SCRAM-SHA-512 admin\n")
 
     def start(self, timeout_s: float = 90.0) -> bool:
         """Start the broker if it is not running and wait until metadata answers.

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError, from_json
 
-from steadyrl.contracts import Contract, DLQReason, DLQRecord
+from steadyrl.contracts import INT64_MAX, Contract, DLQReason, DLQRecord
 
 C = TypeVar("C", bound=Contract)
 
@@ -293,12 +293,39 @@ def _decode(value: Any, header: str | None, expected: type[C], max_bytes: int | 
     return msg
 
 
+def held_prompt(value: bytes | None) -> dict[str, Any] | None:
+    """The prompt (as parsed JSON) a raw record value holds: a Prompt's value itself, a rollout
+    group's `prompt`, a scored group's `group.prompt`; None when the value is not JSON of one of
+    these shapes. Never raises: a refused record is read as far as it can be (any bytes)."""
+    try:
+        obj = from_json(value or b"")
+    except Exception:  # noqa: BLE001 - any bytes: not JSON, too deep, too large
+        return None
+    for path in ((), ("prompt",), ("group", "prompt")):
+        at: Any = obj
+        for name in path:
+            at = at.get(name) if isinstance(at, dict) else None
+        if isinstance(at, dict) and "prompt_id" in at and "messages" in at:
+            return at
+    return None
+
+
+def held_attempt(value: bytes | None) -> int | None:
+    """The `attempt` of the prompt a raw record value holds (`held_prompt`), or None: not
+    readable, or a prompt of before prompt 1.3. A bool or a number out of int64 is None."""
+    p = held_prompt(value)
+    a = p.get("attempt") if p is not None else None
+    return a if type(a) is int and 0 <= a <= INT64_MAX else None
+
+
 def dlq_record(rej: Rejected, *, stage: str, topic: str, partition: int, offset: int,
                key: bytes | None, value: bytes | None) -> DLQRecord:
-    """The DLQ record for a rejected input; payloads above DLQ_PAYLOAD_LIMIT are truncated."""
+    """The DLQ record for a rejected input; payloads above DLQ_PAYLOAD_LIMIT are truncated.
+    `attempt` is the attempt of the prompt the input holds (`held_attempt`), read from the
+    whole value, truncated or not."""
     payload = value or b""
     kept = payload[:DLQ_PAYLOAD_LIMIT]
-    return DLQRecord(
+    return DLQRecord(attempt=held_attempt(payload),
         reason=rej.reason, error=rej.detail, stage=stage, topic=topic, partition=partition,
         offset=offset, key_b64=base64.b64encode(key).decode() if key is not None else None,
         schema_seen=rej.schema_header, payload_b64=base64.b64encode(kept).decode(),

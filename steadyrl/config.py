@@ -20,7 +20,7 @@ import re
 import socket
 import types
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
@@ -30,6 +30,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from steadyrl import verl
 from steadyrl.assets import asset_dir
 from steadyrl.bus.kafka import KafkaAuth
+
+if TYPE_CHECKING:
+    import httpx
 
 
 class ConfigError(SystemExit):
@@ -124,6 +127,12 @@ class ServiceConfig(BaseSettings):
                           "/readyz and /metrics stay open. The alert bridge refuses it: its routes take their "
                           "own token (alertbridge.token_file). None: no HTTP authentication (loopback).")
 
+    http_token_proof: bool = Field(
+        False, description="As a client of the work routes (a rollout or reward worker): prove the token of "
+                           "http_token_file without sending it, and take an answer only with the server's proof "
+                           "of it (steadyrl/httpproof.py): another process on the server's port gets no token and "
+                           "cannot answer in its place. The servers take both; `steadyrl up` turns it on.")
+
     @field_validator("http_token_file")
     @classmethod
     def _token_file_readable(cls, path: Path | None) -> Path | None:
@@ -134,9 +143,20 @@ class ServiceConfig(BaseSettings):
         return read_token(self.http_token_file)
 
     def http_auth_headers(self) -> dict[str, str]:
-        """The headers a client of the stack's HTTP services sends: the bearer token, if any."""
+        """The headers a client of the stack's HTTP services sends: the bearer token, if any
+        (none under http_token_proof: `http_auth` proves it instead)."""
         token = self.http_token()
-        return {"Authorization": f"Bearer {token}"} if token else {}
+        return {"Authorization": f"Bearer {token}"} if token and not self.http_token_proof else {}
+
+    def http_auth(self) -> httpx.Auth | None:
+        """The httpx auth of a client of the work routes under http_token_proof (the token
+        proven both ways: steadyrl/httpproof.py ProvenToken); None otherwise."""
+        token = self.http_token()
+        if not token or not self.http_token_proof:
+            return None
+        from steadyrl.httpproof import ProvenToken  # lazy: only clients that prove a token
+
+        return ProvenToken(token)
 
     yaml_file: ClassVar[Path | None] = None  # set by load() on a subclass; read by the source hook
 

@@ -30,6 +30,13 @@ Behaviour log-probs are in [LOGPROB_MIN, LOGPROB_MAX] = [-1e5, 0.01] nats (`LogP
 an off-policy step NaN; the learner now clamps the log-ratio too (steadyrl/rl/core.py
 policy_loss), and the bound makes such a record a DLQ record (`validation_failed`) instead.
 Like the finite bounds it refuses only what no correct engine writes.
+
+A prompt's attempt (issue 46): prompt 1.3 carries `attempt`, the learner's count of its
+publishes of that prompt with a new seed, and so rollout_group 1.5, scored_group 1.5 and
+quarantined_group 1.4 do (embedded); dlq_record 1.5 carries the attempt of the prompt the
+refused record held (`codec.dlq_record` reads it from the record), so the learner counts a
+refusal only for the attempt in flight (services/learner/dlq_check.py). Both optional: a
+record of an earlier minor has none (None), and decodes as before.
 """
 
 from __future__ import annotations
@@ -108,8 +115,9 @@ class Prompt(Contract):
 
     SCHEMA_NAME: ClassVar[str] = "prompt"
     # 1.1: run_id, sampling settings, seed, min_policy_version; 1.2: finite temperature and
-    # top_p, int64 epoch/index/created_ms/min_policy_version (refuses only what no writer makes)
-    SCHEMA_VERSION: ClassVar[str] = "1.2"
+    # top_p, int64 epoch/index/created_ms/min_policy_version (refuses only what no writer makes);
+    # 1.3: attempt
+    SCHEMA_VERSION: ClassVar[str] = "1.3"
 
     prompt_id: str = Field(min_length=1, max_length=256,
                            description="Deterministic id `{run_id}/e{epoch}-i{index}` (feeder) or caller-chosen.")
@@ -133,6 +141,9 @@ class Prompt(Contract):
                              description="Sampling seed: same seed, weights, prompt -> same samples.")
     min_policy_version: Count64 = Field(default=0,
                                         description="Generate with this policy version of run_id or a newer one.")
+    attempt: Count64 | None = Field(default=None, description=(
+        "Times the learner published this prompt again with a new seed before this publish (0: its first "
+        "seed); a refusal on rl.dlq names it. None: not set (a writer before 1.3, or not the learner's)."))
 
 
 class Sample(BaseModel):
@@ -158,8 +169,9 @@ class RolloutGroup(Contract):
     SCHEMA_NAME: ClassVar[str] = "rollout_group"
     # 1.1: rejected; 1.2: token ids in [0, 2**31 - 1], finite log-probs, at most 1024 samples
     # (Prompt.n_samples' bound), int64 version/time/counts (refuses only what no writer makes);
-    # 1.3: engine; 1.4: log-probs in [LOGPROB_MIN, LOGPROB_MAX] (refuses only what no engine makes)
-    SCHEMA_VERSION: ClassVar[str] = "1.4"
+    # 1.3: engine; 1.4: log-probs in [LOGPROB_MIN, LOGPROB_MAX] (refuses only what no engine makes);
+    # 1.5: prompt.attempt (prompt 1.3)
+    SCHEMA_VERSION: ClassVar[str] = "1.5"
 
     prompt: Prompt
     prompt_token_ids: list[TokenId] = Field(default_factory=list, description="Tokenized chat, (P,).")
@@ -199,8 +211,9 @@ class ScoredGroup(Contract):
     SCHEMA_NAME: ClassVar[str] = "scored_group"
     # 1.1: group.rejected (rollout_group 1.1); 1.2: finite rewards and cache_similarity,
     # rollout_group 1.2's bounds, int64 scored_ms (refuses only what no writer makes);
-    # 1.3: group.engine (rollout_group 1.3); 1.4: bounded log-probs (rollout_group 1.4)
-    SCHEMA_VERSION: ClassVar[str] = "1.4"
+    # 1.3: group.engine (rollout_group 1.3); 1.4: bounded log-probs (rollout_group 1.4);
+    # 1.5: group.prompt.attempt (rollout_group 1.5)
+    SCHEMA_VERSION: ClassVar[str] = "1.5"
 
     group: RolloutGroup
     rewards: list[Finite] = Field(description="One scalar reward per sample, (n,); finite.")
@@ -281,8 +294,8 @@ class DLQRecord(Contract):
     # and payload_b64 are base64, payload_sha256 is hex, int64 partition/offset/size/time
     # (refuses only what no writer makes); 1.3: reason scorer_error (a 1.2 reader counts the
     # record as unreadable, and still publishes its prompt again); 1.4: reasons scorer_timeout,
-    # scorer_crash (the same for a 1.3 reader)
-    SCHEMA_VERSION: ClassVar[str] = "1.4"
+    # scorer_crash (the same for a 1.3 reader); 1.5: attempt (a 1.4 reader ignores it)
+    SCHEMA_VERSION: ClassVar[str] = "1.5"
 
     reason: DLQReason
     error: str = Field(description="Human-readable detail naming what was expected and what came.")
@@ -298,6 +311,10 @@ class DLQRecord(Contract):
     payload_sha256: str = Field(pattern=SHA256_PATTERN)
     payload_truncated: bool = False
     rejected_ms: Int64 = Field(default_factory=now_ms)
+    attempt: Count64 | None = Field(default=None, description=(
+        "The `attempt` of the prompt the refused record held (prompt 1.3: the prompt itself, a rollout group's "
+        "or a scored group's prompt); the learner counts the refusal only for the attempt in flight. None: "
+        "the record held none that could be read, or a writer before 1.5."))
 
 
 class QuarantinedGroup(Contract):
@@ -309,8 +326,8 @@ class QuarantinedGroup(Contract):
     SCHEMA_NAME: ClassVar[str] = "quarantined_group"
     # 1.1: finite watch figures, int64 step/index/count/time, index < count, scored_group 1.2's
     # bounds (refuses only what no writer makes); 1.2: group.group.engine (scored_group 1.3);
-    # 1.3: bounded log-probs (scored_group 1.4)
-    SCHEMA_VERSION: ClassVar[str] = "1.3"
+    # 1.3: bounded log-probs (scored_group 1.4); 1.4: group.group.prompt.attempt (scored_group 1.5)
+    SCHEMA_VERSION: ClassVar[str] = "1.4"
 
     batch_id: str = Field(min_length=1, max_length=256, description="`{run_id}/q{step:06d}-{hash of its prompt ids}`: "
                                                                      "the same groups held again get the same id.")

@@ -40,6 +40,7 @@ class Count(StrEnum):
     stale_dropped = "stale_dropped"              # group older than max_staleness: prompt published again
     future_dropped = "future_dropped"            # group from weights a crash threw away: published again
     dlq = "dlq"                                  # prompt named on rl.dlq: published again (same id, new seed)
+    dlq_ignored = "dlq_ignored"                  # rl.dlq record that did not count (learner/dlq_check.py)
     rejected = "rejected"                        # rl.scored record refused (codec, invalid tokens): to rl.dlq
     foreign = "foreign"                          # a group of another run
     duplicate = "duplicate"                      # a group already trained, held, or waiting

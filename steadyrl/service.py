@@ -22,7 +22,7 @@ from typing import Protocol
 
 from fastapi import FastAPI
 
-from steadyrl import hardware, logs, placement
+from steadyrl import hardware, httpproof, logs, placement
 from steadyrl.bus import kafka
 from steadyrl.config import ConfigError, ServiceConfig
 from steadyrl.http import Health, HealthServer, make_app
@@ -46,6 +46,7 @@ def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
     app = make_app(name, health)
     if extra_routes is not None:
         extra_routes(app)
+    httpproof.install(app, cfg.http_token())   # a work route's token proven both ways, besides the bearer
     try:
         server = HealthServer(app, cfg.metrics_host, cfg.metrics_port).start()
     except OSError as e:

@@ -30,15 +30,18 @@ published again with the same id. The buffer holds at most max_buffer_size group
 A record of rl.dlq keyed by a prompt in flight (and not waiting) means that prompt's
 generation, scoring or group was refused somewhere -- by a rollout or reward worker, or by
 this learner (rejected, invalid_tokens: the learner acts on its own DLQ records when it
-reads them back, one rule for all). The prompt is published again, same id, attempt + 1
-(a new seed), so each prompt is still trained once; it is counted
+reads them back, one rule for all) -- when it counts: readable, from a stage that could have
+refused it, and naming the attempt in flight (services/learner/dlq_check.py; one that does
+not is counted in `counts.dlq_ignored` and changes nothing). The prompt is published again,
+same id, attempt + 1 (a new seed), so each prompt is still trained once; it is counted
 (`steadyrl_learner_dlq_prompts_total{reason}`, `counts.dlq`). The learner goes on: a
 configuration that cannot work sends every prompt there, and the alert on that counter tells a
 person; when a batch's worth in a row came since the last step, an error names the reasons
 (services/learner/refusals.py). The one exception is a reward scorer that raises on every
 sample of learner.scorer_failure_limit groups in a row with none scored in between: the loop
-stops the run (exit 2) naming the scorer and the exception (refusals.py). A forged or poison
-DLQ record costs one more generation of a prompt, never the prompt.
+stops the run (exit 2) naming the scorer and the exception (refusals.py). A forged or replayed
+DLQ record costs nothing unless it names the stage and attempt a real refusal would; then one
+more generation of the prompt, never the prompt: each attempt is refused at most once.
 
 Every prompt has an end: one refused `learner.prompt_max_refusals` times (each a publish of
 the learner's own, after its backoff) over at least `prompt_min_refusal_s` since its first
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter as Tally
 from collections.abc import Callable
 from pathlib import Path
 
@@ -67,6 +71,7 @@ from steadyrl.quarantine import RELEASE_HEADER
 from steadyrl.runfolder import Count
 from steadyrl.services.learner.buffer import MAX_EVICTIONS, evictions
 from steadyrl.services.learner.config import LearnerSection
+from steadyrl.services.learner.dlq_check import uncounted
 from steadyrl.services.learner.outbox import Outbox
 from steadyrl.services.learner.refusals import Refusals, default_limit
 from steadyrl.services.learner.state import REASONS_KEPT, InFlight, Ready, RunState
@@ -75,9 +80,12 @@ from steadyrl.services.learner.tokens import TokenLimits
 log = logging.getLogger("steadyrl.learner")
 
 GROUPS = Counter("steadyrl_learner_groups", "Scored groups read", ["outcome"])
-DLQ_PROMPTS = Counter("steadyrl_learner_dlq_prompts", "Prompts in flight that a record on rl.dlq named, published "
-                      "again (same id, a new seed), by the DLQ record's reason (unreadable: the DLQ record itself "
-                      "was not)", ["reason"])
+DLQ_PROMPTS = Counter("steadyrl_learner_dlq_prompts", "Prompts in flight that a record on rl.dlq refused, published "
+                      "again (same id, a new seed), by the DLQ record's reason", ["reason"])
+DLQ_IGNORED = Counter("steadyrl_learner_dlq_ignored", "Records on rl.dlq keyed by a prompt in flight that did not "
+                      "count as its refusal (services/learner/dlq_check.py): unreadable, from a stage that could "
+                      "not have refused it (stage), for another attempt (attempt: a replay, a late copy) or naming "
+                      "none (no_attempt)", ["why"])
 RELEASE_ON_SCORED = Counter("steadyrl_learner_release_on_scored", "Groups on rl.scored carrying the release "
                             "header: not releases (only rl.releases' groups are), read as any other")
 BUFFER_SIZE = Gauge("steadyrl_rollout_buffer_size", "Scored groups waiting in a buffer", ["stage"])
@@ -155,8 +163,11 @@ class Intake:
     """The train buffer `ready` (prompt id -> Ready) and the rules that fill and empty it."""
 
     def __init__(self, lc: LearnerSection, st: RunState, outbox: Outbox, stage: str,
-                 limits: TokenLimits | None = None, run_dir: Path | None = None):
+                 limits: TokenLimits | None = None, run_dir: Path | None = None,
+                 topic_prefix: str = ""):
         self.lc, self.st, self.outbox, self.stage, self.limits = lc, st, outbox, stage, limits
+        self.topic_prefix = topic_prefix  # of this deployment's topics (a DLQ record names one)
+        self.ignored_since_step: Tally[str] = Tally()   # DLQ records that did not count, by why
         self.run_dir = run_dir  # where abandoned.jsonl goes (None: not written)
         self.ready: dict[str, Ready] = {}
         self._arrivals = 0
@@ -171,6 +182,7 @@ class Intake:
         """A step was made: the count of refusals in a row and their reasons start anew."""
         self.dlq_in_a_row = 0
         self.refusals.stepped()
+        self.ignored_since_step.clear()
 
     def saved_offsets(self) -> dict[str, dict[str, int]]:
         """What state.json keeps as `offsets` (rl.scored) and `release_offsets` (rl.releases):
@@ -268,23 +280,31 @@ class Intake:
 
     def dead_letter(self, msg: Message) -> None:
         """A record of rl.dlq: if it names one of our prompts in flight (not waiting in the
-        buffer, not already queued to go out again), that prompt's group will not come: publish
-        it again (same id, attempt + 1: a new seed) and count it. Never raises on what the
-        record holds: an unreadable record counts as reason `unreadable`."""
+        buffer, not already queued to go out again) and counts as its refusal (readable, from a
+        stage that could have refused it, naming the attempt in flight: dlq_check.py), that
+        prompt's group will not come: publish it again (same id, attempt + 1: a new seed) and
+        count it. One that does not count is counted as ignored, and changes nothing else.
+        Never raises on what the record holds."""
         st = self.st
         st.dlq_offset = _where(msg)[2] + 1
         pid = (msg.key() or b"").decode(errors="replace")
         if pid not in st.in_flight or pid in self.ready or pid in st.requeue:
             return
+        f = st.in_flight[pid]
         try:
             rec = codec.decode(msg.value(), msg.headers(), DLQRecord)
-            # the error is the writer's text, of any length: a reason is kept and logged cut short
-            reason, why = rec.reason.value, f"{rec.stage[:100]}: {rec.reason.value}: {rec.error[:REASON_CHARS]}"
-            self.refusals.refused(rec.stage[:100], reason, rec.error)
         except codec.Rejected as rej:
-            reason, why = "unreadable", f"unreadable DLQ record: {rej.detail}"
-            self.refusals.refused("?", reason, rej.detail)
-        f = st.in_flight[pid]
+            self._ignored(pid, "unreadable", rej.detail)
+            return
+        seed = self.published(pid, f).seed if self.published is not None else None
+        why_not = uncounted(rec, self.topic_prefix, f.attempt, seed)
+        if why_not is not None:
+            self._ignored(pid, why_not, f"{rec.stage[:100]}: {rec.reason.value} on {rec.topic[:100]}, attempt "
+                                        f"{rec.attempt}; the attempt in flight is {f.attempt}")
+            return
+        # the error is the writer's text, of any length: a reason is kept and logged cut short
+        reason, why = rec.reason.value, f"{rec.stage[:100]}: {rec.reason.value}: {rec.error[:REASON_CHARS]}"
+        self.refusals.refused(rec.stage[:100], reason, rec.error)
         f.attempt += 1
         f.released = False  # what comes back is a new sample
         f.refused += 1
@@ -311,6 +331,18 @@ class Intake:
             log.error(f"a batch's worth of prompts in a row went to rl.dlq since the last step: "
                       f"{self.refusals.summary()}; the learner goes on",
                       extra={"in_a_row": self.dlq_in_a_row, "last": why})
+
+    def _ignored(self, pid: str, why: str, detail: str) -> None:
+        """A DLQ record keyed by prompt `pid` (in flight) that does not count (`why`:
+        dlq_check.py): counted; logged as a warning the first time per `why` since the last
+        step (a flood of forged records does not flood the log), else at debug."""
+        self.st.count(Count.dlq_ignored)
+        DLQ_IGNORED.labels(why).inc()
+        first = self.ignored_since_step[why] == 0
+        self.ignored_since_step[why] += 1
+        log.log(logging.WARNING if first else logging.DEBUG,
+                "a record on rl.dlq did not count as a refusal of the prompt it names (forged, replayed, or for "
+                "an earlier attempt)", extra={"prompt_id": pid, "why": why, "detail": detail[:REASON_CHARS]})
 
     def abandon(self, pid: str, why: str) -> None:
         """Give up prompt `pid` (in flight): never trained, out of the run's books, recorded once

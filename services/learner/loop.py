@@ -144,7 +144,7 @@ class Learner:
         self.cache = open_cache(self.run_dir, st, lc.rollout_cache_max_file_bytes, lc.rollout_cache_max_bytes,
                                 lc.rollout_cache_retention_h)
         self.intake = Intake(lc, st, self.outbox, stage=f"learner/{cfg.instance_id}", limits=limits,
-                             run_dir=self.run_dir)
+                             run_dir=self.run_dir, topic_prefix=cfg.topic_prefix)
         skip = {b.index: b for b in self.bad_rows}
         self.feeder = Feeder(lc, self.rows, st, self.outbox, retry_at=self.intake.retry_at, skip=frozenset(skip))
         for pid, f in list(st.in_flight.items()):  # published before this check existed: never served

@@ -65,7 +65,7 @@ def prompt_record(lc: LearnerSection, row: PromptRow, pid: str, epoch: int, inde
                   extra_info=row.extra_info, run_id=run_id, temperature=lc.train.temperature,
                   top_p=lc.top_p, max_new_tokens=lc.max_new_tokens,
                   seed=prompt_seed(lc.seed, epoch, index) + 7919 * attempt,
-                  min_policy_version=min_policy_version)
+                  min_policy_version=min_policy_version, attempt=attempt)
 
 
 def _field(loc: tuple[int | str, ...]) -> str:

@@ -96,6 +96,8 @@ def main(argv: list[str]) -> int:
         cache = ScoreCache(r.cache_size, r.cache_similarity_floor) if r.cache_size else None
         client = RewardClient(r.server_url, r.scorer, r.timeout_s, r.retry_backoff_s, breaker, cache,
                               r.probe_interval_s, headers=cfg.http_auth_headers())
+        if (auth := cfg.http_auth()) is not None:   # the token proven both ways (steadyrl/httpproof.py)
+            client.http.auth = auth
         stage = Stage(name="reward", bootstrap=cfg.bootstrap, topic_prefix=cfg.topic_prefix,
                       instance_id=cfg.instance_id, input_topic="rl.rollouts", input_contract=RolloutGroup,
                       group_id=r.group_id, handle_batch=make_handler(client),

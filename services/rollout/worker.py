@@ -204,7 +204,7 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client) -> BatchHandler:
 def main(argv: list[str]) -> int:
     cfg = load(RolloutConfig, argv, prog="steadyrl-rollout")
     def build(health: Health) -> Stage:
-        client = httpx.Client(headers=cfg.http_auth_headers())
+        client = httpx.Client(headers=cfg.http_auth_headers(), auth=cfg.http_auth())
         return Stage(name="rollout", bootstrap=cfg.bootstrap, topic_prefix=cfg.topic_prefix,
                      instance_id=cfg.instance_id, input_topic="rl.prompts", input_contract=Prompt,
                      group_id=cfg.rollout.group_id, handle_batch=make_handler(cfg, client),

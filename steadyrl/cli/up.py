@@ -15,6 +15,15 @@ the process that holds it.
 `up` writes `<state-dir>/up.json` at start (its pid, the broker, each service's HTTP port):
 `steadyrl status` reads the learner's port there.
 
+Closed to other local processes by default (`_logins`, `_http_tokens`): its own broker takes
+SCRAM logins only (a principal per service, the ACLs of steadyrl/acl.py, passwords made anew at
+every start in `<state-dir>/broker/secrets/`), so a process on the host without them can write
+no topic; the actor's /generate and the reward server's /score each take a token of their own
+(`<state-dir>/secrets/http-generate`, `http-score`, made anew at every start), which only the
+rollout and the reward workers hold. `--insecure` runs as before (PLAINTEXT, no tokens); a state
+folder whose broker was made so is refused without it (exit 2, naming why). With `--bootstrap`
+the cluster is used as it is (`--sasl --kafka-secrets DIR` to log in to it).
+
 Services are started by module name (`python -m steadyrl.services.<name>`): nothing here imports them.
 Their configuration is checked first, as each will read it, by steadyrl.configcheck in a process
 of its own (`check_config`): a bad key or value stops `up` with exit 2 before the broker starts.
@@ -26,6 +35,7 @@ import argparse
 import dataclasses
 import json
 import os
+import secrets as secrets_mod
 import shutil
 import signal
 import subprocess
@@ -353,8 +363,9 @@ def _kafka_secrets(args: argparse.Namespace, lb: b.LocalBroker | None) -> Path |
         secrets = Path(args.kafka_secrets)
     elif lb is not None:
         secrets = lb.secrets_dir
-        for principal in (acl.ADMIN, *acl.PRINCIPALS):  # the commands' too (quarantine, replay)
-            b.ensure_password(secrets, principal)
+        b.ensure_password(secrets, acl.ADMIN)   # the broker's own: made once, at its format
+        for principal in acl.PRINCIPALS:   # the commands' too (quarantine, replay): new at every start
+            _new_secret(acl.password_file(secrets, principal))
     else:
         raise CliError("--sasl with --bootstrap (or a broker already running) needs --kafka-secrets DIR", code=2)
     try:
@@ -362,6 +373,72 @@ def _kafka_secrets(args: argparse.Namespace, lb: b.LocalBroker | None) -> Path |
     except ValueError as e:
         raise CliError(f"--kafka-secrets {secrets}: {e}", code=2) from None
     return secrets
+
+
+def _logins(args: argparse.Namespace, bootstrap: str | None) -> None:
+    """`up`'s default: its own broker (no --bootstrap) takes logins -- `args.sasl` set unless
+    --insecure. Raises CliError (2): --insecure with --sasl or --kafka-secrets, or a state
+    folder whose broker was made without logins (LocalBroker.made_without_logins: an `up`
+    before this default, or --insecure), which --insecure resumes as it was."""
+    if args.insecure and (args.sasl or args.kafka_secrets):
+        raise CliError("--insecure and --sasl/--kafka-secrets: give one", 2)
+    if bootstrap is not None or args.insecure:
+        return
+    args.sasl = True
+    lb = _up_broker(args)
+    if lb.made_without_logins():
+        raise CliError(f"the broker of {lb.state_dir} was made without logins (PLAINTEXT: by a steadyrl up before "
+                       f"logins were its default, or with --insecure); resume this state folder as it was made "
+                       f"with `steadyrl up --insecure ...`, or give a new --state-dir", 2)
+
+
+def _new_secret(path: Path) -> Path:
+    """Write a new random secret (32 URL-safe characters) to `path`, mode 0600 (its folder
+    0700), replacing the one there; returns `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(path.name + ".new")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets_mod.token_urlsafe(24) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+#: The HTTP work routes `up` closes by default: token file name -> (the server that checks it,
+#: the service whose instances call it).
+HTTP_TOKENS = {"http-generate": ("actor", "rollout"), "http-score": ("reward-server", "reward")}
+
+
+def _http_tokens(args: argparse.Namespace, state: Path) -> dict[str, list[str]]:
+    """Per-route HTTP tokens, made anew at every start (none with --insecure): the actor's
+    /generate token to the actor and the rollout workers, the reward server's /score token to
+    it and the reward workers (`HTTP_TOKENS`, files under `<state>/secrets/`, mode 0600); the
+    workers prove theirs both ways (`--http-token-proof`: no token goes to whoever holds a
+    server's port, and no answer is taken without the server's proof). Returns each service's
+    flags."""
+    if args.insecure:
+        return {}
+    flags: dict[str, list[str]] = {}
+    for name, (server, client) in HTTP_TOKENS.items():
+        path = _new_secret(state / "secrets" / name)
+        flags[server] = ["--http-token-file", str(path)]
+        # the client proves it without sending it, and takes only answers proving it (steadyrl/httpproof.py)
+        flags[client] = ["--http-token-file", str(path), "--http-token-proof", "true"]
+    return flags
+
+
+def _closed_line(args: argparse.Namespace, secrets: Path | None, tokens: dict[str, list[str]],
+                 seconds: float) -> str:
+    """What `up` prints of whom its stack lets in."""
+    if args.insecure:
+        return ("--insecure: the broker takes no logins and /generate, /score no tokens: any process on this host "
+                "can write the run's topics")
+    kafka_part = (f"Kafka logins per service (SCRAM, ACLs; commands log in with STEADYRL_KAFKA__SECURITY_PROTOCOL="
+                  f"SASL_PLAINTEXT STEADYRL_KAFKA__USERNAME=<principal> STEADYRL_KAFKA__PASSWORD_FILE={secrets}/"
+                  f"kafka-<principal>)" if secrets is not None else
+                  "Kafka as the cluster at --bootstrap is (no logins of up's; --sasl --kafka-secrets DIR logs in)")
+    return f"closed: {kafka_part}; /generate and /score each take a token of their own ({seconds:.2f} s)"
 
 
 def _login(svc: str, secrets: Path | None) -> list[str]:
@@ -451,14 +528,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     python = {"actor": actor_python(stack)}
     state = Path(args.state_dir)
     bootstrap = _bootstrap(args)
+    _logins(args, bootstrap)
     if bootstrap is not None and not args.sasl:   # (under --sasl: once logged in, below)
         _require_broker(bootstrap)   # an existing cluster that does not answer: said before the longer check
     extra = _service_flags(args.port_offset, state)
     check_config(args.config, extra, getattr(args, "config_source", None))   # before the broker: said once
-    lb = None
+    lb = own = None
+    t_logins = 0.0   # seconds logins add to the start (credentials, ACLs, tokens), printed
     if bootstrap is None:
         b.fetch()
-        lb = _up_broker(args)
+        lb = own = _up_broker(args)
         print(f"starting Kafka broker ({lb.state_dir}, data in {lb.data}) ...", flush=True)
         bootstrap = lb.bootstrap
         try:
@@ -469,12 +548,20 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not started:
             print("this state folder's broker was already running: using it, and leaving it running", flush=True)
             lb = None  # not ours to stop
-    secrets = _kafka_secrets(args, lb)
+    t0 = time.monotonic()
+    secrets = _kafka_secrets(args, own)   # this state folder's broker, started now or already running
+    t_logins += time.monotonic() - t0
     _require_broker(bootstrap)
     print(f"broker {bootstrap}: topics {create_topics(bootstrap, args.prefix)}", flush=True)
     if secrets is not None:
-        print(f"principals (ACLs each) {acl.apply(bootstrap, secrets, args.prefix)}; passwords in {secrets}",
-              flush=True)
+        t0 = time.monotonic()
+        applied = acl.apply(bootstrap, secrets, args.prefix)
+        t_logins += time.monotonic() - t0
+        print(f"principals (ACLs each) {applied}; passwords in {secrets}", flush=True)
+    t0 = time.monotonic()
+    tokens = _http_tokens(args, state)
+    t_logins += time.monotonic() - t0
+    print(_closed_line(args, secrets, tokens, t_logins), flush=True)
     print("placement " + " ".join(f"{svc}={p.model_dump(exclude_none=True)}" for svc, p in places.items()), flush=True)
     write_record(state, args.port_offset, scale, bootstrap)   # steadyrl status reads the learner's port there
     extra = _service_flags(args.port_offset, state)
@@ -485,7 +572,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             children.append(Child(f"{svc}-{i}", [
                 python.get(svc, sys.executable), "-m", module, "--bootstrap", bootstrap,
                 "--topic-prefix", args.prefix, "--instance-id", f"{svc}-{i}", "--metrics-port", str(port),
-                *extra.get(svc, []), *_login(svc, secrets), *(["--config", args.config] if args.config else [])], port,
+                *extra.get(svc, []), *_login(svc, secrets), *tokens.get(svc, []),
+                *(["--config", args.config] if args.config else [])], port,
                 final=svc == "learner", env=placement.child_env(places[svc.replace("-", "_")]),
                 cpus=placement.cpu_set(places[svc.replace("-", "_")])))
     # the learner exited 0: done, or only stopped from outside? (the one reader of a run's files)
@@ -572,6 +660,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     sp.add_argument("--exit-when-ready", action="store_true", help="stop everything once all are ready")
     sp.add_argument("--plain", action="store_true", help="the services' lines and a progress line, as when "
                                                          "stdout is not a terminal, instead of the live panel")
+    sp.add_argument("--insecure", action="store_true",
+                    help="as before logins were the default: the local broker PLAINTEXT (no logins, no ACLs) and "
+                         "the actor's /generate and the reward server's /score without tokens: any process on "
+                         "this host can write the run's topics; resumes a state folder made so")
     sp.add_argument("--kafka-secrets", metavar="DIR",
                     help="with --sasl on an existing cluster: the kafka-<principal> password files (kafka-admin "
                          "among them); up logs in as admin, applies the ACLs, and each service logs in as its own")

@@ -14,15 +14,19 @@ service reads, while it trains:
 - rl.scored (the learner): not JSON, another contract, a NaN reward, another run's group, and,
   keyed by a real prompt in flight, token ids outside the vocabulary and prompt + response
   above the context (128);
-- rl.dlq (the learner): a valid DLQ record (codec.dlq_record) and an unreadable one keyed by
-  real prompts in flight, and a valid one keyed by a prompt already trained.
+- rl.dlq (the learner): seven forged DLQ records keyed by one real prompt in flight (issue 46:
+  from no stage of ours, from a stage that does not read the topic named or give the reason --
+  a run of scorer_error among them, with learner.scorer_failure_limit 1 -- for another attempt,
+  naming none, unreadable), an unreadable one keyed by another, and a valid one keyed by a
+  prompt already trained.
 
 It proves that the run still reaches its last step with no service restarted; that each
 poison record is on rl.dlq exactly once, with the reason the product promises, written by
 the service that read it (matched by topic/partition/offset and key), and the foreign group
-on none; that no real record went to rl.dlq; that the prompts named on rl.dlq were published
-again (the one already trained was not) and every real prompt was trained exactly once; and
-that each stage turned every input it committed into exactly one output or DLQ record.
+on none; that no real record went to rl.dlq; that the prompt the learner refused itself was
+published again, and none the forged records named was (nor abandoned, nor did the scorer_error
+ones stop the run); that every real prompt was trained exactly once; and that each stage
+turned every input it committed into exactly one output or DLQ record.
 
 The real prompts the rl.scored and rl.dlq poison is keyed by are chosen so the race with their
 real groups cannot be lost: prompts published behind an unserved prompt, in its partition,
@@ -199,18 +203,39 @@ def _keyed_by_real(x1, x2, x3, trained) -> list[Poison]:
     vocab = _scored(_group(p1, [4, 5], [[7, 7], [7, 10_000]]))   # the tiny vocabulary has 46 ids
     context = _scored(_group(p1, [5] * 100, [[7] * 40] * 2))     # 100 + 40 tokens > 128
 
-    def forged(m) -> bytes:  # what a stage that refused the prompt record `m` would have written
-        rej = codec.Rejected(DLQReason.handler_error, "forged by test_poison")
-        return codec.encode(codec.dlq_record(rej, stage=FORGER, topic=m.topic(), partition=m.partition(),
-                                             offset=m.offset(), key=m.key(), value=m.value()))[0]
+    def forged(m, stage=FORGER, topic="rl.prompts", reason=DLQReason.handler_error, value=None,
+               attempt: int | None | str = "held") -> bytes:
+        """A DLQ record about the prompt record `m` (by default what a stage that refused it would
+        write, but from `stage`); `attempt` the prompt's in `m` unless given."""
+        pid = m.key().decode()
+        error = (f"prompt {pid}: 2 of 2 items unscored: scorer forged raised ValueError: forged by test_poison"
+                 if reason == DLQReason.scorer_error else "forged by test_poison")
+        rec = codec.dlq_record(codec.Rejected(reason, error), stage=stage,
+                               topic=m.topic().replace("rl.prompts", topic), partition=m.partition(),
+                               offset=m.offset(), key=m.key(), value=m.value() if value is None else value)
+        if attempt != "held":
+            rec.attempt = attempt
+        return codec.encode(rec)[0]
+
+    def on_x2(name: str, value: bytes) -> Poison:
+        return Poison(f"forged DLQ record: {name}", "rl.dlq", p2.prompt_id, value, _header(DLQRecord), None, None)
 
     return [
         Poison("token id outside the vocabulary", "rl.scored", p1.prompt_id, vocab.model_dump_json().encode(),
                _header(ScoredGroup), "invalid_tokens", "learner"),
         Poison("prompt + response over the context", "rl.scored", p1.prompt_id, context.model_dump_json().encode(),
                _header(ScoredGroup), "invalid_tokens", "learner"),
-        Poison("valid DLQ record, prompt in flight", "rl.dlq", p2.prompt_id, forged(m2), _header(DLQRecord),
-               None, None),
+        # seven forged records for one prompt in flight (issue 46): none counts as its refusal
+        # (first: counted by its key alone, as before issue 46, it stopped the run at once)
+        on_x2("scorer_error naming no attempt", forged(m2, stage="reward/reward-0", topic="rl.rollouts",
+                                                       reason=DLQReason.scorer_error, value=b"x")),
+        on_x2("no stage of ours", forged(m2)),
+        on_x2("rollout, of rl.rollouts", forged(m2, stage="rollout/rollout-0", topic="rl.rollouts")),
+        on_x2("another attempt", forged(m2, stage="rollout/rollout-0", attempt=3)),
+        on_x2("naming no attempt", forged(m2, stage="rollout/rollout-0", value=b"not the prompt")),
+        on_x2("scorer_error of another attempt", forged(m2, stage="reward/reward-0", topic="rl.rollouts",
+                                                        reason=DLQReason.scorer_error, attempt=1)),
+        on_x2("unreadable", b"\xff not a dlq record"),
         Poison("unreadable DLQ record, prompt in flight", "rl.dlq", p3.prompt_id, b"\xff not a dlq record",
                _header(DLQRecord), None, None),
         Poison("valid DLQ record, prompt trained", "rl.dlq", pt.prompt_id, forged(mt), _header(DLQRecord),
@@ -307,6 +332,8 @@ def test_poison_on_every_topic_never_stops_the_pipeline(bootstrap, tmp_path: Pat
     config = _config(tmp_path, steps=STEPS, eval_data=None)
     cfg = yaml.safe_load(config.read_text())
     cfg["rollout"] = {"max_hold_s": HOLD_S, "max_attempts": 2}
+    # one counted scorer_error stops the run; two counted refusals abandon a prompt (issue 46)
+    cfg["learner"].update(scorer_failure_limit=1, prompt_max_refusals=2, prompt_min_refusal_s=0)
     config.write_text(yaml.safe_dump(cfg))
     up = Up(bootstrap, tmp_path, config)
     t_start = time.monotonic()
@@ -373,8 +400,9 @@ def test_poison_on_every_topic_never_stops_the_pipeline(bootstrap, tmp_path: Pat
         assert d.rejected_ms - x.produced_ms >= HOLD_S * 1000, (d.rejected_ms - x.produced_ms, d.error)
         assert "version >= 1000000000" in d.error, d.error
 
-    # the prompts named on rl.dlq went out again after it (the learner's own invalid_tokens
-    # records too), the trained one did not; the learner counted what it skipped and refused
+    # the prompt the learner refused itself (invalid_tokens) went out again after it; those only
+    # forged records named (x2: seven, x3: one) and the trained one did not, and none was
+    # abandoned; the learner counted what it skipped, refused and ignored
     since = {x.key: x.produced_ms for x in keyed}
     again = Counter()
     for m in read_topic(bootstrap, f"{up.prefix}rl.prompts", "test-poison-prompts"):
@@ -384,10 +412,12 @@ def test_poison_on_every_topic_never_stops_the_pipeline(bootstrap, tmp_path: Pat
             continue
         if p.prompt_id in since and p.created_ms > since[p.prompt_id]:
             again[p.prompt_id] += 1
-    named = [x1[1].prompt_id, x2[1].prompt_id, x3[1].prompt_id]
-    assert all(again[pid] >= 1 for pid in named) and again[trained_id] == 0, (again, named, trained_id)
+    forged_only = [x2[1].prompt_id, x3[1].prompt_id]
+    assert again[x1[1].prompt_id] >= 1 and again[trained_id] == 0, (again, trained_id)
+    assert all(again[pid] == 0 for pid in forged_only), (again, forged_only)
     counts = run.counts
-    assert counts["foreign"] == 1 and counts["rejected"] == 5 and counts["dlq"] >= 3, counts
+    assert counts["foreign"] == 1 and counts["rejected"] == 5 and counts["dlq"] == 1, counts
+    assert counts["dlq_ignored"] >= 8 and counts["abandoned"] == 0, counts
 
     # every real prompt trained exactly once; every stage exactly once around the poison
     report = _audit(bootstrap, up.prefix, up, poison, dlq)

@@ -80,3 +80,29 @@ def test_a_sasl_broker_has_no_anonymous_super_user_and_its_controller_logs_in(tm
     assert (tmp_path / "secrets" / "kafka-admin").stat().st_mode & 0o077 == 0   # the password: owner only
     plain = props(LocalBroker(tmp_path / "plain", port=1000, controller_port=1001))
     assert "super.users" not in plain and "sasl.enabled.mechanisms" not in plain
+
+
+def test_a_broker_made_without_logins_is_refused_logins_and_one_made_with_them_is_marked(tmp_path):
+    """Issue 46: `up` takes logins by default. A state folder's broker formatted PLAINTEXT (by an
+    `up` before that, or --insecure) holds no admin credential: starting it with logins would
+    hang on its own login, so format() refuses at once, naming why and --insecure."""
+    from steadyrl.broker import NoLogins
+
+    old = LocalBroker(tmp_path / "old", port=1000, controller_port=1001)
+    (old.data).mkdir(parents=True)
+    (old.data / "meta.properties").write_text("version=1\n")
+    (old.state_dir / "server.properties").write_text(old._server_properties())
+    assert old.formatted() and old.made_without_logins()
+    with pytest.raises(NoLogins, match="made without logins.*--insecure"):
+        LocalBroker(tmp_path / "old", port=1000, controller_port=1001, sasl=True).format(java=None)
+    assert "sasl" not in (old.state_dir / "server.properties").read_text()   # nothing written
+    # a broker of an earlier --sasl (its server.properties says so) is not one, nor a new folder
+    made = LocalBroker(tmp_path / "sasl", port=1000, controller_port=1001, sasl=True)
+    made.data.mkdir(parents=True)
+    (made.data / "meta.properties").write_text("version=1\n")
+    (made.state_dir / "server.properties").write_text(made._server_properties())
+    assert not made.made_without_logins()
+    assert not LocalBroker(tmp_path / "new", port=1000, controller_port=1001).made_without_logins()
+    # once marked (logins_file, written by a format with logins), --insecure starts leave it so
+    (old.logins_file).write_text("SCRAM-SHA-512 admin\n")
+    assert not old.made_without_logins()

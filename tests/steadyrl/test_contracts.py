@@ -4,7 +4,7 @@ import jsonschema
 import pytest
 
 from steadyrl import codec
-from steadyrl.contracts import ALL_CONTRACTS, DLQReason, Prompt, RolloutGroup, ScoredGroup
+from steadyrl.contracts import ALL_CONTRACTS, DLQReason, DLQRecord, Prompt, RolloutGroup, ScoredGroup
 from steadyrl.schemas import check_schemas, json_schema, schema_path
 from tests.helpers import rollout_group
 
@@ -33,7 +33,7 @@ def test_instance_validates_against_checked_in_schema():
 def test_round_trip_sets_schema_header():
     g = rollout_group(7)
     value, headers = codec.encode(g)
-    assert headers == [("schema", b"rollout_group/v1.4")]
+    assert headers == [("schema", b"rollout_group/v1.5")]
     assert codec.decode(value, headers, RolloutGroup) == g
 
 
@@ -49,7 +49,7 @@ def test_minor_version_is_accepted_and_unknown_fields_ignored():
     (b"\xff\xfe not json", [("schema", b"rollout_group/v1.0")], DLQReason.undecodable, "not UTF-8 JSON"),
     (b"{}", None, DLQReason.missing_schema_header, "got none"),
     (b"{}", [("schema", b"garbage")], DLQReason.missing_schema_header, "malformed"),
-    (b"{}", [("schema", b"prompt/v1.0")], DLQReason.wrong_schema, "expected rollout_group/v1.4, got prompt/v1.0"),
+    (b"{}", [("schema", b"prompt/v1.0")], DLQReason.wrong_schema, "expected rollout_group/v1.5, got prompt/v1.0"),
     (b"{}", [("schema", b"rollout_group/v2.0")], DLQReason.major_version_mismatch,
      "expected rollout_group v1.x, got rollout_group/v2.0"),
     (b'{"prompt": 1}', [("schema", b"rollout_group/v1.0")], DLQReason.validation_failed, "prompt"),
@@ -82,7 +82,7 @@ def test_scored_group_needs_one_reward_per_sample():
 
 
 def test_prompt_json_schema_has_version():
-    assert json_schema(Prompt)["x-schema-version"] == "1.2"
+    assert json_schema(Prompt)["x-schema-version"] == "1.3"
 
 
 @pytest.mark.parametrize("engine", ["vllm", "torch", ""])
@@ -92,7 +92,7 @@ def test_engine_round_trips_through_rollout_and_scored_groups(engine):
     assert codec.decode(value, headers, RolloutGroup).engine == engine
     sg = ScoredGroup(group=g, rewards=[1.0], reward_source="rule", scorer="x")
     value, headers = codec.encode(sg)
-    assert headers == [("schema", b"scored_group/v1.4")]
+    assert headers == [("schema", b"scored_group/v1.5")]
     assert codec.decode(value, headers, ScoredGroup).group.engine == engine
 
 
@@ -110,3 +110,34 @@ def test_a_record_of_an_older_worker_without_engine_reads_as_unknown():
 def test_engine_is_bounded():
     with pytest.raises(ValueError, match="at most 64 characters"):
         RolloutGroup.model_validate({**json.loads(rollout_group(1).model_dump_json()), "engine": "x" * 65})
+
+
+def test_records_of_before_the_attempt_decode_with_none():
+    """Issue 46: prompt 1.3 and dlq_record 1.4 add `attempt`, optional: a record of the minors
+    before (today's writers, a run in flight during an upgrade) decodes, with attempt None."""
+    p = json.loads(rollout_group(1).prompt.model_dump_json(exclude={"attempt"}))
+    assert "attempt" not in p
+    assert codec.decode(json.dumps(p).encode(), [("schema", b"prompt/v1.2")], Prompt).attempt is None
+    rec = codec.dlq_record(codec.Rejected(DLQReason.handler_error, "x"), stage="s", topic="t", partition=0, offset=1,
+                           key=b"k", value=b"{}")
+    old = json.loads(rec.model_dump_json(exclude={"attempt"}))
+    assert codec.decode(json.dumps(old).encode(), [("schema", b"dlq_record/v1.3")], DLQRecord).attempt is None
+
+
+@pytest.mark.parametrize("wrap", [lambda p: p, lambda p: {"prompt": p}, lambda p: {"group": {"prompt": p}}],
+                         ids=["prompt", "rollout_group", "scored_group"])
+def test_a_dlq_record_carries_the_attempt_of_the_prompt_it_refuses(wrap):
+    p = json.loads(rollout_group(1).prompt.model_copy(update={"attempt": 3}).model_dump_json())
+    rec = codec.dlq_record(codec.Rejected(DLQReason.handler_error, "x"), stage="s", topic="t", partition=0, offset=1,
+                           key=b"k", value=json.dumps(wrap(p)).encode())
+    assert rec.attempt == 3
+
+
+@pytest.mark.parametrize("value", [None, b"", b"\xff", b"[" * 5000, b'{"attempt": 3}', b'{"prompt": {"attempt": 3}}',
+                                   b'{"prompt_id": "a", "messages": [], "attempt": true}',
+                                   b'{"prompt_id": "a", "messages": [], "attempt": -1}',
+                                   b'{"prompt_id": "a", "messages": [], "attempt": 1e3}'])
+def test_a_dlq_record_of_what_holds_no_readable_attempt_has_none(value):
+    rec = codec.dlq_record(codec.Rejected(DLQReason.undecodable, "x"), stage="s", topic="t", partition=0, offset=1,
+                           key=b"k", value=value)
+    assert rec.attempt is None

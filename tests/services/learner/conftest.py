@@ -61,7 +61,7 @@ def scored(st, pid: str, version: int | None = None, prompt_ids=(5, 6, 7), seed:
     responses = responses or [[rng.randrange(4, 40) for _ in range(3)] for _ in range(4)]
     rewards = rewards or [float(rng.random() < 0.5) for _ in responses]
     p = Prompt(prompt_id=pid, epoch=f.epoch, index=f.index, messages=[{"role": "user", "content": "3"}],
-               n_samples=len(responses), run_id=st.run_id)
+               n_samples=len(responses), run_id=st.run_id, attempt=f.attempt)
     g = RolloutGroup(prompt=p, prompt_token_ids=list(prompt_ids),
                      policy_version=st.step if version is None else version,
                      samples=[Sample(text="x", token_ids=r, logprobs=[-1.0] * len(r)) for r in responses])

@@ -16,16 +16,22 @@ from steadyrl.services.learner.state import InFlight, RunState
 from tests.services.learner.conftest import FakeOutbox, Msg, scored
 
 
-def _dlq(pid: str, reason=DLQReason.validation_failed, offset=0) -> Msg:
-    """The record a rollout worker writes for a prompt it cannot generate."""
+def _dlq(pid: str, reason=DLQReason.validation_failed, offset=0, attempt=0) -> Msg:
+    """The record a rollout worker writes for attempt `attempt` of a prompt it cannot generate."""
+    value = json.dumps({"prompt_id": pid, "messages": [], "attempt": attempt}).encode()
     rec = codec.dlq_record(codec.Rejected(reason, "n_samples: Input should be less than or equal to 256"),
                            stage="rollout/0", topic="rl.prompts", partition=0, offset=offset, key=pid.encode(),
-                           value=b"{}")
+                           value=value)
+    assert rec.attempt == attempt
     return Msg(rec, pid, offset=offset, topic="rl.dlq")
 
 
 def _dlq_prompts(reason: str) -> float:
     return REGISTRY.get_sample_value("steadyrl_learner_dlq_prompts_total", {"reason": reason}) or 0.0
+
+
+def _dlq_ignored(why: str) -> float:
+    return REGISTRY.get_sample_value("steadyrl_learner_dlq_ignored_total", {"why": why}) or 0.0
 
 
 def _backoff_passed(lrn) -> None:
@@ -52,7 +58,7 @@ def test_a_prompt_sent_back_by_the_dlq_waits_its_backoff(make_learner, monkeypat
     assert lrn.feeder.top_up() == 0 and lrn.state.requeue == [pid]   # not yet: 1 s to wait
     now[0] += 1.0
     assert lrn.feeder.top_up() == 1 and lrn.state.requeue == []
-    lrn.intake.dead_letter(_dlq(pid, offset=1))                       # second time: 2 s
+    lrn.intake.dead_letter(_dlq(pid, offset=1, attempt=1))            # second time: 2 s
     now[0] += 1.5
     assert lrn.feeder.top_up() == 0
     now[0] += 0.5
@@ -66,7 +72,7 @@ def test_every_prompt_on_the_dlq_goes_out_again_with_a_new_seed_and_the_learner_
     first = {k: v.seed for k, v in lrn.outbox.on("rl.prompts")}
     for round_ in range(1, 4):                      # three batches' worth in a row: never a ConfigError
         for i, pid in enumerate(list(st.in_flight)):
-            lrn.intake.dead_letter(_dlq(pid, offset=10 * round_ + i))
+            lrn.intake.dead_letter(_dlq(pid, offset=10 * round_ + i, attempt=round_ - 1))
         _backoff_passed(lrn)
         assert sorted(st.requeue) == sorted(first) and lrn.feeder.top_up() == 4
         assert {k: v.seed for k, v in lrn.outbox.on("rl.prompts")[-4:]} == {
@@ -89,12 +95,15 @@ def test_records_that_name_nothing_of_ours_in_flight_change_nothing(make_learner
     assert waiting in lrn.intake.ready
 
 
-def test_an_unreadable_dlq_record_counts_as_unreadable(make_learner):
+def test_an_unreadable_dlq_record_does_not_count(make_learner):
+    """Issue 46: an unreadable record keyed by a prompt in flight was a refusal (reason
+    `unreadable`): garbage anyone could write cost the prompt a generation and its budget."""
     lrn = make_learner()
     lrn.feeder.top_up()
-    pid, before = next(iter(lrn.state.in_flight)), _dlq_prompts("unreadable")
+    pid, before = next(iter(lrn.state.in_flight)), _dlq_ignored("unreadable")
     lrn.intake.dead_letter(Msg(b"\xff garbage", pid, topic="rl.dlq", headers=[("schema", b"dlq_record/v1.1")]))
-    assert lrn.state.requeue == [pid] and _dlq_prompts("unreadable") == before + 1
+    assert lrn.state.requeue == [] and lrn.state.in_flight[pid].refused == 0 and "dlq" not in lrn.state.counts
+    assert lrn.state.counts["dlq_ignored"] == 1 and _dlq_ignored("unreadable") == before + 1
 
 
 def test_a_run_with_dlq_losses_trains_steps_times_b_prompts_each_once(make_learner):

@@ -98,13 +98,17 @@ def test_valid_groups_of_every_size_within_the_limits_wait(make_learner):
     assert set(lrn.intake.ready) == {a, b} and lrn.outbox.on("rl.dlq") == []
 
 
-def test_records_the_codec_refuses_go_to_the_dlq_and_come_back_as_their_prompt(make_learner):
+def test_records_the_codec_refuses_go_to_the_dlq_and_cost_their_key_nothing(make_learner):
+    """Issue 46: a record the codec refuses names no attempt (nothing in it can be read), so its
+    DLQ record, read back, does not count as a refusal of the prompt its key names: anyone who
+    may write rl.scored could otherwise cost any prompt a generation with garbage. The prompt
+    still waits for its group (or goes out again once overdue)."""
     lrn = make_learner()
     st = lrn.state
     lrn.feeder.top_up()
     pid = next(iter(st.in_flight))
     lrn.intake.accept(Msg(b'{"not": "a group"', pid, offset=4, headers=[("schema", b"scored_group/v1.1")]))
     (key, rec), = lrn.outbox.on("rl.dlq")
-    assert key == pid and rec.reason == DLQReason.undecodable and st.counts["rejected"] == 1
+    assert key == pid and rec.reason == DLQReason.undecodable and st.counts["rejected"] == 1 and rec.attempt is None
     lrn.intake.dead_letter(Msg(rec, pid, topic="rl.dlq"))
-    assert st.requeue == [pid] and st.in_flight[pid].attempt == 1
+    assert st.requeue == [] and st.in_flight[pid].attempt == 0 and st.counts["dlq_ignored"] == 1

@@ -26,13 +26,13 @@ def test_a_prompt_refused_past_its_budget_is_abandoned_once_and_replaced(make_le
     lrn.feeder.top_up()
     pid = sorted(st.in_flight)[0]
     for k in range(3):                     # 3 refusals within 2 s: the time part of the budget holds it
-        lrn.intake.dead_letter(_dlq(pid, offset=k))
+        lrn.intake.dead_letter(_dlq(pid, offset=k, attempt=k))
         now[0] += 1000
         _backoff_passed(lrn)
         lrn.feeder.top_up()
     assert pid in st.in_flight and st.in_flight[pid].refused == 3 and not st.abandoned
     now[0] += 10_000                       # 13 s since the first refusal: the 4th ends it
-    lrn.intake.dead_letter(_dlq(pid, offset=3))
+    lrn.intake.dead_letter(_dlq(pid, offset=3, attempt=3))
     assert pid not in st.in_flight and pid not in st.requeue and pid not in lrn.intake.retry_at
     assert list(st.abandoned) == [pid] and "refused 4 times over 13 s" in st.abandoned[pid]
     assert st.counts["abandoned"] == 1 and _abandoned_total() == before + 1
@@ -147,6 +147,6 @@ def test_a_dlq_records_long_error_is_kept_cut_short(make_learner):
     pid = sorted(lrn.state.in_flight)[0]
     rec = codec.dlq_record(codec.Rejected(DLQReason.handler_error, "x"), stage="reward/0", topic="rl.rollouts",
                            partition=0, offset=0, key=pid.encode(), value=b"{}")
-    rec.error = "y" * 900_000
+    rec.error, rec.attempt = "y" * 900_000, 0
     lrn.intake.dead_letter(Msg(rec, pid, topic="rl.dlq"))
     assert pid in lrn.state.abandoned and len(lrn.state.abandoned[pid]) < 700

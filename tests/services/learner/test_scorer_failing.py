@@ -112,10 +112,11 @@ def test_the_default_limit():
     assert default_limit(4) == 16 and default_limit(8) == 16 and default_limit(64) == 128
 
 
-def _dlq(pid: str, failed: int, items: int = 4, offset: int = 0) -> Msg:
+def _dlq(pid: str, failed: int, items: int = 4, offset: int = 0, attempt: int = 0) -> Msg:
     rec = codec.dlq_record(codec.Rejected(DLQReason.scorer_error, scorer_error_detail(pid, failed, items, RAISED)),
                            stage="reward/reward-0", topic="rl.rollouts", partition=0, offset=offset,
                            key=pid.encode(), value=b"{}")
+    rec.attempt = attempt
     return Msg(rec, pid, offset=offset, topic="rl.dlq")
 
 
@@ -133,19 +134,19 @@ def test_the_learner_names_the_scorer_not_group_size_and_stops_with_exit_2(make_
     for pid in pids:                                               # published again: two more refused
         lrn.intake.retry_at[pid] = 0.0
     lrn.feeder.top_up()
-    lrn.intake.dead_letter(_dlq(pids[0], 4, offset=10))
+    lrn.intake.dead_letter(_dlq(pids[0], 4, offset=10, attempt=1))
     lrn.intake.accept(Msg(scored(st, pids[1]), pids[1], offset=11))  # one scored: the count starts again
     for i, pid in enumerate(pids[2:]):
-        lrn.intake.dead_letter(_dlq(pid, 4, offset=12 + i))
+        lrn.intake.dead_letter(_dlq(pid, 4, offset=12 + i, attempt=1))
     assert lrn.intake.refusals.streak == 2 and lrn.intake.refusals.failing() is None
     for pid in (pids[0], pids[2], pids[3]):
         lrn.intake.retry_at[pid] = 0.0
     lrn.feeder.top_up()
     for i, pid in enumerate((pids[0], pids[2], pids[3])):
-        lrn.intake.dead_letter(_dlq(pid, 4, offset=20 + i))
+        lrn.intake.dead_letter(_dlq(pid, 4, offset=20 + i, attempt=2))
     lrn.intake.retry_at[pids[0]] = 0.0
     lrn.feeder.top_up()
-    lrn.intake.dead_letter(_dlq(pids[0], 4, offset=30))
+    lrn.intake.dead_letter(_dlq(pids[0], 4, offset=30, attempt=3))
     why = lrn.intake.refusals.failing()
     assert why is not None and "6 groups in a row (24 items; scorer_error x6)" in why
     with pytest.raises(ScorerFailing) as e:
