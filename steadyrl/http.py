@@ -1,7 +1,9 @@
 """Every service's HTTP face: `GET /livez`, `GET /readyz`, `GET /metrics`, and the heavy routes.
 
-- `/livez`: 200 while the service's main loop has ticked within `liveness_timeout_s`;
-  never depends on the broker (a broker outage must not cause restart storms).
+- `/livez`: 200 while the service's main loop has ticked within `liveness_timeout_s`, else
+  503 (`steadyrl up` and Kubernetes restart it after a few); never depends on the broker (a
+  broker outage must not cause restart storms). The body: `live`, `last_beat_age_s`, and
+  `doing` where the service says what its loop is at (`Health.doing`: the learner's phase).
 - `/readyz`: one JSON entry per named check `{"ok": bool, "detail": str}`; 200 only when
   every check passes, 503 otherwise (and before the first check is registered, and when
   the checks do not answer within `PROBE_TIMEOUT_S`).
@@ -104,6 +106,8 @@ class Health:
         self._last_beat = time.monotonic()
         self._checks: dict[str, Check] = {}
         self._lock = threading.Lock()
+        #: What the main loop is at, for /livez's `doing` (cheap, read on the event loop); None: not said.
+        self.doing: Callable[[], str] | None = None
 
     def beat(self) -> None:
         """Record that the main loop is alive (call once per loop iteration)."""
@@ -201,7 +205,13 @@ def make_app(service: str, health: Health, registry: CollectorRegistry = REGISTR
     @app.get("/livez")
     async def livez() -> JSONResponse:  # on the event loop: two reads of the clock
         ok, age = health.live()
-        return JSONResponse({"live": ok, "last_beat_age_s": round(age, 3)}, status_code=200 if ok else 503)
+        body: dict[str, Any] = {"live": ok, "last_beat_age_s": round(age, 3)}
+        if health.doing is not None:
+            try:
+                body["doing"] = health.doing()
+            except Exception as e:  # noqa: BLE001 - a description that fails must not fail the probe
+                body["doing"] = f"(not known: {type(e).__name__})"
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:

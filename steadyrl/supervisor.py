@@ -12,6 +12,15 @@ again: the stack stops and `failed` names it. SIGINT/SIGTERM stop the children (
 SIGKILL after a grace period) and then
 the broker, if this command started it.
 
+Liveness (`Liveness`): a thread polls each child's `GET /livez` every `period_s` (10 s); a
+child whose /livez fails `failures` polls in a row (6: not 200, or no answer within 5 s) is
+hung -- its main loop stopped beating (steadyrl/http.py) -- and is stopped (SIGTERM, SIGKILL
+after the grace period) and restarted like a child that exited, counted in `restarts`, with a
+line naming why (`liveness failed: ... /livez 503 {...}`). Not while a child is starting: it
+is judged once its /readyz has answered 200 since its start, or `start_s` (600 s) after it,
+whichever comes first (a model still loading does not beat). The defaults are the Kubernetes
+manifests' (deploy/k8s: period 10 s, timeout 5 s, 6 failures).
+
 Why our own ~100 lines and not supervisord/circus/honcho: honcho stops everything when
 one process exits (no restarts); supervisord and circus are daemons driven by their own
 config files and control sockets, which would be a second configuration system beside the
@@ -36,6 +45,7 @@ from typing import IO, TextIO
 import httpx
 
 from steadyrl.broker import BrokerError, ForeignBroker, LocalBroker
+from steadyrl.output import LossyWriter, lossy
 
 
 @dataclass
@@ -54,6 +64,12 @@ class Child:
     started_at: float = 0.0
     next_start: float = 0.0
     threads: list[threading.Thread] = field(default_factory=list)
+    # liveness (Supervisor's poll thread writes these, its loop reads them; reset at each start)
+    ready_seen: bool = False                 # /readyz answered 200 since this start
+    live_failures: int = 0                   # /livez polls failed in a row
+    live_detail: str = ""                    # what the last failed poll got
+    liveness_restarts: int = 0               # of `restarts`: those for a failed liveness
+    stopping_since: float | None = None      # when up sent it SIGTERM for a failed liveness
 
     @property
     def url(self) -> str:
@@ -62,17 +78,47 @@ class Child:
 
 def _pump(prefix: str, stream: IO[bytes], out: TextIO, log: Path | None = None) -> None:
     """Copy a child's output lines to `out`, prefixed, and whole to the file `log` (appended).
-    A line redrawn with carriage returns (a progress bar) shows on `out` as its last state."""
-    with open(log, "ab") if log is not None else contextlib.nullcontext() as f:
+    A line redrawn with carriage returns (a progress bar) shows on `out` as its last state.
+    A line that cannot be written (a full disk, a closed pipe) is dropped and counted, and said
+    once writing works again (steadyrl.output.LossyWriter): the child's output is always read,
+    so the child never blocks on a full pipe."""
+    sink = lossy(out)
+    file = LossyWriter(log, prefix="steadyrl up | ", note=" from this file") if log is not None else None
+    try:
         for line in iter(stream.readline, b""):
-            if f is not None:
-                f.write(line if line.endswith(b"\n") else line + b"\n")
-                f.flush()
+            if file is not None:
+                file.write_bytes(line if line.endswith(b"\n") else line + b"\n")
             text = line.decode(errors="replace").rstrip()
             shown = next((part for part in reversed(text.split("\r")) if part.strip()), "")
-            out.write(f"{prefix} | {shown}\n")
-            out.flush()
-    stream.close()
+            sink.write(f"{prefix} | {shown}\n")
+            sink.flush()
+    finally:
+        if file is not None:
+            file.close()
+        stream.close()
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """How the Supervisor judges each child's `/livez` (see the module doc).
+
+    Args:
+        period_s: seconds between two polls of one child.
+        failures: polls failed in a row that make a child hung (restarted); 0: no polls.
+        start_s: a child not yet ready is judged this many seconds after its start.
+        timeout_s: a poll not answered within this many seconds has failed.
+    """
+
+    period_s: float = 10.0
+    failures: int = 6
+    start_s: float = 600.0
+    timeout_s: float = 5.0
+
+    def describe(self) -> str:
+        if self.failures <= 0:
+            return "liveness: not watched (--liveness-failures 0)"
+        return (f"liveness: each service's /livez every {self.period_s:g} s; {self.failures} failed in a row "
+                f"restart it (judged once it is ready, or {self.start_s:g} s after its start)")
 
 
 class Supervisor:
@@ -81,15 +127,22 @@ class Supervisor:
     Args:
         children: what to run.
         grace_s: SIGTERM-to-SIGKILL grace period when stopping.
+        out: where the children's lines and the supervisor's own go (None: sys.stdout);
+            a line that cannot be written there is dropped and counted (steadyrl.output).
+        liveness: how /livez is watched (None: Liveness()'s defaults).
     """
 
-    def __init__(self, children: list[Child], grace_s: float = 20.0, out: TextIO = sys.stdout,
-                 is_done: Callable[[], bool] = lambda: True, log_dir: Path | None = None) -> None:
+    def __init__(self, children: list[Child], grace_s: float = 20.0, out: TextIO | None = None,
+                 is_done: Callable[[], bool] = lambda: True, log_dir: Path | None = None,
+                 liveness: Liveness | None = None) -> None:
         self.children = children
         self.log_dir = log_dir   # each child's output also goes, whole, to <log_dir>/<name>.log
         self.is_done = is_done
         self.grace_s = grace_s
-        self.out = out
+        self.out = lossy(out if out is not None else sys.stdout)
+        self.liveness = liveness if liveness is not None else Liveness()
+        self._lock = threading.Lock()   # a child's liveness fields: the poll thread and the loop
+        self._poller: threading.Thread | None = None
         self.stop = threading.Event()
         self.finished: str | None = None   # name of the `final` child that exited 0
         self.failed: str | None = None     # name of a child that exited 2 (bad configuration)
@@ -102,6 +155,8 @@ class Supervisor:
                                   stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1", **c.env},
                                   preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         c.started_at = time.monotonic()
+        with self._lock:
+            c.ready_seen, c.live_failures, c.live_detail, c.stopping_since = False, 0, "", None
         log = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -114,6 +169,72 @@ class Supervisor:
     def start_all(self) -> None:
         for c in self.children:
             self._start(c)
+        if self.liveness.failures > 0 and self._poller is None:
+            self._poller = threading.Thread(target=self._poll_liveness, name="liveness", daemon=True)
+            self._poller.start()
+
+    # ---- liveness --------------------------------------------------------------------------
+    def _poll_liveness(self) -> None:
+        """The poll thread: every period_s, each running child's /livez (once it is judged)."""
+        lv = self.liveness
+        with httpx.Client(timeout=lv.timeout_s) as http:
+            while not self.stop.wait(lv.period_s):
+                for c in self.children:
+                    if self.stop.is_set():
+                        return
+                    self._probe(c, http)
+
+    def _probe(self, c: Child, http: httpx.Client) -> None:
+        """One poll of `c`: its /readyz until it was ready once (and not judged before that,
+        for start_s), then its /livez; the counts go to `c` if it is still the same process."""
+        proc = c.proc
+        if proc is None or proc.poll() is not None or c.stopping_since is not None:
+            return
+        if not c.ready_seen:
+            ready = False
+            with contextlib.suppress(httpx.HTTPError):
+                ready = http.get(f"{c.url}/readyz").status_code == 200
+            with self._lock:
+                if c.proc is proc and ready:
+                    c.ready_seen = True
+            if not ready and time.monotonic() - c.started_at < self.liveness.start_s:
+                return   # still starting
+        try:
+            r = http.get(f"{c.url}/livez")
+            ok, detail = r.status_code == 200, f"/livez {r.status_code} {r.text.strip()[:300]}"
+        except httpx.TimeoutException:
+            ok, detail = False, f"/livez did not answer within {self.liveness.timeout_s:g} s"
+        except httpx.HTTPError as e:
+            ok, detail = False, f"/livez: {type(e).__name__}: {e}"
+        with self._lock:
+            if c.proc is not proc or c.stopping_since is not None:
+                return   # restarted (or being stopped) meanwhile: not this process's poll
+            c.live_failures = 0 if ok else c.live_failures + 1
+            if not ok:
+                c.live_detail = detail
+
+    def _check_liveness(self, c: Child, now: float) -> None:
+        """From the loop: stop a running child whose liveness failed (SIGTERM; SIGKILL after
+        grace_s); its exit is then restarted by watch_once."""
+        assert c.proc is not None
+        if c.stopping_since is not None:
+            if now - c.stopping_since > self.grace_s:
+                with contextlib.suppress(OSError):
+                    c.proc.kill()
+            return
+        lv = self.liveness
+        with self._lock:
+            failed = lv.failures > 0 and c.live_failures >= lv.failures
+            if failed:
+                c.stopping_since = now
+        if not failed:
+            return
+        self.out.write(f"{self._prefix[c.name]} | liveness failed: {c.live_failures} polls in a row over "
+                       f"{c.live_failures * lv.period_s:.0f} s, the last: {c.live_detail}; stopping it (SIGTERM, "
+                       f"SIGKILL after {self.grace_s:.0f} s) to restart it\n")
+        self.out.flush()
+        with contextlib.suppress(OSError):
+            c.proc.send_signal(signal.SIGTERM)
 
     def wait_ready(self, timeout_s: float = 120.0) -> dict[str, bool]:
         """Poll each child's /readyz until 200 or timeout; returns name -> ready."""
@@ -125,6 +246,9 @@ class Supervisor:
                     if not ready[c.name]:
                         with contextlib.suppress(httpx.HTTPError):
                             ready[c.name] = http.get(f"{c.url}/readyz").status_code == 200
+                        if ready[c.name]:
+                            with self._lock:
+                                c.ready_seen = True
                 self.watch_once()
                 time.sleep(0.5)
         return ready
@@ -139,19 +263,25 @@ class Supervisor:
                 continue
             rc = c.proc.poll()
             if rc is None:
-                if now - c.started_at > 60:
+                if now - c.started_at > 60 and c.stopping_since is None:
                     c.backoff_s = 1.0
+                self._check_liveness(c, now)
                 continue
             if rc == 0 and c.final and self.is_done():
                 self.finished = c.name
                 self.stop.set()
                 return
-            if rc == 2:
+            hung = c.stopping_since is not None   # stopped by us: restarted whatever its status
+            if rc == 2 and not hung:
                 self.failed = c.name
                 self.stop.set()
                 return
             c.restarts += 1
-            self.out.write(f"{self._prefix[c.name]} | exited with {rc}; restart #{c.restarts} in {c.backoff_s:.0f}s\n")
+            c.liveness_restarts += hung
+            why = " (stopped: liveness failed)" if hung else ""
+            self.out.write(f"{self._prefix[c.name]} | exited with {rc}{why}; restart #{c.restarts} in "
+                           f"{c.backoff_s:.0f}s\n")
+            self.out.flush()
             c.proc = None
             c.next_start = now + c.backoff_s
             c.backoff_s = min(c.backoff_s * 2, 30.0)
@@ -164,6 +294,7 @@ class Supervisor:
             self.stop.wait(0.5)
 
     def stop_all(self) -> None:
+        self.stop.set()   # and the liveness polls with it
         live = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
         for proc in live:
             proc.send_signal(signal.SIGTERM)
@@ -177,6 +308,8 @@ class Supervisor:
         for c in self.children:
             for t in c.threads:
                 t.join(timeout=2)
+        if self._poller is not None:
+            self._poller.join(timeout=self.liveness.timeout_s + 1)
 
 
 def volume_of(path: str | os.PathLike[str]) -> str:
@@ -210,10 +343,10 @@ class BrokerWatch:
     pid file names the JVM a restart spawned).
     """
 
-    def __init__(self, broker: LocalBroker, out: TextIO = sys.stdout, check_s: float = 1.0,
+    def __init__(self, broker: LocalBroker, out: TextIO | None = None, check_s: float = 1.0,
                  ready_timeout_s: float = 120.0, low_free_bytes: int = 256 * 1024 * 1024) -> None:
         self.broker = broker
-        self.out = out
+        self.out = lossy(out if out is not None else sys.stdout)   # a line it cannot write: dropped, counted
         self.check_s = check_s
         self.ready_timeout_s = ready_timeout_s
         self.low_free_bytes = low_free_bytes

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from confluent_kafka import Consumer, TopicPartition
 
-from steadyrl import diskspace
-from steadyrl.checkpoint import AsyncCheckpointer, rng_state
+from steadyrl import diskspace, failpoints
+from steadyrl.checkpoint import AsyncCheckpointer, CheckpointError, rng_state
 from steadyrl.config import ConfigError
 from steadyrl.contracts import now_ms
 from steadyrl.files import write_atomic
@@ -59,7 +59,7 @@ from steadyrl.services.learner.parts import Weights, append_audit, append_histor
 from steadyrl.services.learner.policy_store import PolicyStore
 from steadyrl.services.learner.resume import open_run, settings_changed, trim_audit, trim_history
 from steadyrl.services.learner.screen import Screen
-from steadyrl.services.learner.stall import Stall
+from steadyrl.services.learner.stall import EVALUATING, Stall
 from steadyrl.services.learner.tokens import TokenLimits
 from steadyrl.services.learner.trackers import Trackers, provenance
 from steadyrl.topics import topic_id, topic_name
@@ -120,7 +120,10 @@ class Learner:
         self.outbox = Outbox(cfg.bootstrap, f"learner-{cfg.instance_id}", self.topics, cfg.metrics_interval)
         self.store = PolicyStore(lc.policy_root, self.outbox, lc.keep_policies, lc.keep_earlier_runs)
         restorer = Weights(self)
-        key = lc.checkpoint_key()   # None: checkpoints unsigned (learner.checkpoint_key_file)
+        try:
+            key = lc.checkpoint_key()   # None: checkpoints unsigned (learner.checkpoint_key_file)
+        except CheckpointError as e:   # checked at load; gone or cut since: a restart would not bring it back
+            raise ConfigError(f"learner.checkpoint_key_file: {e}") from None
         self.state = st = open_run(lc.state_dir, lc.resume, self.fingerprint, restorer, lc.policy_root, key)
         self.run_dir = lc.state_dir / st.run_id
         self.eval_cache = lc.state_dir / "eval-cache"   # greedy results by weights, rows, settings (report.py)
@@ -313,8 +316,25 @@ class Learner:
 
     def eval_progress(self, split: str, done: int, rows: int) -> None:
         """An evaluation's progress, on /progress as `eval` {split, done, rows} (the live panel
-        shows it) while the phase is "eval before" or "eval after"."""
+        shows it) while the phase is "eval before" or "eval after", and to the stall rule (an
+        evaluation that stops progressing is a stall, named: stall.py). Failpoint
+        `learner.eval_hang` (steadyrl/failpoints.py) hangs here."""
         self.progress["eval"] = {"split": split, "done": done, "rows": rows}
+        self.stall.evaluating(f"{self.progress['phase']}, split {split}, {done} of {rows} rows", start=done == 0)
+        failpoints.hang("learner.eval_hang")
+
+    def evaluation(self, phase: str) -> None:
+        """The evaluation `phase` ("eval before", "eval after") begins: on /progress and to the
+        stall rule, which judges it by its own progress from now."""
+        self.progress["phase"] = phase
+        self.stall.evaluating(f"{phase}, starting", start=True)
+
+    def doing(self) -> str:
+        """What the loop is at, for /livez (steadyrl.http.Health.doing): the phase, and where an
+        evaluation is."""
+        phase, ev = self.progress.get("phase"), self.progress.get("eval")
+        where = f", split {ev['split']}, {ev['done']} of {ev['rows']} rows" if ev and phase in EVALUATING else ""
+        return f"{phase}{where} (step {self.progress.get('step')})"
 
     def stop_scorer_failing(self, why: str) -> None:
         """The reward scorer raised on every sample of learner.scorer_failure_limit groups in a row
@@ -358,14 +378,14 @@ class Learner:
         try:
             self.top_up()
             if st.eval_before is None and st.step == 0:
-                self.progress["phase"] = "eval before"
+                self.evaluation("eval before")
                 st.eval_before = report.evaluate(lc, self.model, self.tok, "before", self.health.beat,
                                                  cache=self.eval_cache, progress=self.eval_progress,
                                                  limits=self.cfg.reward_server)
                 self.save_state()
             elif st.step == 0 and st.eval_before is not None and (pending := report.pending_splits(lc, st.eval_before)):
                 # resumed at step 0 with the eval before saved without these harder splits
-                self.progress["phase"] = "eval before"
+                self.evaluation("eval before")
                 st.eval_before.setdefault("splits", {}).update(report.evaluate_splits(
                     lc, self.model, self.tok, "before", self.health.beat, names=pending, cache=self.eval_cache,
                     progress=self.eval_progress, limits=self.cfg.reward_server))
@@ -393,7 +413,7 @@ class Learner:
                                      abandoned=st.counts.get(Count.abandoned.value, 0))
             self.checkpoint(wait=True)  # on stop and at the end
             if st.step >= lc.steps and not st.finished:
-                self.progress["phase"] = "eval after"
+                self.evaluation("eval after")
                 # the harder splits: those evaluated before (none in a run begun before eval_splits)
                 st.eval_after = report.evaluate(lc, self.model, self.tok, "after", self.health.beat,
                                                 splits=set((st.eval_before or {}).get("splits") or {}),

@@ -68,6 +68,7 @@ def leader(cfg: LearnerConfig, world: int) -> int:
         health.add_check("assignment", lambda: assignment_check(learner))
         health.add_check("progress", lambda: progress_check(learner))
         health.add_check("disk", diskspace.readiness)   # not ready while a write waits for space
+        health.doing = learner.doing   # /livez says where a hung loop stopped (an evaluation's split and row)
         return learner
 
     try:

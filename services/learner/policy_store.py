@@ -92,12 +92,12 @@ class PolicyStore:
         log.info("policy published", extra={"version": st.step, "uri": str(rel)})
 
     def load(self, model: torch.nn.Module, st: RunState) -> None:
-        """Load the version `st` names into `model`. Raises RuntimeError (the bytes are not
-        what the state says) or CheckpointError (they do not fit the model)."""
+        """Load the version `st` names into `model`. Raises CheckpointError: the bytes are not
+        what the state says, or they do not fit the model."""
         try:
             weights = policy_files.read_version(self.root, st.policy_uri, st.policy_sha256)
         except policy_files.PolicyRefused as e:
-            raise RuntimeError(f"cannot resume run {st.run_id}: {e}") from None
+            raise CheckpointError(f"policy version {st.policy_uri} of run {st.run_id}: {e}") from None
         why = state_dict_mismatch(model, weights)
         if why:
             raise CheckpointError(f"{st.policy_uri}: weights do not fit the model: {why}")

@@ -29,7 +29,7 @@ from steadyrl import checkpoint as ck
 from steadyrl import policy_files
 from steadyrl.config import ConfigError
 from steadyrl.files import read_step_lines, write_atomic
-from steadyrl.services.learner.state import RunState
+from steadyrl.services.learner.state import RunState, StateError
 
 log = logging.getLogger("steadyrl.learner")
 
@@ -96,10 +96,12 @@ def open_run(state_dir: Path, resume: str, fingerprint: dict[str, Any], restorer
     `key`: the checkpoint signing key (steadyrl.checkpoint.read_key), or None (signatures not
     checked).
 
-    Raises ConfigError (exit 2) when an explicit `resume` checkpoint does not verify (with
-    `key`: is not signed with it) or does not match, or when no new run id can sort after a
-    run present; StateError when a saved state cannot be read; CheckpointError when every
-    checkpoint of the run to continue is broken (with `key`: or unsigned).
+    Raises ConfigError (exit 2: a restart would fail the same way), naming the cause and what
+    to do, when an explicit `resume` checkpoint does not verify (with `key`: is not signed with
+    it), does not match or does not load; when the run to continue cannot be: its saved state
+    cannot be read (StateError), every checkpoint of it is broken, or none is signed with `key`
+    (the signing key changed), or its weights (a run with no checkpoint yet) are refused; or
+    when no new run id can sort after a run present.
     """
     current = state_dir / "CURRENT"
     if resume not in ("auto", "never"):
@@ -111,18 +113,44 @@ def open_run(state_dir: Path, resume: str, fingerprint: dict[str, Any], restorer
         for k, v in recorded(fingerprint, saved, str(path)).items():
             if saved[k] != v:
                 raise ConfigError(f"learner.resume: {path}: {k} mismatch: expected {v!r}, got {saved[k]!r}")
-        st = restorer.from_checkpoint(path)
+        try:
+            st = restorer.from_checkpoint(path)
+        except (ck.CheckpointError, StateError) as e:
+            raise ConfigError(f"learner.resume: {e}") from None
         st.config = fingerprint
         write_atomic(current, st.run_id + "\n")
         return st
     if resume == "auto" and current.exists():
-        resumed = _continue(state_dir / current.read_text().strip(), fingerprint, restorer, key)
+        run = current.read_text().strip()
+        try:
+            resumed = _continue(state_dir / run, fingerprint, restorer, key)
+        except (ck.CheckpointError, StateError) as e:
+            raise cannot_continue(run, e, key) from None
         if resumed is not None:
             return resumed
     places = [state_dir] + ([policy_root] if policy_root is not None else [])
     st = RunState(run_id=policy_files.new_run_id(*places), config=fingerprint)
     write_atomic(current, st.run_id + "\n")
     return st
+
+
+def cannot_continue(run: str, e: Exception, key: bytes | None) -> ConfigError:
+    """The ConfigError (exit 2) for an unfinished run `run` that cannot be continued because of
+    `e`: what is wrong, its likely cause (a changed signing key when every checkpoint was
+    refused for its signature) and the ways on."""
+    lines = str(e).splitlines()
+    refused = [line for line in lines[1:] if line.strip()] or lines
+    if key is not None and isinstance(e, ck.CheckpointError) and all(ck.SIGNATURE in line for line in refused):
+        cause = ("every checkpoint was refused for its signature: learner.checkpoint_key_file is not the key they "
+                 "were signed with (the key changed), or they were written without one; give the run's key back")
+    elif isinstance(e, StateError):
+        cause = "its saved state cannot be read by this version"
+    else:
+        cause = "no checkpoint of it can be used"
+    return ConfigError(f"learner: cannot continue run {run} ({cause}): {e}\n"
+                       f"A restart would fail the same way. To go on: restore a good checkpoint or the run's files, "
+                       f"give learner.resume a checkpoint folder to start from, or set learner.resume: never to "
+                       f"start a new run (the unfinished one is kept).")
 
 
 def _continue(run_dir: Path, fingerprint: dict[str, Any], restorer: Restorer, key: bytes | None = None

@@ -3,15 +3,23 @@
 
 Stalled means all of:
 
-    the loop is waiting for groups or training (not loading, evaluating or done),
+    the loop is waiting for groups or training (not loading or done),
     prompts are in flight (it is waiting for something), and
     the seconds since the last step -- or, before this process's first step, since its loop
     started waiting -- exceed max(stall_factor x the median seconds between the last 20
     steps, stall_min_s)   (learner.stall_factor 5, learner.stall_min_s 120)
 
-The median comes from the run's history, so a resumed learner judges with the run's own
-pace; before any step the limit is stall_min_s. The gauges are computed when Prometheus
-scrapes (`set_function`), so a stall shows while the loop is stuck.
+or, while it evaluates (phase "eval before" or "eval after"):
+
+    the seconds since the evaluation's last progress (a batch of rows done, or its start)
+    exceed max(stall_factor x the median seconds between its last 20 batches, stall_min_s)
+
+and the reason names where the evaluation stopped (`eval before, split test, 32 of 200
+rows`). The median comes from the run's history, so a resumed learner judges with the run's
+own pace; before any step the limit is stall_min_s. The gauges are computed when Prometheus
+scrapes (`set_function`), so a stall shows while the loop is stuck. A loop stuck for good also
+stops beating its heartbeat: /livez fails after liveness_timeout_s, and `steadyrl up` (or
+Kubernetes) restarts it.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from prometheus_client import Gauge
 
 WINDOW = 20
 JUDGED = ("waiting", "training")
+#: The evaluation's phases: judged by its own progress (Stall.evaluating), not by steps.
+EVALUATING = ("eval before", "eval after")
 
 STALLED = Gauge("steadyrl_learner_stalled", "1 while the learner is stalled: waiting or training, prompts in "
                 "flight, and no step for longer than max(stall_factor x median step seconds, stall_min_s)")
@@ -51,6 +61,17 @@ class Stall:
                                            maxlen=WINDOW)
         self.last_step: float | None = None      # unix time of this process's last step
         self.waiting_since: float | None = None  # when the loop first started waiting
+        self.eval_seconds: deque[float] = deque(maxlen=WINDOW)   # between the evaluation's batches
+        self.eval_at: float | None = None        # unix time of the evaluation's last progress
+        self.eval_where = ""                     # where the evaluation is (its last progress)
+
+    def evaluating(self, where: str, start: bool = False) -> None:
+        """The evaluation progressed: a batch done, or (`start`) a split or the whole evaluation
+        begins; `where` names the point reached (shown in a stall's reason)."""
+        now = self.clock()
+        if not start and self.eval_at is not None:
+            self.eval_seconds.append(now - self.eval_at)
+        self.eval_at, self.eval_where = now, where
 
     def waiting(self) -> None:
         """The loop starts waiting for groups (the first call counts)."""
@@ -74,8 +95,19 @@ class Stall:
         median = self.median()
         return max(self.factor * median, self.min_s) if median is not None else self.min_s
 
+    def eval_limit_s(self) -> float:
+        seconds = list(self.eval_seconds)
+        return max(self.factor * statistics.median(seconds), self.min_s) if seconds else self.min_s
+
     def check(self, phase: str, in_flight: int) -> tuple[bool, str]:
         """(stalled, why): the rule for the loop in `phase` with `in_flight` prompts published."""
+        if phase in EVALUATING:
+            if self.eval_at is None:
+                return False, f"phase {phase}: not started"
+            age, limit = self.clock() - self.eval_at, self.eval_limit_s()
+            stalled = age > limit
+            return stalled, (f"{'stalled: ' if stalled else ''}evaluation at {self.eval_where}: {age:.0f} s since "
+                             f"its last progress (limit {limit:.0f} s), phase {phase}")
         since = self.since()
         if phase not in JUDGED or since is None:
             return False, f"phase {phase}: not judged"

@@ -54,9 +54,10 @@ from steadyrl.bus import kafka
 from steadyrl.cli.common import CliError, _bootstrap, _local_broker, _require_broker, add_common_options
 from steadyrl.config import config_path
 from steadyrl.files import write_atomic
+from steadyrl.output import guard_stdio
 from steadyrl.runfolder import run_finished
 from steadyrl.stack import StackError, StackSettings, load_stack
-from steadyrl.supervisor import BrokerWatch, Child, Supervisor
+from steadyrl.supervisor import BrokerWatch, Child, Liveness, Supervisor
 from steadyrl.topics import create_topics, load_catalogue
 
 if TYPE_CHECKING:
@@ -323,8 +324,8 @@ def _readiness(ready: dict[str, bool], stopping: bool = False) -> str | None:
 class Progress:
     """The learner's progress as one line per change: bar, step, reward mean, tokens/s."""
 
-    def __init__(self, url: str, out: TextIO = sys.stdout, width: int = 24) -> None:
-        self.url, self.out, self.width = url, out, width
+    def __init__(self, url: str, out: TextIO | None = None, width: int = 24) -> None:
+        self.url, self.out, self.width = url, out if out is not None else sys.stdout, width
         self.t0 = time.monotonic()
         self.last: tuple[object, object] | None = None
         self.next_poll = 0.0
@@ -523,6 +524,7 @@ def check_config(config: str | None, flags: dict[str, list[str]], source: str | 
 
 def cmd_up(args: argparse.Namespace) -> int:
     scale = _check_up_args(args)
+    watch_live = liveness(args)   # its flags checked before anything starts
     stack = stack_settings(args.config)
     places = _placement(stack)
     python = {"actor": actor_python(stack)}
@@ -582,7 +584,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     view = _panel(args, state, url, scale, lambda: {**{c.name: c.restarts for c in children},
                                                    "broker": watch.restarts if watch else 0})
     out = view.out if view is not None else sys.stdout   # the panel: a warning shows, the rest goes to the log
-    sup = Supervisor(children, is_done=lambda: run_finished(state / "learner"), log_dir=state / "logs", out=out)
+    sup = Supervisor(children, is_done=lambda: run_finished(state / "learner"), log_dir=state / "logs", out=out,
+                     liveness=watch_live)
     progress = Progress(url)
     watch = BrokerWatch(lb, out=out) if lb is not None else None   # the broker up started: kept running
 
@@ -616,8 +619,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             if ready.get(sup.failed):   # it ran, then stopped the run on an error no restart gets past
                 print(f"{sup.failed} stopped the run (exit 2: see its error above); stopping the stack", flush=True)
             else:
-                print(f"{sup.failed} cannot start (configuration error, see its output above); stopping the stack",
-                      flush=True)
+                print(f"{sup.failed} cannot start (exit 2: an error a restart cannot fix, see its output above); "
+                      f"stopping the stack", flush=True)
             return 2
         if sup.finished:
             print(f"{sup.finished} finished its run; stopping the stack", flush=True)
@@ -633,6 +636,27 @@ def cmd_up(args: argparse.Namespace) -> int:
             print("stopping broker ...", flush=True)
             lb.stop()
         print("stopped", flush=True)
+
+
+def liveness(args: argparse.Namespace) -> Liveness:
+    """How `up` watches each service's /livez (steadyrl.supervisor.Liveness), from
+    --liveness-period, --liveness-failures and --liveness-start. Raises CliError (2)."""
+    period = getattr(args, "liveness_period", Liveness.period_s)
+    failures = getattr(args, "liveness_failures", Liveness.failures)
+    start = getattr(args, "liveness_start", Liveness.start_s)
+    if not period > 0 or failures < 0 or not start >= 0:
+        raise CliError(f"--liveness-period {period:g} (> 0), --liveness-failures {failures} (>= 0; 0: off), "
+                       f"--liveness-start {start:g} (>= 0): out of range", 2)
+    return Liveness(period_s=period, failures=failures, start_s=start, timeout_s=min(5.0, period))
+
+
+def cmd_up_guarded(args: argparse.Namespace) -> int:
+    """cmd_up with its output guarded (steadyrl.output.guard_stdio): `up > run.log` on a volume
+    that fills, or `up | head`, drops and counts the lines it cannot print (said once it can
+    print again) and goes on supervising, instead of ending the run at its next line."""
+    note = f"; each service's lines are also kept in {Path(args.state_dir) / 'logs'}"
+    with guard_stdio(note):
+        return cmd_up(args)
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -673,4 +697,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     sp.add_argument("--port-offset", type=int, default=0,
                     help="added to every service's HTTP port (actor 8100, rollout 8200+i, reward 8300+i, "
                          "reward-server 8390, learner 8400)")
-    sp.set_defaults(fn=cmd_up)
+    sp.add_argument("--liveness-period", type=float, default=Liveness.period_s, metavar="S",
+                    help="seconds between two polls of each service's /livez (default %(default)s)")
+    sp.add_argument("--liveness-failures", type=int, default=Liveness.failures, metavar="N",
+                    help="a service whose /livez fails N polls in a row (not 200, or no answer within 5 s) is "
+                         "stopped and restarted; 0: not watched (default %(default)s)")
+    sp.add_argument("--liveness-start", type=float, default=Liveness.start_s, metavar="S",
+                    help="a service is judged once it was ready, or S seconds after its start (default "
+                         "%(default)s)")
+    sp.set_defaults(fn=cmd_up_guarded)

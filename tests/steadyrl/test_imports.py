@@ -119,7 +119,7 @@ def test_up_starts_every_service_as_python_m_its_module(monkeypatch, tmp_path):
     started = []
 
     class FakeSupervisor:  # records the children instead of starting them
-        def __init__(self, children, is_done, log_dir=None, out=None):
+        def __init__(self, children, is_done, log_dir=None, out=None, liveness=None):
             started.extend(children)
             self.stop = threading.Event()
 

@@ -7,6 +7,7 @@ import logging
 from prometheus_client import REGISTRY
 
 from steadyrl import checkpoint as ck
+from steadyrl.config import ConfigError
 from tests.services.learner.conftest import Msg, scored
 
 
@@ -126,7 +127,6 @@ def test_a_resume_refuses_a_sharded_checkpoint_whose_metadata_runs_code_and_the_
         make_learner, tmp_path, caplog):
     import pytest
 
-    from steadyrl.config import ConfigError
     from tests.steadyrl.test_checkpoint import _plant_code
 
     lrn = make_learner(checkpoint_every=1)
@@ -159,8 +159,11 @@ def test_with_a_key_checkpoints_are_signed_and_a_resume_takes_only_signed_ones(m
     _step(lrn)
     lrn.saver.wait()
     lrn.cache.close()
-    with pytest.raises(ck.CheckpointError, match=r"(?s)no usable checkpoint.*step_000001: not signed"):
+    # exit 2, naming the cause (a restart would fail the same way: up stops instead of looping; issue 46)
+    with pytest.raises(ConfigError, match=r"(?s)every checkpoint was refused for its signature.*no usable "
+                                          r"checkpoint.*step_000001: not signed") as e:
         make_learner(checkpoint_every=1, checkpoint_key_file=key_file)
+    assert e.value.code == 2
     again = make_learner(checkpoint_every=1)          # no key: resumes as before
     assert again.state.step == 1
     again.cache.close()
@@ -175,8 +178,10 @@ def test_with_a_key_checkpoints_are_signed_and_a_resume_takes_only_signed_ones(m
     resumed = make_learner(checkpoint_every=1, checkpoint_key_file=key_file)
     assert resumed.state.run_id == signed.state.run_id and resumed.state.step == 1
     resumed.cache.close()
-    with pytest.raises(ck.CheckpointError, match="does not match manifest.json under the configured key"):
+    with pytest.raises(ConfigError, match=r"(?s)the key changed.*does not match manifest.json under the configured "
+                                          r"key") as e:   # the signing key changed: exit 2 (issue 46)
         make_learner(checkpoint_every=1, checkpoint_key_file=other)
+    assert e.value.code == 2 and "learner.resume: never" in str(e.value)
 
     inside = tmp_path / "learner" / "key"
     inside.write_text("c" * 64)

@@ -13,6 +13,7 @@ import yaml
 from safetensors.torch import load_file
 
 from steadyrl import policy_files
+from steadyrl.config import ConfigError
 from steadyrl.models import load_policy
 from steadyrl.rl.trainer import Trainer
 from steadyrl.services.learner.config import LearnerSection
@@ -85,16 +86,21 @@ def test_a_tampered_legacy_policy_file_is_refused_by_name(old_run):
     with open(lc.policy_root / RUN / "v000006.safetensors", "r+b") as f:
         f.seek(-1, 2)
         f.write(b"\x00")
-    with pytest.raises(RuntimeError, match=rf"cannot resume run {RUN}: sha256_mismatch"):
+    with pytest.raises(ConfigError, match=rf"cannot continue run {RUN} \(no checkpoint of it can be used\): "
+                                          rf"policy version {RUN}/v000006.safetensors of run {RUN}: sha256_mismatch"
+                       ) as e:   # exit 2: a restart would fail the same way (issue 46)
         open_run(lc.state_dir, "auto", saved["config"], Weights(parts))
+    assert e.value.code == 2 and "learner.resume: never" in str(e.value)
 
 
 def test_a_state_with_a_key_this_version_does_not_know_is_refused_by_name(old_run):
     lc, parts, saved = old_run
     path = lc.state_dir / RUN / "state.json"
     path.write_text(json.dumps({**saved, "shards": 2}))
-    with pytest.raises(StateError, match=r"state.json: .*shards: Extra inputs are not permitted"):
+    with pytest.raises(ConfigError, match=r"its saved state cannot be read by this version\): .*state.json: "
+                                          r".*shards: Extra inputs are not permitted") as e:   # exit 2 (issue 46)
         open_run(lc.state_dir, "auto", saved["config"], Weights(parts))
+    assert e.value.code == 2 and isinstance(e.value.__context__, StateError)
 
 
 def test_the_resumed_run_publishes_in_the_folder_layout_and_both_read_back(old_run, tmp_path):
