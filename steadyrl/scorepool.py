@@ -335,12 +335,13 @@ class ScoringPool:
                 return _failed("scorer_crash", f"scorer {job.name}: its scoring process did not start or load "
                                                f"the scorer within {START_TIMEOUT_S:g} s")
             now = time.monotonic()   # the item's time starts once its process is ready
-        assert slot.conn is not None and slot.proc is not None   # _start set them
+        proc, conn = slot.proc, slot.conn   # close() may clear the slot's meanwhile
+        assert conn is not None and proc is not None   # _start set them
         end = min(now + self.item_timeout_s, job.call.deadline)
         try:
-            slot.conn.send((job.spec, job.name, job.args))
-            if slot.conn.poll(max(0.0, end - time.monotonic())):
-                status, a, b = slot.conn.recv()
+            conn.send((job.spec, job.name, job.args))
+            if conn.poll(max(0.0, end - time.monotonic())):
+                status, a, b = conn.recv()
                 if status == "ok":
                     return {"reward": a, "extra": json.loads(b)}
                 return _failed(status, a)
@@ -349,16 +350,18 @@ class ScoringPool:
         except Exception as e:  # noqa: BLE001 - its arguments cannot be pickled (an odd extra_info)
             return _failed("scorer_error", f"scorer {job.name}: the item cannot be sent to a scoring process: "
                                            f"{type(e).__name__}: {e}")
+        if self._closed:
+            return _failed("scorer_timeout", f"scorer {job.name}: not scored: the scoring pool closed")
         with contextlib.suppress(subprocess.TimeoutExpired):
-            slot.proc.wait(0.05)
-        if slot.proc.poll() is None:   # still running at its end: a timeout
+            proc.wait(0.05)
+        if proc.poll() is None:   # still running at its end: a timeout
             timed = (f"item_timeout_s ({self.item_timeout_s:g} s)" if end < job.call.deadline
                      else f"the call's deadline ({end - now:.1f} s after it started)")
             self._stop(slot)
             self.restarts["scorer_timeout"] += 1
             return _failed("scorer_timeout", f"scorer {job.name} did not return within {timed}: its scoring process "
                                              "was killed and replaced")
-        code = slot.proc.returncode
+        code = proc.returncode
         self._stop(slot)
         self.restarts["scorer_crash"] += 1
         how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
