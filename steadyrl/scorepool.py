@@ -52,14 +52,11 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.rewards import NotAReward, raised, resolve_scorer, score_value
-
-if TYPE_CHECKING:
-    from steadyrl.scorers import ScoreInput
 
 log = logging.getLogger(__name__)
 
@@ -232,9 +229,10 @@ class ScoringPool:
             t.start()
 
     # ---- the API ---------------------------------------------------------------------------
-    def score(self, spec: str, items: Sequence[ScoreInput], deadline: float | None = None,
+    def score(self, spec: str, items: Sequence[Any], deadline: float | None = None,
               name: str | None = None) -> list[dict[str, Any]]:
-        """One result per item of `items`, in order (module doc's table), by `deadline`
+        """One result per item of `items` (steadyrl.scorers.ScoreInput: data_source, prompt, response,
+        ground_truth, extra_info), in order (module doc's table), by `deadline`
         (time.monotonic(); None: no deadline but each item's timeout). `name` is the scorer as
         errors name it (default: `spec`). Never raises for what the scorer does."""
         spec_abs = absolute_spec(spec)
@@ -425,7 +423,7 @@ def _failed(kind: str, error: str) -> dict[str, Any]:
     return {"reward": None, "error": error, "kind": kind}
 
 
-def _rounds(items: Sequence[ScoreInput], jobs: list[_Job]) -> list[_Job]:
+def _rounds(items: Sequence[Any], jobs: list[_Job]) -> list[_Job]:
     """`jobs` in rounds over the groups of `items` (same data_source, prompt, ground_truth):
     each group's first item, then each one's second, ... (module doc)."""
     groups: dict[tuple[Any, ...], list[_Job]] = {}
