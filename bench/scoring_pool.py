@@ -57,6 +57,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scoring_pool.json"))
     args = ap.parse_args()
     req = _request()
+    load_before = os.getloadavg()[0]
     servers = {"in_thread": RewardServer(RewardServerSection(processes=0)), "pool": RewardServer(RewardServerSection())}
     per_call: dict[str, list[float]] = {k: [] for k in servers}
     try:
@@ -71,6 +72,7 @@ def main() -> int:
     result = {
         "bench": "scoring_pool", "items_per_call": ITEMS, "scorer": "numeric_match", "calls": args.calls,
         "rounds": args.rounds, "pool_processes": RewardServerSection().pool_processes(),
+        "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],   # before, after: a shared CPU
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "processor": platform.processor() or platform.machine()},
         "per_call_s": {k: [round(x, 6) for x in v] for k, v in per_call.items()},

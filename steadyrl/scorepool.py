@@ -52,14 +52,11 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.rewards import NotAReward, raised, resolve_scorer, score_value
-
-if TYPE_CHECKING:
-    from steadyrl.scorers import ScoreInput
 
 log = logging.getLogger(__name__)
 
@@ -232,9 +229,10 @@ class ScoringPool:
             t.start()
 
     # ---- the API ---------------------------------------------------------------------------
-    def score(self, spec: str, items: Sequence[ScoreInput], deadline: float | None = None,
+    def score(self, spec: str, items: Sequence[Any], deadline: float | None = None,
               name: str | None = None) -> list[dict[str, Any]]:
-        """One result per item of `items`, in order (module doc's table), by `deadline`
+        """One result per item of `items` (steadyrl.scorers.ScoreInput: data_source, prompt, response,
+        ground_truth, extra_info), in order (module doc's table), by `deadline`
         (time.monotonic(); None: no deadline but each item's timeout). `name` is the scorer as
         errors name it (default: `spec`). Never raises for what the scorer does."""
         spec_abs = absolute_spec(spec)
@@ -335,12 +333,13 @@ class ScoringPool:
                 return _failed("scorer_crash", f"scorer {job.name}: its scoring process did not start or load "
                                                f"the scorer within {START_TIMEOUT_S:g} s")
             now = time.monotonic()   # the item's time starts once its process is ready
-        assert slot.conn is not None and slot.proc is not None   # _start set them
+        proc, conn = slot.proc, slot.conn   # close() may clear the slot's meanwhile
+        assert conn is not None and proc is not None   # _start set them
         end = min(now + self.item_timeout_s, job.call.deadline)
         try:
-            slot.conn.send((job.spec, job.name, job.args))
-            if slot.conn.poll(max(0.0, end - time.monotonic())):
-                status, a, b = slot.conn.recv()
+            conn.send((job.spec, job.name, job.args))
+            if conn.poll(max(0.0, end - time.monotonic())):
+                status, a, b = conn.recv()
                 if status == "ok":
                     return {"reward": a, "extra": json.loads(b)}
                 return _failed(status, a)
@@ -349,16 +348,18 @@ class ScoringPool:
         except Exception as e:  # noqa: BLE001 - its arguments cannot be pickled (an odd extra_info)
             return _failed("scorer_error", f"scorer {job.name}: the item cannot be sent to a scoring process: "
                                            f"{type(e).__name__}: {e}")
+        if self._closed:
+            return _failed("scorer_timeout", f"scorer {job.name}: not scored: the scoring pool closed")
         with contextlib.suppress(subprocess.TimeoutExpired):
-            slot.proc.wait(0.05)
-        if slot.proc.poll() is None:   # still running at its end: a timeout
+            proc.wait(0.05)
+        if proc.poll() is None:   # still running at its end: a timeout
             timed = (f"item_timeout_s ({self.item_timeout_s:g} s)" if end < job.call.deadline
                      else f"the call's deadline ({end - now:.1f} s after it started)")
             self._stop(slot)
             self.restarts["scorer_timeout"] += 1
             return _failed("scorer_timeout", f"scorer {job.name} did not return within {timed}: its scoring process "
                                              "was killed and replaced")
-        code = slot.proc.returncode
+        code = proc.returncode
         self._stop(slot)
         self.restarts["scorer_crash"] += 1
         how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
@@ -422,7 +423,7 @@ def _failed(kind: str, error: str) -> dict[str, Any]:
     return {"reward": None, "error": error, "kind": kind}
 
 
-def _rounds(items: Sequence[ScoreInput], jobs: list[_Job]) -> list[_Job]:
+def _rounds(items: Sequence[Any], jobs: list[_Job]) -> list[_Job]:
     """`jobs` in rounds over the groups of `items` (same data_source, prompt, ground_truth):
     each group's first item, then each one's second, ... (module doc)."""
     groups: dict[tuple[Any, ...], list[_Job]] = {}

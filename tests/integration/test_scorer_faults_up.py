@@ -42,7 +42,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return float("nan")
 '''
 #: Tight limits, so a hang costs 1 s: the same section for the reward server and the evaluation.
-LIMITS = {"processes": 2, "item_timeout_s": 1.0, "call_deadline_s": 6.0, "memory_limit_mb": 512}
+LIMITS = {"processes": 2, "item_timeout_s": 1.0, "call_deadline_s": 6.0, "memory_limit_mb": 256}
 
 
 def _up(tmp_path, reward: str, steps: int, timeout_s: float, eval_rows: list[str] | None = None,
@@ -71,23 +71,26 @@ def _up(tmp_path, reward: str, steps: int, timeout_s: float, eval_rows: list[str
 
 @pytest.mark.timeout(600)
 def test_a_reward_that_hangs_exits_and_allocates_on_some_answers_finishes_the_run(tmp_path):
-    r, seconds, run, log = _up(tmp_path, FAULTS, steps=3, timeout_s=540, eval_rows=["1", "7", "2", "8", "3", "9"],
+    r, seconds, run, log = _up(tmp_path, FAULTS, steps=2, timeout_s=540, eval_rows=["1", "7", "2", "8", "3", "9"],
                                prompt_max_refusals=2, prompt_min_refusal_s=1.0)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
-    assert "restart #" not in out and "exited with" not in out and "stopping the run" not in out, out[-4000:]
+    assert "restart #" not in out and "| exited with" not in out and "stopping the run" not in out, out[-4000:]
     summary = run.summary()
-    assert len(summary["reward_per_step"]) == 3, summary
+    assert len(summary["reward_per_step"]) == 2, summary
     # the faulty answers went to rl.dlq with their kinds, from training
     refused = " ".join(x.get("why", "") for x in log if x["msg"].startswith("prompt went to rl.dlq"))
-    for kind in ("scorer_timeout", "scorer_crash", "scorer_error: prompt"):
+    for kind in ("scorer_timeout: prompt", "scorer_crash: prompt"):
         assert kind in refused, (kind, refused[-2000:])
-    assert "MemoryError" in refused and "memory_limit_mb 512" in refused, refused[-2000:]
+    # the allocation stopped at the limit (its group's reason is its first item's: MemoryError's
+    # scorer_error, or scorer_timeout when the machine is too slow to fill 256 MiB in 1 s)
+    server_log = (tmp_path / "mine" / "run" / "logs" / "reward-server-0.log").read_text()
+    assert "raised MemoryError" in server_log and "memory_limit_mb 256" in server_log
     # the evaluations met the same faults: counted wrong, and went on
     evals = [x for x in log if x["msg"].startswith("evaluation: the scorer failed on 3 of 6 items")]
     assert len(evals) == 2, [x["msg"] for x in log if "evaluation" in x["msg"]]
     assert summary["eval"]["n"] == 6, summary["eval"]
-    print(f"3 steps in {seconds:.1f} s; counts {summary['counts']}")  # noqa: T201
+    print(f"2 steps in {seconds:.1f} s; counts {summary['counts']}")  # noqa: T201
 
 
 @pytest.mark.timeout(400)
@@ -95,7 +98,7 @@ def test_a_reward_that_returns_nan_for_everything_stops_the_run_with_exit_2_nami
     r, seconds, run, _ = _up(tmp_path, NAN, steps=3, timeout_s=360)
     out = r.stdout + r.stderr
     assert r.returncode == 2, out[-4000:]
-    assert "restart #" not in out and "exited with" not in out, out[-4000:]
+    assert "restart #" not in out and "| exited with" not in out, out[-4000:]
     assert "learner-0 stopped the run (exit 2: see its error above)" in out, out[-4000:]
     assert "the reward scorer failed on every sample of 16 groups in a row (64 items; non_finite x16)" in out, \
         out[-4000:]

@@ -320,3 +320,38 @@ def test_with_a_token_work_routes_need_it_and_probes_do_not():
             assert httpx.get(f"{server.url}{probe}").status_code == 200, probe
     finally:
         server.stop()
+
+
+def test_a_call_past_answer_within_s_is_answered_504_and_frees_its_slot_at_once():
+    """Issue 46: a slot is freed when its call is answered, not when its thread ends. Two calls
+    whose handler never returns (max_concurrent 2) are answered 504 at the deadline; the route is
+    ready again and a third call is served, while the first two's threads still run."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    gate = threading.Event()
+
+    def stuck(req: Body):
+        if req.answer == "stuck":
+            gate.wait(60)
+        return {"n": req.n}
+
+    health = Health()
+    app = make_app("test", health, CollectorRegistry())
+    route = add_work_route(app, "/work", Body, stuck, max_concurrent=2, max_body_bytes=4096, body_timeout_s=5.0,
+                           answer_within_s=0.5)
+    server = HealthServer(app).start()
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            held = [pool.submit(httpx.post, f"{server.url}/work", json={"answer": "stuck"}, timeout=10)
+                    for _ in range(2)]
+            answers = [h.result() for h in held]
+        assert [a.status_code for a in answers] == [504, 504], [a.text for a in answers]
+        assert "did not answer within 0.5 s" in answers[0].json()["detail"]
+        ok, detail = route.ready()
+        assert ok and "0 of 2 calls in progress, 2 of 4 threads busy" in detail, detail
+        r = httpx.post(f"{server.url}/work", json={"n": 1}, timeout=10)
+        assert r.status_code == 200 and r.json() == {"n": 1}
+    finally:
+        gate.set()
+        server.stop()
