@@ -296,7 +296,8 @@ class Intake:
         except codec.Rejected as rej:
             self._ignored(pid, "unreadable", rej.detail)
             return
-        seed = self.published(pid, f).seed if self.published is not None else None
+        # the seed of the attempt in flight names it for a record without `attempt` (dlq_check.py)
+        seed = self.published(pid, f).seed if self.published is not None and rec.attempt is None else None
         why_not = uncounted(rec, self.topic_prefix, f.attempt, seed)
         if why_not is not None:
             self._ignored(pid, why_not, f"{rec.stage[:100]}: {rec.reason.value} on {rec.topic[:100]}, attempt "

@@ -435,11 +435,13 @@ def _closed_line(args: argparse.Namespace, secrets: Path | None, tokens: dict[st
     if args.insecure:
         return ("--insecure: the broker takes no logins and /generate, /score no tokens: any process on this host "
                 "can write the run's topics")
-    kafka_part = (f"Kafka logins per service (SCRAM, ACLs; commands log in with STEADYRL_KAFKA__SECURITY_PROTOCOL="
-                  f"SASL_PLAINTEXT STEADYRL_KAFKA__USERNAME=<principal> STEADYRL_KAFKA__PASSWORD_FILE={secrets}/"
-                  f"kafka-<principal>)" if secrets is not None else
-                  "Kafka as the cluster at --bootstrap is (no logins of up's; --sasl --kafka-secrets DIR logs in)")
-    return f"closed: {kafka_part}; /generate and /score each take a token of their own ({seconds:.2f} s)"
+    http = f"/generate and /score each take a token of their own ({seconds:.2f} s)"
+    if secrets is None:
+        return (f"closed: {http}; Kafka: the cluster at --bootstrap as it is configured (--sasl --kafka-secrets DIR "
+                f"logs in to it)")
+    return (f"closed: Kafka logins per service (SCRAM, ACLs; commands log in with STEADYRL_KAFKA__SECURITY_PROTOCOL="
+            f"SASL_PLAINTEXT STEADYRL_KAFKA__USERNAME=<principal> STEADYRL_KAFKA__PASSWORD_FILE={secrets}/"
+            f"kafka-<principal>); {http}")
 
 
 def _login(svc: str, secrets: Path | None) -> list[str]:

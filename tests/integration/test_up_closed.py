@@ -28,7 +28,7 @@ from steadyrl.httpproof import ProvenToken
 from steadyrl.runfolder import RunDir
 from tests.helpers import own_things, rollout_group
 
-STEPS = 40   # long enough for the checks below to run while it trains
+STEPS = 24   # long enough for the checks below (~7 s) to run while it trains
 
 
 def _read(bootstrap: str, auth: KafkaAuth, topic: str, timeout_s: float = 20.0) -> list:
@@ -85,7 +85,7 @@ def test_a_process_without_the_runs_credentials_gets_nothing_trained_under_the_d
                                                   reward_source="rule", scorer="forger@1"))
         # the forger: a plain producer, as any process on the host
         errors: list = []
-        p = Producer(client_config(bootstrap, KafkaAuth()) | {"message.timeout.ms": 6000, "log_level": 0})
+        p = Producer(client_config(bootstrap, KafkaAuth()) | {"message.timeout.ms": 4000, "log_level": 0})
         p.produce("rl.scored", value, target.prompt_id, headers=headers,
                   on_delivery=lambda err, msg: errors.append(err))
         p.flush(15)

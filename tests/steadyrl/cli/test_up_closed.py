@@ -80,3 +80,14 @@ def test_each_work_route_gets_a_token_of_its_own_new_at_every_start(tmp_path):
     _http_tokens(args, state)
     assert all((state / "secrets" / name).read_text() != first[name] for name in HTTP_TOKENS)
     assert _http_tokens(_args(tmp_path, insecure=True), state) == {}
+
+
+def test_up_says_whom_its_stack_lets_in(tmp_path):
+    from steadyrl.cli.up import _closed_line
+
+    secure = _closed_line(_args(tmp_path), tmp_path / "s", {"actor": []}, 0.4)
+    assert secure.startswith("closed: Kafka logins per service") and "(0.40 s)" in secure
+    assert "KAFKA__PASSWORD_FILE=" in secure
+    given = _closed_line(_args(tmp_path, bootstrap="x:1"), None, {"actor": []}, 0.1)
+    assert given.startswith("closed: /generate and /score") and "the cluster at --bootstrap as it is" in given
+    assert "any process on this host" in _closed_line(_args(tmp_path, insecure=True), None, {}, 0.0)
