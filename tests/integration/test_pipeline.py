@@ -38,11 +38,12 @@ def _config(tmp_path: Path, **learner) -> Path:
 class Up:
     """`steadyrl up` on the session broker, in its own process group."""
 
-    def __init__(self, bootstrap: str, tmp_path: Path, config: Path, *extra: str, env: dict | None = None):
+    def __init__(self, bootstrap: str, tmp_path: Path, config: Path, *extra: str, env: dict | None = None,
+                 log_path: Path | None = None):
         self.state = tmp_path / "state"
         self.prefix = unique_prefix()
         self.offset = 2000 + (os.getpid() * 7 + int(time.time())) % 3000
-        self.log_path = tmp_path / "up.log"
+        self.log_path = log_path or tmp_path / "up.log"   # up's output (stdout and stderr)
         with open(self.log_path, "wb") as log:  # the child writes it; read back by path
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "steadyrl.cli", "up", "--bootstrap", bootstrap, "--state-dir", str(self.state),
