@@ -320,7 +320,8 @@ def test_reward_server_hanging_mid_run_training_goes_on_with_cached_scores(boots
     cfg = yaml.safe_load(config.read_text())
     cfg["reward"] = {"timeout_s": 1.0, "retry_backoff_s": 0.2, "probe_interval_s": 0.5, "reset_timeout_s": 60}
     config.write_text(yaml.safe_dump(cfg))
-    up = Up(bootstrap, tmp_path, config)
+    # the stopped server's /livez fails: up would restart it (issue 46); here it hangs until SIGCONT
+    up = Up(bootstrap, tmp_path, config, "--liveness-failures", "0")
     server = None
     try:
         up.wait_step(36)  # epoch 2 (32 steps of 8 of the 256 prompts) has begun: its prompts are cached
@@ -489,7 +490,7 @@ def test_a_full_train_buffer_evicts_and_every_prompt_is_still_trained_once(boots
     steps = 12
     config = _config(tmp_path, steps=steps, eval_data=None, max_staleness=3, max_buffer_size=8,
                      buffer_eviction="fifo")
-    up = Up(bootstrap, tmp_path, config)
+    up = Up(bootstrap, tmp_path, config, "--liveness-failures", "0")   # stopped on purpose: not restarted
     learner = None
     try:
         up.wait_step(2)

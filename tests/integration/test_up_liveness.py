@@ -50,8 +50,8 @@ def _fill_last_page(path) -> None:
     """Append to `path` until its volume (full) refuses: the slack of its last page used up."""
     with open(path, "ab", buffering=0) as f:
         try:
-            for _ in range(4096):
-                f.write(b"#\n")
+            for _ in range(4097):
+                f.write(b"\n")   # empty lines: none is left cut
         except OSError:
             return
     raise AssertionError(f"{path}: its volume is not full")
@@ -104,6 +104,7 @@ def test_up_restarts_a_learner_hung_in_its_evaluation_and_outlives_a_full_output
             shutil.copy(up.log_path, tmp_path / "run.log")
         out = up.log()
         reward_log_text = (up.state / "logs" / "reward-0.log").read_text()
+        state = RunDir.of_up(up.state).state   # read before the volume goes
     assert rc == 0, out[-4000:]
     assert stalled.startswith("stalled: evaluation at eval before, split test, 0 of 32 rows: "), stalled
     assert '"live":false' in dead and '"doing":"eval before, split test, 0 of 32 rows (step 0)"' in dead, dead
@@ -121,8 +122,7 @@ def test_up_restarts_a_learner_hung_in_its_evaluation_and_outlives_a_full_output
     # and what could not be kept in its own log file, said there
     assert re.search(r"^steadyrl up \| \d+ lines? of output could not be written \(No space left on device\) from "
                      r".*: dropped from this file$", reward_log_text, re.M), reward_log_text[-3000:]
-    run = RunDir.of_up(up.state)
-    assert run.state["step"] == steps and run.state["finished"], run.state
+    assert state["step"] == steps and state["finished"], state
     print(f"hang seen by /readyz and /livez, restarted {restarted_s:.0f} s after it began; volume full {FULL_S:.0f} s "  # noqa: T201
           f"from step {step_at_fill} (step {step_while_full} while full); {lost[0]}")
 

@@ -108,3 +108,20 @@ def test_a_child_never_ready_is_judged_start_s_after_its_start(tmp_path):
         sup.stop_all()
     assert child.liveness_restarts == 1 and not child.ready_seen
     assert took >= 1.5, took                                          # not before start_s
+
+
+def test_up_reads_its_liveness_flags_and_refuses_bad_ones():
+    import argparse
+
+    import pytest
+
+    from steadyrl.cli import CliError, build_parser
+    from steadyrl.cli.up import liveness
+
+    args = build_parser().parse_args(["up", "--liveness-period", "2", "--liveness-failures", "4",
+                                      "--liveness-start", "30"])
+    assert liveness(args) == Liveness(period_s=2.0, failures=4, start_s=30.0, timeout_s=2.0)
+    assert liveness(build_parser().parse_args(["up"])) == Liveness()   # the Kubernetes manifests' probes
+    with pytest.raises(CliError) as e:
+        liveness(argparse.Namespace(liveness_period=0.0, liveness_failures=6, liveness_start=600.0))
+    assert e.value.code == 2 and "--liveness-period 0 (> 0)" in str(e.value)
