@@ -151,12 +151,13 @@ class Supervisor:
 
     def _start(self, c: Child) -> None:
         cpus = c.cpus
+        with self._lock:   # before the new process is c.proc: no poll of the old one counts for it
+            c.ready_seen, c.live_failures, c.live_detail, c.stopping_since = False, 0, "", None
+            c.started_at = time.monotonic()
         c.proc = subprocess.Popen(c.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1", **c.env},
                                   preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         c.started_at = time.monotonic()
-        with self._lock:
-            c.ready_seen, c.live_failures, c.live_detail, c.stopping_since = False, 0, "", None
         log = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -484,6 +484,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"principals (ACLs each) {acl.apply(bootstrap, secrets, args.prefix)}; passwords in {secrets}",
               flush=True)
     print("placement " + " ".join(f"{svc}={p.model_dump(exclude_none=True)}" for svc, p in places.items()), flush=True)
+    print(watch_live.describe(), flush=True)
     write_record(state, args.port_offset, scale, bootstrap)   # steadyrl status reads the learner's port there
     extra = _service_flags(args.port_offset, state)
     children = []
