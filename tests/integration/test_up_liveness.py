@@ -112,6 +112,9 @@ def test_up_restarts_a_learner_hung_in_its_evaluation_and_outlives_a_full_output
         out[-4000:]
     assert re.search(r"^learner-0 +\| exited with -9 \(stopped: liveness failed\); restart #1 in 1s$", out, re.M), \
         out[-4000:]
+    # once: not again when the finished learner stops listening and exits (found: killed mid-exit,
+    # restarted, a new run begun, again and again)
+    assert len(re.findall(r"^learner-0 +\| (liveness failed|exited with)", out, re.M)) == 2, out[-4000:]
     # what up could not print while the volume was full (reward-0's restart among it): dropped,
     # counted, said once space returned; the restart happened all the same
     lost = [line for line in out.splitlines() if re.search(r"\d+ lines? of output could not be written \(No space "

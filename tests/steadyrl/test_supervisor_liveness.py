@@ -125,3 +125,39 @@ def test_up_reads_its_liveness_flags_and_refuses_bad_ones():
     with pytest.raises(CliError) as e:
         liveness(argparse.Namespace(liveness_period=0.0, liveness_failures=6, liveness_start=600.0))
     assert e.value.code == 2 and "--liveness-period 0 (> 0)" in str(e.value)
+
+
+def test_livez_says_doing_and_stays_200_once_stopping():
+    """A service on its way out (told to stop, or its loop ended: the learner closing its clients
+    after its run) is not hung: found when up killed a learner that had finished, mid-exit, and a
+    new run began."""
+    from fastapi.testclient import TestClient
+
+    from steadyrl.http import Health, make_app
+
+    health = Health(liveness_timeout_s=0.05)
+    health.doing = lambda: "eval after, split test, 32 of 64 rows (step 24)"
+    client = TestClient(make_app("learner", health))
+    time.sleep(0.1)
+    r = client.get("/livez")
+    assert r.status_code == 503 and r.json()["doing"] == "eval after, split test, 32 of 64 rows (step 24)"
+    health.stopping = True
+    r = client.get("/livez")
+    assert r.status_code == 200 and r.json()["stopping"] is True and r.json()["live"] is True
+
+
+def test_a_child_that_stops_listening_is_not_judged(tmp_path):
+    """Nothing listening (a process starting, or exiting after its HTTP server stopped) is not a
+    failed poll; its exit is what the supervisor watches."""
+    quiet = Child("learner-0", [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                  free_port())
+    sup = Supervisor([quiet], out=io.StringIO(), grace_s=1.0,
+                     liveness=Liveness(period_s=0.2, failures=2, start_s=0.0, timeout_s=0.5))
+    try:
+        sup.start_all()
+        for _ in range(25):
+            sup.watch_once()
+            time.sleep(0.1)
+        assert quiet.restarts == 0 and quiet.live_failures == 0 and quiet.stopping_since is None
+    finally:
+        sup.stop_all()
