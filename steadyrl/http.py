@@ -1,9 +1,11 @@
 """Every service's HTTP face: `GET /livez`, `GET /readyz`, `GET /metrics`, and the heavy routes.
 
 - `/livez`: 200 while the service's main loop has ticked within `liveness_timeout_s`, else
-  503 (`steadyrl up` and Kubernetes restart it after a few); never depends on the broker (a
-  broker outage must not cause restart storms). The body: `live`, `last_beat_age_s`, and
-  `doing` where the service says what its loop is at (`Health.doing`: the learner's phase).
+  503 (`steadyrl up` and Kubernetes restart it after a few); 200 too once it is stopping
+  (`Health.stopping`: told to stop, or its loop ended); never depends on the broker (a
+  broker outage must not cause restart storms). The body: `live`, `last_beat_age_s`,
+  `stopping` when set, and `doing` where the service says what its loop is at
+  (`Health.doing`: the learner's phase).
 - `/readyz`: one JSON entry per named check `{"ok": bool, "detail": str}`; 200 only when
   every check passes, 503 otherwise (and before the first check is registered, and when
   the checks do not answer within `PROBE_TIMEOUT_S`).
@@ -108,6 +110,10 @@ class Health:
         self._lock = threading.Lock()
         #: What the main loop is at, for /livez's `doing` (cheap, read on the event loop); None: not said.
         self.doing: Callable[[], str] | None = None
+        #: Set once the service is on its way out (told to stop, or its loop ended): /livez then
+        #: answers 200 with `stopping` (closing its clients may take a while without a beat;
+        #: whoever stopped it kills it after its own grace period).
+        self.stopping = False
 
     def beat(self) -> None:
         """Record that the main loop is alive (call once per loop iteration)."""
@@ -118,8 +124,9 @@ class Health:
             self._checks[name] = check
 
     def live(self) -> tuple[bool, float]:
+        """(live, seconds since the last beat): live while beating within liveness_timeout_s, or stopping."""
         age = time.monotonic() - self._last_beat
-        return age <= self.liveness_timeout_s, age
+        return age <= self.liveness_timeout_s or self.stopping, age
 
     def ready(self) -> tuple[bool, dict[str, dict[str, Any]]]:
         with self._lock:
@@ -206,6 +213,8 @@ def make_app(service: str, health: Health, registry: CollectorRegistry = REGISTR
     async def livez() -> JSONResponse:  # on the event loop: two reads of the clock
         ok, age = health.live()
         body: dict[str, Any] = {"live": ok, "last_beat_age_s": round(age, 3)}
+        if health.stopping:
+            body["stopping"] = True
         if health.doing is not None:
             try:
                 body["doing"] = health.doing()

@@ -61,6 +61,7 @@ def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("stop requested", extra={"signal": signal.Signals(signum).name})
+        health.stopping = True   # /livez: on its way out (the stopper's grace period bounds it)
         stop.set()
 
     signal.signal(signal.SIGTERM, _on_signal)
@@ -70,6 +71,7 @@ def run_service(name: str, cfg: ServiceConfig, build: Callable[[Health], Loop],
 
         placement.report(name)  # what this process got (threads, CPUs, devices), once its libraries are loaded
         loop.run(stop)
+        health.stopping = True
     except Exception:
         log.exception("service failed")
         return 1

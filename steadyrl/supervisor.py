@@ -13,7 +13,8 @@ SIGKILL after a grace period) and then
 the broker, if this command started it.
 
 Liveness (`Liveness`): a thread polls each child's `GET /livez` every `period_s` (10 s); a
-child whose /livez fails `failures` polls in a row (6: not 200, or no answer within 5 s) is
+child whose /livez fails `failures` polls in a row (6: not 200, or no answer within 5 s; a
+refused connection -- nothing listens, the process is starting or stopping -- is not a poll) is
 hung -- its main loop stopped beating (steadyrl/http.py) -- and is stopped (SIGTERM, SIGKILL
 after the grace period) and restarted like a child that exited, counted in `restarts`, with a
 line naming why (`liveness failed: ... /livez 503 {...}`). Not while a child is starting: it
@@ -151,12 +152,13 @@ class Supervisor:
 
     def _start(self, c: Child) -> None:
         cpus = c.cpus
+        with self._lock:   # before the new process is c.proc: no poll of the old one counts for it
+            c.ready_seen, c.live_failures, c.live_detail, c.stopping_since = False, 0, "", None
+            c.started_at = time.monotonic()
         c.proc = subprocess.Popen(c.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1", **c.env},
                                   preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         c.started_at = time.monotonic()
-        with self._lock:
-            c.ready_seen, c.live_failures, c.live_detail, c.stopping_since = False, 0, "", None
         log = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -204,6 +206,8 @@ class Supervisor:
             ok, detail = r.status_code == 200, f"/livez {r.status_code} {r.text.strip()[:300]}"
         except httpx.TimeoutException:
             ok, detail = False, f"/livez did not answer within {self.liveness.timeout_s:g} s"
+        except httpx.ConnectError:
+            return   # nothing listens: it is starting or stopping (its exit is watched), not hung
         except httpx.HTTPError as e:
             ok, detail = False, f"/livez: {type(e).__name__}: {e}"
         with self._lock:

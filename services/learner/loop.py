@@ -433,6 +433,7 @@ class Learner:
                 while not stop.wait(1.0):  # each second: a liveness_timeout_s below metrics_interval holds
                     self.health.beat()
         finally:
+            self.health.stopping = True   # /livez 200 while the clients close (no beat; up must not restart it)
             self.trackers.close()
             self.cache.close()
             self.saver.wait()

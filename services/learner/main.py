@@ -3,7 +3,8 @@
 /readyz checks real things: `model` (the weights are loaded and version `step` is in the
 policy store), `assignment` (the consumer holds every partition of rl.scored and rl.releases) and `progress`
 (not stalled: services/learner/stall.py, the rule behind `steadyrl_learner_stalled`) and `disk`
-(no write waits for space: steadyrl/diskspace.py).
+(no write waits for space: steadyrl/diskspace.py). /livez says what the loop is at (`doing`:
+its phase, and an evaluation's split and row), so a hang is named where it stopped.
 """
 
 from __future__ import annotations

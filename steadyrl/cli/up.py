@@ -12,6 +12,12 @@ another stack on `--port` is refused (exit 2), never used: only `--bootstrap` us
 checked before anything starts: one already taken stops `up` with exit 2, naming the port and
 the process that holds it.
 
+Each service's `/livez` is watched (steadyrl.supervisor.Liveness: `--liveness-period`,
+`--liveness-failures`, `--liveness-start`): a service hung for good is stopped and restarted,
+counted with the other restarts. `up`'s own output survives a full volume or a closed pipe
+(steadyrl.output: a line it cannot print is dropped and counted, and said once it can print
+again); supervision goes on.
+
 `up` writes `<state-dir>/up.json` at start (its pid, the broker, each service's HTTP port):
 `steadyrl status` reads the learner's port there.
 
@@ -567,6 +573,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     t_logins += time.monotonic() - t0
     print(_closed_line(args, secrets, tokens, t_logins), flush=True)
     print("placement " + " ".join(f"{svc}={p.model_dump(exclude_none=True)}" for svc, p in places.items()), flush=True)
+    print(watch_live.describe(), flush=True)
     write_record(state, args.port_offset, scale, bootstrap)   # steadyrl status reads the learner's port there
     extra = _service_flags(args.port_offset, state)
     children = []

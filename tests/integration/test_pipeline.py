@@ -38,11 +38,12 @@ def _config(tmp_path: Path, **learner) -> Path:
 class Up:
     """`steadyrl up` on the session broker, in its own process group."""
 
-    def __init__(self, bootstrap: str, tmp_path: Path, config: Path, *extra: str, env: dict | None = None):
+    def __init__(self, bootstrap: str, tmp_path: Path, config: Path, *extra: str, env: dict | None = None,
+                 log_path: Path | None = None):
         self.state = tmp_path / "state"
         self.prefix = unique_prefix()
         self.offset = 2000 + (os.getpid() * 7 + int(time.time())) % 3000
-        self.log_path = tmp_path / "up.log"
+        self.log_path = log_path or tmp_path / "up.log"   # up's output (stdout and stderr)
         with open(self.log_path, "wb") as log:  # the child writes it; read back by path
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "steadyrl.cli", "up", "--bootstrap", bootstrap, "--state-dir", str(self.state),
@@ -319,7 +320,8 @@ def test_reward_server_hanging_mid_run_training_goes_on_with_cached_scores(boots
     cfg = yaml.safe_load(config.read_text())
     cfg["reward"] = {"timeout_s": 1.0, "retry_backoff_s": 0.2, "probe_interval_s": 0.5, "reset_timeout_s": 60}
     config.write_text(yaml.safe_dump(cfg))
-    up = Up(bootstrap, tmp_path, config)
+    # the stopped server's /livez fails: up would restart it (issue 46); here it hangs until SIGCONT
+    up = Up(bootstrap, tmp_path, config, "--liveness-failures", "0")
     server = None
     try:
         up.wait_step(36)  # epoch 2 (32 steps of 8 of the 256 prompts) has begun: its prompts are cached
@@ -488,7 +490,7 @@ def test_a_full_train_buffer_evicts_and_every_prompt_is_still_trained_once(boots
     steps = 12
     config = _config(tmp_path, steps=steps, eval_data=None, max_staleness=3, max_buffer_size=8,
                      buffer_eviction="fifo")
-    up = Up(bootstrap, tmp_path, config)
+    up = Up(bootstrap, tmp_path, config, "--liveness-failures", "0")   # stopped on purpose: not restarted
     learner = None
     try:
         up.wait_step(2)

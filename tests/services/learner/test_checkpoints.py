@@ -191,3 +191,24 @@ def test_with_a_key_checkpoints_are_signed_and_a_resume_takes_only_signed_ones(m
     short.write_text("abc")
     with pytest.raises(ValidationError, match="at least 32 needed"):
         make_learner(checkpoint_key_file=short)
+
+
+def test_a_run_whose_every_checkpoint_is_broken_stops_with_exit_2_naming_it(make_learner):
+    """Issue 46: exit 1, and `up` restarted it for ever; a restart cannot mend a checkpoint."""
+    import pytest
+
+    lrn = make_learner(checkpoint_every=1)
+    lrn.store.publish(lrn.model, lrn.state)
+    _step(lrn)
+    lrn.saver.wait()
+    lrn.cache.close()
+    folder = lrn.run_dir / "checkpoints" / "step_000001"
+    with open(folder / "model" / "model.safetensors", "r+b") as f:
+        f.seek(-1, 2)
+        f.write(b"\x01" if f.read(1) != b"\x01" else b"\x02")
+    with pytest.raises(ConfigError, match=rf"(?s)cannot continue run {lrn.state.run_id} \(no checkpoint of it can be "
+                                          rf"used\): no usable checkpoint .*step_000001: model/model.safetensors "
+                                          rf"(size|sha256) mismatch") as e:
+        make_learner(checkpoint_every=1)
+    assert e.value.code == 2 and "learner.resume: never" in str(e.value)
+    assert make_learner(checkpoint_every=1, resume="never").state.run_id != lrn.state.run_id   # the way on

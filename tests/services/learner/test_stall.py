@@ -86,3 +86,25 @@ def test_the_learner_exports_its_stall_rule_and_checkpoint_settings(make_learner
     assert REGISTRY.get_sample_value("steadyrl_learner_checkpoint_every") == 7.0
     assert REGISTRY.get_sample_value("steadyrl_learner_last_verified_checkpoint_step") == 0.0
     assert REGISTRY.get_sample_value("steadyrl_learner_stalled") == 0.0    # phase starting
+
+
+def test_an_evaluation_that_stops_progressing_is_a_stall_named_where_it_stopped():
+    """Issue 46: the learner's evaluation hung (a reward that never returned) and nothing said so."""
+    clock = Clock()
+    s = Stall(5, 120, [], clock)
+    assert s.check("eval before", 0) == (False, "phase eval before: not started")
+    s.evaluating("eval before, starting", start=True)
+    clock.t += 119
+    assert s.check("eval before", 0)[0] is False                    # before any batch: stall_min_s
+    s.evaluating("eval before, split test, 0 of 96 rows", start=True)
+    for done in (32, 64, 96):                                       # a batch each 40 s: limit 5 x 40 = 200
+        clock.t += 40
+        s.evaluating(f"eval before, split test, {done} of 96 rows")
+    s.evaluating("eval before, split hard, 0 of 64 rows", start=True)
+    clock.t += 200
+    assert s.check("eval before", 0)[0] is False
+    clock.t += 1
+    stalled, why = s.check("eval before", 0)                       # prompts in flight or not
+    assert stalled and why == ("stalled: evaluation at eval before, split hard, 0 of 64 rows: 201 s since its last "
+                               "progress (limit 200 s), phase eval before")
+    assert s.check("waiting", 0)[0] is False                        # the step rule's phases are judged by steps
