@@ -158,7 +158,7 @@ class Learner:
         self.feeder = Feeder(lc, self.rows, st, self.outbox, retry_at=self.intake.retry_at, check=self.check)
         for pid, f in list(st.in_flight.items()):  # published before this check existed (or the row changed)
             if not f.released and (bad := self.check.why_bad(f.index)) is not None:
-                self.intake.abandon(pid, f"row {f.index} left out: {bad.field}: {bad.reason}")
+                self.intake.abandon(pid, f"row {f.index} left out at start: {bad.field}: {bad.reason}")
         self._overdue_t = 0.0
         self.intake.published = self.feeder.prompt  # a group's prompt must be the one published
         self.screen = Screen(lc, st, self.outbox)

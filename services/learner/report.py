@@ -217,7 +217,8 @@ def summary(lc: LearnerSection, st: RunState) -> dict[str, Any]:
            "seconds_per_step": [h["seconds"] for h in st.history],
            "mismatch_kl_per_step": [h.get("mismatch/kl") for h in st.history]}
     b, a = st.eval_before, st.eval_after
-    if b and a:
+    # the same items before and after (a resume that left out other evaluation rows has not)
+    if b and a and len(b["correct_items"]) == len(a["correct_items"]):
         out["eval"] = {"data": lc.eval_data, "before": b["accuracy"], "after": a["accuracy"],
                        **paired_margin(b["correct_items"], a["correct_items"])}
     splits = {}  # eval_before/after["splits"]: absent in a run from before eval_splits

@@ -181,15 +181,6 @@ def refuse_too_few(lc: LearnerSection, rows: Sequence[PromptRow | RowError], bad
                       f"learner.prompts_per_step {lc.prompts_per_step}{where}")
 
 
-def report(lc: LearnerSection, rows: Sequence[PromptRow | RowError], bad: list[BadRow], run_dir: Path) -> None:
-    """Write the run's bad_rows.jsonl and log the first few (nothing when every row is good)."""
-    if bad:
-        path = write_report(bad, run_dir)
-        log.warning("dataset rows left out: the actor or the prompt contract cannot take them",
-                    extra={"data": data_label(lc.data), "bad": len(bad), "rows": len(rows), "report": str(path),
-                           "first": [str(b) for b in bad[:LOGGED]]})
-
-
 # ---- checking a dataset of any size, a row when the run reaches it -------------------------
 
 #: Bump when a check's rules change: results cached by an earlier version are not reused.
@@ -256,7 +247,8 @@ class RowCheck:
     the result depends on besides the row (a tokenizer's identity, limits): the cache's key.
     `beat` is called every BEAT_EVERY rows checked. A bad row found is recorded: the first
     LOGGED in `first`, every one in the cache, in the report file once `report_to` named it,
-    and passed to `on_bad`. `good`, `bad`: rows known good, bad."""
+    and passed to `on_bad`. `good`, `bad`: rows known good, bad; `checked`: rows this object
+    checked (not known from the cache)."""
 
     def __init__(self, rows: Sequence[PromptRow | RowError], why: Why, settings: dict[str, Any],
                  cache_dir: Path | None = None, beat: Beat | None = None):
@@ -268,7 +260,7 @@ class RowCheck:
         self._report: Path | None = None
         self._held: list[BadRow] = []       # bad rows of sources without a cache (rows made in code)
         self._caches: list[_Cache | None] = []
-        self._checked, self._dirty, self._saved_t = 0, False, time.monotonic()
+        self.checked, self._dirty, self._saved_t = 0, False, time.monotonic()
         self._cache_error = False
         for s, src in enumerate(self.rows.sources):
             cache = None
@@ -313,7 +305,7 @@ class RowCheck:
 
     def _check(self, index: int) -> None:
         bad = self.why(self.rows[index], index)
-        self._checked += 1
+        self.checked += 1
         self._dirty = True
         if bad is None:
             self.status[index] = GOOD
@@ -322,7 +314,7 @@ class RowCheck:
             self.status[index] = BAD
             self.bad += 1
             self._record(replace(bad, where=_where(self.rows, index)))
-        if not self._checked % BEAT_EVERY:
+        if not self.checked % BEAT_EVERY:
             if self.beat is not None:
                 self.beat()
             if time.monotonic() - self._saved_t > SAVE_EVERY_S:
@@ -413,7 +405,7 @@ def start_check(lc: LearnerSection, check: RowCheck, order: Iterator[int], folde
     Raises ConfigError (exit 2) naming the file and the first reasons, with every bad row found
     written to `<folder>/bad_rows.jsonl`, when none of the first PROBE_ROWS rows met is good, or
     when every row is known and fewer than prompts_per_step are good."""
-    t0, want, found = time.monotonic(), (lc.max_staleness + 1) * lc.prompts_per_step, 0
+    t0, want, found, checked = time.monotonic(), (lc.max_staleness + 1) * lc.prompts_per_step, 0, check.checked
     n = len(check.status)
     for met, index in enumerate(order, 1):
         if check.ok(index):
@@ -431,6 +423,7 @@ def start_check(lc: LearnerSection, check: RowCheck, order: Iterator[int], folde
     check.save()
     log.info("dataset checked at start", extra={"data": data_label(lc.data), "rows": n, "good": check.good,
                                                 "bad": check.bad, "unchecked": n - check.good - check.bad,
+                                                "checked_now": check.checked - checked,
                                                 "seconds": round(time.monotonic() - t0, 2)})
 
 

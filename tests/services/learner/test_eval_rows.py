@@ -72,3 +72,18 @@ def test_a_harder_split_with_no_usable_row_exits_2_naming_the_split(make_learner
                                           rf"is usable \(1 bad, first: {hard} row 1: question: missing"):
         make_learner(eval_data="tiny_copy:8", eval_splits={"hard": str(hard)}, eval_scorer="tiny_copy",
                      eval_max_new_tokens=4)
+
+
+def test_a_summary_whose_evaluations_differ_in_items_leaves_the_pairing_out():
+    """A resume that left out other evaluation rows (another tokenizer, eval_max_new_tokens)
+    evaluates other items after than before: no paired change (zip raised, exit 1, for ever)."""
+    from steadyrl.services.learner.config import LearnerSection
+    from steadyrl.services.learner.state import RunState
+
+    lc = LearnerSection(model="tiny", data="tiny_copy:8", eval_data="tiny_copy:8")
+    before = {"accuracy": 0.5, "n": 4, "correct_items": [True, False, True, False]}
+    after = {"accuracy": 1.0, "n": 3, "correct_items": [True, True, True]}
+    assert "eval" not in report.summary(lc, RunState(run_id="r", eval_before=before, eval_after=after))
+    same = report.summary(lc, RunState(run_id="r", eval_before=before, eval_after={**after, "n": 4,
+                                                                                    "correct_items": [True] * 4}))
+    assert same["eval"]["improved"] == 2
