@@ -12,6 +12,8 @@ evaluation, 2 steps) on a JSONL file of tiny copy-task rows (every 1 000th a bad
     index_check_s   the learner's start to "dataset checked at start" (the file indexed and the
                     rows of the first step checked; absent with code of before the change, which
                     logged "dataset checked" after checking every row)
+    cpu_s           the learner's CPU seconds (user + system) at its first step (sampled every
+                    0.25 s): what the start cost, less sensitive to other work on the machine
     peak_rss_mb     the learner process's peak resident memory (VmHWM, polled every 0.25 s)
 
 and the medians per arm. The machine is shared (2 cores, other work running): figures vary
@@ -49,11 +51,14 @@ def write_rows(path: Path, n: int) -> None:
 
 
 class PeakRss(threading.Thread):
-    """The largest VmHWM (MB) of any process whose command line names the learner and `marker`."""
+    """The largest VmHWM (MB) of any process whose command line names the learner and `marker`,
+    and its CPU seconds (user + system) over time: `cpu` [(unix time, seconds)]."""
 
     def __init__(self, marker: str):
         super().__init__(daemon=True)
         self.marker, self.peak, self.stop = marker, 0.0, threading.Event()
+        self.cpu: list[tuple[float, float]] = []
+        self._tick = os.sysconf("SC_CLK_TCK")
 
     def run(self) -> None:
         while not self.stop.wait(0.25):
@@ -67,8 +72,15 @@ class PeakRss(threading.Thread):
                     for line in (proc / "status").read_text().splitlines():
                         if line.startswith("VmHWM"):
                             self.peak = max(self.peak, int(line.split()[1]) / 1024)
+                    fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                    self.cpu.append((time.time(), (int(fields[11]) + int(fields[12])) / self._tick))
                 except OSError:
                     continue
+
+    def cpu_at(self, t: float) -> float | None:
+        """The learner's CPU seconds at the last sample before unix time `t`."""
+        before = [c for ts, c in self.cpu if ts <= t]
+        return round(before[-1], 1) if before else None
 
 
 def run_arm(bootstrap: str, work: Path, rows: int, repeat: int, offset: int, code: Path | None) -> dict:
@@ -108,7 +120,7 @@ def run_arm(bootstrap: str, work: Path, rows: int, repeat: int, offset: int, cod
     return {"rows": rows, "repeat": repeat, "exit": rc, "first_step_s": round(step - t0, 1),
             "start_s": round(step - start, 1),
             "index_check_s": None if checked is None else round(checked - start, 1),
-            "peak_rss_mb": round(rss.peak)}
+            "cpu_s": rss.cpu_at(step), "peak_rss_mb": round(rss.peak)}
 
 
 def main() -> int:
@@ -136,7 +148,8 @@ def main() -> int:
     finally:
         broker.stop()
     medians = {str(n): {k: statistics.median(x[k] for x in results if x["rows"] == n)
-                        for k in ("first_step_s", "start_s", "peak_rss_mb")} for n in args.sizes}
+                        for k in ("first_step_s", "start_s", "cpu_s", "peak_rss_mb")
+                        if all(x[k] is not None for x in results if x["rows"] == n)} for n in args.sizes}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.code or ROOT, capture_output=True,
                             text=True).stdout.strip()
     old = json.loads(args.out.read_text()) if args.out.exists() else {}

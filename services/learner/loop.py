@@ -186,7 +186,7 @@ class Learner:
         def found(bad: rows.BadRow) -> None:
             st.count(Count.bad_rows)
             if st.counts[Count.bad_rows.value] <= rows.LOGGED:
-                log.warning("dataset row left out: the actor or the prompt contract cannot take it",
+                log.warning("dataset rows left out: one more the actor or the prompt contract cannot take",
                             extra={"data": data_label(self.lc.data), "row": str(bad), "report": str(path)})
 
         check.on_bad = found
