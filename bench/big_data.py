@@ -106,7 +106,7 @@ def run_arm(bootstrap: str, work: Path, rows: int, repeat: int, offset: int, cod
         with open(folder / "up.log", "wb") as log:
             rc = subprocess.run([sys.executable, "-m", "steadyrl.cli", "up", "--bootstrap", bootstrap, "--state-dir",
                                  str(state), "--prefix", unique_prefix(), "--port-offset", str(offset),
-                                 "--config", str(folder / "config.yaml")], cwd=ROOT, stdout=log, env=env,
+                                 "--config", str(folder / "config.yaml")], cwd=code or ROOT, stdout=log, env=env,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=1800).returncode
         rss.stop.set()
         rss.join()
@@ -127,7 +127,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 1_000_000])
-    ap.add_argument("--code", type=Path, default=None, help="run the services from this checkout (PYTHONPATH)")
+    ap.add_argument("--code", type=Path, default=None, help="run up and the services from this checkout (its folder "
+                    "as the working folder and PYTHONPATH)")
     ap.add_argument("--label", default="after")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "big_data.json")
     ap.add_argument("--work", type=Path, default=Path("/tmp/steadyrl-bench-big-data"))

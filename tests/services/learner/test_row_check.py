@@ -153,3 +153,29 @@ def test_a_resumed_feeder_goes_on_from_its_position_in_the_order(tmp_path, tok):
     st2 = RunState(run_id="r", feeder_position=57)
     resumed = Feeder(lc, rows, st2, FakeOutbox(), check=train_check(lc, rows, tok, 128, GenerationLimits()))
     assert [resumed._pull() for _ in range(73)] == pulled[57:]
+
+
+def test_the_order_of_a_run_saved_by_main_before_is_the_order_now(tmp_path, tok):
+    """tests/fixtures/run-4bba081 (main at 4bba081, the whole dataset loaded): its 64 prompts (48
+    trained, 16 in flight) are the first 64 this feeder takes, and its state resumes from there
+    to the prompts prompt_batches gives next."""
+    from steadyrl.rl.loop import prompt_batches
+    from steadyrl.services.learner.config import load_dataset, open_dataset
+    from tests.services.learner.test_resume_old_run import FIXTURE, RUN
+
+    run = FIXTURE / "learner" / RUN
+    saved = json.loads((run / "state.json").read_text())
+    trained = [json.loads(x)["prompt_id"] for x in (run / "consumed.jsonl").read_text().splitlines()]
+    old = set(trained) | set(saved["in_flight"])
+    lc = LearnerSection(model="tiny", data="tiny_copy:256", eval_data=None, max_new_tokens=4, steps=200,
+                        prompt_gate={"cooldown_s": 0})
+    rows = open_dataset(lc.data)
+    check = train_check(lc, rows, tok, 128, GenerationLimits())
+    fresh = Feeder(lc, rows, RunState(run_id=RUN), FakeOutbox(), check=check)
+    new = [f"{RUN}/e{e}-i{i}" for e, i in (fresh._pull() for _ in range(64))]
+    assert len(old) == 64 and set(new) == old
+    st = RunState(run_id=RUN, feeder_position=saved["feeder_position"])
+    resumed = Feeder(lc, rows, st, FakeOutbox(), check=check)
+    batches = prompt_batches(load_dataset(lc.data), 8, 0)
+    want = [(e, i) for _ in range(40) for e, i, _ in next(batches)][64:]
+    assert [resumed._pull() for _ in range(len(want))] == want   # into epoch 1
