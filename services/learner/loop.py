@@ -112,6 +112,7 @@ class Learner:
         # every row checked as it will be used, once, when the run reaches it (a few now: exit 2
         # for data with too few good rows); the bad ones are never published (services/learner/rows.py)
         check_cache = lc.state_dir / "data-check"
+        rows.prune_cache(check_cache)   # results of files since changed or gone
         self.check = rows.train_check(lc, self.rows, self.tok, limits.context, cfg.actor, check_cache, health.beat)
         order = (i for _, i in prompt_order(len(self.rows), lc.prompts_per_step, lc.seed))
         rows.start_check(lc, self.check, order, lc.state_dir)

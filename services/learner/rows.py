@@ -34,15 +34,17 @@ written out, not held. The results are cached per file in `<state_dir>/data-chec
 by the file's size, mtime and the sha256 of its first and last MiB (steadyrl.data.file_identity)
 and by what the check depends on (tokenizer, limits, settings, CHECK_VERSION): a restart, or
 the next run on the same file, checks no row twice. The cache is written every SAVE_EVERY_S
-while rows are checked and when the learner stops; it is only a cache (a lost one costs
-checking again).
+while rows are checked and when the learner stops; entries unused for CACHE_KEEP_DAYS are
+deleted at start (prune_cache). It is only a cache: a lost one costs checking again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -222,6 +224,12 @@ class _Cache:
         key = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:40]
         self.good, self.bad = folder / f"{key}.good", folder / f"{key}.bad.jsonl"
 
+    def touch(self) -> None:
+        """Mark the entry used now (prune_cache keeps it)."""
+        for path in (self.good, self.bad):
+            with contextlib.suppress(OSError):
+                os.utime(path)
+
     def bad_lines(self) -> Iterator[tuple[int, str, str]]:
         """(row, field, reason) of each bad row recorded, once each in the order found; a torn
         or foreign line is passed over."""
@@ -271,6 +279,7 @@ class RowCheck:
         self.good, self.bad = self.status.count(GOOD), self.status.count(BAD)
 
     def _load(self, cache: _Cache, start: int, n: int) -> None:
+        cache.touch()
         try:
             good = cache.good.read_bytes()
         except OSError:
@@ -385,6 +394,25 @@ class RowCheck:
                     tmp.write_bytes(self.status[start:start + len(self.rows.sources[s])])
             except OSError as e:
                 self._warn(cache.good, e)
+
+
+#: Days a cached check result is kept unused (prune_cache).
+CACHE_KEEP_DAYS = 30
+
+
+def prune_cache(folder: Path, keep_days: float = CACHE_KEEP_DAYS) -> int:
+    """Delete the cached check results under `folder` not used for `keep_days` (those of files
+    since changed or gone); returns how many files. Never raises (a cache)."""
+    cutoff, n = time.time() - keep_days * 86400, 0
+    try:
+        for path in folder.iterdir():
+            with contextlib.suppress(OSError):
+                if path.is_file() and path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    n += 1
+    except OSError:
+        pass
+    return n
 
 
 def train_check(lc: LearnerSection, rows: Sequence[PromptRow | RowError], tokenizer: Any, context: int | None,

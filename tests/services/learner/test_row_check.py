@@ -179,3 +179,23 @@ def test_the_order_of_a_run_saved_by_main_before_is_the_order_now(tmp_path, tok)
     batches = prompt_batches(load_dataset(lc.data), 8, 0)
     want = [(e, i) for _ in range(40) for e, i, _ in next(batches)][64:]
     assert [resumed._pull() for _ in range(len(want))] == want   # into epoch 1
+
+
+def test_cached_results_unused_for_30_days_are_pruned_and_those_in_use_kept(tmp_path, tok):
+    from steadyrl.services.learner.rows import prune_cache
+
+    path = _file(tmp_path, "gggb")
+    lc = _lc(path, prompts_per_step=2)
+    cache = tmp_path / "cache"
+    check = train_check(lc, open_rows(path), tok, 128, GenerationLimits(), cache)
+    assert [check.ok(i) for i in range(4)] == [True, True, True, False]
+    check.save()
+    assert check.known and {p.suffix for p in cache.iterdir()} == {".good", ".jsonl"}
+    gone = cache / "0123.good"   # a file since changed: its entry no longer used
+    gone.write_bytes(b"\1")
+    month = time.time() - 31 * 86400
+    for p in cache.iterdir():
+        os.utime(p, (month, month))
+    train_check(lc, open_rows(path), tok, 128, GenerationLimits(), cache)   # in use: marked so
+    assert prune_cache(cache) == 1 and not gone.exists() and len(list(cache.iterdir())) == 2
+    assert train_check(lc, open_rows(path), tok, 128, GenerationLimits(), cache).known
