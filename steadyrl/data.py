@@ -452,8 +452,8 @@ class ParquetRows(RowSource):
 
 
 def open_source(path: str | Path, beat: Beat | None = None) -> RowSource:
-    """The RowSource of one file, by extension (as load_rows; `path` as dataset_path resolves
-    it, the label as given). Raises ValueError for another extension, KeyError for a parquet
+    """The RowSource of one file, by extension (as load_rows: `path` as dataset_path resolves
+    it, which is also the label its rows are named by). Raises ValueError for another extension, KeyError for a parquet
     file without verl's columns, OSError when it cannot be read."""
     p = dataset_path(path)
     src: RowSource
