@@ -22,7 +22,9 @@ When, for a dataset of any size (`RowCheck`):
   (max_staleness + 1) x prompts_per_step prompts are found good: a few rows, not the file.
   The learner stops at start with exit 2 (`ConfigError`) naming the file and the first
   reasons when none of the first PROBE_ROWS rows checked is good, or when every row is
-  checked and fewer than prompts_per_step are good (a dataset that small is checked whole);
+  checked and fewer than prompts_per_step are good (a small dataset is met whole at start).
+  Rows are checked until the first step's prompts are found: a file whose good rows are rare
+  takes as long as finding them (the heartbeat beating);
 - the rest as the feeder reaches them (~0.05 ms a row with the tiny model's tokenizer, up to
   ~0.5 ms with a real one): a bad row is skipped then, recorded and counted as above;
 - the evaluation's rows (those `eval_limit` / `eval_splits_limit` pick) at start, all: exit 2
