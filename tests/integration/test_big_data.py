@@ -1,7 +1,9 @@
 """A dataset of 1 000 000 rows (issue 46): the learner indexes it and checks only the rows it
 takes, with its heartbeat beating, so /livez answers 200 all through its start under a
-liveness timeout of 5 s. Before, every row was read and checked at start without a heartbeat: ~10 min and ~2 GB for a
-million rows, and a liveness probe killed the learner first. Figures: bench/big_data.py."""
+liveness timeout of 5 s. Before, every row was read and checked at start without a heartbeat:
+~10 min and ~2 GB for a million rows, and a liveness probe killed the learner first. Figures:
+bench/big_data.py. The same learner's evaluation set has a bad row: left out and named, the
+evaluation and the run go on without it (before: exit 1 in the evaluation, restarted for ever)."""
 
 from __future__ import annotations
 
@@ -84,13 +86,17 @@ def _checked(log: Path) -> list[dict]:
 
 
 @pytest.mark.timeout(300)
-def test_a_million_rows_start_with_livez_200_throughout(bootstrap, prefix, tmp_path):
+def test_a_million_rows_start_with_livez_200_throughout_and_a_bad_eval_row_is_left_out(bootstrap, prefix, tmp_path):
     data = tmp_path / "big.jsonl"
     t0 = time.monotonic()
     write_rows(data, ROWS)
     made_s = time.monotonic() - t0
+    # and an evaluation set with a bad row (line 2, not JSON): left out, named, the run goes on
+    test = tmp_path / "test.jsonl"
+    test.write_text("".join(x + "\n" for x in [json.dumps({"question": "3", "answer": "3"}), "{oops"]
+                            + [json.dumps({"question": str(d), "answer": str(d)}) for d in range(6)]))
     cfg = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
-    cfg["learner"].update(data=str(data), eval_data=None, steps=2)
+    cfg["learner"].update(data=str(data), eval_data=str(test), steps=2)
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(cfg))
 
@@ -104,5 +110,10 @@ def test_a_million_rows_start_with_livez_200_throughout(bootstrap, prefix, tmp_p
     [checked] = _checked(svc.log_path)
     # the first step's rows checked, not the file's (a restart checking none again: test_row_check.py)
     assert checked["rows"] == ROWS and checked["good"] >= 8 and 8 <= checked["checked_now"] < 100, checked
+    run = tmp_path / "learner" / (tmp_path / "learner" / "CURRENT").read_text().strip()
+    [bad] = [json.loads(x) for x in (run / "bad_eval_rows.jsonl").read_text().splitlines()]
+    assert (bad["split"], bad["where"], bad["field"]) == ("test", f"{test} row 2", "line"), bad
+    st = json.loads((run / "state.json").read_text())
+    assert st["eval_before"]["n"] == 7 and st["counts"]["bad_eval_rows"] == 1, st["eval_before"]
     print(f"{ROWS} rows written in {made_s:.1f} s; the learner waited for groups {waiting_s:.1f} s after its "   # noqa: T201
           f"start, peak RSS {rss:.0f} MB; /livez polled {len(probe.codes)} times, all 200")
