@@ -56,7 +56,8 @@ class Count(StrEnum):
     reward_watch_rebaselined = "reward_watch_rebaselined"
     abandoned = "abandoned"                      # prompts refused past their budget: never trained, replaced
     republished = "republished"                  # prompts in flight too long (records lost): published again
-    bad_rows = "bad_rows"                        # dataset rows left out at start (services/learner/rows.py)
+    bad_rows = "bad_rows"                        # dataset rows left out (services/learner/rows.py)
+    bad_eval_rows = "bad_eval_rows"              # evaluation rows left out (services/learner/rows.py)
     flat_reward_steps = "flat_reward_steps"      # steps whose groups all scored alike: no signal (learner/flat.py)
 
 

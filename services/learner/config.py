@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -9,7 +10,17 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from steadyrl.checkpoint import CheckpointError, read_key
 from steadyrl.config import ServiceConfig
-from steadyrl.data import DATA_DIR, dataset_path, load_rows, tiny_copy_rows
+from steadyrl.data import (
+    DATA_DIR,
+    Beat,
+    MemoryRows,
+    Rows,
+    RowSource,
+    dataset_path,
+    load_rows,
+    open_source,
+    tiny_copy_rows,
+)
 from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits, answer_length_refusal, group_record_refusal
 from steadyrl.rewards import resolve_scorer
 from steadyrl.rl.trainer import TrainConfig
@@ -291,10 +302,23 @@ def load_dataset(spec: str | list[str], lenient: bool = False) -> list[Any]:
     return load_rows(spec, lenient)
 
 
+def open_dataset(spec: str | list[str], beat: Beat | None = None) -> Rows:
+    """The dataset of `spec` (as load_dataset) indexed, each row read when asked for
+    (steadyrl.data.Rows: what the learner serves, a dataset of any size); `beat` is called as a
+    JSONL file is indexed. Raises as steadyrl.data.open_source."""
+    sources: list[RowSource] = []
+    for one in [spec] if isinstance(spec, str) else spec:
+        if one.startswith("tiny_copy:"):
+            sources.append(MemoryRows(tiny_copy_rows(int(one.split(":", 1)[1]), seed=0)))
+        else:
+            sources.append(open_source(one, beat))
+    return Rows(sources)
+
+
 _T = TypeVar("_T")
 
 
-def spread(rows: list[_T], limit: int) -> list[_T]:
+def spread(rows: Sequence[_T], limit: int) -> Sequence[_T]:
     """`limit` rows evenly spread over `rows` (all when limit is 0 or larger)."""
     if not limit or limit >= len(rows):
         return rows

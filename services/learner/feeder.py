@@ -2,7 +2,8 @@
 staleness rule allows in flight.
 
 Prompts get deterministic ids `{run_id}/e{epoch}-i{index}` in the order of
-`steadyrl.rl.loop.prompt_batches` (the in-process loop's order), each with its sampling
+`steadyrl.rl.loop.prompt_batches` (the in-process loop's order; `prompt_order` draws it
+without the rows), each with its sampling
 settings, seed and `min_policy_version` = the newest version at publish time. At most
 (max_staleness + 1) x B prompts are in flight (published, not yet trained), and never more
 than steps x B new prompts in all (plus one for each prompt held on rl.quarantine, less those
@@ -11,30 +12,32 @@ so a finished run leaves none untrained. Prompts whose group was dropped (stale,
 named on rl.dlq are published again with the same id and a new seed (`requeue`). The prompt
 gate (services/learner/prompt_gate.py) keeps near-duplicates of recent prompts waiting.
 
-Rows the start-time check left out (services/learner/rows.py) are skipped in the dataset
-order: never published. A prompt abandoned (refused past its budget: intake.py) is replaced
-like one lost to rl.dlq once was: one more new prompt each (`counts.abandoned`). A prompt in
-flight past a bound with no group and no refusal is published again, same id and seed
-(`overdue`): its records were lost; a duplicate group, if the first publish still yields one,
-is dropped as any duplicate is.
+Rows are read when published (the dataset is an index: steadyrl.data.Rows), and checked the
+first time the order reaches them (services/learner/rows.py RowCheck): a bad row is skipped in
+the dataset order, never published (recorded and counted by the check). A prompt abandoned
+(refused past its budget: intake.py) is replaced like one lost to rl.dlq once was: one more
+new prompt each (`counts.abandoned`). A prompt in flight past a bound with no group and no
+refusal is published again, same id and seed (`overdue`): its records were lost; a duplicate
+group, if the first publish still yields one, is dropped as any duplicate is.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Sequence
 
 from prometheus_client import Counter, Gauge
 
+from steadyrl.config import ConfigError
 from steadyrl.contracts import Prompt, now_ms
-from steadyrl.data import PromptRow
-from steadyrl.rl.loop import prompt_batches
+from steadyrl.data import PromptRow, RowError
+from steadyrl.rl.loop import prompt_order
 from steadyrl.runfolder import Count
-from steadyrl.services.learner.config import LearnerSection
+from steadyrl.services.learner.config import LearnerSection, data_label
 from steadyrl.services.learner.outbox import Outbox
 from steadyrl.services.learner.prompt_gate import PromptGate
-from steadyrl.services.learner.rows import prompt_record
+from steadyrl.services.learner.rows import RowCheck, prompt_record
 from steadyrl.services.learner.state import InFlight, RunState
 
 IN_FLIGHT = Gauge("steadyrl_learner_prompts_in_flight", "Prompts published and not yet trained")
@@ -46,45 +49,53 @@ log = logging.getLogger("steadyrl.learner")
 
 
 class Feeder:
-    """Tops up rl.prompts from the dataset `rows` for the run in `st`."""
+    """Tops up rl.prompts from the dataset `rows` for the run in `st`. Rows in `skip` are never
+    published; with `check` (RowCheck), nor is a row it finds bad when the order reaches it."""
 
-    def __init__(self, lc: LearnerSection, rows: list[PromptRow], st: RunState, outbox: Outbox,
-                 retry_at: dict[str, float] | None = None, skip: frozenset[int] = frozenset()):
+    def __init__(self, lc: LearnerSection, rows: Sequence[PromptRow | RowError], st: RunState, outbox: Outbox,
+                 retry_at: dict[str, float] | None = None, skip: frozenset[int] = frozenset(),
+                 check: RowCheck | None = None):
         self.lc, self.rows, self.st, self.outbox = lc, rows, st, outbox
-        self.skip = skip  # rows left out at start (services/learner/rows.py): never published
+        self.skip = skip  # rows left out before the order reaches them: never published
+        self.check = check
         self.retry_at = retry_at if retry_at is not None else {}  # prompt id -> monotonic time: wait until
-        self.gate = PromptGate(lambda i: "\n".join(m["content"] for m in rows[i].messages),
+        self.gate = PromptGate(lambda i: "\n".join(m["content"] for m in self._row(i).messages),
                                **lc.prompt_gate.model_dump())
         now = now_ms()
         for f in st.in_flight.values():  # a state of before published_ms: its age counts from now
             f.published_ms = f.published_ms or now
         if st.gate:
             self.gate.restore(st.gate)
-        self._order = self._dataset_order()
+        # resume: on from the position taken (whole epochs skipped without drawing them)
+        self._order = prompt_order(len(rows), lc.prompts_per_step, lc.seed, st.feeder_position)
 
-    def _dataset_order(self) -> Iterator[tuple[int, int]]:
-        def flat() -> Iterator[tuple[int, int]]:
-            for batch in prompt_batches(self.rows, self.lc.prompts_per_step, self.lc.seed):
-                yield from ((e, i) for e, i, _ in batch)
-
-        it = flat()
-        for _ in range(self.st.feeder_position):  # resume: skip what was already taken
-            next(it)
-        return it
+    def _row(self, index: int) -> PromptRow:
+        row = self.rows[index]
+        if not isinstance(row, PromptRow):  # never: only rows the check passed are taken
+            raise RuntimeError(f"dataset row {index} is not a prompt: {row}")
+        return row
 
     def _pull(self) -> tuple[int, int]:
-        """The next (epoch, index) of the dataset order (the prompt gate may keep it waiting)."""
+        """The next (epoch, index) of the dataset order (the prompt gate may keep it waiting).
+        Raises ConfigError (exit 2) once every row is checked and fewer than prompts_per_step
+        are good (never after a start_check passed: its rows stay good)."""
         # The position counts the unfiltered order: a resume whose left-out rows differ (a limit
         # raised, a newer check) continues at the same place, never repeating a prompt id.
+        check = self.check
         while True:
             epoch, index = next(self._order)
             self.st.feeder_position += 1
-            if index not in self.skip:
+            if index in self.skip:
+                continue
+            if check is None or check.ok(index):
                 return epoch, index
+            if check.known and check.good < self.lc.prompts_per_step:
+                raise ConfigError(f"learner.data {data_label(self.lc.data)}: {check.good} usable rows of "
+                                  f"{len(self.rows)} < learner.prompts_per_step {self.lc.prompts_per_step}")
 
     def prompt(self, pid: str, f: InFlight) -> Prompt:
         """The record of prompt `pid` (attempt n > 0: seed + 7919 n, a new sample)."""
-        return prompt_record(self.lc, self.rows[f.index], pid, f.epoch, f.index, f.attempt, self.st.run_id,
+        return prompt_record(self.lc, self._row(f.index), pid, f.epoch, f.index, f.attempt, self.st.run_id,
                              self.st.step)
 
     def top_up(self) -> int:

@@ -37,12 +37,13 @@ from steadyrl.files import write_atomic
 from steadyrl.models import load_policy
 from steadyrl.rl import distributed
 from steadyrl.rl.config import resolve_autocast
+from steadyrl.rl.loop import prompt_order
 from steadyrl.rl.trainer import Group, NonFiniteStep, Trainer
 from steadyrl.rollout_cache import rows_of
 from steadyrl.runfolder import Count
 from steadyrl.services.learner import disk, report, rows
 from steadyrl.services.learner.buffer import next_batch
-from steadyrl.services.learner.config import LearnerConfig, data_label, load_dataset
+from steadyrl.services.learner.config import LearnerConfig, data_label, open_dataset
 from steadyrl.services.learner.drift import ParamDrift
 from steadyrl.services.learner.feeder import IN_FLIGHT, Feeder
 from steadyrl.services.learner.flat import FlatSteps
@@ -88,24 +89,35 @@ class Learner:
     def __init__(self, cfg: LearnerConfig, health: Health):
         self.cfg, self.lc, self.health = cfg, cfg.learner, health
         lc = self.lc
-        try:  # a row that is not a prompt is a RowError, left out; a file that is not a dataset stops here
-            self.rows = load_dataset(lc.data, lenient=True)
+        # The dataset indexed (a streamed pass, the heartbeat beating), each row read and checked
+        # when the run reaches it (services/learner/rows.py); a file that is not a dataset stops here.
+        try:
+            self.rows = open_dataset(lc.data, health.beat)
         except Exception as e:  # noqa: BLE001 - any reader's error: a ConfigError naming the file
             raise ConfigError(f"learner.data {data_label(lc.data)}: cannot be read as a dataset: {type(e).__name__}: "
                               f"{e}") from None
         if len(self.rows) < lc.prompts_per_step:  # before the broker is asked and the model loads
             raise ConfigError(f"learner.data {data_label(lc.data)} has {len(self.rows)} rows < "
                               f"learner.prompts_per_step {lc.prompts_per_step}")
+        health.beat()
         self.topics = {t: topic_name(t, cfg.topic_prefix) for t in TOPICS}
         # Asked first: a broker not up yet costs no model load (resume.py: the fingerprint).
         self.fingerprint = {**lc.fingerprint(), "topic_prefix": cfg.topic_prefix,
                             "scored_topic_id": topic_id(cfg.bootstrap, self.topics["rl.scored"], health)}
+        health.beat()
         torch.manual_seed(lc.seed)
         self.model, self.tok = load_policy(lc.model, seed=lc.seed)
+        health.beat()
         limits = TokenLimits.of(self.model, self.tok)
-        # every row checked as it will be used; the bad ones are never published (services/learner/rows.py)
-        self.bad_rows = rows.check_rows(lc, self.rows, self.tok, limits.context, cfg.actor)
-        rows.refuse_too_few(lc, self.rows, self.bad_rows, lc.state_dir)
+        # every row checked as it will be used, once, when the run reaches it (a few now: exit 2
+        # for data with too few good rows); the bad ones are never published (services/learner/rows.py)
+        check_cache = lc.state_dir / "data-check"
+        rows.prune_cache(check_cache)   # results of files since changed or gone
+        self.check = rows.train_check(lc, self.rows, self.tok, limits.context, cfg.actor, check_cache, health.beat)
+        order = (i for _, i in prompt_order(len(self.rows), lc.prompts_per_step, lc.seed))
+        rows.start_check(lc, self.check, order, lc.state_dir)
+        # the evaluations' rows, checked now (exit 2 when none of a split's is usable)
+        self.evals = rows.eval_splits(lc, self.tok, limits.context, check_cache, health.beat)
         self.drift = ParamDrift(self.model)  # the weights as loaded: the reference of the drift metric
         # autocast auto: bf16 where the device computes it natively; the resolved value is the
         # one saved with the run (a resume on other hardware names the switch: resume.py)
@@ -134,8 +146,7 @@ class Learner:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # free-space gauges, /readyz `disk`, dead processes' temporaries; exit 2 when the volumes are too small
         disk.prepare(lc, self.model, health, self.run_dir, st.run_id)
-        rows.report(lc, self.rows, self.bad_rows, self.run_dir)
-        st.counts[Count.bad_rows.value] = len(self.bad_rows)
+        self._report_rows()
         trim_audit(self.run_dir, st.step)
         trim_history(self.run_dir, st)
         self.trackers = Trackers.of(lc, self.run_dir, {"steadyrl.run_id": st.run_id, "steadyrl.model": lc.model,
@@ -148,12 +159,10 @@ class Learner:
                                 lc.rollout_cache_retention_h)
         self.intake = Intake(lc, st, self.outbox, stage=f"learner/{cfg.instance_id}", limits=limits,
                              run_dir=self.run_dir, topic_prefix=cfg.topic_prefix)
-        skip = {b.index: b for b in self.bad_rows}
-        self.feeder = Feeder(lc, self.rows, st, self.outbox, retry_at=self.intake.retry_at, skip=frozenset(skip))
-        for pid, f in list(st.in_flight.items()):  # published before this check existed: never served
-            if f.index in skip and not f.released:
-                self.intake.abandon(pid, f"row {f.index} left out at start: {skip[f.index].field}: "
-                                         f"{skip[f.index].reason}")
+        self.feeder = Feeder(lc, self.rows, st, self.outbox, retry_at=self.intake.retry_at, check=self.check)
+        for pid, f in list(st.in_flight.items()):  # published before this check existed (or the row changed)
+            if not f.released and (bad := self.check.why_bad(f.index)) is not None:
+                self.intake.abandon(pid, f"row {f.index} left out at start: {bad.field}: {bad.reason}")
         self._overdue_t = 0.0
         self.intake.published = self.feeder.prompt  # a group's prompt must be the one published
         self.screen = Screen(lc, st, self.outbox)
@@ -170,6 +179,28 @@ class Learner:
         self.stall.export(lambda: self.progress["phase"], lambda: len(self.state.in_flight))
         export_checkpoints(self.saver, lc.checkpoint_every, lc.steps)
         blank_step_gauges()  # NaN, not 0 (a p-value of 0 reads as "significant"), until a step sets them
+
+    def _report_rows(self) -> None:
+        """The run's bad_rows.jsonl (and bad_eval_rows.jsonl), counted; the training rows' report
+        and count grow as the feeder meets more (RowCheck.on_bad)."""
+        st, check = self.state, self.check
+        path = check.report_to(self.run_dir / "bad_rows.jsonl")
+        st.counts[Count.bad_rows.value] = check.bad
+
+        def found(bad: rows.BadRow) -> None:
+            st.count(Count.bad_rows)
+            if st.counts[Count.bad_rows.value] <= rows.LOGGED:
+                log.warning("dataset rows left out: one more the actor or the prompt contract cannot take",
+                            extra={"data": data_label(self.lc.data), "row": str(bad), "report": str(path)})
+
+        check.on_bad = found
+        if check.bad:
+            log.warning("dataset rows left out: the actor or the prompt contract cannot take them",
+                        extra={"data": data_label(self.lc.data), "bad": check.bad, "rows": len(self.rows),
+                               "report": str(path), "first": [str(b) for b in check.first[:rows.LOGGED]]})
+        n = rows.report_eval(self.evals, self.run_dir)
+        if n or Count.bad_eval_rows.value in st.counts:
+            st.counts[Count.bad_eval_rows.value] = n
 
     def tracker_config(self) -> dict[str, Any]:
         """What the experiment trackers record as the run's config (params): the learner
@@ -381,14 +412,14 @@ class Learner:
                 self.evaluation("eval before")
                 st.eval_before = report.evaluate(lc, self.model, self.tok, "before", self.health.beat,
                                                  cache=self.eval_cache, progress=self.eval_progress,
-                                                 limits=self.cfg.reward_server)
+                                                 limits=self.cfg.reward_server, rows=self.evals)
                 self.save_state()
             elif st.step == 0 and st.eval_before is not None and (pending := report.pending_splits(lc, st.eval_before)):
                 # resumed at step 0 with the eval before saved without these harder splits
                 self.evaluation("eval before")
                 st.eval_before.setdefault("splits", {}).update(report.evaluate_splits(
                     lc, self.model, self.tok, "before", self.health.beat, names=pending, cache=self.eval_cache,
-                    progress=self.eval_progress, limits=self.cfg.reward_server))
+                    progress=self.eval_progress, limits=self.cfg.reward_server, rows=self.evals))
                 self.save_state()
             if self.progress["phase"] == "eval before":  # in flight since before it: their age starts now
                 for f in st.in_flight.values():
@@ -418,7 +449,7 @@ class Learner:
                 st.eval_after = report.evaluate(lc, self.model, self.tok, "after", self.health.beat,
                                                 splits=set((st.eval_before or {}).get("splits") or {}),
                                                 cache=self.eval_cache, progress=self.eval_progress,
-                                                limits=self.cfg.reward_server)
+                                                limits=self.cfg.reward_server, rows=self.evals)
                 self.progress.pop("eval", None)
                 report.write_summary(lc, st, self.run_dir)
                 for name in ("summary.json", "curve.png"):
@@ -434,6 +465,8 @@ class Learner:
                     self.health.beat()
         finally:
             self.health.stopping = True   # /livez 200 while the clients close (no beat; up must not restart it)
+            self.check.save()   # the rows checked since the last write: not checked again by a restart
+            self.rows.close()
             self.trackers.close()
             self.cache.close()
             self.saver.wait()

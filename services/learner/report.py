@@ -20,7 +20,8 @@ from steadyrl.rl.loop import ScorerRaisedOnEveryItem
 from steadyrl.rl.loop import evaluate as greedy_eval
 from steadyrl.runfolder import Counts
 from steadyrl.scorepool import ScoringLimits
-from steadyrl.services.learner.config import LearnerSection, data_label, load_dataset, spread
+from steadyrl.services.learner.config import LearnerSection, data_label
+from steadyrl.services.learner.rows import EvalSplit, eval_split
 from steadyrl.services.learner.state import RunState
 
 if TYPE_CHECKING:
@@ -91,15 +92,34 @@ def cache_key(lc: LearnerSection, rows: list[Any], tok: Any, digest: str) -> str
 EvalProgress = Callable[[str, int, int], None]
 
 
-def _greedy(lc: LearnerSection, spec: str | list[str], limit: int, model: torch.nn.Module, tok: Any,
+def _split(lc: LearnerSection, name: str, model: torch.nn.Module, tok: Any, beat: Callable[[], None],
+           given: dict[str, EvalSplit] | None) -> EvalSplit:
+    """The checked rows of evaluation `name` ("test": eval_data, else a harder split): from
+    `given` (the learner checks them at start: services/learner/rows.py eval_splits), else
+    checked now (without a model, as a unit test's fake: only rows that are not prompts are
+    left out). Raises ConfigError when none is usable."""
+    if given is not None and name in given:
+        return given[name]
+    from steadyrl.services.learner.tokens import TokenLimits  # lazy: only without the learner's
+
+    context = TokenLimits.of(model, tok).context if model is not None else None
+    if name == "test":
+        assert lc.eval_data is not None, "evaluate() returns before asking for eval_data"
+        return eval_split(lc, name, "learner.eval_data", lc.eval_data, lc.eval_limit, tok, context, beat=beat)
+    return eval_split(lc, name, f"learner.eval_splits.{name}", lc.harder_splits[name], lc.eval_splits_limit, tok,
+                      context, beat=beat)
+
+
+def _greedy(lc: LearnerSection, split: EvalSplit, model: torch.nn.Module, tok: Any,
             beat: Callable[[], None], cache: tuple[Path, str] | None = None,
-            progress: EvalProgress | None = None, split: str = "test",
-            limits: ScoringLimits | None = None) -> dict[str, Any]:
-    """Greedy accuracy of `model` on `limit` rows of `spec`. With `cache` (a folder, and
-    weights_digest of `model`), a result cached there under the same cache_key is returned
-    instead of evaluating again (logged, `cached: true`), and a new result is cached.
-    `progress(split, done, rows)` as the evaluation goes (not for a cached result)."""
-    rows = spread(load_dataset(spec), limit)
+            progress: EvalProgress | None = None, limits: ScoringLimits | None = None) -> dict[str, Any]:
+    """Greedy accuracy of `model` on the good rows of `split` (its bad rows are left out). With
+    `cache` (a folder, and weights_digest of `model`), a result cached there under the same
+    cache_key (the rows as evaluated: the good ones) is returned instead of evaluating again
+    (logged, `cached: true`), and a new result is cached. `progress(split, done, rows)` as the
+    evaluation goes (not for a cached result)."""
+    spec, name = split.spec, split.split
+    rows = split.prompt_rows()
     path = None
     if cache is not None:
         path = cache[0] / f"{cache_key(lc, rows, tok, cache[1])}.json"
@@ -118,7 +138,7 @@ def _greedy(lc: LearnerSection, spec: str | list[str], limit: int, model: torch.
                                      limits=limits)
         else:
             acc, items = greedy_eval(model, tok, rows, lc.eval_scorer, lc.eval_max_new_tokens, on_batch=beat,
-                                     on_progress=lambda done, n: progress(split, done, n), limits=limits)
+                                     on_progress=lambda done, n: progress(name, done, n), limits=limits)
     except ScorerRaisedOnEveryItem as e:   # a restart would fail the same way: exit 2, not a crash loop
         raise ConfigError(f"learner.eval_scorer {lc.eval_scorer} failed on the evaluation of {data_label(spec)} "
                           f"{e}") from None
@@ -135,33 +155,37 @@ def _greedy(lc: LearnerSection, spec: str | list[str], limit: int, model: torch.
 
 def evaluate(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: str, beat: Callable[[], None],
              splits: Collection[str] | None = None, cache: Path | None = None,
-             progress: EvalProgress | None = None, limits: ScoringLimits | None = None) -> dict[str, Any] | None:
+             progress: EvalProgress | None = None, rows: dict[str, EvalSplit] | None = None,
+             limits: ScoringLimits | None = None) -> dict[str, Any] | None:
     """Greedy accuracy of `model` on lc.eval_data (None when there is none), and under "splits"
     on each harder test split of lc.eval_splits (those named in `splits`, when given: after the
     run, those evaluated before it); `beat` is called after every batch (liveness). With
     `cache` (the learner's `<state_dir>/eval-cache`), each result is cached by weights, rows
     and settings (_greedy, cache_key): a second run of the same base model and evaluation
-    settings skips the evaluation before. `limits`: the rule scorer's processes (the
+    settings skips the evaluation before. `rows`: the evaluations' rows as the learner checked
+    them at start (rows.eval_splits; else checked here): bad rows are left out, and a split with
+    none usable raises ConfigError (exit 2). `limits`: the rule scorer's processes (the
     `reward_server:` section's ScoringLimits; None: their defaults)."""
     if lc.eval_data is None:
         return None
     keyed = None if cache is None else (cache, weights_digest(model))
-    result = _greedy(lc, lc.eval_data, lc.eval_limit, model, tok, beat, keyed, progress, limits=limits)
+    result = _greedy(lc, _split(lc, "test", model, tok, beat, rows), model, tok, beat, keyed, progress, limits)
     EVAL_ACCURACY.labels(when).set(result["accuracy"])
     log.info("evaluation", extra={"when": when, "accuracy": result["accuracy"], "n": result["n"]})
     result["splits"] = evaluate_splits(lc, model, tok, when, beat, splits, cache, keyed[1] if keyed else None,
-                                       progress, limits)
+                                       progress, rows, limits)
     return result
 
 
 def evaluate_splits(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: str, beat: Callable[[], None],
                     names: Collection[str] | None = None, cache: Path | None = None,
                     digest: str | None = None, progress: EvalProgress | None = None,
+                    rows: dict[str, EvalSplit] | None = None,
                     limits: ScoringLimits | None = None) -> dict[str, dict[str, Any]]:
     """Greedy accuracy on each harder test split of lc.eval_splits (only those in `names`, when
     given), lc.eval_splits_limit rows each, with the dataset under "data"; {} when lc.eval_data
-    is None (no evaluation at all). `cache`: see evaluate; `digest`: the model's weights_digest
-    when the caller has it (else taken here when `cache` is given)."""
+    is None (no evaluation at all). `cache`, `rows`: see evaluate; `digest`: the model's
+    weights_digest when the caller has it (else taken here when `cache` is given)."""
     if lc.eval_data is None:
         return {}
     keyed = None if cache is None else (cache, digest or weights_digest(model))
@@ -169,8 +193,8 @@ def evaluate_splits(lc: LearnerSection, model: torch.nn.Module, tok: Any, when: 
     for name, spec in lc.harder_splits.items():
         if names is not None and name not in names:
             continue
-        out[name] = {"data": spec, **_greedy(lc, spec, lc.eval_splits_limit, model, tok, beat, keyed, progress,
-                                             name, limits)}
+        out[name] = {"data": spec, **_greedy(lc, _split(lc, name, model, tok, beat, rows), model, tok, beat, keyed,
+                                             progress, limits)}
         EVAL_SPLIT_ACCURACY.labels(name, when).set(out[name]["accuracy"])
         log.info("evaluation", extra={"when": when, "split": name, "accuracy": out[name]["accuracy"],
                                       "n": out[name]["n"]})
@@ -198,7 +222,8 @@ def summary(lc: LearnerSection, st: RunState) -> dict[str, Any]:
            "seconds_per_step": [h["seconds"] for h in st.history],
            "mismatch_kl_per_step": [h.get("mismatch/kl") for h in st.history]}
     b, a = st.eval_before, st.eval_after
-    if b and a:
+    # the same items before and after (a resume that left out other evaluation rows has not)
+    if b and a and len(b["correct_items"]) == len(a["correct_items"]):
         out["eval"] = {"data": lc.eval_data, "before": b["accuracy"], "after": a["accuracy"],
                        **paired_margin(b["correct_items"], a["correct_items"])}
     splits = {}  # eval_before/after["splits"]: absent in a run from before eval_splits

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import random
 import time
+from array import array
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -68,6 +69,24 @@ def prompt_batches(rows: list[PromptRow], batch: int, seed: int) -> Iterator[lis
         random.Random(seed * 1_000_003 + epoch).shuffle(order)
         for s in range(0, len(order) - batch + 1, batch):
             yield [(epoch, i, rows[i]) for i in order[s:s + batch]]
+        epoch += 1
+
+
+def prompt_order(n: int, batch: int, seed: int, start: int = 0) -> Iterator[tuple[int, int]]:
+    """prompt_batches' (epoch, index) over a dataset of `n` rows, flat and endless, from
+    position `start` (how many it yielded before: whole epochs are skipped without drawing
+    them). Reads no row: an epoch's order is an array of n int64 (8 MB a million rows).
+    Empty when n < batch (no epoch holds a batch)."""
+    per_epoch = n // batch * batch
+    if per_epoch == 0:
+        return
+    epoch, skip = divmod(start, per_epoch)
+    while True:
+        order = array("q", range(n))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)   # the same draws as a list's shuffle
+        for k in range(skip, per_epoch):
+            yield epoch, order[k]
+        skip = 0
         epoch += 1
 
 
