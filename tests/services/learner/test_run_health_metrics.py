@@ -45,7 +45,7 @@ def test_the_policy_lag_is_the_oldest_trained_groups_distance_from_the_updated_w
 
 
 def test_each_split_accuracy_is_set_by_split_and_when(monkeypatch):
-    def greedy(model, tok, rows, scorer, max_new_tokens, on_batch=None):
+    def greedy(model, tok, rows, scorer, max_new_tokens, on_batch=None, limits=None):
         return 0.25 if len(rows) == 4 else 0.75, [{"correct": False} for _ in rows]
 
     monkeypatch.setattr("steadyrl.services.learner.report.greedy_eval", greedy)
