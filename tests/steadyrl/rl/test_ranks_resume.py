@@ -21,7 +21,9 @@ from tests.steadyrl.rl.test_distributed_step import GROUPS, TOL
 
 NEXT = [Group([7, 8], [[9, 9], [10], [11, 12, 13], [6]], [1.0, 0.0, 0.0, 1.0]),
         Group([4, 4, 4], [[5, 6], [7, 8, 9], [3], [2, 2]], [0.0, 0.0, 1.0, 1.0])]
-CFG = {"lr": 1e-2, "micro_batch_size": 2, "warmup_steps": 1, "total_steps": 10}   # the LR schedule moves
+# the LR schedule moves; fp32 (autocast off): the ranks are spawned, out of conftest's reach, and
+# "auto" is bf16 on a CPU with native bf16
+CFG = {"lr": 1e-2, "autocast": "off", "micro_batch_size": 2, "warmup_steps": 1, "total_steps": 10}
 
 
 def _trainer(sharding: str = "replicate") -> Trainer:
