@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from pathlib import Path
 
 from steadyrl.broker import LocalBroker
-from steadyrl.bus.kafka import client_config
+from steadyrl.bus.kafka import client_config, current_auth
 
 DEFAULT_STATE = Path(".steadyrl")
 LOCAL_BOOTSTRAP = "127.0.0.1:9092"
@@ -45,8 +46,24 @@ def _require_broker(bootstrap: str, timeout_s: float = BROKER_CHECK_S) -> None:
     try:
         AdminClient(client_config(bootstrap) | {"log_level": 0}).list_topics(timeout=timeout_s)
     except KafkaException:
+        if current_auth().security_protocol == "PLAINTEXT" and _listens(bootstrap):
+            raise CliError(f"the Kafka broker at {bootstrap} does not answer without logging in (`steadyrl up`'s "
+                           f"own broker takes logins by default): log in as a principal with "
+                           f"STEADYRL_KAFKA__SECURITY_PROTOCOL=SASL_PLAINTEXT STEADYRL_KAFKA__USERNAME=<principal> "
+                           f"STEADYRL_KAFKA__PASSWORD_FILE=<state-dir>/broker/secrets/kafka-<principal> (`up` "
+                           f"prints it)") from None
         raise CliError(f"cannot reach the Kafka broker at {bootstrap} (start one with `steadyrl broker start`, "
                        f"or pass --bootstrap)") from None
+
+
+def _listens(bootstrap: str) -> bool:
+    """Whether the first address of `bootstrap` (host:port) takes a TCP connection within 1 s."""
+    host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def _local_broker(args: argparse.Namespace) -> LocalBroker:

@@ -17,6 +17,9 @@ from tests.helpers import ROOT
 
 
 def test_up_then_ctrl_c_stops_everything(tmp_path):
+    """With --insecure, as before logins were the default (issue 46; the default's Ctrl-C:
+    tests/integration/test_up_closed.py); then the folder its PLAINTEXT broker made is refused by
+    a default `up`, naming why and --insecure."""
     port, offset = free_port_pair(), 1000 + os.getpid() % 500
     state = tmp_path / "state"
     cfg = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
@@ -25,7 +28,7 @@ def test_up_then_ctrl_c_stops_everything(tmp_path):
     with open(tmp_path / "up.log", "wb") as log:  # the child writes it; read back by path
         proc = subprocess.Popen([sys.executable, "-m", "steadyrl.cli", "up", "--state-dir", str(state), "--port",
                                  str(port), "--port-offset", str(offset), "--prefix", "up.",
-                                 "--config", str(tmp_path / "config.yaml")],
+                                 "--config", str(tmp_path / "config.yaml"), "--insecure"],
                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     broker = LocalBroker(state / "broker", port=port)
     try:
@@ -62,6 +65,12 @@ def test_up_then_ctrl_c_stops_everything(tmp_path):
         except httpx.ConnectError:
             pass
         assert "actor-0" in out and "policy caught up" in out and "progress [" in out
+        assert "--insecure: the broker takes no logins" in out
+        # the folder its PLAINTEXT broker made: a default up refuses it before starting anything
+        r = subprocess.run([sys.executable, "-m", "steadyrl.cli", "up", "--state-dir", str(state), "--port", str(port),
+                            "--port-offset", str(offset)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "made without logins" in r.stderr and "--insecure" in r.stderr, r.stderr
+        assert broker.pid() is None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

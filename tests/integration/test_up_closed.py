@@ -3,14 +3,17 @@ host without the run's credentials can neither write a group that gets trained n
 work routes. One tiny run on its own broker: while it trains, a plain Kafka producer (no
 credentials, as any local process) tries to write a forged scored group (reward 1 everywhere)
 for a prompt in flight, and plain HTTP calls try /generate and /score without a token and with
-the other route's; the broker refuses the one, the services answer 401 to the others, and the
-run finishes with nothing forged on rl.scored."""
+the other route's; the broker refuses the one, the services answer 401 to the others, nothing
+forged is on rl.scored, and the run, stopped as Ctrl-C does, trained each prompt once. A
+command on that broker is told how to log in, and works once it does. Started again on the same
+folder, the stack logs in with passwords made anew and gets ready."""
 
 from __future__ import annotations
 
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -28,7 +31,7 @@ from steadyrl.httpproof import ProvenToken
 from steadyrl.runfolder import RunDir
 from tests.helpers import own_things, rollout_group
 
-STEPS = 24   # long enough for the checks below (~7 s) to run while it trains
+STEPS = 10_000   # still training when the checks are done: then stopped as Ctrl-C does
 
 
 def _read(bootstrap: str, auth: KafkaAuth, topic: str, timeout_s: float = 20.0) -> list:
@@ -59,12 +62,11 @@ def test_a_process_without_the_runs_credentials_gets_nothing_trained_under_the_d
     bootstrap = f"127.0.0.1:{port}"
     url = {svc: f"http://127.0.0.1:{base + offset}" for svc, base in
            (("actor", 8100), ("reward-server", 8390), ("learner", 8400))}
+    cmd = [sys.executable, "-m", "steadyrl.cli", "up", "--plain", "--model", "model", "--data", "train.jsonl",
+           "--reward", "my_reward.py:compute_score", "--steps", str(STEPS), "--config", "small.yaml",
+           "--state-dir", str(state), "--port", str(port), "--port-offset", str(offset)]
     with open(tmp_path / "up.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "steadyrl.cli", "up", "--plain", "--model", "model", "--data", "train.jsonl",
-             "--reward", "my_reward.py:compute_score", "--steps", str(STEPS), "--config", "small.yaml",
-             "--state-dir", str(state), "--port", str(port), "--port-offset", str(offset)],
-            cwd=home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     out = lambda: (tmp_path / "up.log").read_text(errors="replace")   # noqa: E731
     admin = LocalBroker(state / "broker", port=port, sasl=True).admin_auth()
     try:
@@ -92,6 +94,15 @@ def test_a_process_without_the_runs_credentials_gets_nothing_trained_under_the_d
         assert errors and errors[0] is not None, "a producer without credentials wrote rl.scored"
         scored = _read(bootstrap, admin, "rl.scored")
         assert scored and not [m for m in scored if b"forger" in (m.value() or b"")]
+        # a command on that broker: without logging in it is told how; as its principal it works
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STEADYRL_")}
+        qcmd = [sys.executable, "-m", "steadyrl.cli", "quarantine", "list", "--bootstrap", bootstrap]
+        r = subprocess.run(qcmd, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "does not answer without logging in" in r.stderr, r.stderr
+        login = {"STEADYRL_KAFKA__SECURITY_PROTOCOL": "SASL_PLAINTEXT", "STEADYRL_KAFKA__USERNAME": "quarantine",
+                 "STEADYRL_KAFKA__PASSWORD_FILE": str(state / "broker" / "secrets" / "kafka-quarantine")}
+        r = subprocess.run(qcmd, env={**env, **login}, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr[-2000:]
         # the work routes: no token, or the other route's, is 401; the route's own opens it
         gen, score = ((state / "secrets" / name).read_text().strip() for name in ("http-generate", "http-score"))
         for route, own, other in ((f"{url['actor']}/generate", gen, score),
@@ -103,7 +114,8 @@ def test_a_process_without_the_runs_credentials_gets_nothing_trained_under_the_d
                               timeout=10).status_code == 422   # past the token: the empty body is refused
             with httpx.Client(auth=ProvenToken(own), timeout=10) as proven:   # as the workers call it
                 assert proven.post(route, json={}).status_code == 422       # and the answer proves the token
-        rc = proc.wait(300)
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 15)
@@ -113,6 +125,12 @@ def test_a_process_without_the_runs_credentials_gets_nothing_trained_under_the_d
     closed = re.search(r"closed: Kafka logins per service .*each take a token of their own \(([0-9.]+) s\)", text)
     assert closed is not None, text[:4000]
     logging.getLogger(__name__).info("logins and tokens added %s s to up's start", closed[1])
-    # the run trained what its reward workers scored, the forger's prompt among them, once
+    # the run trained what its reward workers scored, each prompt once
     trained = [c["prompt_id"] for c in RunDir.of_up(state).consumed()]
-    assert len(trained) == len(set(trained)) == STEPS * 4
+    assert trained and len(trained) == len(set(trained)) and len(trained) % 4 == 0
+    # started again on the same folder (a resume): its broker takes the logins it was made with,
+    # every service logs in with the passwords made anew, and every one gets ready
+    before = (state / "broker" / "secrets" / "kafka-rollout").read_text()
+    r = subprocess.run([*cmd, "--exit-when-ready"], cwd=home, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert (state / "broker" / "secrets" / "kafka-rollout").read_text() != before
