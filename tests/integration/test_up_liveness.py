@@ -115,13 +115,13 @@ def test_up_restarts_a_learner_hung_in_its_evaluation_and_outlives_a_full_output
     # once: not again when the finished learner stops listening and exits (found: killed mid-exit,
     # restarted, a new run begun, again and again)
     assert len(re.findall(r"^learner-0 +\| (liveness failed|exited with)", out, re.M)) == 2, out[-4000:]
-    # what up could not print while the volume was full (reward-0's restart among it): dropped,
-    # counted, said once space returned; the restart happened all the same
+    # what up could not print while the volume was full: dropped, counted, said once space
+    # returned; reward-0 was restarted all the same
     lost = [line for line in out.splitlines() if re.search(r"\d+ lines? of output could not be written \(No space "
                                                            r"left on device\) from ", line)]
     assert lost and lost[0].startswith("up | ") and lost[0].endswith(f"dropped; each service's lines are also kept in "
                                                                       f"{up.state / 'logs'}"), out[-4000:]
-    assert restarted != reward and "reward-0        | exited with -9; restart #" not in out   # it was not printed
+    assert restarted != reward   # (its line may or may not have been printed: the learner frees space as it prunes)
     # and what could not be kept in its own log file, said there
     assert re.search(r"^steadyrl up \| \d+ lines? of output could not be written \(No space left on device\) from "
                      r".*: dropped from this file$", reward_log_text, re.M), reward_log_text[-3000:]
