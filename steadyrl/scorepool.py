@@ -10,8 +10,11 @@ worker processes, so that any of these costs that item only:
     raised (SystemExit too), or a return       {"reward": None, "error": "scorer S raised ...",
       that is not a reward ("0.7", True)        "kind": "scorer_error"}
     NaN or infinity returned                   ... "kind": "non_finite"
-    ran past `item_timeout_s`, or past the     ... "kind": "scorer_timeout"; the process is killed
-      call's deadline (started or not)          (SIGKILL) and replaced
+    ran past `item_timeout_s`                  ... "kind": "scorer_timeout"; the process is killed
+                                                (SIGKILL) and replaced; the other items of its
+                                                group are not run (scorer_timeout too)
+    not done by the call's deadline (not       ... "kind": "deadline" (DEADLINE): not the scorer's
+      started, cut short, or still loading)     failure; the caller asks again
     the process died (os._exit, a signal)      ... "kind": "scorer_crash"; replaced
     MemoryError past `memory_limit_mb`         ... "kind": "scorer_error" (the process lives on)
 
@@ -26,11 +29,15 @@ the caller over a socket pair.
 
 One thread of the caller per process hands items over the socket and waits for the answer, at
 most until the item's end: min(its start + item_timeout_s, the call's deadline). A new
-process first imports the scorer (within START_TIMEOUT_S): that time is not the item's. Items of a
-call are handed out in rounds over its groups (items sharing data_source, prompt and
-ground_truth), so that a reward that hangs on one ground truth holds one process at a time
-and the other groups' items are scored first. The answer is a few primitives, checked in the
-worker (`score_value`), so nothing the user returns is unpickled here.
+process first imports the scorer (within START_TIMEOUT_S of being asked, across calls: a
+load the deadline cut short goes on, and the next call waits for it): that time is not the
+item's. Each request and its answer carry a number, so an answer that comes late is never
+taken for another's. Items of a call are handed out group by group (items sharing
+data_source, prompt and ground_truth): at the deadline whole groups are done, not a part of
+each; once an item of a group has run past item_timeout_s, the group's other items are not
+run, so a reward that hangs on one answer costs one timeout a group. The answer is a few
+primitives, checked in the worker (`score_value`), so nothing the user returns is unpickled
+here.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from steadyrl.rewards import NotAReward, raised, resolve_scorer, score_value
 
@@ -62,6 +69,10 @@ log = logging.getLogger(__name__)
 
 #: The failure kinds of an item (its `kind`, and the reward worker's rl.dlq reason).
 KINDS = ("scorer_error", "scorer_timeout", "scorer_crash", "non_finite")
+#: The kind of an item the call's deadline left unscored (not started, cut short, or its process
+#: still loading the scorer): not the scorer's failure. The reward worker holds its group and
+#: sends it again (alone); the evaluation scores it again in a new call.
+DEADLINE = "deadline"
 #: /readyz: the pool is full when an item has waited this long for a process.
 QUEUE_WAIT_NOT_READY_S = 5.0
 #: Seconds a new process may take to start and import the scorer (not counted in item_timeout_s).
@@ -119,15 +130,15 @@ def _worker(conn: multiprocessing.connection.Connection, memory_limit_mb: int) -
             resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
     while True:
         try:
-            spec, name, args = conn.recv()
+            seq, spec, name, args = conn.recv()
         except (EOFError, OSError):   # the caller went away
             return
         if args is None:   # load the scorer before items come (its errors are the items')
             with contextlib.suppress(BaseException):
                 _resolved[spec] = resolve_scorer(spec)
-            conn.send(("loaded", None, None))
+            conn.send((seq, "loaded", None, None))
             continue
-        conn.send(_score_here(spec, name, args))
+        conn.send((seq, *_score_here(spec, name, args)))
 
 
 if __name__ == "__main__":   # python -m steadyrl.scorepool FD MEMORY_LIMIT_MB: one worker (ScoringPool._start)
@@ -163,6 +174,14 @@ class ScoringLimits(BaseModel):
                                              "it the scorer gets MemoryError (the item's scorer_error). 0: no "
                                              "limit. Importing torch in a reward takes ~800 MiB of it.")
 
+    @model_validator(mode="after")
+    def _item_within_call(self) -> ScoringLimits:
+        if self.item_timeout_s >= self.call_deadline_s:
+            raise ValueError(f"item_timeout_s ({self.item_timeout_s:g}) must be below call_deadline_s "
+                             f"({self.call_deadline_s:g}): an item that may take the whole call would never be "
+                             "scored in one")
+        return self
+
     def pool_processes(self) -> int:
         """processes, or its default: the CPU count, between 2 and 8."""
         return self.processes if self.processes is not None else min(8, max(2, os.cpu_count() or 2))
@@ -174,12 +193,15 @@ class ScoringLimits(BaseModel):
 
 @dataclass
 class _Call:
-    """One `score` call: its results as they come, and its deadline (monotonic seconds)."""
+    """One `score` call: its results as they come, its deadline (monotonic seconds), and the
+    groups an item of which ran past item_timeout_s (their other items are not run: the group is
+    refused anyway, and a reward that hangs on one answer costs one timeout, not one an item)."""
 
     results: list[dict[str, Any] | None]
     deadline: float
     left: int
     done: threading.Event = field(default_factory=threading.Event)
+    timed_out: dict[tuple[Any, ...], str] = field(default_factory=dict)
 
 
 @dataclass
@@ -189,6 +211,7 @@ class _Job:
     spec: str
     name: str
     args: tuple[Any, ...]
+    group: tuple[Any, ...] = ()
     queued: float = field(default_factory=time.monotonic)
 
 
@@ -202,6 +225,9 @@ class _Slot:
         self.busy_since: float | None = None
         self.started = 0   # processes started for this slot
         self.spec: str | None = None   # the scorer its process has loaded
+        self.loading: str | None = None   # the scorer its process was asked to load, not yet loaded
+        self.load_started = 0.0
+        self.seq = 0   # requests sent to its process; a reply carries its request's number
 
 
 class ScoringPool:
@@ -239,12 +265,12 @@ class ScoringPool:
         call = _Call([None] * len(items), deadline if deadline is not None else float("inf"), len(items))
         if not items:
             return []
-        jobs = [_Job(call, i, spec_abs, name or spec,
-                     (it.data_source, it.response, it.ground_truth, it.extra_info)) for i, it in enumerate(items)]
+        jobs = [_Job(call, i, spec_abs, name or spec, (it.data_source, it.response, it.ground_truth, it.extra_info),
+                     (it.data_source, getattr(it, "prompt", ""), it.ground_truth)) for i, it in enumerate(items)]
         with self._cond:
             if self._closed:
                 raise RuntimeError("the scoring pool is closed")
-            self._queue.extend(_rounds(items, jobs))
+            self._queue.extend(_by_group(jobs))
             self._cond.notify_all()
         if not call.done.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
             with self._cond:   # the deadline: what waits is dropped, what runs is killed by its thread
@@ -252,10 +278,10 @@ class ScoringPool:
                 for j in mine:
                     self._queue.remove(j)
             for j in jobs:
-                self._finish(j, _failed("scorer_timeout", f"scorer {j.name}: not scored before the call's deadline "
-                                                          f"({'waiting' if j in mine else 'running'}; "
-                                                          f"item_timeout_s {self.item_timeout_s:g}, "
-                                                          f"{self.processes} scoring processes)"))
+                self._finish(j, _failed(DEADLINE, f"scorer {j.name}: not scored before the call's deadline "
+                                                  f"({'waiting' if j in mine else 'running'}; "
+                                                  f"item_timeout_s {self.item_timeout_s:g}, "
+                                                  f"{self.processes} scoring processes)"))
         return [r for r in call.results if r is not None]
 
     def ready(self) -> tuple[bool, str]:
@@ -306,7 +332,15 @@ class ScoringPool:
                 job = self._queue.popleft()
                 slot.busy_since = time.monotonic()
             try:
-                self._finish(job, self._run(slot, job))
+                first = job.call.timed_out.get(job.group)
+                if first is not None:
+                    self._finish(job, _failed("scorer_timeout", f"not run: another item of its group ran past "
+                                                                f"item_timeout_s: {first}"))
+                    continue
+                result = self._run(slot, job)
+                if result.get("kind") == "scorer_timeout":
+                    job.call.timed_out.setdefault(job.group, result["error"])
+                self._finish(job, result)
             except BaseException as e:  # noqa: BLE001 - never leave a call waiting
                 log.exception("scoring pool failed on an item", extra={"slot": slot.n})
                 self._finish(job, _failed("scorer_crash", f"scorer {job.name}: the scoring pool failed: "
@@ -318,16 +352,17 @@ class ScoringPool:
     def _run(self, slot: _Slot, job: _Job) -> dict[str, Any]:
         now = time.monotonic()
         if now >= job.call.deadline:
-            return _failed("scorer_timeout", f"scorer {job.name}: not started before the call's deadline (the "
-                                             f"{self.processes} scoring processes were busy with other items)")
+            return _failed(DEADLINE, f"scorer {job.name}: not started before the call's deadline (the "
+                                     f"{self.processes} scoring processes were busy with other items)")
         if slot.proc is None or slot.proc.poll() is not None or slot.spec != job.spec:
             if slot.proc is None or slot.proc.poll() is not None:
                 self._stop(slot)
                 self._start(slot)
-            if not self._load(slot, job.spec, job.call.deadline):
-                if time.monotonic() >= job.call.deadline:
-                    return _failed("scorer_timeout", f"scorer {job.name}: not scored before the call's deadline "
-                                                     "(its scoring process was starting)")
+            loaded = self._load(slot, job.spec, job.call.deadline)
+            if loaded == "later":   # still loading (kept: the next call finds it loaded)
+                return _failed(DEADLINE, f"scorer {job.name}: not scored before the call's deadline (its "
+                                         "scoring process was still loading the scorer)")
+            if loaded == "failed":
                 self._stop(slot)
                 self.restarts["scorer_crash"] += 1
                 return _failed("scorer_crash", f"scorer {job.name}: its scoring process did not start or load "
@@ -337,9 +372,12 @@ class ScoringPool:
         assert conn is not None and proc is not None   # _start set them
         end = min(now + self.item_timeout_s, job.call.deadline)
         try:
-            conn.send((job.spec, job.name, job.args))
-            if conn.poll(max(0.0, end - time.monotonic())):
-                status, a, b = conn.recv()
+            slot.seq += 1
+            conn.send((slot.seq, job.spec, job.name, job.args))
+            while conn.poll(max(0.0, end - time.monotonic())):
+                seq, status, a, b = conn.recv()
+                if seq != slot.seq:   # an earlier request's answer (a load): not this item's
+                    continue
                 if status == "ok":
                     return {"reward": a, "extra": json.loads(b)}
                 return _failed(status, a)
@@ -352,13 +390,15 @@ class ScoringPool:
             return _failed("scorer_timeout", f"scorer {job.name}: not scored: the scoring pool closed")
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(0.05)
-        if proc.poll() is None:   # still running at its end: a timeout
-            timed = (f"item_timeout_s ({self.item_timeout_s:g} s)" if end < job.call.deadline
-                     else f"the call's deadline ({end - now:.1f} s after it started)")
+        if proc.poll() is None:   # still running at its end: a timeout, or cut short by the deadline
             self._stop(slot)
+            if end >= job.call.deadline:
+                return _failed(DEADLINE, f"scorer {job.name}: not scored before the call's deadline ({end - now:.1f} "
+                                         "s after it started; its scoring process was killed and replaced)")
             self.restarts["scorer_timeout"] += 1
-            return _failed("scorer_timeout", f"scorer {job.name} did not return within {timed}: its scoring process "
-                                             "was killed and replaced")
+            return _failed("scorer_timeout", f"scorer {job.name} did not return within item_timeout_s "
+                                             f"({self.item_timeout_s:g} s): its scoring process was killed and "
+                                             "replaced")
         code = proc.returncode
         self._stop(slot)
         self.restarts["scorer_crash"] += 1
@@ -366,26 +406,33 @@ class ScoringPool:
                and -code in signal.valid_signals() else f"exited with code {code}")
         return _failed("scorer_crash", f"scorer {job.name} crashed its scoring process ({how}) on this item")
 
-    def _load(self, slot: _Slot, spec: str, deadline: float) -> bool:
+    def _load(self, slot: _Slot, spec: str, deadline: float) -> str:
         """Have `slot`'s process import the scorer `spec` (a user's module may take seconds to
-        import), waiting until it says so, START_TIMEOUT_S or `deadline`. Whether it did."""
-        assert slot.conn is not None
-        slot.spec = None
+        import), waiting until it says so, `deadline`, or START_TIMEOUT_S from when it was asked:
+        "ok"; "later" (the deadline came first: the process goes on loading, and a later call
+        waits for the same load); "failed" (it died, or took START_TIMEOUT_S)."""
+        conn = slot.conn   # close() may clear the slot's meanwhile (then conn is closed: OSError)
+        assert conn is not None
         try:
-            slot.conn.send((spec, spec, None))
-            if not slot.conn.poll(max(0.0, min(START_TIMEOUT_S, deadline - time.monotonic()))):
-                return False
-            slot.conn.recv()
+            if slot.loading != spec:
+                slot.spec, slot.loading, slot.load_started = None, spec, time.monotonic()
+                slot.seq += 1
+                conn.send((slot.seq, spec, spec, None))
+            load_seq, give_up = slot.seq, slot.load_started + START_TIMEOUT_S
+            while conn.poll(max(0.0, min(give_up, deadline) - time.monotonic())):
+                if conn.recv()[0] == load_seq:
+                    slot.spec, slot.loading = spec, None
+                    return "ok"
         except (EOFError, OSError):
-            return False
-        slot.spec = spec
-        return True
+            return "failed"
+        return "failed" if time.monotonic() >= give_up else "later"
 
     def _start(self, slot: _Slot) -> None:
         ours, theirs = socket.socketpair()
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "steadyrl.scorepool", str(theirs.fileno()), str(self.memory_limit_mb)],
+            proc = subprocess.Popen(   # -P: the working folder last on sys.path, not first (a user's
+                # random.py there must not shadow the standard library; rewards._import appends it)
+                [sys.executable, "-P", "-m", "steadyrl.scorepool", str(theirs.fileno()), str(self.memory_limit_mb)],
                 pass_fds=(theirs.fileno(),), cwd=self._cwd, stdin=subprocess.DEVNULL, start_new_session=True)
         except BaseException:
             ours.close()
@@ -398,7 +445,7 @@ class ScoringPool:
     def _stop(self, slot: _Slot) -> None:
         proc, conn = slot.proc, slot.conn
         slot.proc = slot.conn = None
-        slot.spec = None
+        slot.spec = slot.loading = None
         if conn is not None:
             conn.close()
         if proc is not None:
@@ -423,14 +470,11 @@ def _failed(kind: str, error: str) -> dict[str, Any]:
     return {"reward": None, "error": error, "kind": kind}
 
 
-def _rounds(items: Sequence[Any], jobs: list[_Job]) -> list[_Job]:
-    """`jobs` in rounds over the groups of `items` (same data_source, prompt, ground_truth):
-    each group's first item, then each one's second, ... (module doc)."""
+def _by_group(jobs: list[_Job]) -> list[_Job]:
+    """`jobs` group by group (items sharing data_source, prompt and ground_truth), groups in the
+    order of their first item: when the call's deadline comes, whole groups are done rather than
+    a part of each, and the rest are held and sent again (DEADLINE)."""
     groups: dict[tuple[Any, ...], list[_Job]] = {}
-    for it, job in zip(items, jobs, strict=True):
-        groups.setdefault((it.data_source, getattr(it, "prompt", ""), it.ground_truth), []).append(job)
-    out: list[_Job] = []
-    lists = list(groups.values())
-    for k in range(max(len(g) for g in lists)):
-        out.extend(g[k] for g in lists if k < len(g))
-    return out
+    for job in jobs:
+        groups.setdefault(job.group, []).append(job)
+    return [j for g in groups.values() for j in g]

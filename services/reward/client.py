@@ -9,8 +9,11 @@
                                  reason the first such item's kind: scorer_error (raised, or
                                  returned what is not a reward), scorer_timeout, scorer_crash,
                                  non_finite (NaN, infinity); the error "prompt P: k of n items
-                                 unscored: <the first error>". The other groups are scored, and
-                                 nothing the server answered is sent again
+                                 unscored: <the first error>" (n: the items it ran). The other
+                                 groups are scored, and nothing the server answered is sent again
+    200, items left at the       that group held (`RetryLater(own=True)`: sent again alone), when
+      server's deadline          none of its items failed: kind `deadline` is the server's time
+                                 running out (a slow reward, a busy pool), not the scorer failing
     4xx (not 408/429)            the server is up (a breaker success); the request or a group is
                                  wrong. One group: Rejected with the server's message (a 422
                                  naming a non-finite score: non_finite); several: each group is
@@ -64,6 +67,7 @@ from steadyrl.bus.stage import RetryLater, refusal_reason
 from steadyrl.codec import Rejected
 from steadyrl.contracts import DLQReason, RewardSource, RolloutGroup
 from steadyrl.http import response_detail
+from steadyrl.scorepool import DEADLINE
 
 if TYPE_CHECKING:
     from steadyrl.services.reward.cache import ScoreCache
@@ -305,7 +309,7 @@ class RewardClient:
         extra = [{"cache_of": hit.source_prompt_id, "response_similarity": r} for r in hit.response_similarity]
         return Scores(hit.rewards, hit.scorer, RewardSource.cache, extra, hit.similarity)
 
-    def _call(self, groups: list[RolloutGroup]) -> list[Scores | Rejected]:
+    def _call(self, groups: list[RolloutGroup]) -> list[Scores | Rejected | RetryLater]:
         """One POST /score: per group Scores, or Rejected for a group the scorer could not
         score. Raises RetryLater (the server's fault; counts unless it is down or overloaded)
         or Refused (the request's)."""
@@ -348,18 +352,25 @@ class RewardClient:
             CALLS.labels("malformed").inc()
             raise RetryLater(f"reward server returned {len(scores)} scores for {len(items)} items",
                              self.retry_backoff_s, counts=True)
-        result: list[Scores | Rejected] = []
+        result: list[Scores | Rejected | RetryLater] = []
         k = 0
         try:
             for g in groups:
                 n = len(g.samples)
                 chunk = scores[k:k + n]
                 k += n
-                failed = [c for c in chunk if c.get("reward") is None]
+                unscored = [c for c in chunk if c.get("reward") is None]
+                failed = [c for c in unscored if c.get("kind") != DEADLINE]
                 if failed:  # the scorer could not score this group (it said why): not retryable
                     why = [str(c["error"]) for c in failed]  # KeyError: no error, malformed
-                    result.append(Rejected(item_reason(failed[0]), scorer_error_detail(g.prompt_id, len(failed), n,
+                    # out of the items it ran: those the deadline left are neither failed nor scored
+                    ran = n - (len(unscored) - len(failed))
+                    result.append(Rejected(item_reason(failed[0]), scorer_error_detail(g.prompt_id, len(failed), ran,
                                                                                         why[0])))
+                    continue
+                if unscored:  # the server's deadline came first: held, and sent again alone
+                    result.append(RetryLater(f"reward server left {len(unscored)} of {n} items unscored at its "
+                                             f"deadline: {unscored[0].get('error')}", self.retry_backoff_s, own=True))
                     continue
                 rewards = [c["reward"] for c in chunk]
                 if not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rewards):

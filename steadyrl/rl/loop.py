@@ -22,7 +22,7 @@ from steadyrl.data import PromptRow
 from steadyrl.generation import SamplingParams, TorchGenerator
 from steadyrl.rewards import resolve_scorer, score_value
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
-from steadyrl.scorepool import ScoringLimits
+from steadyrl.scorepool import DEADLINE, ScoringLimits
 from steadyrl.scorers import ScorerError, build_scorer, spec_kind
 
 log = logging.getLogger(__name__)
@@ -170,6 +170,14 @@ def evaluate(model: torch.nn.Module, tokenizer: Any, rows: list[PromptRow], scor
                      for r, o in zip(chunk, outs, strict=True)]
             try:
                 results = judge.score(asked, deadline=time.monotonic() + limits.call_deadline_s)
+                # items the deadline left (a slow reward, not a failing one) are asked again, the
+                # heartbeat beating between calls: each call scores at least one item or times it out
+                while todo := [i for i, r in enumerate(results) if r.get("kind") == DEADLINE]:
+                    if on_batch:
+                        on_batch()
+                    again = judge.score([asked[i] for i in todo], deadline=time.monotonic() + limits.call_deadline_s)
+                    for i, r in zip(todo, again, strict=True):
+                        results[i] = r
             except ScorerError as e:   # a model scorer failed on the batch: each item's error
                 results = [{"reward": None, "error": str(e), "kind": "scorer_error"} for _ in asked]
             for row, it, res in zip(chunk, asked, results, strict=True):

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from steadyrl.rewards import NotAReward, score_value
-from steadyrl.scorepool import ScoringPool, absolute_spec
+from steadyrl.scorepool import DEADLINE, ScoringLimits, ScoringPool, absolute_spec
 
 REWARD = '''
 import os, signal, time
@@ -73,11 +73,11 @@ def test_the_memory_limit_is_a_memory_error_of_the_item_and_the_process_goes_on(
     assert _pid(pool) == before
 
 
-def test_the_calls_deadline_bounds_it_what_waits_and_what_runs_are_timeouts(pool):
+def test_the_calls_deadline_bounds_it_what_waits_and_what_runs_are_left_not_failed(pool):
     t0 = time.monotonic()
     out = pool.score("r.py:compute_score", [_item("hang", "a"), _item("x", "b")], deadline=time.monotonic() + 0.3)
     assert time.monotonic() - t0 < 1.0
-    assert [r.get("kind") for r in out] == ["scorer_timeout", "scorer_timeout"], out
+    assert [r.get("kind") for r in out] == [DEADLINE, DEADLINE], out   # not the scorer's failure
     assert "not scored before the call's deadline (running" in out[0]["error"]
     assert "not scored before the call's deadline (waiting" in out[1]["error"]
     assert pool.score("r.py:compute_score", [_item("x")]) == [{"reward": 0.5, "extra": {}}]
@@ -115,3 +115,57 @@ def test_score_value_takes_numpy_numbers_and_makes_extras_json():
                                                                          "nested": {"a": [1.5]}})
     with pytest.raises(NotAReward):
         score_value(np.bool_(True))
+
+
+SLOW_IMPORT = '''
+import time
+time.sleep(1.5)
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(solution_str)
+'''
+
+
+def test_a_load_the_deadline_cut_short_never_answers_for_an_item(tmp_path, monkeypatch):
+    """Regression (review of issue 46): a load cut short by the deadline answered later, and
+    that late answer was taken for the next item's, every reward one item off from then on."""
+    (tmp_path / "slow.py").write_text(SLOW_IMPORT)
+    monkeypatch.chdir(tmp_path)
+    with ScoringPool(1, item_timeout_s=5.0) as p:
+        [r] = p.score("slow.py:compute_score", [_item("0.1")], deadline=time.monotonic() + 0.3)
+        assert r["kind"] == DEADLINE, r
+        time.sleep(1.5)
+        out = p.score("slow.py:compute_score", [_item("0.2", "a"), _item("0.3", "b"), _item("0.4", "c")])
+        assert [x["reward"] for x in out] == [0.2, 0.3, 0.4], out
+        assert p.score("slow.py:compute_score", [_item("0.5")])[0]["reward"] == 0.5
+
+
+def test_whole_groups_are_done_by_the_deadline_and_a_hang_costs_its_group_one_timeout(tmp_path, monkeypatch):
+    """Regression (review of issue 46): items went out in rounds over the groups, so a call the
+    deadline cut short left every group a part short (all refused); and each item of a group
+    that hangs took its own timeout."""
+    (tmp_path / "r.py").write_text(REWARD)
+    monkeypatch.chdir(tmp_path)
+    with ScoringPool(1, item_timeout_s=0.5) as p:
+        p.score("r.py:compute_score", [_item("x")])   # loaded
+        items = [_item("hang", "h") for _ in range(4)] + [_item("x", "g") for _ in range(4)]
+        t0 = time.monotonic()
+        out = p.score("r.py:compute_score", items, deadline=time.monotonic() + 5.0)
+        assert time.monotonic() - t0 < 3.0   # one timeout (0.5 s) and a restart, not four
+        assert [r.get("kind") for r in out[:4]] == ["scorer_timeout"] * 4, out
+        assert "another item of its group" in out[1]["error"]
+        assert [r["reward"] for r in out[4:]] == [0.5] * 4
+
+
+def test_an_item_timeout_as_long_as_the_call_is_refused():
+    with pytest.raises(ValueError, match="item_timeout_s .* must be below call_deadline_s"):
+        ScoringLimits(item_timeout_s=30, call_deadline_s=25)
+
+
+def test_a_module_in_the_callers_folder_does_not_shadow_the_standard_library(tmp_path, monkeypatch):
+    """Regression (review of issue 46): `python -m` put the caller's folder first on sys.path."""
+    (tmp_path / "r.py").write_text(REWARD)
+    (tmp_path / "random.py").write_text("raise RuntimeError('shadowed')\n")
+    monkeypatch.chdir(tmp_path)
+    with ScoringPool(1, item_timeout_s=5.0) as p:
+        assert p.score("r.py:compute_score", [_item("x")]) == [{"reward": 0.5, "extra": {}}]

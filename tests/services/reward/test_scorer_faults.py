@@ -33,6 +33,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         hoard = []
         while True:
             hoard.append(bytearray(16 * 2**20))
+    if s == "slow":
+        time.sleep(0.5)
+        return 1.0
     if s == "nan":
         return float("nan")
     if s == "numpy":
@@ -139,3 +142,21 @@ def test_the_reward_client_sends_each_failed_group_to_the_dlq_with_its_kind(serv
                        DLQReason.scorer_error], out
     assert all(o.detail.startswith(f"prompt e0-i{i + 1}: 1 of 1 items unscored: scorer faulty.py:compute_score")
                for i, o in enumerate(out[1:])), out
+
+
+def test_groups_a_slow_reward_leaves_at_the_deadline_are_held_not_refused(served):
+    """Regression (review of issue 46): a correct but slow reward had the call's deadline cut
+    every group short, and each went to rl.dlq as scorer_timeout: the run neither trained nor
+    stopped. Now whole groups come first and the rest are held (RetryLater), sent again alone."""
+    from steadyrl.bus.stage import RetryLater
+
+    _, url = served
+    client = RewardClient(url, probe_interval_s=0)
+    try:   # 2 processes, 0.5 s an item, a 6 s deadline: about 24 of the 28 are scored
+        out = client.score_many([rollout_group(i, answer="slow", truth=str(i)) for i in range(28)])
+    finally:
+        client.close()
+    scored = [o for o in out if isinstance(o, Scores)]
+    held = [o for o in out if isinstance(o, RetryLater)]
+    assert len(scored) + len(held) == 28 and 20 <= len(scored) < 28, out
+    assert all(o.own for o in held) and out[:len(scored)] == scored   # the first groups done whole

@@ -65,7 +65,7 @@ def test_a_scorer_raising_on_every_item_stops_with_a_config_error(tmp_path):
     lc = LearnerSection(model="tiny", eval_scorer=spec, eval_data="tiny_copy:8")
     with pytest.raises(ConfigError, match=r"learner.eval_scorer .*all.py:compute_score failed on the evaluation of "
                                           r"tiny_copy:8 on all 8 items"):
-        report._greedy(lc, "tiny_copy:8", 8, model, tok, beat=lambda: None)
+        report._greedy(lc, report._split(lc, "test", model, tok, lambda: None, None), model, tok, beat=lambda: None)
 
 
 FAULTS = '''
