@@ -109,7 +109,8 @@ def resolve_scorer(name: str) -> Scorer:
     per process.
 
     Raises:
-        ValueError: unknown name, no such module, file or function, or not a callable.
+        ValueError: unknown name, no such module, file or function, not a callable, or a module
+            that raises (or exits) as it is imported.
     """
     if name in SCORERS:
         return SCORERS[name]
@@ -123,6 +124,8 @@ def resolve_scorer(name: str) -> Scorer:
         raise ValueError(f"scorer {name!r} not found: {type(e).__name__}: {e}") from None
     except SyntaxError as e:
         raise ValueError(f"scorer {name!r} cannot be loaded: SyntaxError: {e}") from None
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's module raised (or exited) on import
+        raise ValueError(f"scorer {name!r} cannot be loaded: importing it raised {type(e).__name__}: {e}") from None
     if not hasattr(owner, attr):   # said by the name the user gave, not the module's internal one
         defined = _functions(owner)
         raise ValueError(f"scorer {name!r} not found: {module} has no function {attr}; "

@@ -101,3 +101,14 @@ def test_a_module_beside_the_user_imports_without_pythonpath(tmp_path, monkeypat
     with pytest.raises(ValueError, match="No module named 'not_here'"):
         resolve_scorer("not_here:compute_score")
     monkeypatch.delitem(sys.modules, "my_reward2")
+
+
+@pytest.mark.parametrize("body", ["raise RuntimeError('no GPU here')\n", "import sys\nsys.exit('bye')\n"])
+def test_a_reward_file_that_raises_as_it_is_imported_is_a_value_error(tmp_path, body):
+    """Regression (review of issue 46): a RuntimeError at import escaped resolve_scorer, so the
+    reward server exited 1 (restarted for ever) instead of 2 naming the scorer."""
+    from steadyrl.rewards import resolve_scorer
+
+    (tmp_path / "bad_import.py").write_text(body)
+    with pytest.raises(ValueError, match=r"bad_import.py:fn' cannot be loaded: importing it raised"):
+        resolve_scorer(f"{tmp_path}/bad_import.py:fn")
