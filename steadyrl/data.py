@@ -282,14 +282,19 @@ class MemoryRows(RowSource):
         return self.rows[i]
 
 
-def _changed(label: str, then: tuple[int, int], now: os.stat_result) -> SystemExit:
-    """The error of a dataset file that changed (size or mtime) since it was indexed: its rows
-    are no longer where the index says. A ConfigError (exit 2): a restart reads it anew."""
-    from steadyrl.config import ConfigError  # lazy: steadyrl.config is heavy (pydantic-settings, kafka)
+class DatasetChanged(RuntimeError):
+    """A dataset file's size changed under the run since it was indexed: its rows are no longer
+    where the index says. Not a ConfigError: a restart (exit 1; `up` restarts the learner)
+    indexes it anew."""
 
-    return ConfigError(f"dataset {label} changed while the run was reading it ({then[0]} bytes, mtime {then[1]} "
-                       f"when indexed; {now.st_size} bytes, mtime {now.st_mtime_ns} now): start the learner again "
-                       f"to read it anew (a dataset file must not change under a run)")
+
+def _changed(label: str, then: tuple[int, int], now: os.stat_result) -> DatasetChanged:
+    """The error of a dataset file whose size changed since it was indexed (a `touch`, a
+    checkout of the same bytes or a file renamed over the path change nothing: the size is
+    what moves the rows, and the open file is still the indexed one)."""
+    return DatasetChanged(f"dataset {label} changed while the run was reading it ({then[0]} bytes when indexed, "
+                          f"{now.st_size} now): the learner restarts to read it anew (a dataset file must not change "
+                          f"under a run)")
 
 
 class JsonlRows(RowSource):
@@ -298,8 +303,8 @@ class JsonlRows(RowSource):
     from the file when asked for (one seek, one line). The rows and their numbers are
     read_text().splitlines()'s, blank lines skipped: a line holding another line break
     (\x85, U+2028, U+2029, \x0b, \x0c, \x1c-\x1e, a lone \r) is cut there too, as before.
-    A line that is not UTF-8 is a RowError (field `line`). Reads check the file's size and
-    mtime: a ConfigError (exit 2) naming the file when either changed since the index was made."""
+    A line that is not UTF-8 is a RowError (field `line`). Reads check the open file's size:
+    DatasetChanged naming the file when it changed since the index was made."""
 
     def __init__(self, path: str | Path, instruction: str = INSTRUCTION, beat: Beat | None = None):
         self.path, self.label, self.instruction = Path(path), str(path), instruction
@@ -354,7 +359,7 @@ class JsonlRows(RowSource):
             if self._f is None:
                 self._f = open(self.path, "rb")  # noqa: SIM115  kept open between reads; close() closes it
             st = os.fstat(self._f.fileno())
-            if (st.st_size, st.st_mtime_ns) != self._stat:
+            if st.st_size != self._stat[0]:
                 raise _changed(self.label, self._stat, st)
             self._f.seek(self.offsets[i])
             return self._f.readline()
@@ -415,7 +420,7 @@ class ParquetRows(RowSource):
         self._groups: OrderedDict[int, Any] = OrderedDict()
         self._lock = threading.Lock()
         st = os.stat(self.path)
-        self._stat = (st.st_size, st.st_mtime_ns)
+        self._stat = (st.st_size, st.st_ino)
 
     def __len__(self) -> int:
         return self.starts[-1]
@@ -428,8 +433,8 @@ class ParquetRows(RowSource):
             if g in self._groups:
                 self._groups.move_to_end(g)
                 return self._groups[g]
-            st = os.stat(self.path)
-            if (st.st_size, st.st_mtime_ns) != self._stat:
+            st = os.stat(self.path)   # a file renamed over the path is not read (the open one is)
+            if st.st_ino == self._stat[1] and st.st_size != self._stat[0]:
                 raise _changed(self.label, self._stat, st)
             table = self._file.read_row_group(g, columns=self.columns)
             self._groups[g] = table

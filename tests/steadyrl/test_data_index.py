@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from steadyrl.config import ConfigError
 from steadyrl.data import (
+    DatasetChanged,
     JsonlRows,
     ParquetRows,
     PromptRow,
@@ -101,11 +101,23 @@ def test_a_file_changed_under_the_run_stops_it_naming_the_file(tmp_path):
     path.write_text("".join(json.dumps(_verl(str(i))) + "\n" for i in range(4)))
     rows = open_rows(path)
     assert rows[0].messages[0]["content"] == "0"
+    os.utime(path, ns=(1, 1))   # a touch (or a checkout of the same bytes): nothing moved
+    assert rows[1].messages[0]["content"] == "1"
     with open(path, "a") as f:
         f.write(json.dumps(_verl("9")) + "\n")
-    with pytest.raises(ConfigError, match=rf"dataset {path} changed while the run was reading it") as e:
-        rows[3]
-    assert e.value.code == 2
+    with pytest.raises(DatasetChanged, match=rf"dataset {path} changed while the run was reading it"):
+        rows[3]   # not a ConfigError: a restart (exit 1) indexes it anew
+
+
+def test_a_parquet_file_renamed_over_the_path_leaves_the_open_one_read(tmp_path):
+    """Regression (review of issue 46): a file replaced by rename (rsync, cp through a temp
+    file) stopped the run though the open ParquetFile still reads the indexed one."""
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist([_verl(str(i)) for i in range(10)]), path, row_group_size=4)
+    src = ParquetRows(path)
+    pq.write_table(pa.Table.from_pylist([_verl("x") for _ in range(30)]), tmp_path / "new.parquet")
+    os.replace(tmp_path / "new.parquet", path)
+    assert src.read(9).messages[0]["content"] == "9"
 
 
 def test_parquet_rows_are_read_by_row_group_as_the_whole_file_gave_them(tmp_path):
