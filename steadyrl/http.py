@@ -114,19 +114,29 @@ class Health:
         #: answers 200 with `stopping` (closing its clients may take a while without a beat;
         #: whoever stopped it kills it after its own grace period).
         self.stopping = False
+        self._grace_until = 0.0
 
     def beat(self) -> None:
-        """Record that the main loop is alive (call once per loop iteration)."""
+        """Record that the main loop is alive (call once per loop iteration); ends an `expect`."""
         self._last_beat = time.monotonic()
+        self._grace_until = 0.0
+
+    def expect(self, seconds: float) -> None:
+        """The main loop enters a known long call (a training step, a batch of the evaluation)
+        that may take up to `seconds` without a beat: /livez holds until then, or until
+        liveness_timeout_s after the last beat if that is later. The next beat() ends it."""
+        self._grace_until = time.monotonic() + seconds
 
     def add_check(self, name: str, check: Check) -> None:
         with self._lock:
             self._checks[name] = check
 
     def live(self) -> tuple[bool, float]:
-        """(live, seconds since the last beat): live while beating within liveness_timeout_s, or stopping."""
-        age = time.monotonic() - self._last_beat
-        return age <= self.liveness_timeout_s or self.stopping, age
+        """(live, seconds since the last beat): live while beating within liveness_timeout_s, within
+        an `expect`ed long call, or stopping."""
+        now = time.monotonic()
+        age = now - self._last_beat
+        return age <= self.liveness_timeout_s or now <= self._grace_until or self.stopping, age
 
     def ready(self) -> tuple[bool, dict[str, dict[str, Any]]]:
         with self._lock:

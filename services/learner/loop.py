@@ -276,6 +276,9 @@ class Learner:
                   weight=lc.cache_scored_weight if sg.reward_source.value == "cache" else 1.0,
                   rollout_logprobs=[s.logprobs for s in sg.group.samples], engine=sg.group.engine)
             for sg in groups]
+        # a step may take longer than liveness_timeout_s without a beat (a large model, a slow
+        # CPU): /livez holds for as long as the stall rule gives one, so up does not restart it
+        self.health.expect(self.stall.limit_s())
         try:  # with ranks, the others step on the same batch
             metrics = (self.ranks.step(self.trainer, train_groups) if self.ranks is not None
                        else self.trainer.step(train_groups))
@@ -359,6 +362,13 @@ class Learner:
         stall rule, which judges it by its own progress from now."""
         self.progress["phase"] = phase
         self.stall.evaluating(f"{phase}, starting", start=True)
+        self.health.expect(self.stall.eval_limit_s())
+
+    def eval_beat(self) -> None:
+        """A batch of the evaluation is done: beat, and give the next batch as long as the stall
+        rule gives one without a beat (a batch of long answers may take minutes)."""
+        self.health.beat()
+        self.health.expect(self.stall.eval_limit_s())
 
     def doing(self) -> str:
         """What the loop is at, for /livez (steadyrl.http.Health.doing): the phase, and where an
@@ -410,7 +420,7 @@ class Learner:
             self.top_up()
             if st.eval_before is None and st.step == 0:
                 self.evaluation("eval before")
-                st.eval_before = report.evaluate(lc, self.model, self.tok, "before", self.health.beat,
+                st.eval_before = report.evaluate(lc, self.model, self.tok, "before", self.eval_beat,
                                                  cache=self.eval_cache, progress=self.eval_progress,
                                                  limits=self.cfg.reward_server, rows=self.evals)
                 self.save_state()
@@ -418,7 +428,7 @@ class Learner:
                 # resumed at step 0 with the eval before saved without these harder splits
                 self.evaluation("eval before")
                 st.eval_before.setdefault("splits", {}).update(report.evaluate_splits(
-                    lc, self.model, self.tok, "before", self.health.beat, names=pending, cache=self.eval_cache,
+                    lc, self.model, self.tok, "before", self.eval_beat, names=pending, cache=self.eval_cache,
                     progress=self.eval_progress, limits=self.cfg.reward_server, rows=self.evals))
                 self.save_state()
             if self.progress["phase"] == "eval before":  # in flight since before it: their age starts now
@@ -446,7 +456,7 @@ class Learner:
             if st.step >= lc.steps and not st.finished:
                 self.evaluation("eval after")
                 # the harder splits: those evaluated before (none in a run begun before eval_splits)
-                st.eval_after = report.evaluate(lc, self.model, self.tok, "after", self.health.beat,
+                st.eval_after = report.evaluate(lc, self.model, self.tok, "after", self.eval_beat,
                                                 splits=set((st.eval_before or {}).get("splits") or {}),
                                                 cache=self.eval_cache, progress=self.eval_progress,
                                                 limits=self.cfg.reward_server, rows=self.evals)

@@ -1,3 +1,5 @@
+import time
+
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter
@@ -355,3 +357,20 @@ def test_a_call_past_answer_within_s_is_answered_504_and_frees_its_slot_at_once(
     finally:
         gate.set()
         server.stop()
+
+
+def test_an_expected_long_call_keeps_livez_until_its_time_and_a_beat_ends_it():
+    """Regression (review of issue 46): up now restarts a service whose /livez fails, and a
+    training step or an evaluation batch longer than liveness_timeout_s never beats (a slow CPU,
+    a large model): the learner says how long it may take (Health.expect)."""
+    health = Health(liveness_timeout_s=0.05)
+    health.beat()
+    health.expect(0.5)
+    time.sleep(0.1)
+    assert health.live()[0]          # past liveness_timeout_s, within the expected call
+    health.beat()                    # the call is done: back to liveness_timeout_s
+    time.sleep(0.1)
+    assert not health.live()[0]
+    health.expect(0.05)
+    time.sleep(0.1)
+    assert not health.live()[0]      # past both
