@@ -382,14 +382,16 @@ class ScoringPool:
                     return {"reward": a, "extra": json.loads(b)}
                 return _failed(status, a)
         except (EOFError, OSError, BrokenPipeError):
-            pass  # the process died: below
+            ended = True  # its end of the socket closed: the process is dying (below)
         except Exception as e:  # noqa: BLE001 - its arguments cannot be pickled (an odd extra_info)
             return _failed("scorer_error", f"scorer {job.name}: the item cannot be sent to a scoring process: "
                                            f"{type(e).__name__}: {e}")
+        else:
+            ended = False
         if self._closed:
             return _failed("scorer_timeout", f"scorer {job.name}: not scored: the scoring pool closed")
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(0.05)
+        with contextlib.suppress(subprocess.TimeoutExpired):   # a dying process may take a moment to go
+            proc.wait(_JOIN_S if ended else 0.05)
         if proc.poll() is None:   # still running at its end: a timeout, or cut short by the deadline
             self._stop(slot)
             if end >= job.call.deadline:
