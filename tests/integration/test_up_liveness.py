@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -46,7 +47,7 @@ def _tiny(tmp_path, steps: int, **learner) -> object:
     return config
 
 
-def _fill_last_page(path) -> None:
+def _fill_last_page(path, strict: bool = True) -> None:
     """Append to `path` until its volume (full) refuses: the slack of its last page used up."""
     with open(path, "ab", buffering=0) as f:
         try:
@@ -54,7 +55,17 @@ def _fill_last_page(path) -> None:
                 f.write(b"\n")   # empty lines: none is left cut
         except OSError:
             return
-    raise AssertionError(f"{path}: its volume is not full")
+    if strict:
+        raise AssertionError(f"{path}: its volume is not full")
+
+
+def _keep_full(folder, logs, stop: threading.Event) -> None:
+    """Until `stop`: take back (in `folder`'s ballast) every page the run frees on its volume (the
+    learner prunes checkpoints there) and the slack of each log's last page: the volume stays full."""
+    while not stop.wait(0.2):
+        fill(folder)
+        for path in logs:
+            _fill_last_page(path, strict=False)
 
 
 def test_up_restarts_a_learner_hung_in_its_evaluation_and_outlives_a_full_output_volume(bootstrap, tmp_path):
@@ -85,9 +96,15 @@ def test_up_restarts_a_learner_hung_in_its_evaluation_and_outlives_a_full_output
                 time.sleep(0.5)
             restarted_s = time.monotonic() - t_hang
             up.wait_step(6, timeout_s=180)
+            more = fs / "refill"
+            more.mkdir()
             ballast = fill(fs)
-            for path in (up.log_path, up.state / "logs" / "reward-0.log"):
+            logs = (up.log_path, up.state / "logs" / "reward-0.log")
+            for path in logs:
                 _fill_last_page(path)   # its next line needs a page of its own: the next write fails
+            full = threading.Event()
+            keeper = threading.Thread(target=_keep_full, args=(more, logs, full), daemon=True)
+            keeper.start()
             step_at_fill = up.progress().get("step")
             time.sleep(5)
             reward = up.child_pid("reward-0")
@@ -95,7 +112,10 @@ def test_up_restarts_a_learner_hung_in_its_evaluation_and_outlives_a_full_output
             time.sleep(FULL_S - 5)
             step_while_full = up.progress().get("step")
             restarted = up.child_pid("reward-0")
+            full.set()
+            keeper.join()
             ballast.unlink()
+            (more / "ballast").unlink(missing_ok=True)
             rc = up.wait(300)
         finally:
             up.close()
