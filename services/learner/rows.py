@@ -87,6 +87,16 @@ class BadRow:
         return f"{self.where or f'row {self.index + 1}'}: {self.field}: {self.reason}"
 
 
+def prompt_tokens(tokenizer: Any, row: PromptRow, index: int) -> int | BadRow:
+    """The number of tokens of row `index`'s chat as the actor encodes it, or why it has none
+    (the template refuses it, or it tokenizes to nothing): training and evaluation rows alike."""
+    try:
+        n = len(encode_prompt(tokenizer, row))
+    except Exception as e:  # noqa: BLE001 - a template that refuses the chat (e.g. roles out of order)
+        return BadRow(index, "prompt", f"the model's chat template refused it: {type(e).__name__}: {e}")
+    return n if n else BadRow(index, "prompt", "the chat tokenizes to no tokens")
+
+
 def prompt_record(lc: LearnerSection, row: PromptRow, pid: str, epoch: int, index: int, attempt: int,
                   run_id: str, min_policy_version: int) -> Prompt:
     """The rl.prompts record of dataset row `row` (attempt n > 0: seed + 7919 n, a new sample).
@@ -137,12 +147,9 @@ def _why(lc: LearnerSection, row: PromptRow | RowError, index: int, tokenizer: A
     if len(value) > max_record_bytes - RECORD_MARGIN:
         return BadRow(index, "prompt", f"the prompt record is {len(value)} bytes > rl.prompts' largest record "
                                        f"{max_record_bytes} less {RECORD_MARGIN} for its ids")
-    try:
-        n = len(encode_prompt(tokenizer, row))
-    except Exception as e:  # noqa: BLE001 - a template that refuses the chat (e.g. roles out of order)
-        return BadRow(index, "prompt", f"the model's chat template refused it: {type(e).__name__}: {e}")
-    if n == 0:
-        return BadRow(index, "prompt", "the chat tokenizes to no tokens")
+    n = prompt_tokens(tokenizer, row, index)
+    if isinstance(n, BadRow):
+        return n
     if n > limits.max_prompt_tokens:
         return BadRow(index, "prompt", f"{n} tokens > actor.max_prompt_tokens {limits.max_prompt_tokens}")
     if context is not None and n + lc.max_new_tokens > context:
@@ -474,12 +481,9 @@ def eval_why(lc: LearnerSection, tokenizer: Any, context: int | None) -> Why:
             return BadRow(index, row.field, row.reason)
         if tokenizer is None:
             return None
-        try:
-            n = len(encode_prompt(tokenizer, row))
-        except Exception as e:  # noqa: BLE001 - a template that refuses the chat (e.g. roles out of order)
-            return BadRow(index, "prompt", f"the model's chat template refused it: {type(e).__name__}: {e}")
-        if n == 0:
-            return BadRow(index, "prompt", "the chat tokenizes to no tokens")
+        n = prompt_tokens(tokenizer, row, index)
+        if isinstance(n, BadRow):
+            return n
         m = lc.eval_max_new_tokens
         if context is not None and n + m > context:
             return BadRow(index, "prompt", f"{n} tokens + learner.eval_max_new_tokens {m} = {n + m} > the model's "
