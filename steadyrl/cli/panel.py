@@ -3,8 +3,8 @@ services' scrolling lines.
 
 What it shows (`PanelState`, drawn by the pure `render`): the step against the total with an
 ETA, the last batch's reward, the phase (during an evaluation, which one and the splits done so
-far), the last evaluation accuracy per split, the reward proxy's breaker state (each reward
-worker's `steadyrl_reward_breaker_state`), the DLQ count, and the restarts ("2 crashes
+far), the last evaluation accuracy per split, the circuit breaker each reward worker keeps
+on its calls to the reward server (`steadyrl_reward_breaker_state`), the DLQ count, and the restarts ("2 crashes
 absorbed") beside the run's counts (`Counts.line()`, as the SUMMARY prints them). The figures
 come through steadyrl.runview, as `steadyrl status` reads them.
 
@@ -152,7 +152,7 @@ def render(s: PanelState) -> RenderableType:
     evals = Text(", ".join(f"{name} " + " -> ".join(f"{when} {acc:.3f}" for when, acc in sorted(ev.items(),
                            key=lambda kv: kv[0] != "before")) for name, ev in s.evals.items()) or "none yet")
     grid.add_row("accuracy", evals)
-    grid.add_row("breaker", Text.assemble(_breaker(s), ("  (reward proxy)", "dim")))
+    grid.add_row("breaker", Text.assemble(_breaker(s), ("  (reward workers -> reward server)", "dim")))
     grid.add_row("DLQ", Text(str(s.dlq), style="yellow" if s.dlq else ""))
     grid.add_row("restarts", _restarts(s))
     grid.add_row("checkpoint", Text(s.checkpoint or "none yet"))
