@@ -99,7 +99,9 @@ def test_every_fault_is_its_items_error_and_the_good_items_are_scored(served):
     assert "exited with code 3" in by["exit"]["error"]
     assert "MemoryError" in by["alloc"]["error"] and "memory_limit_mb 512" in by["alloc"]["error"]
     assert "'0.7' (str), not a number" in by["str"]["error"] and "True (bool)" in by["bool"]["error"]
-    assert took < 6.0 + 1.0, took   # within call_deadline_s
+    # within call_deadline_s (6 s), plus slack for a loaded 2-core machine (a hang without the
+    # deadline would run to the client's 30 s)
+    assert took < 6.0 + 4.0, took
     assert server.pool is not None and server.pool.restarts == {"scorer_timeout": 1, "scorer_crash": 1}
     # and it serves on, with the processes replaced
     r = httpx.post(f"{url}/score", json={"items": _items("ok", "numpy")})
@@ -121,7 +123,7 @@ def test_a_call_is_answered_by_its_deadline_and_hanging_calls_never_hold_a_slot(
         assert a.status_code == 200, a.text
         kinds = [s.get("kind") for s in a.json()["scores"]]
         assert kinds == [None, None, "scorer_timeout", "scorer_timeout"], kinds
-    assert took < 2 * 6.0, took
+    assert took < 2 * 6.0 + 4.0, took   # two waves of call_deadline_s, plus slack for load
     assert httpx.get(f"{url}/readyz").status_code == 200
     r = httpx.post(f"{url}/score", json={"items": _items("ok")})
     assert r.status_code == 200 and r.json()["scores"] == [{"reward": 1.0, "extra": {}}]
