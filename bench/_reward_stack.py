@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 
 from steadyrl.broker import LocalBroker, fetch, free_port
+from steadyrl.bus.topics import create_topics
 from steadyrl.testing.procs import ServiceProc
-from steadyrl.topics import create_topics
 
 
 @contextlib.contextmanager

@@ -92,10 +92,10 @@ def http(engine: str, dtype: str, bootstrap: str, work: Path, per_request: int) 
     worker's batch_size: 8 by default), all in flight at once, as that many workers send them."""
     import httpx
 
+    from steadyrl.bus.topics import create_topics
     from steadyrl.cli.up import vllm_python
     from steadyrl.models import SMOLLM2
     from steadyrl.testing.procs import ServiceProc, unique_prefix
-    from steadyrl.topics import create_topics
 
     prefix = unique_prefix()
     create_topics(bootstrap, prefix)

@@ -205,8 +205,8 @@ def one(phase: str, shape: str, T: int, N: int) -> dict:
         bf16 = sum(int((before[k].bfloat16() != after[k].bfloat16()).sum()) for k in before)
         out |= {"elements": n, "changed_fp32": fp32 / n, "changed_bf16": bf16 / n, "lr": 1e-6}
     elif phase == "record":
-        from steadyrl import codec
-        from steadyrl.contracts import Prompt, RolloutGroup, Sample
+        from steadyrl.wire import codec
+        from steadyrl.wire.contracts import Prompt, RolloutGroup, Sample
 
         p = Prompt(prompt_id="e0-i0", epoch=0, index=0, n_samples=N, max_new_tokens=T,
                    messages=[{"role": "user", "content": "x" * 200}])

@@ -358,8 +358,8 @@ def run_pipeline(tag: str, config: Path, bootstrap: str, offset: int, work: Path
                  timeout_s: float, keep: bool = False, tree: Path = ROOT) -> dict:
     """One pipeline run: `steadyrl up` from the checkout `tree` (its code: `python -m` puts the
     working folder first on sys.path, and every service inherits it), this venv's python."""
-    from steadyrl import codec
-    from steadyrl.contracts import PolicyUpdate, Prompt, RolloutGroup, ScoredGroup
+    from steadyrl.wire import codec
+    from steadyrl.wire.contracts import PolicyUpdate, Prompt, RolloutGroup, ScoredGroup
 
     lc = learner_section(config)
     n, B = lc["steps"], lc["prompts_per_step"]

@@ -441,7 +441,7 @@ class LocalBroker:
                 "super.users": "User:admin",
             }
         if self.replication_factor > 1:
-            # topics created without their own settings (the catalogue's set both, steadyrl.topics)
+            # topics created without their own settings (the catalogue's set both, steadyrl.bus.topics)
             props["default.replication.factor"] = rf
             props["min.insync.replicas"] = min_isr
         return "".join(f"{k}={v}\n" for k, v in props.items())

@@ -29,8 +29,8 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs published
 
 from steadyrl import diskspace
-from steadyrl.contracts import ScoredGroup
 from steadyrl.files import replacing
+from steadyrl.wire.contracts import ScoredGroup
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from steadyrl.broker import LocalBroker, fetch, free_port
-from steadyrl.topics import create_topics
+from steadyrl.bus.topics import create_topics
 from tests.helpers import unique_prefix
 
 

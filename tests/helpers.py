@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from steadyrl.contracts import Prompt, RolloutGroup, Sample
 from steadyrl.rewards import numeric_match
 from steadyrl.testing.procs import ServiceProc, decode_all, produce_all, producer, read_all, unique_prefix  # noqa: F401
+from steadyrl.wire.contracts import Prompt, RolloutGroup, Sample
 
 ROOT = Path(__file__).resolve().parent.parent
 

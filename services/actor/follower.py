@@ -27,16 +27,17 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from steadyrl import codec, policy_files
+from steadyrl import policy_files
 from steadyrl.bus.kafka import consumer_config
-from steadyrl.contracts import PolicyUpdate
+from steadyrl.bus.topics import topic_name
 from steadyrl.http import Health
 from steadyrl.policy_files import PolicyRefused
 from steadyrl.services.actor import gate
 from steadyrl.services.actor.config import ActorConfig
 from steadyrl.services.actor.model import ServedModel
 from steadyrl.services.actor.vllm_engine import EngineDead
-from steadyrl.topics import topic_name
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import PolicyUpdate
 
 log = logging.getLogger("steadyrl.actor")
 

@@ -8,6 +8,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from steadyrl.bus.topics import load_catalogue
 from steadyrl.checkpoint import CheckpointError, read_key
 from steadyrl.config import ServiceConfig
 from steadyrl.data import (
@@ -28,7 +29,6 @@ from steadyrl.scorepool import ScoringLimits
 from steadyrl.services.learner.prompt_gate import PromptGateConfig
 from steadyrl.services.learner.watch import WatchConfig
 from steadyrl.stack import LearnerStack
-from steadyrl.topics import load_catalogue
 
 DEFAULT_EVAL_SPLITS = {"level04": "data/arithmetic/test_level04.parquet",
                        "level09": "data/arithmetic/test_level09.parquet"}
@@ -95,7 +95,7 @@ class LearnerSection(LearnerStack):
     eval_max_new_tokens: int = Field(32, ge=1)
     steps: int = Field(20, ge=1, description="Policy updates; the learner exits when done.")
     prompts_per_step: int = Field(8, ge=1, description="B: groups per update.")
-    # the prompt contract's bounds (steadyrl/contracts.py Prompt): a value past them would make
+    # the prompt contract's bounds (steadyrl/wire/contracts.py Prompt): a value past them would make
     # every prompt record invalid, so it fails here, at start, naming the field
     group_size: int = Field(8, ge=1, le=1024, description="G: samples per prompt.")
     top_p: float = Field(1.0, gt=0, le=1)

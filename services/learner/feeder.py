@@ -30,7 +30,6 @@ from collections.abc import Collection, Sequence
 from prometheus_client import Counter, Gauge
 
 from steadyrl.config import ConfigError
-from steadyrl.contracts import Prompt, now_ms
 from steadyrl.data import PromptRow, RowError
 from steadyrl.rl.loop import prompt_order
 from steadyrl.runfolder import Count
@@ -39,6 +38,7 @@ from steadyrl.services.learner.outbox import Outbox
 from steadyrl.services.learner.prompt_gate import PromptGate
 from steadyrl.services.learner.rows import RowCheck, prompt_record
 from steadyrl.services.learner.state import InFlight, RunState
+from steadyrl.wire.contracts import Prompt, now_ms
 
 IN_FLIGHT = Gauge("steadyrl_learner_prompts_in_flight", "Prompts published and not yet trained")
 PUBLISHED = Counter("steadyrl_learner_prompts_published", "Prompts published to rl.prompts", ["kind"])

@@ -63,9 +63,8 @@ from pathlib import Path
 from confluent_kafka import Consumer, Message, TopicPartition
 from prometheus_client import Counter, Gauge
 
-from steadyrl import codec, diskspace
+from steadyrl import diskspace
 from steadyrl.bus.kafka import consumer_config
-from steadyrl.contracts import DLQReason, DLQRecord, Prompt, ScoredGroup, now_ms
 from steadyrl.files import append_line
 from steadyrl.quarantine import RELEASE_HEADER
 from steadyrl.runfolder import Count
@@ -76,6 +75,8 @@ from steadyrl.services.learner.outbox import Outbox
 from steadyrl.services.learner.refusals import Refusals, default_limit
 from steadyrl.services.learner.state import REASONS_KEPT, InFlight, Ready, RunState
 from steadyrl.services.learner.tokens import TokenLimits
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import DLQReason, DLQRecord, Prompt, ScoredGroup, now_ms
 
 log = logging.getLogger("steadyrl.learner")
 

@@ -30,9 +30,9 @@ import torch
 from confluent_kafka import Consumer, TopicPartition
 
 from steadyrl import diskspace, failpoints
+from steadyrl.bus.topics import topic_id, topic_name
 from steadyrl.checkpoint import AsyncCheckpointer, CheckpointError, rng_state
 from steadyrl.config import ConfigError
-from steadyrl.contracts import now_ms
 from steadyrl.files import write_atomic
 from steadyrl.models import load_policy
 from steadyrl.rl import distributed
@@ -63,7 +63,7 @@ from steadyrl.services.learner.screen import Screen
 from steadyrl.services.learner.stall import EVALUATING, Stall
 from steadyrl.services.learner.tokens import TokenLimits
 from steadyrl.services.learner.trackers import Trackers, provenance
-from steadyrl.topics import topic_id, topic_name
+from steadyrl.wire.contracts import now_ms
 
 if TYPE_CHECKING:
     from steadyrl.http import Health

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from steadyrl.contracts import ScoredGroup
 from steadyrl.runfolder import Count
 from steadyrl.services.learner.drift import ParamDrift, kl_trend
 from steadyrl.services.learner.state import RunState
+from steadyrl.wire.contracts import ScoredGroup
 
 if TYPE_CHECKING:
     import torch

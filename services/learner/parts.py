@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 from steadyrl import checkpoint as ck
 from steadyrl import diskspace
 from steadyrl.config import ConfigError
-from steadyrl.contracts import ScoredGroup
 from steadyrl.files import append_lines
 from steadyrl.rollout_cache import CacheSchemaError, RolloutCache
 from steadyrl.services.learner.metrics import EXPORTED
 from steadyrl.services.learner.state import Ready, RunState
+from steadyrl.wire.contracts import ScoredGroup
 
 if TYPE_CHECKING:
     from steadyrl.services.learner.loop import Learner

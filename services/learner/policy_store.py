@@ -20,10 +20,10 @@ from prometheus_client import Gauge
 
 from steadyrl import diskspace, policy_files
 from steadyrl.checkpoint import CheckpointError, refuse_nonfinite, unique_tensors
-from steadyrl.contracts import PolicyUpdate
 from steadyrl.models import state_dict_mismatch
 from steadyrl.services.learner.outbox import Outbox
 from steadyrl.services.learner.state import RunState
+from steadyrl.wire.contracts import PolicyUpdate
 
 if TYPE_CHECKING:
     import torch

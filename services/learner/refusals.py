@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from steadyrl.contracts import DLQReason
+from steadyrl.wire.contracts import DLQReason
 
 #: The error a reward worker writes for reason scorer_error (client.scorer_error_detail).
 SCORER_ERROR = re.compile(r"prompt \S+: (\d+) of (\d+) items unscored: (.*)", re.S)

@@ -55,15 +55,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from steadyrl import codec
+from steadyrl.bus.topics import load_catalogue
 from steadyrl.config import ConfigError
-from steadyrl.contracts import Prompt
 from steadyrl.data import Beat, MemoryRows, PromptRow, RowError, Rows, where
 from steadyrl.files import replacing
 from steadyrl.limits import GenerationLimits
 from steadyrl.rl.loop import encode_prompt, prompt_seed
 from steadyrl.services.learner.config import LearnerSection, data_label, open_dataset, spread
-from steadyrl.topics import load_catalogue
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import Prompt
 
 log = logging.getLogger("steadyrl.learner")
 

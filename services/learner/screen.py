@@ -16,7 +16,6 @@ import logging
 
 from prometheus_client import Counter, Gauge
 
-from steadyrl.contracts import QuarantinedGroup
 from steadyrl.quarantine import batch_id as make_batch_id
 from steadyrl.rl.trainer import NonFiniteStep
 from steadyrl.runfolder import Count
@@ -25,6 +24,7 @@ from steadyrl.services.learner.intake import GROUPS
 from steadyrl.services.learner.outbox import Outbox
 from steadyrl.services.learner.state import Held, Ready, RunState
 from steadyrl.services.learner.watch import RewardWatch
+from steadyrl.wire.contracts import QuarantinedGroup
 
 log = logging.getLogger("steadyrl.learner")
 

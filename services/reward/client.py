@@ -64,10 +64,10 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from steadyrl.breaker import CircuitBreaker, State
 from steadyrl.bus.stage import RetryLater, refusal_reason
-from steadyrl.codec import Rejected
-from steadyrl.contracts import DLQReason, RewardSource, RolloutGroup
 from steadyrl.http import response_detail
 from steadyrl.scorepool import DEADLINE
+from steadyrl.wire.codec import Rejected
+from steadyrl.wire.contracts import DLQReason, RewardSource, RolloutGroup
 
 if TYPE_CHECKING:
     from steadyrl.services.reward.cache import ScoreCache

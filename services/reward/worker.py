@@ -21,11 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.breaker import CircuitBreaker
 from steadyrl.bus.stage import Output, RetryLater, Stage
-from steadyrl.codec import Rejected
 from steadyrl.config import ServiceConfig, load
-from steadyrl.contracts import Contract, RolloutGroup, ScoredGroup
 from steadyrl.service import run_service
 from steadyrl.services.reward.client import RewardClient
+from steadyrl.wire.codec import Rejected
+from steadyrl.wire.contracts import Contract, RolloutGroup, ScoredGroup
 
 if TYPE_CHECKING:
     from steadyrl.bus.stage import BatchHandler, Meta

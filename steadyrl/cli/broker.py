@@ -10,6 +10,7 @@ from pathlib import Path
 
 from steadyrl import acl
 from steadyrl import broker as b
+from steadyrl.bus.topics import create_topics, list_topics
 from steadyrl.cli.common import (
     LOCAL_BOOTSTRAP,
     CliError,
@@ -18,7 +19,6 @@ from steadyrl.cli.common import (
     _require_broker,
     add_common_options,
 )
-from steadyrl.topics import create_topics, list_topics
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
@@ -99,13 +99,13 @@ def cmd_acl(args: argparse.Namespace) -> int:
 
 
 def cmd_schemas(args: argparse.Namespace) -> int:
-    from steadyrl.schemas import check_schemas, export_schemas  # lazy: entry point (a command), keeps --help fast
+    from steadyrl.wire.schemas import check_schemas, export_schemas  # lazy: entry point (a command), keeps --help fast
 
     if args.action == "export":
         for p in export_schemas():
             print(p)
         return 0
-    from steadyrl.contracts import ALL_CONTRACTS  # lazy: entry point (a command), keeps `steadyrl --help` fast
+    from steadyrl.wire.contracts import ALL_CONTRACTS  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     problems = check_schemas()
     for problem in problems:

@@ -18,12 +18,12 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
     """list | show | release | drop batches on rl.quarantine (steadyrl/quarantine.py)."""
     from confluent_kafka import KafkaException  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
-    from steadyrl.contracts import QuarantineAction  # lazy: entry point (a command), keeps `steadyrl --help` fast
     from steadyrl.quarantine import (  # lazy: entry point (a command), keeps `steadyrl --help` fast
         QuarantineError,
         decide,
         read_quarantine,
     )
+    from steadyrl.wire.contracts import QuarantineAction  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
     if args.action in ("release", "drop"):

@@ -26,8 +26,8 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace, pool: Any) -> int:
-    from steadyrl.contracts import RewardSource  # lazy: entry point (a command), keeps `steadyrl --help` fast
     from steadyrl.scorers import ScorerError, build_scorer  # lazy: entry point (a command), keeps --help fast
+    from steadyrl.wire.contracts import RewardSource  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     try:
         scorer = build_scorer(args.scorer, pool=pool)

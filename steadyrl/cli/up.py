@@ -57,6 +57,7 @@ import httpx
 from steadyrl import acl, placement, ports
 from steadyrl import broker as b
 from steadyrl.bus import kafka
+from steadyrl.bus.topics import create_topics, load_catalogue
 from steadyrl.cli.common import CliError, _bootstrap, _local_broker, _require_broker, add_common_options
 from steadyrl.config import config_path
 from steadyrl.files import write_atomic
@@ -64,7 +65,6 @@ from steadyrl.output import guard_stdio
 from steadyrl.runfolder import run_finished
 from steadyrl.stack import StackError, StackSettings, load_stack
 from steadyrl.supervisor import BrokerWatch, Child, Liveness, Supervisor
-from steadyrl.topics import create_topics, load_catalogue
 
 if TYPE_CHECKING:
     from steadyrl.cli.panel import LivePanel

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from steadyrl.contracts import RewardSource, ScoredGroup
 from steadyrl.replay.window import Record, Window, format_ms
 from steadyrl.scorers import Scorer, build_scorer
+from steadyrl.wire.contracts import RewardSource, ScoredGroup
 
 
 # ---- re-scoring -------------------------------------------------------------------------------

@@ -280,7 +280,7 @@ def section_flags_of_up() -> dict[str, list[str]]:
 
 
 def catalogue_partitions() -> dict[str, int]:
-    from steadyrl.topics import load_catalogue
+    from steadyrl.bus.topics import load_catalogue
 
     return {name: spec.partitions for name, spec in load_catalogue().items()}
 

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from steadyrl.broker import LocalBroker, free_port_pair
+from steadyrl.bus.topics import create_topics
 from steadyrl.supervisor import BrokerWatch
-from steadyrl.topics import create_topics
 from tests.helpers import producer, unique_prefix
 
 

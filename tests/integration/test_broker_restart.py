@@ -6,7 +6,7 @@ import time
 import pytest
 
 from steadyrl.broker import LocalBroker, free_port
-from steadyrl.topics import create_topics
+from steadyrl.bus.topics import create_topics
 from tests.helpers import producer, read_all, unique_prefix
 
 N = 3000

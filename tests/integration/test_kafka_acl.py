@@ -9,13 +9,14 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from steadyrl import acl, codec
+from steadyrl import acl
 from steadyrl.broker import LocalBroker, ensure_password, free_port
 from steadyrl.bus import kafka
 from steadyrl.bus.kafka import KafkaAuth, client_config
-from steadyrl.contracts import Prompt, ScoredGroup
+from steadyrl.bus.topics import create_topics
 from steadyrl.testing import audit_pipeline, explain, unique_prefix
-from steadyrl.topics import create_topics
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import Prompt, ScoredGroup
 from tests.helpers import rollout_group
 from tests.integration.test_pipeline import Up, _config
 

@@ -15,11 +15,11 @@ import httpx
 import pytest
 import yaml
 
-from steadyrl import codec
-from steadyrl.contracts import ScoredGroup
 from steadyrl.quarantine import read_quarantine
 from steadyrl.testing import RunDir, audit_pipeline, explain, read_all, run_ids, unique_prefix, up_child_pid
 from steadyrl.testing.stack import parse_metrics
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import ScoredGroup
 from tests.helpers import ROOT
 
 TINY = ROOT / "configs" / "tiny.yaml"

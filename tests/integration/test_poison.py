@@ -54,13 +54,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from steadyrl import codec
 from steadyrl.bus.kafka import read_topic
 from steadyrl.bus.records import RECORD_FRAMING_BYTES, record_bytes
-from steadyrl.contracts import DLQReason, DLQRecord, Prompt, RolloutGroup, Sample, ScoredGroup
+from steadyrl.bus.topics import load_catalogue
 from steadyrl.testing import audit_run, committed_offsets, producer, stage_audit
 from steadyrl.testing.audit import STAGE_GROUPS
-from steadyrl.topics import load_catalogue
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import DLQReason, DLQRecord, Prompt, RolloutGroup, Sample, ScoredGroup
 from tests.integration.test_pipeline import Up, _config
 
 STEPS, BATCH = 30, 8

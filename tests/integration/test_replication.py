@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from steadyrl.broker import LocalCluster, fetch, free_port_pair
+from steadyrl.bus.topics import create_topics, load_catalogue
 from steadyrl.testing import REPO, Pipeline, RunDir, audit_pipeline, explain
-from steadyrl.topics import create_topics, load_catalogue
 
 STEPS = 40
 KILL_AT_STEP = 12          # the learner's step when the leader of rl.scored is killed

@@ -10,10 +10,10 @@ from collections import Counter
 import pytest
 from prometheus_client import REGISTRY
 
-from steadyrl import codec
 from steadyrl.bus.stage import RECORD_FRAMING_BYTES, Output, RetryLater, Stage, record_bytes
-from steadyrl.contracts import DLQReason, DLQRecord, RewardSource, RolloutGroup, ScoredGroup
-from steadyrl.topics import load_catalogue
+from steadyrl.bus.topics import load_catalogue
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import DLQReason, DLQRecord, RewardSource, RolloutGroup, ScoredGroup
 from tests.helpers import decode_all, read_all, rollout_group
 
 

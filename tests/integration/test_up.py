@@ -135,7 +135,7 @@ def test_up_refuses_a_foreign_broker_on_its_port_and_leaves_that_stack_alone(tmp
     from confluent_kafka.admin import AdminClient
 
     from steadyrl.broker import ForeignBroker, random_cluster_id
-    from steadyrl.topics import create_topics
+    from steadyrl.bus.topics import create_topics
 
     port, offset = free_port_pair(), _offset()
     foreign = LocalBroker(tmp_path / "foreign", port=port, controller_port=port + 1)

@@ -18,11 +18,12 @@ import httpx
 import pytest
 import torch
 
-from steadyrl import codec, policy_files
+from steadyrl import policy_files
 from steadyrl.checkpoint import unique_tensors
-from steadyrl.contracts import PolicyUpdate
 from steadyrl.models import tiny_model, tiny_tokenizer
 from steadyrl.rl.core import token_logprobs
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import PolicyUpdate
 from tests.helpers import ServiceProc, produce_all
 
 RUN = "r20261201T120000-vllm"
@@ -88,7 +89,7 @@ def actor(bootstrap, tmp_path_factory):
     from steadyrl.testing.procs import unique_prefix
 
     prefix = unique_prefix()
-    from steadyrl.topics import create_topics
+    from steadyrl.bus.topics import create_topics
 
     create_topics(bootstrap, prefix)
     base = tiny_folder(tmp / "base")

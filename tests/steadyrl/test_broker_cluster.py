@@ -8,7 +8,7 @@ import re
 import pytest
 
 from steadyrl.broker import LocalBroker, LocalCluster, random_cluster_id
-from steadyrl.topics import create_topics
+from steadyrl.bus.topics import create_topics
 
 
 def props(broker: LocalBroker) -> dict[str, str]:

@@ -189,9 +189,9 @@ def test_a_version_that_cannot_be_loaded_is_refused_and_the_follower_goes_on(tmp
 
     from prometheus_client import REGISTRY
 
-    from steadyrl.contracts import PolicyUpdate
     from steadyrl.policy_files import INDEX
     from steadyrl.services.actor.follower import PolicyFollower
+    from steadyrl.wire.contracts import PolicyUpdate
 
     actor = _actor(tmp_path)
     folder = tmp_path / "r20261129T100000-aaaa" / "v000001"

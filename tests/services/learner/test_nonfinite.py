@@ -8,9 +8,9 @@ from prometheus_client import REGISTRY
 
 from steadyrl import checkpoint as ck
 from steadyrl import policy_files
-from steadyrl.contracts import QuarantinedGroup
 from steadyrl.rl import core
 from steadyrl.services.learner.state import RunState
+from steadyrl.wire.contracts import QuarantinedGroup
 from tests.services.learner.conftest import Msg, scored
 
 

@@ -111,7 +111,7 @@ def test_fewer_rows_than_a_step_exits_2_naming_the_file(tmp_path):
 
 
 def test_the_config_bounds_match_the_prompt_contract():
-    from steadyrl.contracts import Prompt
+    from steadyrl.wire.contracts import Prompt
 
     for field, contract in (("group_size", "n_samples"), ("max_new_tokens", "max_new_tokens")):
         bound = [m.le for m in Prompt.model_fields[contract].metadata if hasattr(m, "le")]
@@ -136,8 +136,8 @@ def test_a_file_that_is_not_a_dataset_exits_2_naming_it(tmp_path):
 def test_a_row_within_a_few_bytes_of_the_record_limit_is_left_out(tmp_path, tiny):
     """Regression (review): the check's record has placeholder ids; a real one is a few bytes
     longer, so a row just under the limit passed and failed at publish."""
-    from steadyrl import codec
     from steadyrl.services.learner.rows import RECORD_MARGIN, check_row, prompt_record
+    from steadyrl.wire import codec
 
     model, tok = tiny
     lc = LearnerSection(model="tiny", data="tiny_copy:8", eval_data=None, max_new_tokens=4)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from steadyrl import cli
-from steadyrl.topics import load_catalogue
+from steadyrl.bus.topics import load_catalogue
 from tests.helpers import ROOT
 
 UNREACHABLE = "127.0.0.1:1"  # nothing listens on port 1: connection refused at once

@@ -10,7 +10,7 @@ writes them; a test fails when a file and its model disagree).
 
 Numbers are finite and bounded. Every float is finite (`Finite`: NaN and Infinity, as a JSON
 literal, a string such as "nan" or a literal that overflows, are refused: `non_finite` in
-steadyrl/codec.py); token ids are in [0, 2**31 - 1] (`TokenId`: no vocabulary is larger, and
+steadyrl/wire/codec.py); token ids are in [0, 2**31 - 1] (`TokenId`: no vocabulary is larger, and
 a larger id would overflow the int32/int64 tensors of every engine; whether an id is in the
 model's vocabulary is the learner's check); counters, versions, offsets and timestamps are
 int64 (`Int64`: a bigger integer overflows a metric's float or a tensor). These bounds came
