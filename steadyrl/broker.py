@@ -54,7 +54,7 @@ from typing import Any, NamedTuple
 
 from steadyrl.assets import asset_dir, user_cache_dir
 from steadyrl.bus.kafka import KafkaAuth, client_config
-from steadyrl.diskspace import pid_alive
+from steadyrl.run.diskspace import pid_alive
 
 log = logging.getLogger(__name__)
 

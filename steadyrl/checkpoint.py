@@ -73,9 +73,10 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from steadyrl import diskspace, failpoints
-from steadyrl.files import fsync_dir, sha256_file, write_atomic
+from steadyrl import failpoints
 from steadyrl.models import state_dict_mismatch
+from steadyrl.run import diskspace
+from steadyrl.run.files import fsync_dir, sha256_file, write_atomic
 
 # torch.distributed.checkpoint (DCP) takes seconds to import: the format-3 (sharded) functions
 # import it themselves (`# lazy: heavy (torch DCP)`).
@@ -748,7 +749,7 @@ class AsyncCheckpointer:
         def run() -> None:
             _lower_priority()
             t0 = time.perf_counter()
-            try:  # a full disk: retried with backoff until space returns (steadyrl.diskspace.retry)
+            try:  # a full disk: retried with backoff until space returns (steadyrl.run.diskspace.retry)
                 final = diskspace.retry(attempt, "checkpoint", self.root / f"step_{step:06d}", beat=lambda: None)
                 self.last_seconds = time.perf_counter() - t0
             except BaseException as e:  # noqa: BLE001 - handed to wait(), which raises it in the caller

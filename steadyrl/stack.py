@@ -8,7 +8,7 @@ and must decide a few things before any service reads them: the actor's interpre
 (services/learner/config.py LearnerSection) extends `LearnerStack` and the actor's
 (services/actor/config.py ActorSection) extends `ActorStack`, both of which extend `PolicyModel`,
 so `up`, the learner and the actor read one field with one default and one bound. The run
-folder's schema and counter names are steadyrl.runfolder's; the request limits actor and learner
+folder's schema and counter names are steadyrl.run.runfolder's; the request limits actor and learner
 agree on are steadyrl.limits'.
 
 `load_stack` reads them as every service reads its settings (steadyrl.config): defaults <

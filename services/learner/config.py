@@ -106,7 +106,7 @@ class LearnerSection(LearnerStack):
                                                    "state.json names survives a crash mid-step).")
     keep_earlier_runs: int = Field(1, ge=0, description="Earlier runs under policy_root that keep their newest "
                                                         "version (for steadyrl export); older runs are deleted "
-                                                        "(steadyrl/policy_files.py prune).")
+                                                        "(steadyrl/run/policy_files.py prune).")
     state_dir: Path = Field(Path(".steadyrl/learner"), description="Run state, audit log and summary.")
     resume: str = Field("auto", description="auto: continue the unfinished run in state_dir from its newest "
                                             "valid checkpoint; never: always a new run; or a checkpoint folder.")

@@ -32,7 +32,7 @@ from prometheus_client import Counter, Gauge
 from steadyrl.config import ConfigError
 from steadyrl.data import PromptRow, RowError
 from steadyrl.rl.loop import prompt_order
-from steadyrl.runfolder import Count
+from steadyrl.run.runfolder import Count
 from steadyrl.services.learner.config import LearnerSection, data_label
 from steadyrl.services.learner.outbox import Outbox
 from steadyrl.services.learner.prompt_gate import PromptGate

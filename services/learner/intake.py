@@ -63,11 +63,11 @@ from pathlib import Path
 from confluent_kafka import Consumer, Message, TopicPartition
 from prometheus_client import Counter, Gauge
 
-from steadyrl import diskspace
 from steadyrl.bus.kafka import consumer_config
-from steadyrl.files import append_line
-from steadyrl.quarantine import RELEASE_HEADER
-from steadyrl.runfolder import Count
+from steadyrl.run import diskspace
+from steadyrl.run.files import append_line
+from steadyrl.run.quarantine import RELEASE_HEADER
+from steadyrl.run.runfolder import Count
 from steadyrl.services.learner.buffer import MAX_EVICTIONS, evictions
 from steadyrl.services.learner.config import LearnerSection
 from steadyrl.services.learner.dlq_check import uncounted

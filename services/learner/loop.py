@@ -29,18 +29,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from confluent_kafka import Consumer, TopicPartition
 
-from steadyrl import diskspace, failpoints
+from steadyrl import failpoints
 from steadyrl.bus.topics import topic_id, topic_name
 from steadyrl.checkpoint import AsyncCheckpointer, CheckpointError, rng_state
 from steadyrl.config import ConfigError
-from steadyrl.files import write_atomic
 from steadyrl.models import load_policy
 from steadyrl.rl import distributed
 from steadyrl.rl.config import resolve_autocast
 from steadyrl.rl.loop import prompt_order
 from steadyrl.rl.trainer import Group, NonFiniteStep, Trainer
-from steadyrl.rollout_cache import rows_of
-from steadyrl.runfolder import Count
+from steadyrl.run import diskspace
+from steadyrl.run.files import write_atomic
+from steadyrl.run.rollout_cache import rows_of
+from steadyrl.run.runfolder import Count
 from steadyrl.services.learner import disk, report, rows
 from steadyrl.services.learner.buffer import next_batch
 from steadyrl.services.learner.config import LearnerConfig, data_label, open_dataset
@@ -219,7 +220,7 @@ class Learner:
 
     def save_state(self) -> None:
         """state.json, written atomically (fsynced); on a full disk retried until space returns
-        (steadyrl.diskspace.retry: the previous state stays whole meanwhile)."""
+        (steadyrl.run.diskspace.retry: the previous state stays whole meanwhile)."""
         path, text = self.run_dir / "state.json", self._state_json()
         diskspace.retry(lambda: write_atomic(path, text), "state", path)
 

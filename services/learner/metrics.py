@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from steadyrl.runfolder import Count
+from steadyrl.run.runfolder import Count
 from steadyrl.services.learner.drift import ParamDrift, kl_trend
 from steadyrl.services.learner.state import RunState
 from steadyrl.wire.contracts import ScoredGroup

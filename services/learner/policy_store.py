@@ -1,6 +1,6 @@
 """The policy store: the learner writes each version's weights under `policy_root` and
 announces them on rl.policy (like prime-rl's `broadcast/filesystem.py`). Layout and checks:
-steadyrl/policy_files.py.
+steadyrl/run/policy_files.py.
 
 Version k is the weights after k steps (version 0: the initial ones). After each publish
 the store prunes by `policy_files.prune`'s rule: the run's newest `keep_policies` versions
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Gauge
 
-from steadyrl import diskspace, policy_files
 from steadyrl.checkpoint import CheckpointError, refuse_nonfinite, unique_tensors
 from steadyrl.models import state_dict_mismatch
+from steadyrl.run import diskspace, policy_files
 from steadyrl.services.learner.outbox import Outbox
 from steadyrl.services.learner.state import RunState
 from steadyrl.wire.contracts import PolicyUpdate
@@ -51,7 +51,7 @@ class PolicyStore:
         weight holds NaN or infinity (the trainer skips such steps: this never should).
 
         On a full disk (ENOSPC) the write is retried with backoff until space returns
-        (steadyrl.diskspace.retry, writer `policy`: logged, counted, /readyz `disk`): nothing is
+        (steadyrl.run.diskspace.retry, writer `policy`: logged, counted, /readyz `disk`): nothing is
         announced meanwhile, the previous version stays the newest on disk and on rl.policy.
 
         The version is announced from the page cache and fsynced after (policy_files.sync_version):

@@ -15,10 +15,10 @@ from prometheus_client import Gauge
 from scipy.stats import binomtest
 
 from steadyrl.config import ConfigError
-from steadyrl.files import write_atomic
 from steadyrl.rl.loop import ScorerRaisedOnEveryItem
 from steadyrl.rl.loop import evaluate as greedy_eval
-from steadyrl.runfolder import Counts
+from steadyrl.run.files import write_atomic
+from steadyrl.run.runfolder import Counts
 from steadyrl.scorepool import ScoringLimits
 from steadyrl.services.learner.config import LearnerSection, data_label
 from steadyrl.services.learner.rows import EvalSplit, eval_split
@@ -88,7 +88,7 @@ def cache_key(lc: LearnerSection, rows: list[Any], tok: Any, digest: str) -> str
 
 
 #: What the learner is told as an evaluation goes: (split, rows done, rows). The split is
-#: "test" for eval_data (steadyrl.runview.MAIN_SPLIT), else the harder split's name.
+#: "test" for eval_data (steadyrl.run.runview.MAIN_SPLIT), else the harder split's name.
 EvalProgress = Callable[[str, int, int], None]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from steadyrl.runfolder import Count
+from steadyrl.run.runfolder import Count
 from steadyrl.wire.contracts import ScoredGroup
 
 

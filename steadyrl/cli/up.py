@@ -60,9 +60,9 @@ from steadyrl.bus import kafka
 from steadyrl.bus.topics import create_topics, load_catalogue
 from steadyrl.cli.common import CliError, _bootstrap, _local_broker, _require_broker, add_common_options
 from steadyrl.config import config_path
-from steadyrl.files import write_atomic
 from steadyrl.output import guard_stdio
-from steadyrl.runfolder import run_finished
+from steadyrl.run.files import write_atomic
+from steadyrl.run.runfolder import run_finished
 from steadyrl.stack import StackError, StackSettings, load_stack
 from steadyrl.supervisor import BrokerWatch, Child, Liveness, Supervisor
 

@@ -249,7 +249,7 @@ class PolicyUpdate(Contract):
     step: Count64 = Field(description="Learner global step that produced it.")
     uri: str = Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f\x7f]+$",
                      description="The version's folder under the policy root (Hugging Face layout: "
-                                 "model.safetensors.index.json and its shards, steadyrl/policy_files.py); "
+                                 "model.safetensors.index.json and its shards, steadyrl/run/policy_files.py); "
                                  "before 1.2 one .safetensors file. No control characters.")
     sha256: str = Field(pattern=SHA256_PATTERN, description="Of the folder's index (which holds each "
                                                             "shard's); before 1.2 of the file.")
@@ -257,7 +257,7 @@ class PolicyUpdate(Contract):
     run_id: str = Field(default="", max_length=128,
                         description="Learner run; a later run's version 0 replaces any version of an earlier run.")
     high_water: Count64 = Field(default=0, description=(
-        "The highest version of run_id any learner wrote (steadyrl/policy_files.py raise_high_water); "
+        "The highest version of run_id any learner wrote (steadyrl/run/policy_files.py raise_high_water); "
         "above `version` after a learner resumed from an earlier checkpoint: the versions between were "
         "thrown away, and the actor serves prompts stamped with one of them with the version it serves. "
         "Before 1.4: 0."))

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from steadyrl.quarantine import read_quarantine
+from steadyrl.run.quarantine import read_quarantine
 from steadyrl.testing import RunDir, audit_pipeline, explain, read_all, run_ids, unique_prefix, up_child_pid
 from steadyrl.testing.stack import parse_metrics
 from steadyrl.wire import codec
@@ -106,7 +106,7 @@ def _audit_exactly_once(up: Up, bootstrap: str, steps: int, batch: int = 8) -> N
 
 def _published_weights(up: Up) -> dict:
     """The tensors of the last policy version the run announced, every byte checked."""
-    from steadyrl import policy_files
+    from steadyrl.run import policy_files
 
     st = up.run().state
     return policy_files.read_version((up.state / "policies").resolve(), st["policy_uri"], st["policy_sha256"])

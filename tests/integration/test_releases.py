@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from confluent_kafka import Producer
 
 from steadyrl.bus.kafka import read_topic
-from steadyrl.quarantine import RELEASE_HEADER, batch_id, decide, read_quarantine
+from steadyrl.run.quarantine import RELEASE_HEADER, batch_id, decide, read_quarantine
 from steadyrl.services.learner import loop
 from steadyrl.services.learner.config import LearnerConfig
 from steadyrl.services.learner.intake import open_consumer

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from steadyrl.broker import free_port_pair
-from steadyrl.runfolder import RunDir
+from steadyrl.run.runfolder import RunDir
 from tests.helpers import own_things
 
 ALWAYS = '''

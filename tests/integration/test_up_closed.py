@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from steadyrl.broker import LocalBroker, free_port_pair
 from steadyrl.bus.kafka import KafkaAuth, client_config
 from steadyrl.httpproof import ProvenToken
-from steadyrl.runfolder import RunDir
+from steadyrl.run.runfolder import RunDir
 from steadyrl.wire import codec
 from steadyrl.wire.contracts import Prompt, ScoredGroup
 from tests.helpers import own_things, rollout_group

@@ -17,10 +17,10 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
-from steadyrl import diskspace, policy_files
 from steadyrl.config import ConfigError
-from steadyrl.files import append_lines, write_atomic
-from steadyrl.rollout_cache import RolloutCache, rows_of
+from steadyrl.run import diskspace, policy_files
+from steadyrl.run.files import append_lines, write_atomic
+from steadyrl.run.rollout_cache import RolloutCache, rows_of
 from tests.steadyrl.test_rollout_cache import _scored
 from tests.tmpfs import fill, small_fs
 

@@ -9,9 +9,9 @@ import time
 import pytest
 from safetensors.torch import save_model
 
-from steadyrl.files import sha256_file
 from steadyrl.models import tiny_model
-from steadyrl.policy_files import PolicyRefused
+from steadyrl.run.files import sha256_file
+from steadyrl.run.policy_files import PolicyRefused
 from steadyrl.services.actor import gate
 from steadyrl.services.actor.config import ActorSection
 from steadyrl.services.actor.follower import ServedVersion

@@ -5,7 +5,7 @@ releases nothing."""
 
 from prometheus_client import REGISTRY
 
-from steadyrl.quarantine import RELEASE_HEADER, batch_id
+from steadyrl.run.quarantine import RELEASE_HEADER, batch_id
 from steadyrl.services.learner.config import LearnerSection
 from steadyrl.services.learner.intake import Intake
 from steadyrl.services.learner.state import Held, InFlight, RunState

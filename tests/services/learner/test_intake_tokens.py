@@ -71,7 +71,7 @@ def test_a_negative_id_is_outside_the_vocabulary_too():
 
 
 def test_a_released_copy_the_model_cannot_take_stays_held(make_learner):
-    from steadyrl.quarantine import RELEASE_HEADER
+    from steadyrl.run.quarantine import RELEASE_HEADER
 
     lrn = make_learner()
     st = lrn.state

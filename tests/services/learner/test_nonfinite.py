@@ -7,8 +7,8 @@ import torch
 from prometheus_client import REGISTRY
 
 from steadyrl import checkpoint as ck
-from steadyrl import policy_files
 from steadyrl.rl import core
+from steadyrl.run import policy_files
 from steadyrl.services.learner.state import RunState
 from steadyrl.wire.contracts import QuarantinedGroup
 from tests.services.learner.conftest import Msg, scored

@@ -134,8 +134,8 @@ def test_no_keep_running_line_when_up_is_about_to_stop(tmp_path):
 @pytest.mark.parametrize("action, says", [("release", "released b1: 2 groups on p.rl.releases, to be trained"),
                                           ("drop", "dropped b1: it will not be trained")])
 def test_quarantine_decision_says_released_or_dropped(monkeypatch, capsys, action, says):
-    from steadyrl import quarantine
     from steadyrl.cli import quarantine as quarantine_cmd
+    from steadyrl.run import quarantine
 
     seen = {}
 

@@ -1,4 +1,4 @@
-"""`steadyrl export` and steadyrl.export: a tiny run's policy versions, written by the learner's
+"""`steadyrl export` and steadyrl.run.export: a tiny run's policy versions, written by the learner's
 own policy store, come back from the exported folder through transformers exactly (every
 tensor, tied embeddings included, in the version's dtype); version 0 is the base; a missing
 version, a changed byte and a non-empty target are refused with one line naming what."""
@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 from steadyrl import checkpoint as ck
 from steadyrl import cli
-from steadyrl.export import MARKER, ExportError, export_base, export_version
 from steadyrl.models import load_policy, tiny_tokenizer
+from steadyrl.run.export import MARKER, ExportError, export_base, export_version
 from steadyrl.services.learner.policy_store import PolicyStore
 from steadyrl.services.learner.state import RunState
 

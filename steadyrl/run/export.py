@@ -20,7 +20,7 @@ an export that would not give back exactly the version's weights is refused, not
 written into a hidden sibling folder and renamed into place: a reader sees a whole export or
 none.
 
-Reading a version checks every byte it can against a recorded hash (steadyrl.policy_files):
+Reading a version checks every byte it can against a recorded hash (steadyrl.run.policy_files):
 the index of the version `state.json` names, or one a checkpoint's meta.json names (that
 meta.json itself checked against its manifest), against that sha256, and then each shard
 against the index. An older version no checkpoint names has no recorded hash for its index
@@ -36,7 +36,7 @@ GGUF, a local folder from its files); the marker says `checked: rebuilt`.
 The weights keep the version's dtype (float32 for every run today: the learner trains in
 float32); `export_base` takes a dtype.
 
-This module reads the run folder only through `steadyrl.runfolder.RunDir` and the
+This module reads the run folder only through `steadyrl.run.runfolder.RunDir` and the
 checkpoint layout (`steadyrl.checkpoint`); it never imports `services`.
 """
 
@@ -50,9 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from steadyrl import policy_files
 from steadyrl.checkpoint import unique_tensors
-from steadyrl.files import sha256_file
 from steadyrl.models import (
     SMOLLM2,
     TINY,
@@ -65,7 +63,9 @@ from steadyrl.models import (
     tiny_config,
     tiny_tokenizer,
 )
-from steadyrl.runfolder import RunDir
+from steadyrl.run import policy_files
+from steadyrl.run.files import sha256_file
+from steadyrl.run.runfolder import RunDir
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
