@@ -163,9 +163,9 @@ def one(phase: str, shape: str, T: int, N: int) -> dict:
     elif phase == "policy":
         import tempfile
 
-        from steadyrl.checkpoint import unique_tensors
         from steadyrl.rl.trainer import Group, TrainConfig, Trainer
         from steadyrl.run import policy_files
+        from steadyrl.run.tensors import unique_tensors
 
         before = {k: v.detach().clone() for k, v in unique_tensors(model.state_dict()).items()}
         out["bytes"] = sum(v.numel() * v.element_size() for v in before.values())

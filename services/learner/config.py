@@ -9,7 +9,6 @@ from typing import Any, Literal, TypeVar
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from steadyrl.bus.topics import load_catalogue
-from steadyrl.checkpoint import CheckpointError, read_key
 from steadyrl.config import ServiceConfig
 from steadyrl.data import (
     DATA_DIR,
@@ -25,6 +24,8 @@ from steadyrl.data import (
 from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits, answer_length_refusal, group_record_refusal
 from steadyrl.rewards import resolve_scorer
 from steadyrl.rl.trainer import TrainConfig
+from steadyrl.run.checkpoint import CheckpointError
+from steadyrl.run.signing import read_key
 from steadyrl.scorepool import ScoringLimits
 from steadyrl.services.learner.prompt_gate import PromptGateConfig
 from steadyrl.services.learner.watch import WatchConfig

@@ -13,9 +13,9 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from steadyrl.checkpoint import unique_tensors
 from steadyrl.run import diskspace
 from steadyrl.run.policy_files import RUN_ID
+from steadyrl.run.tensors import unique_tensors
 
 if TYPE_CHECKING:
     import torch

@@ -31,7 +31,6 @@ from confluent_kafka import Consumer, TopicPartition
 
 from steadyrl import failpoints
 from steadyrl.bus.topics import topic_id, topic_name
-from steadyrl.checkpoint import AsyncCheckpointer, CheckpointError, rng_state
 from steadyrl.config import ConfigError
 from steadyrl.models import load_policy
 from steadyrl.rl import distributed
@@ -39,9 +38,12 @@ from steadyrl.rl.config import resolve_autocast
 from steadyrl.rl.loop import prompt_order
 from steadyrl.rl.trainer import Group, NonFiniteStep, Trainer
 from steadyrl.run import diskspace
+from steadyrl.run.checkpoint import CheckpointError
+from steadyrl.run.ckpt_writer import AsyncCheckpointer
 from steadyrl.run.files import write_atomic
 from steadyrl.run.rollout_cache import rows_of
 from steadyrl.run.runfolder import Count
+from steadyrl.run.tensors import rng_state
 from steadyrl.services.learner import disk, report, rows
 from steadyrl.services.learner.buffer import next_batch
 from steadyrl.services.learner.config import LearnerConfig, data_label, open_dataset

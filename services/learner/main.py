@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from steadyrl import logs
-from steadyrl.checkpoint import ShardWriter
 from steadyrl.config import ConfigError, load
 from steadyrl.models import load_policy
 from steadyrl.rl import distributed
 from steadyrl.rl.trainer import Trainer
 from steadyrl.run import diskspace
+from steadyrl.run.ckpt_writer import ShardWriter
 from steadyrl.service import run_service
 from steadyrl.services.learner.config import LearnerConfig
 from steadyrl.services.learner.loop import Learner

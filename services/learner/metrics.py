@@ -17,7 +17,7 @@ from steadyrl.wire.contracts import ScoredGroup
 if TYPE_CHECKING:
     import torch
 
-    from steadyrl.checkpoint import AsyncCheckpointer
+    from steadyrl.run.ckpt_writer import AsyncCheckpointer
 
 REWARD_MEAN = Gauge("steadyrl_learner_reward_mean", "Mean reward of the last step's batch")
 REWARD_STD = Gauge("steadyrl_learner_reward_std", "Reward standard deviation of the last step's batch")

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from steadyrl import checkpoint as ck
 from steadyrl.config import ConfigError
-from steadyrl.run import diskspace
+from steadyrl.run import checkpoint as ck
+from steadyrl.run import diskspace, tensors
 from steadyrl.run.files import append_lines
 from steadyrl.run.rollout_cache import CacheSchemaError, RolloutCache
 from steadyrl.services.learner.metrics import EXPORTED
@@ -36,7 +36,7 @@ class Weights:
         meta = ck.load(path, self.model, None if tr.sharded else tr.opt, tr.sched)
         tr.pending_optimizer = meta.pop("optimizer_state", None)
         self.trainer.global_step = meta["global_step"]
-        ck.set_rng_state(meta["rng"])
+        tensors.set_rng_state(meta["rng"])
         st = RunState.parse(json.dumps(meta["learner_state"]), f"{path}/meta.json learner_state")
         self.checkpoint_step = st.step
         log.warning("resuming run from checkpoint", extra={"run_id": st.run_id, "step": st.step,

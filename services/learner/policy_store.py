@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Gauge
 
-from steadyrl.checkpoint import CheckpointError, refuse_nonfinite, unique_tensors
 from steadyrl.models import state_dict_mismatch
 from steadyrl.run import diskspace, policy_files
+from steadyrl.run.checkpoint import CheckpointError
+from steadyrl.run.tensors import refuse_nonfinite, unique_tensors
 from steadyrl.services.learner.outbox import Outbox
 from steadyrl.services.learner.state import RunState
 from steadyrl.wire.contracts import PolicyUpdate
@@ -47,7 +48,7 @@ class PolicyStore:
         policy_files.raise_high_water), call `announced()` (the learner sends the next step's
         prompts there), fsync the version and prune older versions.
 
-        Raises steadyrl.checkpoint.NonFiniteWeights, writing and announcing nothing, when a
+        Raises steadyrl.run.tensors.NonFiniteWeights, writing and announcing nothing, when a
         weight holds NaN or infinity (the trainer skips such steps: this never should).
 
         On a full disk (ENOSPC) the write is retried with backoff until space returns

@@ -60,7 +60,7 @@ def weights_digest(model: torch.nn.Module) -> str:
     (tied tensors once). What an evaluation's cache key names the model by."""
     import torch  # lazy: heavy (torch); report.py is imported where torch is not
 
-    from steadyrl.checkpoint import unique_tensors  # lazy: heavy (torch, via checkpoint)
+    from steadyrl.run.tensors import unique_tensors  # lazy: heavy (torch, via checkpoint)
 
     h = hashlib.sha256()
     for name, t in sorted(unique_tensors(model.state_dict()).items()):

@@ -37,7 +37,7 @@ The weights keep the version's dtype (float32 for every run today: the learner t
 float32); `export_base` takes a dtype.
 
 This module reads the run folder only through `steadyrl.run.runfolder.RunDir` and the
-checkpoint layout (`steadyrl.checkpoint`); it never imports `services`.
+checkpoint layout (`steadyrl.run.checkpoint`); it never imports `services`.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from steadyrl.checkpoint import unique_tensors
 from steadyrl.models import (
     SMOLLM2,
     TINY,
@@ -66,6 +65,7 @@ from steadyrl.models import (
 from steadyrl.run import policy_files
 from steadyrl.run.files import sha256_file
 from steadyrl.run.runfolder import RunDir
+from steadyrl.run.tensors import unique_tensors
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -4,9 +4,9 @@ import time
 
 import httpx
 
-from steadyrl.checkpoint import unique_tensors
 from steadyrl.models import load_policy
 from steadyrl.run import policy_files
+from steadyrl.run.tensors import unique_tensors
 from steadyrl.wire import codec
 from steadyrl.wire.contracts import PolicyUpdate
 from tests.helpers import ServiceProc, produce_all

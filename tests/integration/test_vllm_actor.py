@@ -18,10 +18,10 @@ import httpx
 import pytest
 import torch
 
-from steadyrl.checkpoint import unique_tensors
 from steadyrl.models import tiny_model, tiny_tokenizer
 from steadyrl.rl.core import token_logprobs
 from steadyrl.run import policy_files
+from steadyrl.run.tensors import unique_tensors
 from steadyrl.wire import codec
 from steadyrl.wire.contracts import PolicyUpdate
 from tests.helpers import ServiceProc, produce_all

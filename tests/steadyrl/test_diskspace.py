@@ -165,11 +165,12 @@ def test_the_policy_store_retries_a_full_disk_and_announces_only_the_written_ver
 
 def test_a_checkpoint_the_disk_refuses_is_retried_and_latest_stays_the_last_good_one(tmp_path, monkeypatch,
                                                                                        no_sleep):
-    from steadyrl import checkpoint as ck
+    from steadyrl.run import checkpoint as ck
+    from steadyrl.run import ckpt_writer
     from tests.steadyrl.test_checkpoint import CONFIG, _trained
 
     model, tr = _trained()
-    saver = ck.AsyncCheckpointer(tmp_path, CONFIG, keep=3)
+    saver = ckpt_writer.AsyncCheckpointer(tmp_path, CONFIG, keep=3)
     saver.save(1, model, tr.opt, tr.sched, {"global_step": 1})
     saver.wait()
     seen: list[str] = []
@@ -179,7 +180,7 @@ def test_a_checkpoint_the_disk_refuses_is_retried_and_latest_stays_the_last_good
         seen.append((root / "LATEST").read_text().strip())   # what a reader finds while the disk refuses
         return real(root, step, *a, **kw)
 
-    monkeypatch.setattr(ck, "write", write)
+    monkeypatch.setattr(ckpt_writer, "write", write)
     refuse_fsync(monkeypatch, times=2)
     saver.save(2, model, tr.opt, tr.sched, {"global_step": 2})
     saver.wait()   # no error: the refusals were retried

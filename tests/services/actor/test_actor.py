@@ -141,8 +141,8 @@ def test_within_a_run_the_newest_record_wins_even_a_lower_version(tmp_path):
 
 def _version(root, seed: int, vocab: int, run: str = "r20261129T100000-aaaa", version: int = 1):
     """A policy version folder (steadyrl/run/policy_files.py) of the tiny model with `seed`; (uri, sha256)."""
-    from steadyrl.checkpoint import unique_tensors
     from steadyrl.run import policy_files
+    from steadyrl.run.tensors import unique_tensors
 
     rel = policy_files.version_dir(run, version)
     sha = policy_files.write_version(root, rel, unique_tensors(tiny_model(vocab, seed=seed).state_dict()))

@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from steadyrl import checkpoint as ck
 from steadyrl import cli
 from steadyrl.models import load_policy, tiny_tokenizer
+from steadyrl.run import checkpoint as ck
 from steadyrl.run.export import MARKER, ExportError, export_base, export_version
 from steadyrl.services.learner.policy_store import PolicyStore
 from steadyrl.services.learner.state import RunState
