@@ -7,8 +7,10 @@ import contextlib
 import tempfile
 from pathlib import Path
 
-from steadyrl.broker import LocalBroker, fetch, free_port
 from steadyrl.bus.topics import create_topics
+from steadyrl.local.broker import LocalBroker
+from steadyrl.local.jars import fetch
+from steadyrl.local.ports import free_port
 from steadyrl.testing.procs import ServiceProc
 
 

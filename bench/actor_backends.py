@@ -167,7 +167,9 @@ def main() -> None:
 
     import signal
 
-    from steadyrl.broker import LocalBroker, fetch, free_port_pair
+    from steadyrl.local.broker import LocalBroker
+    from steadyrl.local.jars import fetch
+    from steadyrl.local.ports import free_port_pair
 
     # SIGTERM ends the run through the finally blocks: the actor and the broker stop with it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

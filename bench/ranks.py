@@ -295,7 +295,7 @@ def arm(name: str, steps: int, out: str) -> None:
     elif name in ("ranks2", "ranks2-fsdp"):
         import torch.multiprocessing as mp
 
-        from steadyrl.broker import free_port
+        from steadyrl.local.ports import free_port
 
         mp.spawn(_rank, args=(2, free_port(), steps, out, "fsdp" if name == "ranks2-fsdp" else "replicate"),
                  nprocs=2, join=True)

@@ -50,7 +50,7 @@ class ConfigError(SystemExit):
 
 #: Top-level sections of a stack-wide YAML file; each service reads its own.
 STACK_SECTIONS = frozenset({"actor", "rollout", "reward", "reward_server", "learner", "alertbridge",
-                            "placement"})  # placement: read by `steadyrl up` (steadyrl/placement.py)
+                            "placement"})  # placement: read by `steadyrl up` (steadyrl/local/placement.py)
 
 
 class _StackYaml(YamlConfigSettingsSource):

@@ -47,7 +47,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.generation import Completion, SamplingParams, engine_seed
-from steadyrl.hardware import native_bf16
+from steadyrl.local.hardware import native_bf16
 
 log = logging.getLogger("steadyrl.actor.vllm")
 

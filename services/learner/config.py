@@ -21,7 +21,8 @@ from steadyrl.data import (
     open_source,
     tiny_copy_rows,
 )
-from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits, answer_length_refusal, group_record_refusal
+from steadyrl.local.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits, answer_length_refusal, group_record_refusal
+from steadyrl.local.stack import LearnerStack
 from steadyrl.rewards import resolve_scorer
 from steadyrl.rl.trainer import TrainConfig
 from steadyrl.run.checkpoint import CheckpointError
@@ -29,7 +30,6 @@ from steadyrl.run.signing import read_key
 from steadyrl.scorepool import ScoringLimits
 from steadyrl.services.learner.prompt_gate import PromptGateConfig
 from steadyrl.services.learner.watch import WatchConfig
-from steadyrl.stack import LearnerStack
 
 DEFAULT_EVAL_SPLITS = {"level04": "data/arithmetic/test_level04.parquet",
                        "level09": "data/arithmetic/test_level09.parquet"}

@@ -58,7 +58,7 @@ from pydantic import ValidationError
 from steadyrl.bus.topics import load_catalogue
 from steadyrl.config import ConfigError
 from steadyrl.data import Beat, MemoryRows, PromptRow, RowError, Rows, where
-from steadyrl.limits import GenerationLimits
+from steadyrl.local.limits import GenerationLimits
 from steadyrl.rl.loop import encode_prompt, prompt_seed
 from steadyrl.run.files import replacing
 from steadyrl.services.learner.config import LearnerSection, data_label, open_dataset, spread

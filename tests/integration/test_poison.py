@@ -368,7 +368,7 @@ def test_poison_on_every_topic_never_stops_the_pipeline(bootstrap, tmp_path: Pat
     poison = unserved + others + keyed
     out = up.log()
 
-    # the run reached its last step, and nothing restarted (steadyrl/supervisor.py's wording)
+    # the run reached its last step, and nothing restarted (steadyrl/local/supervisor.py's wording)
     assert rc == 0, out[-4000:]
     run = up.run()
     assert len(run.summary()["reward_per_step"]) == STEPS

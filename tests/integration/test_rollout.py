@@ -4,7 +4,7 @@ import time
 
 import httpx
 
-from steadyrl.broker import free_port
+from steadyrl.local.ports import free_port
 from steadyrl.wire import codec
 from steadyrl.wire.contracts import DLQRecord, Prompt, RolloutGroup
 from tests.helpers import ServiceProc, decode_all, produce_all, read_all

@@ -22,7 +22,7 @@ import time
 import pytest
 import yaml
 
-from steadyrl.broker import free_port_pair
+from steadyrl.local.ports import free_port_pair
 from steadyrl.run.runfolder import RunDir
 from tests.helpers import own_things
 

@@ -23,9 +23,10 @@ import httpx
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from steadyrl.broker import LocalBroker, free_port_pair
 from steadyrl.bus.kafka import KafkaAuth, client_config
 from steadyrl.httpproof import ProvenToken
+from steadyrl.local.broker import LocalBroker
+from steadyrl.local.ports import free_port_pair
 from steadyrl.run.runfolder import RunDir
 from steadyrl.wire import codec
 from steadyrl.wire.contracts import Prompt, ScoredGroup

@@ -14,7 +14,7 @@ import yaml
 
 from steadyrl.config import ConfigError, load
 from steadyrl.data import load_rows, where
-from steadyrl.limits import GenerationLimits
+from steadyrl.local.limits import GenerationLimits
 from steadyrl.models import load_policy
 from steadyrl.services.learner.config import LearnerConfig, LearnerSection, load_dataset
 from steadyrl.services.learner.prompt_gate import PromptGate

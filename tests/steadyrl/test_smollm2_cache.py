@@ -11,7 +11,7 @@ import os
 import torch.multiprocessing as mp
 
 from steadyrl import models
-from steadyrl.broker import free_port
+from steadyrl.local.ports import free_port
 
 
 def _rank(rank: int, world: int, port: int, cache: str) -> None:

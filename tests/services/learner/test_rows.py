@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from steadyrl.limits import GenerationLimits
+from steadyrl.local.limits import GenerationLimits
 from steadyrl.models import load_policy
 from steadyrl.services.learner.config import LearnerConfig, LearnerSection, load_dataset
 from steadyrl.services.learner.rows import check_rows
@@ -153,7 +153,7 @@ def test_a_row_within_a_few_bytes_of_the_record_limit_is_left_out(tmp_path, tiny
 def test_a_group_too_large_for_one_record_is_refused_at_start_naming_both_fields():
     """Regression (issue 36): 64 answers of 8 192 tokens are ~16 MiB of JSON (29.4 bytes a token
     measured), above rl.rollouts' 8 MiB: every full-length group would have gone to the DLQ."""
-    from steadyrl.limits import RECORD_BYTES_PER_TOKEN, group_record_refusal
+    from steadyrl.local.limits import RECORD_BYTES_PER_TOKEN, group_record_refusal
 
     actor = {"max_new_tokens_limit": 8192, "max_sequences": 512}
     with pytest.raises(ValidationError, match=r"learner.group_size 64 x learner.max_new_tokens 8192: .* about "

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from steadyrl.broker import free_port
+from steadyrl.local.ports import free_port
 from steadyrl.models import load_policy
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
 from steadyrl.run import checkpoint as ck
