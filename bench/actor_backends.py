@@ -44,20 +44,19 @@ def prompts(k: int) -> list[list[dict]]:
 
 
 def encode(tok, messages: list[dict]) -> list[int]:
-    from steadyrl.data import PromptRow
-    from steadyrl.rl.loop import encode_prompt
+    from steadyrl.model.data import PromptRow, encode_prompt
 
     return encode_prompt(tok, PromptRow(messages=messages, ground_truth=""))
 
 
 def inproc(engine: str, dtype: str) -> list[dict]:
     """Every batch through the engine called in-process (this interpreter must have it)."""
-    from steadyrl.generation import SamplingParams
-    from steadyrl.models import SMOLLM2, hf_folder, load_policy, load_tokenizer
+    from steadyrl.model.generation import SamplingParams
+    from steadyrl.model.models import SMOLLM2, hf_folder, load_policy, load_tokenizer
 
     t0 = time.perf_counter()
     if engine == "torch":
-        from steadyrl.generation import TorchGenerator
+        from steadyrl.model.generation import TorchGenerator
 
         model, tok = load_policy(SMOLLM2)
         gen = TorchGenerator(model.eval(), tok, batch_size=64)
@@ -94,7 +93,7 @@ def http(engine: str, dtype: str, bootstrap: str, work: Path, per_request: int) 
 
     from steadyrl.bus.topics import create_topics
     from steadyrl.cli.up import vllm_python
-    from steadyrl.models import SMOLLM2
+    from steadyrl.model.models import SMOLLM2
     from steadyrl.testing.procs import ServiceProc, unique_prefix
 
     prefix = unique_prefix()

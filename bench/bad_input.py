@@ -38,7 +38,7 @@ GOOD = 40
 
 def refusing_tiny_copy(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
     """tiny_copy, raising on every item whose ground truth is `refuse`."""
-    from steadyrl.rewards import tiny_copy
+    from steadyrl.model.rewards import tiny_copy
 
     if ground_truth == "refuse":
         raise ValueError("this row cannot be scored")

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 def main() -> None:
     import torch
 
-    from steadyrl.models import SMOLLM2, load_policy
+    from steadyrl.model.models import SMOLLM2, load_policy
     from steadyrl.rl.trainer import Group, TrainConfig, Trainer
     from steadyrl.run import checkpoint as ck
     from steadyrl.run import ckpt_writer

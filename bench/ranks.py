@@ -93,7 +93,7 @@ def _summary(xs: list[float]) -> dict:
 def checkpoint_cost(trainer, model) -> dict:
     import torch
 
-    from steadyrl.models import SMOLLM2
+    from steadyrl.model.models import SMOLLM2
     from steadyrl.run import checkpoint as ck
 
     config = {"model": SMOLLM2, "tokenizer": SMOLLM2, "algorithm": "grpo"}
@@ -121,7 +121,7 @@ def sharded_checkpoint_cost(trainer, rank: int) -> dict:
     """Every rank writes its shards (format 3); rank 0 times it and reads the whole tables back."""
     import torch.distributed as dist
 
-    from steadyrl.models import SMOLLM2
+    from steadyrl.model.models import SMOLLM2
     from steadyrl.run import checkpoint as ck
     from steadyrl.run import ckpt_writer
 
@@ -170,7 +170,7 @@ def run_steps(steps: int, rank: int = 0, world: int = 1, sharding: str = "replic
     """Load the model, build the trainer, 1 warm-up + `steps` timed steps (rank 0 reports)."""
     import torch
 
-    from steadyrl.models import SMOLLM2, load_policy
+    from steadyrl.model.models import SMOLLM2, load_policy
     from steadyrl.rl.trainer import TrainConfig, Trainer
 
     dist = None

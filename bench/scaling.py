@@ -74,11 +74,11 @@ QUICK = [("generate", "tiny-v49k", 32, 16), ("generate", "tiny-v49k", 256, 16),
 
 
 def _model(shape: str):  # type: ignore[no-untyped-def]
-    """Random weights in `shape` (steadyrl.models.tiny_config with its fields overridden)."""
+    """Random weights in `shape` (steadyrl.model.models.tiny_config with its fields overridden)."""
     import torch
     from transformers import LlamaForCausalLM
 
-    from steadyrl.models import tiny_config
+    from steadyrl.model.models import tiny_config
 
     torch.manual_seed(0)
     return LlamaForCausalLM(tiny_config(**SHAPES[shape], max_position_embeddings=PROMPT + 8192 + 16))
@@ -105,8 +105,8 @@ def one(phase: str, shape: str, T: int, N: int) -> dict:
     """Run one cell in this process; its figures."""
     import torch
 
-    from steadyrl.generation import SamplingParams, TorchGenerator
-    from steadyrl.models import tiny_tokenizer
+    from steadyrl.model.generation import SamplingParams, TorchGenerator
+    from steadyrl.model.models import tiny_tokenizer
 
     torch.set_num_threads(os.cpu_count() or 1)
     model = _model(shape)
@@ -124,7 +124,7 @@ def one(phase: str, shape: str, T: int, N: int) -> dict:
         out["rows_per_call"] = gen.rows_per_call(PROMPT + T)
         # each decode step's time, stamped by the sampler (called once a step): how a token's
         # cost moves with its position within one call, apart from the length asked for
-        from steadyrl import generation
+        from steadyrl.model import generation
 
         stamps: list[float] = []
         sample = generation.SeededSampler.__call__

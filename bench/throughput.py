@@ -3,7 +3,7 @@ GRPOTrainer, interleaved on one machine; and the Kafka overhead per record throu
 
     flock /tmp/steadyrl-bench.lock .venv/bin/python bench/throughput.py [--steps 200] [--rounds 3]
 
-Arms, same tiny model (steadyrl.models `tiny`, seed 0), task (tiny_copy:256 prompts, tiny_copy
+Arms, same tiny model (steadyrl.model.models `tiny`, seed 0), task (tiny_copy:256 prompts, tiny_copy
 reward), B x G, max_new_tokens, learning settings and steps (configs/tiny.yaml's learner
 section, `--steps` steps, no evaluation):
 

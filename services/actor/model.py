@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from steadyrl.config import ConfigError
-from steadyrl.generation import TorchGenerator
-from steadyrl.models import (
+from steadyrl.model.generation import TorchGenerator
+from steadyrl.model.models import (
     hf_folder,
     load_policy,
     load_tokenizer,
@@ -83,7 +83,7 @@ class ServedModel:
     Attributes:
         backend: "torch" or "vllm".
         tok: the tokenizer.
-        gen: the generator (`generate(ids, params, seeds)`: steadyrl.generation.TorchGenerator
+        gen: the generator (`generate(ids, params, seeds)`: steadyrl.model.generation.TorchGenerator
             or vllm_engine.VLLMGenerator).
         module: torch: the served nn.Module; vllm: None (the engine holds the weights).
         context: positions the model was built for (prompt + completion,

@@ -35,10 +35,10 @@ from fastapi import FastAPI, HTTPException
 from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, Field, model_validator
 
-from steadyrl.data import PromptRow
-from steadyrl.generation import Completion, SamplingParams
 from steadyrl.http import add_work_route
 from steadyrl.local.limits import MAX_SAMPLES_PER_PROMPT
+from steadyrl.model.data import PromptRow, encode_prompt
+from steadyrl.model.generation import Completion, SamplingParams
 from steadyrl.services.actor import gate
 from steadyrl.services.actor.config import ActorSection
 from steadyrl.services.actor.follower import ServedVersion
@@ -134,9 +134,6 @@ class Generation:
                     refuse("token_ids", f"prompt_ids must be in [0, {len(tok)})")
                 ids.append(p.prompt_ids)
             else:
-                # heavy: steadyrl.rl.loop brings the trainer (torch.distributed and all) into the actor
-                from steadyrl.rl.loop import encode_prompt  # lazy: heavy (the trainer); chat prompts only
-
                 assert p.messages is not None  # PromptIn: exactly one of messages and prompt_ids
                 ids.append(encode_prompt(tok, PromptRow(messages=p.messages, ground_truth="")))
             self.check_length(i, len(ids[-1]), req.max_new_tokens)

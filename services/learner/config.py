@@ -10,7 +10,9 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from steadyrl.bus.topics import load_catalogue
 from steadyrl.config import ServiceConfig
-from steadyrl.data import (
+from steadyrl.local.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits, answer_length_refusal, group_record_refusal
+from steadyrl.local.stack import LearnerStack
+from steadyrl.model.data import (
     DATA_DIR,
     Beat,
     MemoryRows,
@@ -21,13 +23,11 @@ from steadyrl.data import (
     open_source,
     tiny_copy_rows,
 )
-from steadyrl.local.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits, answer_length_refusal, group_record_refusal
-from steadyrl.local.stack import LearnerStack
-from steadyrl.rewards import resolve_scorer
+from steadyrl.model.rewards import resolve_scorer
+from steadyrl.model.scorepool import ScoringLimits
 from steadyrl.rl.trainer import TrainConfig
 from steadyrl.run.checkpoint import CheckpointError
 from steadyrl.run.signing import read_key
-from steadyrl.scorepool import ScoringLimits
 from steadyrl.services.learner.prompt_gate import PromptGateConfig
 from steadyrl.services.learner.watch import WatchConfig
 
@@ -37,7 +37,7 @@ DEFAULT_EVAL_SPLITS = {"level04": "data/arithmetic/test_level04.parquet",
 
 def check_dataset(v: str) -> str:
     """`v` if it names a dataset load_dataset can read: tiny_copy:N, or an existing .parquet/.jsonl file
-    (a relative `data/...` path may name the copy shipped with steadyrl: steadyrl.data.dataset_path)."""
+    (a relative `data/...` path may name the copy shipped with steadyrl: steadyrl.model.data.dataset_path)."""
     if v.startswith("tiny_copy:"):
         n = v.split(":", 1)[1]
         if not n.isdigit() or int(n) < 1:
@@ -292,10 +292,10 @@ class LearnerConfig(ServiceConfig):
 
 
 def load_dataset(spec: str | list[str], lenient: bool = False) -> list[Any]:
-    """Rows of `spec`: a file (see steadyrl.data.load_rows) or `tiny_copy:N`, or a list of them
+    """Rows of `spec`: a file (see steadyrl.model.data.load_rows) or `tiny_copy:N`, or a list of them
     (rows concatenated in the order given); with `lenient`, a row that is not a prompt is a
-    steadyrl.data.RowError at its index instead of an error. Typed list[Any] as
-    steadyrl.data.load_rows types its rows: PromptRows (and RowErrors)."""
+    steadyrl.model.data.RowError at its index instead of an error. Typed list[Any] as
+    steadyrl.model.data.load_rows types its rows: PromptRows (and RowErrors)."""
     if not isinstance(spec, str):
         return [row for one in spec for row in load_dataset(one, lenient)]
     if spec.startswith("tiny_copy:"):
@@ -305,8 +305,8 @@ def load_dataset(spec: str | list[str], lenient: bool = False) -> list[Any]:
 
 def open_dataset(spec: str | list[str], beat: Beat | None = None) -> Rows:
     """The dataset of `spec` (as load_dataset) indexed, each row read when asked for
-    (steadyrl.data.Rows: what the learner serves, a dataset of any size); `beat` is called as a
-    JSONL file is indexed. Raises as steadyrl.data.open_source."""
+    (steadyrl.model.data.Rows: what the learner serves, a dataset of any size); `beat` is called as a
+    JSONL file is indexed. Raises as steadyrl.model.data.open_source."""
     sources: list[RowSource] = []
     for one in [spec] if isinstance(spec, str) else spec:
         if one.startswith("tiny_copy:"):

@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, TopicPartition
 from steadyrl import failpoints
 from steadyrl.bus.topics import topic_id, topic_name
 from steadyrl.config import ConfigError
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl import distributed
 from steadyrl.rl.config import resolve_autocast
 from steadyrl.rl.loop import prompt_order

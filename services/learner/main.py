@@ -19,7 +19,7 @@ import torch
 
 from steadyrl import logs
 from steadyrl.config import ConfigError, load
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl import distributed
 from steadyrl.rl.trainer import Trainer
 from steadyrl.run import diskspace

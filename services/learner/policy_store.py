@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Gauge
 
-from steadyrl.models import state_dict_mismatch
+from steadyrl.model.models import state_dict_mismatch
 from steadyrl.run import diskspace, policy_files
 from steadyrl.run.checkpoint import CheckpointError
 from steadyrl.run.tensors import refuse_nonfinite, unique_tensors

@@ -38,7 +38,7 @@ class StackError(ValueError):
     """Stack settings that cannot be read; the message names each offending field."""
 
 
-#: The models steadyrl.models.load_policy knows by name (any other is a local Hugging Face folder,
+#: The models steadyrl.model.models.load_policy knows by name (any other is a local Hugging Face folder,
 #: or a Hub id that resolve_model turns into its folder in the Hugging Face cache).
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny"

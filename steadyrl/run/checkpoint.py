@@ -67,7 +67,7 @@ import torch
 from safetensors.torch import load_file
 
 from steadyrl import failpoints
-from steadyrl.models import state_dict_mismatch
+from steadyrl.model.models import state_dict_mismatch
 from steadyrl.run.files import fsync_dir, sha256_file, write_atomic
 from steadyrl.run.shards import read_shards, shard_metadata
 from steadyrl.run.signing import SIGNATURE, check_signature, signature
@@ -97,14 +97,14 @@ def load_weights(path: Path, model: torch.nn.Module) -> None:
     """Load a safetensors file of `model`'s weights (tied keys may be absent).
 
     Raises CheckpointError naming missing, unexpected or wrongly shaped keys
-    (steadyrl.models.state_dict_mismatch).
+    (steadyrl.model.models.state_dict_mismatch).
     """
     fit_weights(model, load_file(str(path)), path)
 
 
 def fit_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: Path) -> None:
     """Load `weights` into `model` (tied keys may be absent). Raises CheckpointError naming
-    `where` and the missing, unexpected or wrongly shaped keys (steadyrl.models.state_dict_mismatch)."""
+    `where` and the missing, unexpected or wrongly shaped keys (steadyrl.model.models.state_dict_mismatch)."""
     why = state_dict_mismatch(model, weights)
     if why:
         raise CheckpointError(f"{where}: weights do not fit the model: {why}")
@@ -301,7 +301,7 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | 
     meta["optimizer_state"] instead (a sharded trainer scatters it: steadyrl.rl.distributed.sync).
 
     Raises CheckpointError if the weights do not fit the model (see
-    steadyrl.models.state_dict_mismatch).
+    steadyrl.model.models.state_dict_mismatch).
     """
     weights, opt_state, meta = read(path)
     fit_weights(model, weights, path)

@@ -6,7 +6,7 @@ and what a user takes away at the end of a run.
         config.json                     the base model's config; `dtype` is the weights' dtype
         generation_config.json          the base model's generation settings
         tokenizer.json, tokenizer_config.json, chat_template.jinja, ...
-                                        the tokenizer as the run used it (steadyrl.models.load_policy)
+                                        the tokenizer as the run used it (steadyrl.model.models.load_policy)
         model.safetensors               the weights; past `max_shard_size` (5 GB) instead
                                         model-0000i-of-0000N.safetensors and model.safetensors.index.json
         steadyrl_export.json            what was exported from what, and every file's sha256 (MARKER)
@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from steadyrl.models import (
+from steadyrl.model.models import (
     SMOLLM2,
     TINY,
     TINY_CHARS,

@@ -90,7 +90,7 @@ def test_the_venv_imports_steadyrl_and_its_files_from_the_wheel_only(installed):
         import json, sys
         import steadyrl, steadyrl.services.learner.config as lc, steadyrl.bus.topics as t, steadyrl.local.broker as b
         from steadyrl.assets import asset_dir
-        from steadyrl.data import ARITHMETIC
+        from steadyrl.model.data import ARITHMETIC
         rows = lc.load_dataset(lc.check_dataset("data/arithmetic/train.parquet"))   # the default, from any folder
         print(json.dumps({"steadyrl": steadyrl.__file__, "learner": lc.__file__,
                           **{n: str(asset_dir(n)) for n in ("schemas", "data", "configs", "broker")},

@@ -4,7 +4,7 @@ import time
 
 import httpx
 
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.run import policy_files
 from steadyrl.run.tensors import unique_tensors
 from steadyrl.wire import codec

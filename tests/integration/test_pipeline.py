@@ -133,7 +133,7 @@ def test_staleness_0_pipeline_equals_the_in_process_loop(bootstrap, tmp_path):
     Tolerance: exact (max |diff| == 0) is expected on this CPU path; the assertion allows 1e-6
     for BLAS kernels that sum in a batch-size dependent order.
     """
-    from steadyrl.models import load_policy
+    from steadyrl.model.models import load_policy
     from steadyrl.rl.loop import LoopConfig, run_loop
     from steadyrl.rl.trainer import TrainConfig
     from steadyrl.services.learner.config import load_dataset
@@ -247,7 +247,7 @@ def test_learner_killed_three_times_ends_bitwise_equal_to_the_uninterrupted_loop
     then at step 22 of 30. Each restart goes on from the newest complete checkpoint (throwing
     away up to 4 steps, whose groups are redone with the same seeds): the final weights equal
     run_loop's exactly, and the audit log holds every prompt once."""
-    from steadyrl.models import load_policy
+    from steadyrl.model.models import load_policy
     from steadyrl.rl.loop import LoopConfig, run_loop
     from steadyrl.rl.trainer import TrainConfig
     from steadyrl.services.learner.config import load_dataset

@@ -19,7 +19,7 @@ from scipy.stats import ks_2samp
 from steadyrl import replay as rp
 from steadyrl.bus.topics import create_topics
 from steadyrl.cli import main
-from steadyrl.rewards import tiny_copy
+from steadyrl.model.rewards import tiny_copy
 from steadyrl.wire import codec
 from steadyrl.wire.contracts import Prompt, RolloutGroup, Sample, ScoredGroup
 from tests.helpers import decode_all, read_all, unique_prefix

@@ -3,8 +3,8 @@
 import pytest
 
 from steadyrl.assets import ASSETS, asset_dir, user_cache_dir
-from steadyrl.data import DATA_DIR, dataset_path
 from steadyrl.local import jars
+from steadyrl.model.data import DATA_DIR, dataset_path
 from tests.helpers import ROOT
 
 

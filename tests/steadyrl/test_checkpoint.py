@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
 from steadyrl.run import checkpoint as ck
 from steadyrl.run import ckpt_writer, shards, signing

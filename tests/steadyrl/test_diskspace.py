@@ -144,7 +144,7 @@ def test_a_policy_version_the_disk_refuses_leaves_the_previous_one_and_no_tempor
 
 def test_the_policy_store_retries_a_full_disk_and_announces_only_the_written_version(tmp_path, monkeypatch,
                                                                                      no_sleep):
-    from steadyrl.models import load_policy
+    from steadyrl.model.models import load_policy
     from steadyrl.services.learner.policy_store import PolicyStore
     from steadyrl.services.learner.state import RunState
     from tests.services.learner.conftest import FakeOutbox

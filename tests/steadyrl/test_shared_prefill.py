@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from steadyrl import generation
-from steadyrl.generation import SamplingParams, TorchGenerator
-from steadyrl.models import load_policy
+from steadyrl.model import generation
+from steadyrl.model.generation import SamplingParams, TorchGenerator
+from steadyrl.model.models import load_policy
 
 
 def _prompts(k: int) -> list[list[int]]:

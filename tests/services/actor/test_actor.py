@@ -2,7 +2,7 @@ import pytest
 import torch
 from safetensors.torch import save_model
 
-from steadyrl.models import tiny_model
+from steadyrl.model.models import tiny_model
 from steadyrl.run.files import sha256_file
 from steadyrl.run.policy_files import PolicyRefused
 from steadyrl.services.actor import gate
@@ -107,7 +107,7 @@ def test_a_record_without_a_run_id_is_refused_by_name(tmp_path):
 
 
 def test_seeded_samples_do_not_depend_on_the_batch(tmp_path):
-    from steadyrl.generation import SamplingParams
+    from steadyrl.model.generation import SamplingParams
 
     actor = _actor(tmp_path)
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6)

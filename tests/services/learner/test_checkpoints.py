@@ -64,7 +64,7 @@ def test_a_checkpoint_that_does_not_verify_after_writing_is_not_counted_and_does
 
 
 def test_verification_can_be_turned_off(tmp_path):
-    from steadyrl.models import load_policy
+    from steadyrl.model.models import load_policy
     from steadyrl.rl.trainer import TrainConfig, Trainer
 
     model, tok = load_policy("tiny")

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.services.learner.tokens import TokenLimits
 from steadyrl.wire.contracts import DLQReason, DLQRecord
 from tests.services.learner.conftest import Msg, scored

@@ -13,7 +13,7 @@ import yaml
 from safetensors.torch import load_file
 
 from steadyrl.config import ConfigError
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl.trainer import Trainer
 from steadyrl.run import policy_files
 from steadyrl.services.learner.config import LearnerSection

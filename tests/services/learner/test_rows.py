@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from steadyrl.local.limits import GenerationLimits
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.services.learner.config import LearnerConfig, LearnerSection, load_dataset
 from steadyrl.services.learner.rows import check_rows
 from tests.helpers import ROOT

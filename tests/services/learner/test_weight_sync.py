@@ -9,7 +9,7 @@ import errno
 import pytest
 import torch
 
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
 from steadyrl.run import policy_files
 from steadyrl.run.policy_files import PolicyRefused

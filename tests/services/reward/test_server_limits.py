@@ -2,7 +2,7 @@
 probes under a flood of slow calls, the body and concurrency limits, and the item's own error
 (kind non_finite or scorer_error) when a scorer returns a reward that is not a finite number.
 Calls are held in a scorer of this process (`Gated`, as a model scorer runs): the rule
-scorers run in worker processes (steadyrl.scorepool; tests/services/reward/test_scorer_faults.py)."""
+scorers run in worker processes (steadyrl.model.scorepool; tests/services/reward/test_scorer_faults.py)."""
 
 import threading
 import time
@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from steadyrl.http import Health, HealthServer, make_app
-from steadyrl.scorers import Scorer
+from steadyrl.model.scorers import Scorer
 from steadyrl.services.reward.server import RewardServer, RewardServerSection, add_routes
 from steadyrl.wire.contracts import RewardSource
 from tests.helpers import in_flight, probes_while_held

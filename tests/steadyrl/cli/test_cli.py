@@ -219,8 +219,8 @@ def test_readme_layout_names_every_service_and_doc():
 def test_readme_where_things_are_matches_the_code(monkeypatch):
     """The walk-through's questions: which --state-dir the commands read, which ports, a JSONL
     row's fields, and where the offline machine keeps a tokenizer for a tiny model of one's own."""
-    from steadyrl import models
     from steadyrl.local.stack import SMOLLM2
+    from steadyrl.model import models
 
     where = (ROOT / "README.md").read_text().split("## Where things are", 1)[1].split("\n## ", 1)[0]
     for argv in (["status"], ["logs", "learner-0"], ["export", "r1", "latest", "out"], ["up"]):
@@ -229,7 +229,7 @@ def test_readme_where_things_are_matches_the_code(monkeypatch):
                                                    "--port-offset", ".steadyrl", "up.json"))
     assert '"question"' in where and '"answer"' in where
     assert "(docs/rl.md#data-steadyrldatapy)" in where
-    assert "\n## Data (`steadyrl/data.py`)\n" in (ROOT / "docs/rl.md").read_text()   # the anchor's heading
+    assert "\n## Data (`steadyrl/model/data.py`)\n" in (ROOT / "docs/rl.md").read_text()   # the anchor's heading
     monkeypatch.delenv("STEADYRL_CACHE", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", "/home/someone")

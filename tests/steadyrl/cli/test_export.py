@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from steadyrl import cli
-from steadyrl.models import load_policy, tiny_tokenizer
+from steadyrl.model.models import load_policy, tiny_tokenizer
 from steadyrl.run import checkpoint as ck
 from steadyrl.run.export import MARKER, ExportError, export_base, export_version
 from steadyrl.services.learner.policy_store import PolicyStore
@@ -243,9 +243,9 @@ def test_export_base_leaves_a_foreign_folder_alone(tmp_path):
 
 @pytest.mark.slow
 def test_export_base_smollm2_from_its_gguf(tmp_path):
-    """SmolLM2 (GGUF, converted and cached by steadyrl.models): the folder vLLM's backend needs."""
+    """SmolLM2 (GGUF, converted and cached by steadyrl.model.models): the folder vLLM's backend needs."""
     pytest.importorskip("gguf")
-    from steadyrl.models import SMOLLM2, smollm2_gguf
+    from steadyrl.model.models import SMOLLM2, smollm2_gguf
 
     try:
         smollm2_gguf()

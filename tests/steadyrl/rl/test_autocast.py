@@ -3,8 +3,8 @@ near the fp32 step, and the tiny task is still learnt with it; off leaves the st
 
 import torch
 
-from steadyrl.data import tiny_copy_rows
-from steadyrl.models import load_policy
+from steadyrl.model.data import tiny_copy_rows
+from steadyrl.model.models import load_policy
 from steadyrl.rl.loop import LoopConfig, run_loop
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
 

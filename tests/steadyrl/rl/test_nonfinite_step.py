@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl import core
 from steadyrl.rl.trainer import Group, NonFiniteStep, TrainConfig, Trainer, build_batch
 

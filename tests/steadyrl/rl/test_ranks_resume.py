@@ -14,7 +14,7 @@ import torch
 import torch.multiprocessing as mp
 
 from steadyrl.local.ports import free_port
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
 from steadyrl.run import checkpoint as ck
 from steadyrl.run import ckpt_writer
