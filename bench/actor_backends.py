@@ -51,12 +51,12 @@ def encode(tok, messages: list[dict]) -> list[int]:
 
 def inproc(engine: str, dtype: str) -> list[dict]:
     """Every batch through the engine called in-process (this interpreter must have it)."""
-    from steadyrl.model.generation import SamplingParams
     from steadyrl.model.models import SMOLLM2, hf_folder, load_policy, load_tokenizer
+    from steadyrl.rl.generation import SamplingParams
 
     t0 = time.perf_counter()
     if engine == "torch":
-        from steadyrl.model.generation import TorchGenerator
+        from steadyrl.rl.generation import TorchGenerator
 
         model, tok = load_policy(SMOLLM2)
         gen = TorchGenerator(model.eval(), tok, batch_size=64)

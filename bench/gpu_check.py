@@ -287,7 +287,7 @@ class Checks:
         prompts = self.prompts(vocab, s)
 
         def generate():
-            from steadyrl.model.generation import SamplingParams, TorchGenerator
+            from steadyrl.rl.generation import SamplingParams, TorchGenerator
 
             gen = TorchGenerator(model, tok, batch_size=s.prompts * s.samples)
             params = SamplingParams(n=s.samples, temperature=1.0, top_p=1.0, max_new_tokens=s.new_tokens, seed=1)

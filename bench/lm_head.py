@@ -81,8 +81,8 @@ def trainer_arms(rounds: int, mode: str = "head") -> dict:
     fixed vs new_batch."""
     import random
 
-    from steadyrl.model.generation import SamplingParams, TorchGenerator
     from steadyrl.rl.batch import Group
+    from steadyrl.rl.generation import SamplingParams, TorchGenerator
     from steadyrl.rl.trainer import TrainConfig, Trainer
 
     model, tok = load_policy("smollm2-135m-instruct")

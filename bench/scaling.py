@@ -105,8 +105,8 @@ def one(phase: str, shape: str, T: int, N: int) -> dict:
     """Run one cell in this process; its figures."""
     import torch
 
-    from steadyrl.model.generation import SamplingParams, TorchGenerator
     from steadyrl.model.models import tiny_tokenizer
+    from steadyrl.rl.generation import SamplingParams, TorchGenerator
 
     torch.set_num_threads(os.cpu_count() or 1)
     model = _model(shape)
@@ -124,7 +124,7 @@ def one(phase: str, shape: str, T: int, N: int) -> dict:
         out["rows_per_call"] = gen.rows_per_call(PROMPT + T)
         # each decode step's time, stamped by the sampler (called once a step): how a token's
         # cost moves with its position within one call, apart from the length asked for
-        from steadyrl.model import generation
+        from steadyrl.rl import generation
 
         stamps: list[float] = []
         sample = generation.SeededSampler.__call__

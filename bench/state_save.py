@@ -3,7 +3,7 @@
     flock /tmp/steadyrl-bench.lock .venv/bin/python bench/state_save.py [--out bench/results/state_save.json]
 
 Every step the learner writes `state.json` (RunState as JSON, written, fsynced and renamed:
-`steadyrl.run.files.write_atomic`), and each checkpoint's meta holds the same JSON. Until this
+`steadyrl.files.write_atomic`), and each checkpoint's meta holds the same JSON. Until this
 round RunState held every step's history row and every trained prompt id (8 a step), so the
 save grew with the run; now the rows go to history.jsonl, one appended line a step
 (services/learner/parts.py append_history), and state.json keeps what a step changes.
@@ -41,7 +41,7 @@ def _median_ms(fn, repeats: int) -> float:
 
 
 def main() -> None:
-    from steadyrl.run.files import write_atomic
+    from steadyrl.files import write_atomic
     from steadyrl.services.learner.parts import append_history
     from steadyrl.services.learner.state import InFlight, RunState
 

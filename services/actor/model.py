@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from steadyrl.config import ConfigError
-from steadyrl.model.generation import TorchGenerator
 from steadyrl.model.models import (
     hf_folder,
     load_policy,
@@ -22,6 +21,7 @@ from steadyrl.model.models import (
     shapes_mismatch,
     state_dict_mismatch,
 )
+from steadyrl.rl.generation import TorchGenerator
 from steadyrl.services.actor.config import ActorSection
 from steadyrl.services.actor.vllm_engine import VLLMGenerator, VLLMSettings, vllm_available
 
@@ -83,7 +83,7 @@ class ServedModel:
     Attributes:
         backend: "torch" or "vllm".
         tok: the tokenizer.
-        gen: the generator (`generate(ids, params, seeds)`: steadyrl.model.generation.TorchGenerator
+        gen: the generator (`generate(ids, params, seeds)`: steadyrl.rl.generation.TorchGenerator
             or vllm_engine.VLLMGenerator).
         module: torch: the served nn.Module; vllm: None (the engine holds the weights).
         context: positions the model was built for (prompt + completion,

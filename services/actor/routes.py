@@ -38,7 +38,7 @@ from pydantic import BaseModel, Field, model_validator
 from steadyrl.http import add_work_route
 from steadyrl.local.limits import MAX_SAMPLES_PER_PROMPT
 from steadyrl.model.data import PromptRow, encode_prompt
-from steadyrl.model.generation import Completion, SamplingParams
+from steadyrl.rl.generation import Completion, SamplingParams
 from steadyrl.services.actor import gate
 from steadyrl.services.actor.config import ActorSection
 from steadyrl.services.actor.follower import ServedVersion

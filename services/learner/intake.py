@@ -64,8 +64,8 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from prometheus_client import Counter, Gauge
 
 from steadyrl.bus.kafka import consumer_config
+from steadyrl.files import append_line
 from steadyrl.run import diskspace
-from steadyrl.run.files import append_line
 from steadyrl.run.quarantine import RELEASE_HEADER
 from steadyrl.run.runfolder import Count
 from steadyrl.services.learner.buffer import MAX_EVICTIONS, evictions

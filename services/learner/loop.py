@@ -32,6 +32,7 @@ from confluent_kafka import Consumer, TopicPartition
 from steadyrl import failpoints
 from steadyrl.bus.topics import topic_id, topic_name
 from steadyrl.config import ConfigError
+from steadyrl.files import write_atomic
 from steadyrl.model.models import load_policy
 from steadyrl.rl import distributed
 from steadyrl.rl.config import resolve_autocast
@@ -40,7 +41,6 @@ from steadyrl.rl.trainer import Group, NonFiniteStep, Trainer
 from steadyrl.run import diskspace
 from steadyrl.run.checkpoint import CheckpointError
 from steadyrl.run.ckpt_writer import AsyncCheckpointer
-from steadyrl.run.files import write_atomic
 from steadyrl.run.rollout_cache import rows_of
 from steadyrl.run.runfolder import Count
 from steadyrl.run.tensors import rng_state

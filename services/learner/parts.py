@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from steadyrl.config import ConfigError
+from steadyrl.files import append_lines
 from steadyrl.run import checkpoint as ck
 from steadyrl.run import diskspace, tensors
-from steadyrl.run.files import append_lines
 from steadyrl.run.rollout_cache import CacheSchemaError, RolloutCache
 from steadyrl.services.learner.metrics import EXPORTED
 from steadyrl.services.learner.state import Ready, RunState

@@ -15,10 +15,10 @@ from prometheus_client import Gauge
 from scipy.stats import binomtest
 
 from steadyrl.config import ConfigError
+from steadyrl.files import write_atomic
 from steadyrl.model.scorepool import ScoringLimits
 from steadyrl.rl.loop import ScorerRaisedOnEveryItem
 from steadyrl.rl.loop import evaluate as greedy_eval
-from steadyrl.run.files import write_atomic
 from steadyrl.run.runfolder import Counts
 from steadyrl.services.learner.config import LearnerSection, data_label
 from steadyrl.services.learner.rows import EvalSplit, eval_split

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from steadyrl.config import ConfigError
+from steadyrl.files import read_step_lines, write_atomic
 from steadyrl.run import checkpoint as ck
 from steadyrl.run import policy_files, signing
-from steadyrl.run.files import read_step_lines, write_atomic
 from steadyrl.services.learner.state import RunState, StateError
 
 log = logging.getLogger("steadyrl.learner")

@@ -57,10 +57,10 @@ from pydantic import ValidationError
 
 from steadyrl.bus.topics import load_catalogue
 from steadyrl.config import ConfigError
+from steadyrl.files import replacing
 from steadyrl.local.limits import GenerationLimits
 from steadyrl.model.data import Beat, MemoryRows, PromptRow, RowError, Rows, encode_prompt, where
 from steadyrl.rl.loop import prompt_seed
-from steadyrl.run.files import replacing
 from steadyrl.services.learner.config import LearnerSection, data_label, open_dataset, spread
 from steadyrl.wire import codec
 from steadyrl.wire.contracts import Prompt

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from prometheus_client import Counter, Gauge
 
-from steadyrl.run.files import sha256_file, write_atomic
+from steadyrl.files import sha256_file, write_atomic
 
 if TYPE_CHECKING:
     from steadyrl.services.learner.config import LearnerSection

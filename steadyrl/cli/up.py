@@ -58,12 +58,12 @@ from steadyrl.bus import kafka
 from steadyrl.bus.topics import create_topics, load_catalogue
 from steadyrl.cli.common import CliError, _bootstrap, _local_broker, _require_broker, add_common_options
 from steadyrl.config import config_path
+from steadyrl.files import write_atomic
 from steadyrl.local import acl, jars, placement, ports
 from steadyrl.local import broker as b
 from steadyrl.local.stack import StackError, StackSettings, load_stack
 from steadyrl.local.supervisor import BrokerWatch, Child, Liveness, Supervisor
 from steadyrl.output import guard_stdio
-from steadyrl.run.files import write_atomic
 from steadyrl.run.runfolder import run_finished
 
 if TYPE_CHECKING:

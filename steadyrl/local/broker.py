@@ -33,8 +33,7 @@ from typing import Any
 
 from steadyrl.bus.kafka import KafkaAuth, client_config
 from steadyrl.local.jars import BROKER_DIR, BrokerError, Java, java_binary, kafka_version, libs_dir
-from steadyrl.local.ports import cmdline
-from steadyrl.run.diskspace import pid_alive
+from steadyrl.local.ports import cmdline, pid_alive
 
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,7 @@ another user shows as "a process of another user", since its files are not ours 
 from __future__ import annotations
 
 import errno
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,22 @@ def _listening_inodes(port: int) -> set[str]:
             if f[3] == _LISTEN and int(f[1].rsplit(":", 1)[1], 16) == port:
                 inodes.add(f[9])
     return inodes
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process with this pid runs (one we may not signal counts as alive; a zombie
+    does not: it still answers kill(0), so its state is read from /proc)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def cmdline(pid: int) -> str:

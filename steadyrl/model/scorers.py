@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from steadyrl.files import sha256_files
 from steadyrl.model.rewards import ERROR_MESSAGE_CHARS, NotAReward, raised, resolve_scorer, score_value
-from steadyrl.run.files import sha256_files
 from steadyrl.wire.contracts import RewardSource
 
 __all__ = ["ERROR_MESSAGE_CHARS", "raised"]  # scorers.raised: where it was first; it lives in rewards.py now

@@ -19,10 +19,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.model.data import PromptRow, encode_prompt
-from steadyrl.model.generation import SamplingParams, TorchGenerator
 from steadyrl.model.rewards import resolve_scorer, score_value
 from steadyrl.model.scorepool import DEADLINE, ScoringLimits
 from steadyrl.model.scorers import ScorerError, build_scorer, spec_kind
+from steadyrl.rl.generation import SamplingParams, TorchGenerator
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def prompt_seed(run_seed: int, epoch: int, index: int) -> int:
 
     About run_seed * 1e13, with no upper bound: a run_seed of ~1.85 million or more gives seeds
     >= 2**64, which torch.Generator refuses; the engines take it through
-    steadyrl.model.generation.engine_seed (mod 2**63), both the same way. Non-negative for
+    steadyrl.rl.generation.engine_seed (mod 2**63), both the same way. Non-negative for
     non-negative arguments (the Prompt contract's seed is >= 0)."""
     return (run_seed * 1_000_003 + epoch) * 10_000_019 + index
 

@@ -67,8 +67,8 @@ import torch
 from safetensors.torch import load_file
 
 from steadyrl import failpoints
+from steadyrl.files import fsync_dir, sha256_file, write_atomic
 from steadyrl.model.models import state_dict_mismatch
-from steadyrl.run.files import fsync_dir, sha256_file, write_atomic
 from steadyrl.run.shards import read_shards, shard_metadata
 from steadyrl.run.signing import SIGNATURE, check_signature, signature
 from steadyrl.run.tensors import CheckpointError as CheckpointError  # raised here too: callers catch it from here

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from steadyrl.files import sha256_file
 from steadyrl.model.models import (
     SMOLLM2,
     TINY,
@@ -63,7 +64,6 @@ from steadyrl.model.models import (
     tiny_tokenizer,
 )
 from steadyrl.run import policy_files
-from steadyrl.run.files import sha256_file
 from steadyrl.run.runfolder import RunDir
 from steadyrl.run.tensors import unique_tensors
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from steadyrl.config import ConfigError
-from steadyrl.run.files import fsync_dir, sha256_file, write_atomic
+from steadyrl.files import fsync_dir, sha256_file, write_atomic
 
 if TYPE_CHECKING:  # torch is imported only where tensors are read or written (below)
     import torch

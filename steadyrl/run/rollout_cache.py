@@ -28,8 +28,8 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs published
 
+from steadyrl.files import replacing
 from steadyrl.run import diskspace
-from steadyrl.run.files import replacing
 from steadyrl.wire.contracts import ScoredGroup
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ def _number(p: Path) -> int:
 
 def _write_part(path: Path, batches: list[pa.RecordBatch]) -> None:
     """`batches` as the Arrow IPC file `path`, fsynced and renamed into place
-    (steadyrl.run.files.replacing: on an error `path` is left as it was)."""
+    (steadyrl.files.replacing: on an error `path` is left as it was)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with replacing(path, Path(str(path) + ".tmp")) as tmp:  # *.arrow.tmp: removed on open after a crash
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as w:

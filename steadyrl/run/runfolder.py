@@ -19,7 +19,7 @@ and `<state_dir>/CURRENT` names the run in progress. The learner writes these fi
 (services/learner/state.py) and counts under the names `Count` gives; `steadyrl up`,
 `steadyrl export`, the harnesses (steadyrl.testing) and the benchmarks read them through
 `RunDir`, so a renamed key or counter is renamed in one place. This module imports nothing
-beyond the standard library (and steadyrl.run.files, which imports nothing more): the CLI may
+beyond the standard library (and steadyrl.files, which imports nothing more): the CLI may
 use it.
 """
 
@@ -31,7 +31,7 @@ from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any
 
-from steadyrl.run.files import read_step_lines
+from steadyrl.files import read_step_lines
 
 
 class Count(StrEnum):

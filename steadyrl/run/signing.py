@@ -8,7 +8,7 @@ import hashlib
 import hmac
 from pathlib import Path
 
-from steadyrl.run.files import write_atomic
+from steadyrl.files import write_atomic
 from steadyrl.run.tensors import CheckpointError
 
 SIGNATURE = "manifest.sig"   # "hmac-sha256 <hex of HMAC-SHA256(key, manifest.json's bytes)>"

@@ -16,7 +16,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from steadyrl.run.files import sha256_file
+from steadyrl.files import sha256_file
 
 
 class CheckpointError(Exception):

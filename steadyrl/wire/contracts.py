@@ -136,7 +136,7 @@ class Prompt(Contract):
     max_new_tokens: int = Field(default=64, ge=1, le=32768)
     # Not bounded above: the feeder's seeds (steadyrl/rl/loop.py prompt_seed) pass 2**63 for a
     # large run seed, and both actor engines reduce them mod 2**63 with one function
-    # (steadyrl/model/generation.py engine_seed; torch.Generator refuses 2**64 and above).
+    # (steadyrl/rl/generation.py engine_seed; torch.Generator refuses 2**64 and above).
     seed: int | None = Field(default=None, ge=0,
                              description="Sampling seed: same seed, weights, prompt -> same samples.")
     min_policy_version: Count64 = Field(default=0,

@@ -137,7 +137,7 @@ def test_generates_with_the_served_versions_log_probs(actor):
 def test_a_seed_above_2_64_is_reduced_as_the_torch_backend_reduces_it(actor):
     """Issue 33: a learner.seed of ~1.85 million or more gives prompt seeds >= 2**64; the vLLM
     backend passed them on and torch.Generator refused them. Both engines now take
-    steadyrl.model.generation.engine_seed (mod 2**63): 2**64 + 3 samples as 3 does."""
+    steadyrl.rl.generation.engine_seed (mod 2**63): 2**64 + 3 samples as 3 does."""
     svc = actor["svc"]
     body = {"n": 4, "max_new_tokens": 12, "temperature": 1.0}
     big = generate(svc, {**body, "prompts": [{"prompt_ids": [5, 6, 7], "seed": 2**64 + 3},

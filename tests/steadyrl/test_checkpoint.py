@@ -187,7 +187,7 @@ def test_ckpt_cli_lists_and_verifies(tmp_path, capsys):
 def test_streamed_safetensors_read_back_with_the_library_and_hash_matches(tmp_path):
     from safetensors.torch import load_file
 
-    from steadyrl.run.files import sha256_file
+    from steadyrl.files import sha256_file
 
     tensors = {"bf16": torch.randn(3, 5).to(torch.bfloat16), "scalar": torch.tensor(7.0),
                "empty": torch.zeros(0, 4), "i64": torch.arange(10), "t": torch.randn(4, 6).t()}  # non-contiguous

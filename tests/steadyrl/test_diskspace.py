@@ -18,8 +18,8 @@ import torch
 from prometheus_client import REGISTRY
 
 from steadyrl.config import ConfigError
+from steadyrl.files import append_lines, write_atomic
 from steadyrl.run import diskspace, policy_files
-from steadyrl.run.files import append_lines, write_atomic
 from steadyrl.run.rollout_cache import RolloutCache, rows_of
 from tests.steadyrl.test_rollout_cache import _scored
 from tests.tmpfs import fill, small_fs

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from steadyrl.model import generation
-from steadyrl.model.generation import SamplingParams, TorchGenerator
 from steadyrl.model.models import load_policy
+from steadyrl.rl import generation
+from steadyrl.rl.generation import SamplingParams, TorchGenerator
 
 
 def _prompts(k: int) -> list[list[int]]:

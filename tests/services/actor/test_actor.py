@@ -2,8 +2,8 @@ import pytest
 import torch
 from safetensors.torch import save_model
 
+from steadyrl.files import sha256_file
 from steadyrl.model.models import tiny_model
-from steadyrl.run.files import sha256_file
 from steadyrl.run.policy_files import PolicyRefused
 from steadyrl.services.actor import gate
 from steadyrl.services.actor.config import ActorConfig, ActorSection
@@ -107,7 +107,7 @@ def test_a_record_without_a_run_id_is_refused_by_name(tmp_path):
 
 
 def test_seeded_samples_do_not_depend_on_the_batch(tmp_path):
-    from steadyrl.model.generation import SamplingParams
+    from steadyrl.rl.generation import SamplingParams
 
     actor = _actor(tmp_path)
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6)

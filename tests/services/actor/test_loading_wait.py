@@ -9,8 +9,8 @@ import time
 import pytest
 from safetensors.torch import save_model
 
+from steadyrl.files import sha256_file
 from steadyrl.model.models import tiny_model
-from steadyrl.run.files import sha256_file
 from steadyrl.run.policy_files import PolicyRefused
 from steadyrl.services.actor import gate
 from steadyrl.services.actor.config import ActorSection

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from steadyrl.model.data import encode_prompt, tiny_copy_rows
-from steadyrl.model.generation import SamplingParams, TorchGenerator
 from steadyrl.model.models import load_policy
+from steadyrl.rl.generation import SamplingParams, TorchGenerator
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer, build_batch
 
 PROMPT = [1, 5, 40]
