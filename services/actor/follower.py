@@ -32,12 +32,13 @@ from steadyrl.bus.topics import topic_name
 from steadyrl.http import Health
 from steadyrl.run import policy_files
 from steadyrl.run.policy_files import PolicyRefused
-from steadyrl.services.actor import gate
-from steadyrl.services.actor.config import ActorConfig
-from steadyrl.services.actor.model import ServedModel
-from steadyrl.services.actor.vllm_engine import EngineDead
 from steadyrl.wire import codec
 from steadyrl.wire.contracts import PolicyUpdate
+
+from . import gate
+from .config import ActorConfig
+from .model import ServedModel
+from .vllm_engine import EngineDead
 
 log = logging.getLogger("steadyrl.actor")
 

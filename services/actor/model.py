@@ -22,8 +22,9 @@ from steadyrl.model.models import (
     state_dict_mismatch,
 )
 from steadyrl.rl.generation import TorchGenerator
-from steadyrl.services.actor.config import ActorSection
-from steadyrl.services.actor.vllm_engine import VLLMGenerator, VLLMSettings, vllm_available
+
+from .config import ActorSection
+from .vllm_engine import VLLMGenerator, VLLMSettings, vllm_available
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

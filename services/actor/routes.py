@@ -39,11 +39,12 @@ from steadyrl.http import add_work_route
 from steadyrl.local.limits import MAX_SAMPLES_PER_PROMPT
 from steadyrl.model.data import PromptRow, encode_prompt
 from steadyrl.rl.generation import Completion, SamplingParams
-from steadyrl.services.actor import gate
-from steadyrl.services.actor.config import ActorSection
-from steadyrl.services.actor.follower import ServedVersion
-from steadyrl.services.actor.model import ServedModel
-from steadyrl.services.actor.vllm_engine import EngineDead
+
+from . import gate
+from .config import ActorSection
+from .follower import ServedVersion
+from .model import ServedModel
+from .vllm_engine import EngineDead
 
 GEN_SECONDS = Histogram("steadyrl_actor_generate_seconds", "Time of one /generate call",
                         buckets=(0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))

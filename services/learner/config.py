@@ -28,8 +28,9 @@ from steadyrl.model.scorepool import ScoringLimits
 from steadyrl.rl.trainer import TrainConfig
 from steadyrl.run.checkpoint import CheckpointError
 from steadyrl.run.signing import read_key
-from steadyrl.services.learner.prompt_gate import PromptGateConfig
-from steadyrl.services.learner.watch import WatchConfig
+
+from .prompt_gate import PromptGateConfig
+from .watch import WatchConfig
 
 DEFAULT_EVAL_SPLITS = {"level04": "data/arithmetic/test_level04.parquet",
                        "level09": "data/arithmetic/test_level09.parquet"}

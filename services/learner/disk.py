@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     import torch
 
     from steadyrl.http import Health
-    from steadyrl.services.learner.config import LearnerSection
+
+    from .config import LearnerSection
 
 log = logging.getLogger("steadyrl.learner")
 

@@ -33,12 +33,13 @@ from steadyrl.config import ConfigError
 from steadyrl.model.data import PromptRow, RowError
 from steadyrl.rl.loop import prompt_order
 from steadyrl.run.runfolder import Count
-from steadyrl.services.learner.config import LearnerSection, data_label
-from steadyrl.services.learner.outbox import Outbox
-from steadyrl.services.learner.prompt_gate import PromptGate
-from steadyrl.services.learner.rows import RowCheck, prompt_record
-from steadyrl.services.learner.state import InFlight, RunState
 from steadyrl.wire.contracts import Prompt, now_ms
+
+from .config import LearnerSection, data_label
+from .outbox import Outbox
+from .prompt_gate import PromptGate
+from .rows import RowCheck, prompt_record
+from .state import InFlight, RunState
 
 IN_FLIGHT = Gauge("steadyrl_learner_prompts_in_flight", "Prompts published and not yet trained")
 PUBLISHED = Counter("steadyrl_learner_prompts_published", "Prompts published to rl.prompts", ["kind"])

@@ -68,15 +68,16 @@ from steadyrl.files import append_line
 from steadyrl.run import diskspace
 from steadyrl.run.quarantine import RELEASE_HEADER
 from steadyrl.run.runfolder import Count
-from steadyrl.services.learner.buffer import MAX_EVICTIONS, evictions
-from steadyrl.services.learner.config import LearnerSection
-from steadyrl.services.learner.dlq_check import uncounted
-from steadyrl.services.learner.outbox import Outbox
-from steadyrl.services.learner.refusals import Refusals, default_limit
-from steadyrl.services.learner.state import REASONS_KEPT, InFlight, Ready, RunState
-from steadyrl.services.learner.tokens import TokenLimits
 from steadyrl.wire import codec
 from steadyrl.wire.contracts import DLQReason, DLQRecord, Prompt, ScoredGroup, now_ms
+
+from .buffer import MAX_EVICTIONS, evictions
+from .config import LearnerSection
+from .dlq_check import uncounted
+from .outbox import Outbox
+from .refusals import Refusals, default_limit
+from .state import REASONS_KEPT, InFlight, Ready, RunState
+from .tokens import TokenLimits
 
 log = logging.getLogger("steadyrl.learner")
 

@@ -25,8 +25,9 @@ from steadyrl.rl.trainer import Trainer
 from steadyrl.run import diskspace
 from steadyrl.run.ckpt_writer import ShardWriter
 from steadyrl.service import run_service
-from steadyrl.services.learner.config import LearnerConfig
-from steadyrl.services.learner.loop import Learner
+
+from .config import LearnerConfig
+from .loop import Learner
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from steadyrl.run.runfolder import Count
-from steadyrl.services.learner.drift import ParamDrift, kl_trend
-from steadyrl.services.learner.state import RunState
 from steadyrl.wire.contracts import ScoredGroup
+
+from .drift import ParamDrift, kl_trend
+from .state import RunState
 
 if TYPE_CHECKING:
     import torch

@@ -14,12 +14,13 @@ from steadyrl.files import append_lines
 from steadyrl.run import checkpoint as ck
 from steadyrl.run import diskspace, tensors
 from steadyrl.run.rollout_cache import CacheSchemaError, RolloutCache
-from steadyrl.services.learner.metrics import EXPORTED
-from steadyrl.services.learner.state import Ready, RunState
 from steadyrl.wire.contracts import ScoredGroup
 
+from .metrics import EXPORTED
+from .state import Ready, RunState
+
 if TYPE_CHECKING:
-    from steadyrl.services.learner.loop import Learner
+    from .loop import Learner
 
 log = logging.getLogger("steadyrl.learner")
 

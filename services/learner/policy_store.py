@@ -22,9 +22,10 @@ from steadyrl.model.models import state_dict_mismatch
 from steadyrl.run import diskspace, policy_files
 from steadyrl.run.checkpoint import CheckpointError
 from steadyrl.run.tensors import refuse_nonfinite, unique_tensors
-from steadyrl.services.learner.outbox import Outbox
-from steadyrl.services.learner.state import RunState
 from steadyrl.wire.contracts import PolicyUpdate
+
+from .outbox import Outbox
+from .state import RunState
 
 if TYPE_CHECKING:
     import torch

@@ -20,9 +20,10 @@ from steadyrl.model.scorepool import ScoringLimits
 from steadyrl.rl.loop import ScorerRaisedOnEveryItem
 from steadyrl.rl.loop import evaluate as greedy_eval
 from steadyrl.run.runfolder import Counts
-from steadyrl.services.learner.config import LearnerSection, data_label
-from steadyrl.services.learner.rows import EvalSplit, eval_split
-from steadyrl.services.learner.state import RunState
+
+from .config import LearnerSection, data_label
+from .rows import EvalSplit, eval_split
+from .state import RunState
 
 if TYPE_CHECKING:
     import torch
@@ -100,7 +101,7 @@ def _split(lc: LearnerSection, name: str, model: torch.nn.Module, tok: Any, beat
     left out). Raises ConfigError when none is usable."""
     if given is not None and name in given:
         return given[name]
-    from steadyrl.services.learner.tokens import TokenLimits  # lazy: only without the learner's
+    from .tokens import TokenLimits  # lazy: only without the learner's
 
     context = TokenLimits.of(model, tok).context if model is not None else None
     if name == "test":

@@ -29,7 +29,8 @@ from steadyrl.config import ConfigError
 from steadyrl.files import read_step_lines, write_atomic
 from steadyrl.run import checkpoint as ck
 from steadyrl.run import policy_files, signing
-from steadyrl.services.learner.state import RunState, StateError
+
+from .state import RunState, StateError
 
 log = logging.getLogger("steadyrl.learner")
 

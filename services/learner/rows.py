@@ -61,9 +61,10 @@ from steadyrl.files import replacing
 from steadyrl.local.limits import GenerationLimits
 from steadyrl.model.data import Beat, MemoryRows, PromptRow, RowError, Rows, encode_prompt, where
 from steadyrl.rl.loop import prompt_seed
-from steadyrl.services.learner.config import LearnerSection, data_label, open_dataset, spread
 from steadyrl.wire import codec
 from steadyrl.wire.contracts import Prompt
+
+from .config import LearnerSection, data_label, open_dataset, spread
 
 log = logging.getLogger("steadyrl.learner")
 

@@ -19,12 +19,13 @@ from prometheus_client import Counter, Gauge
 from steadyrl.rl.trainer import NonFiniteStep
 from steadyrl.run.quarantine import batch_id as make_batch_id
 from steadyrl.run.runfolder import Count
-from steadyrl.services.learner.config import LearnerSection
-from steadyrl.services.learner.intake import GROUPS
-from steadyrl.services.learner.outbox import Outbox
-from steadyrl.services.learner.state import Held, Ready, RunState
-from steadyrl.services.learner.watch import RewardWatch
 from steadyrl.wire.contracts import QuarantinedGroup
+
+from .config import LearnerSection
+from .intake import GROUPS
+from .outbox import Outbox
+from .state import Held, Ready, RunState
+from .watch import RewardWatch
 
 log = logging.getLogger("steadyrl.learner")
 

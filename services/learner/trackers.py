@@ -57,7 +57,7 @@ from prometheus_client import Counter, Gauge
 from steadyrl.files import sha256_file, write_atomic
 
 if TYPE_CHECKING:
-    from steadyrl.services.learner.config import LearnerSection
+    from .config import LearnerSection
 
 log = logging.getLogger("steadyrl.learner")
 

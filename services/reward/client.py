@@ -70,7 +70,7 @@ from steadyrl.wire.codec import Rejected
 from steadyrl.wire.contracts import DLQReason, RewardSource, RolloutGroup
 
 if TYPE_CHECKING:
-    from steadyrl.services.reward.cache import ScoreCache
+    from .cache import ScoreCache
 
 log = logging.getLogger("steadyrl.reward")
 

@@ -44,9 +44,10 @@ from steadyrl.bus.stage import Output, RetryLater, Stage, refusal_reason
 from steadyrl.config import ServiceConfig, load
 from steadyrl.http import Health, response_detail
 from steadyrl.service import run_service
-from steadyrl.services.rollout.gate import RolloutGate
 from steadyrl.wire.codec import Rejected
 from steadyrl.wire.contracts import Contract, DLQReason, Prompt, RolloutGroup, Sample
+
+from .gate import RolloutGate
 
 if TYPE_CHECKING:
     from steadyrl.bus.stage import BatchHandler, Meta
