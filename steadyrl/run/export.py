@@ -82,6 +82,21 @@ class ExportError(Exception):
 
 # ---------------------------------------------------------------------------------------- public
 
+def _open_run(run_dir: Path, model: str | None) -> tuple[RunDir, dict[str, Any], str, int]:
+    """The learner run in `run_dir`, its state.json, the base model's name (`model`, else the
+    one state.json records) and the run's seed. Raises ExportError for no run or no model name."""
+    run = RunDir(run_dir.parent, run_dir.name)
+    try:
+        state = run.state
+    except (OSError, ValueError) as e:
+        raise ExportError(f"{run_dir}: not a learner run ({run_dir / 'state.json'}: {e})") from None
+    config = state.get("config") or {}
+    name = model or config.get("model")
+    if not name:
+        raise ExportError(f"{run_dir / 'state.json'} records no model name: pass the base model")
+    return run, state, str(name), int(config.get("seed", 0))
+
+
 def export_version(run_dir: str | Path, version: int | str, out: str | Path, *,
                    policy_root: str | Path | None = None, model: str | None = None, force: bool = False,
                    max_shard_size: int | str = DEFAULT_SHARD) -> Path:
@@ -109,16 +124,7 @@ def export_version(run_dir: str | Path, version: int | str, out: str | Path, *,
         OSError: the disk refused a write.
     """
     run_dir = Path(run_dir).resolve()
-    run = RunDir(run_dir.parent, run_dir.name)
-    try:
-        state = run.state
-    except (OSError, ValueError) as e:
-        raise ExportError(f"{run_dir}: not a learner run ({run_dir / 'state.json'}: {e})") from None
-    config = state.get("config") or {}
-    name = model or config.get("model")
-    if not name:
-        raise ExportError(f"{run_dir / 'state.json'} records no model name: pass the base model")
-    seed = int(config.get("seed", 0))
+    run, state, name, seed = _open_run(run_dir, model)
     step, v = int(state.get("step", 0)), _version(version, state)
     root = Path(policy_root if policy_root is not None else run_dir.parent.parent / "policies").resolve()
     out = _target(out, force)
