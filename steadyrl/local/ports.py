@@ -9,6 +9,7 @@ another user shows as "a process of another user", since its files are not ours 
 from __future__ import annotations
 
 import errno
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,12 +57,36 @@ def _listening_inodes(port: int) -> set[str]:
     return inodes
 
 
-def _cmdline(pid: int) -> str:
-    """`pid`'s command line; a long one as its first 60 and last 140 characters (a JVM's class
-    path is long; its main class and arguments, e.g. a broker's server.properties, are last)."""
+def pid_alive(pid: int) -> bool:
+    """True when a process with this pid runs (one we may not signal counts as alive; a zombie
+    does not: it still answers kill(0), so its state is read from /proc)."""
     try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
+        return False
+
+
+def cmdline(pid: int) -> str:
+    """`pid`'s whole command line, its arguments joined by spaces (bytes that are not UTF-8
+    replaced); "" when it cannot be read (the process ended, or is another user's)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _short(cmd: str) -> str:
+    """A command line for a message: a long one as its first 60 and last 140 characters (a JVM's
+    class path is long; its main class and arguments, e.g. a broker's server.properties, are
+    last); "?" for an unreadable one."""
+    if not cmd:
         return "?"
     return cmd if len(cmd) <= 200 else f"{cmd[:60]} ... {cmd[-140:]}"
 
@@ -90,7 +115,7 @@ def holders(port: int) -> list[Holder]:
             if link.startswith("socket:[") and link[8:-1] in inodes:
                 seen.add(link[8:-1])
                 pid = int(proc.name)
-                found.setdefault(pid, Holder(pid, _cmdline(pid)))
+                found.setdefault(pid, Holder(pid, _short(cmdline(pid))))
     out = [found[p] for p in sorted(found)]
     if seen != inodes:
         out.append(Holder(None, ""))
@@ -102,3 +127,24 @@ def describe(port: int) -> str:
     " and ", or "an unknown process" when none is found (it closed a moment ago)."""
     hs = holders(port)
     return " and ".join(str(h) for h in hs) if hs else "an unknown process"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def free_port_pair() -> int:
+    """A port p on 127.0.0.1 with p + 1 also free a moment ago: `steadyrl up --port p` (and the
+    benches) put the KRaft controller on p + 1."""
+    while True:
+        p = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+                return p
+            except OSError:
+                continue

@@ -6,7 +6,7 @@ and what a user takes away at the end of a run.
         config.json                     the base model's config; `dtype` is the weights' dtype
         generation_config.json          the base model's generation settings
         tokenizer.json, tokenizer_config.json, chat_template.jinja, ...
-                                        the tokenizer as the run used it (steadyrl.models.load_policy)
+                                        the tokenizer as the run used it (steadyrl.model.models.load_policy)
         model.safetensors               the weights; past `max_shard_size` (5 GB) instead
                                         model-0000i-of-0000N.safetensors and model.safetensors.index.json
         steadyrl_export.json            what was exported from what, and every file's sha256 (MARKER)
@@ -20,7 +20,7 @@ an export that would not give back exactly the version's weights is refused, not
 written into a hidden sibling folder and renamed into place: a reader sees a whole export or
 none.
 
-Reading a version checks every byte it can against a recorded hash (steadyrl.policy_files):
+Reading a version checks every byte it can against a recorded hash (steadyrl.run.policy_files):
 the index of the version `state.json` names, or one a checkpoint's meta.json names (that
 meta.json itself checked against its manifest), against that sha256, and then each shard
 against the index. An older version no checkpoint names has no recorded hash for its index
@@ -36,8 +36,8 @@ GGUF, a local folder from its files); the marker says `checked: rebuilt`.
 The weights keep the version's dtype (float32 for every run today: the learner trains in
 float32); `export_base` takes a dtype.
 
-This module reads the run folder only through `steadyrl.runfolder.RunDir` and the
-checkpoint layout (`steadyrl.checkpoint`); it never imports `services`.
+This module reads the run folder only through `steadyrl.run.runfolder.RunDir` and the
+checkpoint layout (`steadyrl.run.checkpoint`); it never imports `services`.
 """
 
 from __future__ import annotations
@@ -50,10 +50,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from steadyrl import policy_files
-from steadyrl.checkpoint import unique_tensors
 from steadyrl.files import sha256_file
-from steadyrl.models import (
+from steadyrl.model.models import (
     SMOLLM2,
     TINY,
     TINY_CHARS,
@@ -65,7 +63,9 @@ from steadyrl.models import (
     tiny_config,
     tiny_tokenizer,
 )
-from steadyrl.runfolder import RunDir
+from steadyrl.run import policy_files
+from steadyrl.run.runfolder import RunDir
+from steadyrl.run.tensors import unique_tensors
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -81,6 +81,21 @@ class ExportError(Exception):
 
 
 # ---------------------------------------------------------------------------------------- public
+
+def _open_run(run_dir: Path, model: str | None) -> tuple[RunDir, dict[str, Any], str, int]:
+    """The learner run in `run_dir`, its state.json, the base model's name (`model`, else the
+    one state.json records) and the run's seed. Raises ExportError for no run or no model name."""
+    run = RunDir(run_dir.parent, run_dir.name)
+    try:
+        state = run.state
+    except (OSError, ValueError) as e:
+        raise ExportError(f"{run_dir}: not a learner run ({run_dir / 'state.json'}: {e})") from None
+    config = state.get("config") or {}
+    name = model or config.get("model")
+    if not name:
+        raise ExportError(f"{run_dir / 'state.json'} records no model name: pass the base model")
+    return run, state, str(name), int(config.get("seed", 0))
+
 
 def export_version(run_dir: str | Path, version: int | str, out: str | Path, *,
                    policy_root: str | Path | None = None, model: str | None = None, force: bool = False,
@@ -109,16 +124,7 @@ def export_version(run_dir: str | Path, version: int | str, out: str | Path, *,
         OSError: the disk refused a write.
     """
     run_dir = Path(run_dir).resolve()
-    run = RunDir(run_dir.parent, run_dir.name)
-    try:
-        state = run.state
-    except (OSError, ValueError) as e:
-        raise ExportError(f"{run_dir}: not a learner run ({run_dir / 'state.json'}: {e})") from None
-    config = state.get("config") or {}
-    name = model or config.get("model")
-    if not name:
-        raise ExportError(f"{run_dir / 'state.json'} records no model name: pass the base model")
-    seed = int(config.get("seed", 0))
+    run, state, name, seed = _open_run(run_dir, model)
     step, v = int(state.get("step", 0)), _version(version, state)
     root = Path(policy_root if policy_root is not None else run_dir.parent.parent / "policies").resolve()
     out = _target(out, force)

@@ -98,10 +98,18 @@ SCORERS: dict[str, Scorer] = {"numeric_match": numeric_match, "tiny_copy": tiny_
                               "numeric_match_formatted": numeric_match_formatted}
 
 
+#: Where the modules a saved config may name (`steadyrl.rewards:numeric_match`, a run's
+#: reward_server.scorers written before the package had sub-packages) live now. Spelled with
+#: "steadyrl." + name: these are the old paths, kept as they were.
+MOVED_MODULES = {"steadyrl." + old: "steadyrl.model." + old
+                 for old in ("rewards", "scorers", "similarity", "scorepool", "data", "models", "generation")}
+
+
 def resolve_scorer(name: str) -> Scorer:
     """A scorer by registered name (`numeric_match`), dotted path (`pkg.mod:func` or
-    `pkg.mod.func`) or file (`my_reward.py:compute_score`, verl's `custom_reward_function` path
-    and name; relative to the working folder).
+    `pkg.mod.func`; a steadyrl module that moved is also found by its old path, MOVED_MODULES)
+    or file (`my_reward.py:compute_score`, verl's `custom_reward_function` path and name;
+    relative to the working folder).
 
     A dotted path is imported as it is, else from the working folder: `steadyrl score` and the
     services find `my_reward:compute_score` beside the user as `python -m` would, without
@@ -115,6 +123,7 @@ def resolve_scorer(name: str) -> Scorer:
     if name in SCORERS:
         return SCORERS[name]
     module, _, attr = name.rpartition(":") if ":" in name else name.rpartition(".")
+    module = MOVED_MODULES.get(module, module)
     if not module or not attr:
         raise ValueError(f"unknown scorer {name!r}: registered are {sorted(SCORERS)}, "
                          "or give module:function or file.py:function")

@@ -33,6 +33,7 @@ from prometheus_client import Counter, Gauge
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
 from steadyrl.config import ConfigError
+from steadyrl.local.ports import pid_alive
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -168,22 +169,6 @@ def _free_or_none(path: Path | str) -> int | None:
         return usage(Path(path))[0]
     except OSError:
         return None
-
-
-def pid_alive(pid: int) -> bool:
-    """True when a process with this pid runs (one we may not signal counts as alive; a zombie
-    does not: it still answers kill(0), so its state is read from /proc)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def clean_temporaries(folder: Path) -> list[Path]:

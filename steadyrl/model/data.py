@@ -69,6 +69,15 @@ class PromptRow:
     row: int = field(default=0, compare=False, repr=False)
 
 
+def encode_prompt(tokenizer: Any, row: PromptRow) -> list[int]:
+    """Token ids of `row`'s chat with the assistant turn opened: the prompt the actor generates
+    from and the learner scores (both call this)."""
+    ids = tokenizer.apply_chat_template(row.messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):  # BatchEncoding in newer transformers
+        ids = ids["input_ids"]
+    return list(ids)
+
+
 class RowError(ValueError):
     """One dataset row that is not a prompt: `field` names the part (e.g. `prompt[1].content`),
     the message says why; `source` and `row` say where it is, as PromptRow's do."""

@@ -15,6 +15,8 @@ from steadyrl.assets import asset_dir
 from steadyrl.bus.kafka import client_config
 
 if TYPE_CHECKING:
+    from confluent_kafka.admin._metadata import TopicMetadata
+
     from steadyrl.http import Health
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,19 @@ def topic_name(base: str, prefix: str = "") -> str:
     return f"{prefix}{base}"
 
 
+def _existing_status(spec: TopicSpec, meta: TopicMetadata, replication_factor: int) -> str:
+    """What an existing topic (`meta`, as the broker lists it) needs against `spec`:
+    "partitions N->M" (to grow), "exists (replication N < M)" (fewer copies than asked, left as
+    it is) or "exists"."""
+    have = len(meta.partitions)
+    copies = min((len(p.replicas) for p in meta.partitions.values()), default=replication_factor)
+    if have < spec.partitions:
+        return f"partitions {have}->{spec.partitions}"
+    if copies < replication_factor:
+        return f"exists (replication {copies} < {replication_factor})"
+    return "exists"
+
+
 def create_topics(bootstrap: str, prefix: str = "", timeout_s: float = 30.0, replication_factor: int = 1,
                   min_insync_replicas: int = 1) -> dict[str, str]:
     """Create every catalogue topic that is missing; grow partitions that are too few.
@@ -83,20 +98,14 @@ def create_topics(bootstrap: str, prefix: str = "", timeout_s: float = 30.0, rep
     new, grow = [], []
     for spec in load_catalogue().values():
         name = topic_name(spec.name, prefix)
-        if name in existing:
-            have = len(existing[name].partitions)
-            copies = min((len(p.replicas) for p in existing[name].partitions.values()), default=replication_factor)
-            if have < spec.partitions:
-                grow.append(NewPartitions(name, spec.partitions))
-                result[name] = f"partitions {have}->{spec.partitions}"
-            elif copies < replication_factor:
-                result[name] = f"exists (replication {copies} < {replication_factor})"
-            else:
-                result[name] = "exists"
-        else:
+        if name not in existing:
             new.append(NewTopic(name, num_partitions=spec.partitions, replication_factor=replication_factor,
                                 config=spec.configs() | {"min.insync.replicas": str(min_insync_replicas)}))
             result[name] = "created"
+            continue
+        result[name] = _existing_status(spec, existing[name], replication_factor)
+        if result[name].startswith("partitions"):
+            grow.append(NewPartitions(name, spec.partitions))
     futures = {}
     if new:
         futures.update(admin.create_topics(new, operation_timeout=timeout_s))
