@@ -1,4 +1,4 @@
-"""`steadyrl quarantine list|show|release|drop`: batches the reward watch held (steadyrl.quarantine)."""
+"""`steadyrl quarantine list|show|release|drop`: batches the reward watch held (steadyrl.run.quarantine)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from steadyrl.cli.common import LOCAL_BOOTSTRAP, CliError, _bootstrap, _require_broker, add_common_options
 
 if TYPE_CHECKING:
-    from steadyrl.quarantine import Entry
+    from steadyrl.run.quarantine import Entry
 
 
 def _fig(v: float | None) -> str:
@@ -18,17 +18,17 @@ def _fig(v: float | None) -> str:
 
 
 def cmd_quarantine(args: argparse.Namespace) -> int:
-    """list | show | release | drop batches on rl.quarantine (steadyrl/quarantine.py). Raises
+    """list | show | release | drop batches on rl.quarantine (steadyrl/run/quarantine.py). Raises
     CliError: 2 without a batch id to release or drop, 1 when the broker refuses or the
     batch to show is not there."""
     from confluent_kafka import KafkaException  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
-    from steadyrl.contracts import QuarantineAction  # lazy: entry point (a command), keeps `steadyrl --help` fast
-    from steadyrl.quarantine import (  # lazy: entry point (a command), keeps `steadyrl --help` fast
+    from steadyrl.run.quarantine import (  # lazy: entry point (a command), keeps `steadyrl --help` fast
         QuarantineError,
         decide,
         read_quarantine,
     )
+    from steadyrl.wire.contracts import QuarantineAction  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
     if args.action in ("release", "drop"):

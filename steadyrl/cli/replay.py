@@ -19,8 +19,8 @@ from steadyrl.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from steadyrl.model.scorers import Scorer
     from steadyrl.replay import Rescored, Window
-    from steadyrl.scorers import Scorer
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -44,7 +44,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise CliError(f"--topic {topic}: {e}", 1) from None
     rescored = None
     if scorer is not None:
-        from steadyrl.scorers import ScorerError  # lazy: entry point (a command), keeps `steadyrl --help` fast
+        from steadyrl.model.scorers import ScorerError  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
         try:
             rescored = rp.rescore([r.group for r in window.records], scorer)
@@ -89,7 +89,7 @@ def _time_range(args: argparse.Namespace) -> tuple[int, int]:
 
 def _rescorer(spec: str) -> Scorer:
     """The loaded scorer of --rescore `spec`. Raises CliError (2) when it cannot be built or loaded."""
-    from steadyrl.scorers import build_scorer  # lazy: entry point (a command), keeps `steadyrl --help` fast
+    from steadyrl.model.scorers import build_scorer  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     try:
         scorer = build_scorer(spec)

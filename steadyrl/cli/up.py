@@ -1,18 +1,18 @@
-"""`steadyrl up`: broker, topics and every service as processes (steadyrl.supervisor), with
+"""`steadyrl up`: broker, topics and every service as processes (steadyrl.local.supervisor), with
 `--scale`, a progress line from the learner's /progress (on a terminal, the live panel of
 steadyrl/cli/panel.py instead, each service's lines in `<state-dir>/logs/`), and a stop when
 its run is done.
 
 Which broker: without `--bootstrap`, its own, in `<state-dir>/broker` (data in `--broker-data`,
 default `<state-dir>/broker/data`), known by its pid file and cluster id; it is started if it
-is not running, kept running (steadyrl.supervisor.BrokerWatch: restarted when it dies or halts,
+is not running, kept running (steadyrl.local.supervisor.BrokerWatch: restarted when it dies or halts,
 a full data volume reported by name) and stopped at the end if `up` started it. A broker of
 another stack on `--port` is refused (exit 2), never used: only `--bootstrap` uses a broker
 `up` did not start. Every port `up` would listen on (the broker's two, each service's) is
 checked before anything starts: one already taken stops `up` with exit 2, naming the port and
 the process that holds it.
 
-Each service's `/livez` is watched (steadyrl.supervisor.Liveness: `--liveness-period`,
+Each service's `/livez` is watched (steadyrl.local.supervisor.Liveness: `--liveness-period`,
 `--liveness-failures`, `--liveness-start`): a service hung for good is stopped and restarted,
 counted with the other restarts. `up`'s own output survives a full volume or a closed pipe
 (steadyrl.output: a line it cannot print is dropped and counted, and said once it can print
@@ -22,7 +22,7 @@ again); supervision goes on.
 `steadyrl status` reads the learner's port there.
 
 Closed to other local processes by default (steadyrl/cli/upaccess.py): its own broker takes
-SCRAM logins only (a principal per service, the ACLs of steadyrl/acl.py, passwords made anew at
+SCRAM logins only (a principal per service, the ACLs of steadyrl/local/acl.py, passwords made anew at
 every start in `<state-dir>/broker/secrets/`), so a process on the host without them can write
 no topic; the actor's /generate and the reward server's /score each take a token of their own
 (`<state-dir>/secrets/http-generate`, `http-score`, made anew at every start), which only the
@@ -31,7 +31,7 @@ folder whose broker was made so is refused without it (exit 2, naming why). With
 the cluster is used as it is (`--sasl --kafka-secrets DIR` to log in to it).
 
 Services are started by module name (`python -m steadyrl.services.<name>`): nothing here imports them.
-Their configuration is checked first, as each will read it, by steadyrl.configcheck in a process
+Their configuration is checked first, as each will read it, by steadyrl.local.configcheck in a process
 of its own (`check_config`, steadyrl/cli/upconfig.py, which also writes the config of
 the own-things flags and --from-verl): a bad key or value stops `up` with exit 2 before the broker starts.
 """
@@ -53,8 +53,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import httpx
 
-from steadyrl import acl, placement, ports
-from steadyrl import broker as b
+from steadyrl.bus.topics import create_topics, load_catalogue
 from steadyrl.cli.common import CliError, _bootstrap, _require_broker, _up_broker, add_common_options
 from steadyrl.cli.upaccess import HTTP_TOKENS as HTTP_TOKENS  # `up`'s, named here too
 from steadyrl.cli.upaccess import (
@@ -67,11 +66,12 @@ from steadyrl.cli.upaccess import (
 from steadyrl.cli.upconfig import OWN_THINGS, _from_verl, _own_things, _own_things_in, check_config
 from steadyrl.config import config_path
 from steadyrl.files import write_atomic
+from steadyrl.local import acl, jars, placement, ports
+from steadyrl.local import broker as b
+from steadyrl.local.stack import StackError, StackSettings, load_stack
+from steadyrl.local.supervisor import BrokerWatch, Child, Liveness, Supervisor
 from steadyrl.output import guard_stdio
-from steadyrl.runfolder import run_finished
-from steadyrl.stack import StackError, StackSettings, load_stack
-from steadyrl.supervisor import BrokerWatch, Child, Liveness, Supervisor
-from steadyrl.topics import create_topics, load_catalogue
+from steadyrl.run.runfolder import run_finished
 
 if TYPE_CHECKING:
     from steadyrl.cli.panel import LivePanel
@@ -128,7 +128,7 @@ def vllm_python() -> Path:
 
 
 def stack_settings(config: str | None) -> StackSettings:
-    """The stack settings `up` reads itself (steadyrl.stack: the actor's backend, the learner's
+    """The stack settings `up` reads itself (steadyrl.local.stack: the actor's backend, the learner's
     max_staleness and world_size, placement) from `--config` and STEADYRL_*, as the services
     read them. Raises CliError (2) naming each bad field."""
     try:
@@ -263,7 +263,7 @@ class Progress:
 
 
 def _placement(stack: StackSettings) -> dict[str, placement.ServicePlacement]:
-    """Each service's placement (steadyrl/placement.py): the stack's `placement:` section over
+    """Each service's placement (steadyrl/local/placement.py): the stack's `placement:` section over
     the default for this machine's CPUs, the learner's max_staleness and its world_size.
     Raises CliError (2) when the section does not fit the machine."""
     try:
@@ -344,7 +344,7 @@ def _start_broker(args: argparse.Namespace) -> tuple[b.LocalBroker | None, b.Loc
     """Start this state folder's broker (its jars fetched first), or use it when it runs already.
     Returns (the broker to stop at the end: None when it was running already, the broker).
     Raises CliError (2) when another process took its port after the checks."""
-    b.fetch()
+    jars.fetch()
     lb = _up_broker(args)
     print(f"starting Kafka broker ({lb.state_dir}, data in {lb.data}) ...", flush=True)
     try:
@@ -474,7 +474,7 @@ def _ending(failed: str | None, finished: str | None, ready: dict[str, bool]) ->
 
 
 def liveness(args: argparse.Namespace) -> Liveness:
-    """How `up` watches each service's /livez (steadyrl.supervisor.Liveness), from
+    """How `up` watches each service's /livez (steadyrl.local.supervisor.Liveness), from
     --liveness-period, --liveness-failures and --liveness-start. Raises CliError (2)."""
     period = getattr(args, "liveness_period", Liveness.period_s)
     failures = getattr(args, "liveness_failures", Liveness.failures)

@@ -1,5 +1,5 @@
 """Whom `steadyrl up`'s stack lets in (closed to other local processes by default): its own
-broker takes SCRAM logins, a principal per service with the ACLs of steadyrl/acl.py and
+broker takes SCRAM logins, a principal per service with the ACLs of steadyrl/local/acl.py and
 passwords made anew at every start (`_logins`, `_kafka_secrets`, `_login`); the actor's
 /generate and the reward server's /score each take a token of their own (`_http_tokens`).
 `--insecure` runs without either."""
@@ -11,12 +11,12 @@ import os
 import secrets as secrets_mod
 from pathlib import Path
 
-from steadyrl import acl
-from steadyrl import broker as b
 from steadyrl.bus import kafka
 from steadyrl.cli.common import CliError, _up_broker
+from steadyrl.local import acl
+from steadyrl.local import broker as b
 
-#: The Kafka principal (steadyrl/acl.py) each service logs in as under `--sasl`; the reward
+#: The Kafka principal (steadyrl/local/acl.py) each service logs in as under `--sasl`; the reward
 #: server talks to no broker.
 PRINCIPAL = {"actor": "actor", "rollout": "rollout", "reward": "reward", "learner": "learner"}
 

@@ -109,13 +109,13 @@ def _own_things(args: argparse.Namespace) -> Path:
 
 
 def check_config(config: str | None, flags: dict[str, list[str]], source: str | None = None) -> None:
-    """Check the configuration as every service will read it (steadyrl.configcheck, in a process
+    """Check the configuration as every service will read it (steadyrl.local.configcheck, in a process
     of its own: the learner's config imports torch), before anything starts. Raises CliError
     (2) with one line per error, each once (an unknown section is not reported by every
     service). When the check itself cannot run, says so and returns: each service still
     checks its own at start. `source`: what `config` was written from (`up`'s own-things or
     --from-verl file), named in the error instead."""
-    cmd = [sys.executable, "-m", "steadyrl.configcheck", config or "", json.dumps(flags)]
+    cmd = [sys.executable, "-m", "steadyrl.local.configcheck", config or "", json.dumps(flags)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:

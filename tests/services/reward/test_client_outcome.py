@@ -6,10 +6,10 @@ import math
 import pytest
 
 from steadyrl.bus.stage import RetryLater
-from steadyrl.codec import Rejected
-from steadyrl.contracts import DLQReason, Prompt, RewardSource, RolloutGroup, Sample
-from steadyrl.scorepool import DEADLINE
+from steadyrl.model.scorepool import DEADLINE
 from steadyrl.services.reward.client import Scores, _outcome
+from steadyrl.wire.codec import Rejected
+from steadyrl.wire.contracts import DLQReason, Prompt, RewardSource, RolloutGroup, Sample
 
 
 def group(n: int) -> RolloutGroup:

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from steadyrl import placement
 from steadyrl.cli.up import SERVICE_PORTS, SERVICES, _children, _ending, _service_flags
+from steadyrl.local import placement
 
 
 @pytest.mark.parametrize("failed, finished, ready, line, code", [
