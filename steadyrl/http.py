@@ -345,43 +345,10 @@ def add_work_route(app: FastAPI, path: str, model: type[BaseModel], handler: Cal
     in_flight = IN_FLIGHT.labels(path)
     refused = {r: REFUSED.labels(path, r) for r in REFUSED_REASONS}  # every series from the start
 
-    def releaser() -> Callable[[], None]:
-        """A release of one call's slot that frees it once, whoever calls it first."""
-        done = threading.Event()
-        guard = threading.Lock()
-
-        def release() -> None:
-            with guard:
-                if done.is_set():
-                    return
-                done.set()
-            in_flight.dec()
-            route.give_back()
-
-        return release
-
     def work(body: bytes, release: Callable[[], None]) -> tuple[int, bytes, dict[str, str]]:
         """On the pool: the whole call after the body, so nothing heavy runs on the event loop."""
         try:
-            try:
-                req = model.model_validate_json(body)
-            except ValidationError as e:
-                refused["invalid"].inc()
-                return _json(422, {"detail": _validation_detail(e)})
-            try:
-                answer = handler(req)
-            except StarletteHTTPException as e:  # fastapi's HTTPException and HTTPError are ones
-                return _json(e.status_code, {"detail": e.detail, **getattr(e, "extra", {})}, e.headers)
-            except Exception as e:  # a bug: say what it was, keep serving
-                log.exception("request handler failed", extra={"route": path})
-                return _json(500, {"detail": f"{path} failed: {type(e).__name__}: {e}"})
-            try:
-                return 200, finite_json(answer), {}
-            except (ValueError, TypeError) as e:  # the same request would fail again: not a 5xx
-                refused["not_json"].inc()
-                log.error("answer cannot be sent as JSON", extra={"route": path, "error": f"{type(e).__name__}: {e}"})
-                return _json(422, {"detail": f"{path}: the answer to this request cannot be sent as finite JSON "
-                                             f"({type(e).__name__}: {e})"})
+            return _answer(path, model, handler, body, refused)
         finally:
             release()  # here, not in the endpoint: a cancelled endpoint must not free a running slot
 
@@ -396,35 +363,15 @@ def add_work_route(app: FastAPI, path: str, model: type[BaseModel], handler: Cal
                                            f"{max_concurrent}); retry after {retry_after_s} s"}, 503,
                                 headers={"Retry-After": str(retry_after_s)})
         in_flight.inc()
-        release = releaser()
-        submitted = False
+        release = _once(in_flight.dec, route.give_back)
+        future: asyncio.Future[Any] | None = None
         try:
-            too_large = JSONResponse({"detail": f"body above max_body_bytes {max_body_bytes}"}, 413,
-                                     headers={"Connection": "close"})
-            declared = request.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > max_body_bytes:
-                refused["too_large"].inc()
-                return too_large
-            chunks, size = [], 0
-            try:
-                async with asyncio.timeout(body_timeout_s):
-                    async for chunk in request.stream():
-                        size += len(chunk)
-                        if size > max_body_bytes:
-                            refused["too_large"].inc()
-                            return too_large
-                        chunks.append(chunk)
-            except TimeoutError:
-                refused["body_timeout"].inc()
-                return JSONResponse({"detail": f"body not received within body_timeout_s {body_timeout_s:g} s "
-                                               f"({size} bytes arrived)"}, 408, headers={"Connection": "close"})
-            except ClientDisconnect:  # nobody to answer
-                return Response(status_code=400)
-            body = b"".join(chunks)
+            body = await _read_body(request, max_body_bytes, body_timeout_s, refused)
+            if isinstance(body, Response):
+                return body
             future = pool.submit(lambda: work(body, release))
-            submitted = True
         finally:
-            if not submitted:  # refused, or the client went away while sending
+            if future is None:  # refused, or the client went away while sending
                 release()
         try:
             status, content, headers = await asyncio.wait_for(asyncio.shield(future), answer_within_s)
@@ -439,6 +386,78 @@ def add_work_route(app: FastAPI, path: str, model: type[BaseModel], handler: Cal
     endpoint.__name__ = f"post{path.replace('/', '_')}"
     app.add_api_route(path, endpoint, methods=["POST"])
     return route
+
+
+def _once(*fns: Callable[[], None]) -> Callable[[], None]:
+    """`fns` made to run once, in order: the first call runs them, any later one (from any
+    thread) does nothing. A call's release of its slot, whoever releases it first."""
+    done = threading.Event()
+    guard = threading.Lock()
+
+    def once() -> None:
+        with guard:
+            if done.is_set():
+                return
+            done.set()
+        for fn in fns:
+            fn()
+
+    return once
+
+
+async def _read_body(request: Request, max_body_bytes: int, body_timeout_s: float,
+                     refused: Mapping[str, Counter]) -> bytes | Response:
+    """A work call's body, or the answer that refuses it: 413 above `max_body_bytes` (declared or
+    sent), 408 when it has not arrived within `body_timeout_s`, 400 when the client went away.
+    Counts each refusal in `refused`."""
+    too_large = JSONResponse({"detail": f"body above max_body_bytes {max_body_bytes}"}, 413,
+                             headers={"Connection": "close"})
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_body_bytes:
+        refused["too_large"].inc()
+        return too_large
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(body_timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_body_bytes:
+                    refused["too_large"].inc()
+                    return too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        refused["body_timeout"].inc()
+        return JSONResponse({"detail": f"body not received within body_timeout_s {body_timeout_s:g} s "
+                                       f"({size} bytes arrived)"}, 408, headers={"Connection": "close"})
+    except ClientDisconnect:  # nobody to answer
+        return Response(status_code=400)
+    return b"".join(chunks)
+
+
+def _answer(path: str, model: type[BaseModel], handler: Callable[[Any], Any], body: bytes,
+            refused: Mapping[str, Counter]) -> tuple[int, bytes, dict[str, str]]:
+    """A work call's answer to `body` as (status, JSON bytes, headers): 422 when it is not a valid
+    `model` or the handler's answer is not finite JSON, the handler's HTTPException as it is, 500
+    with the type and message of any other exception it raises, else 200 and the answer."""
+    try:
+        req = model.model_validate_json(body)
+    except ValidationError as e:
+        refused["invalid"].inc()
+        return _json(422, {"detail": _validation_detail(e)})
+    try:
+        answer = handler(req)
+    except StarletteHTTPException as e:  # fastapi's HTTPException and HTTPError are ones
+        return _json(e.status_code, {"detail": e.detail, **getattr(e, "extra", {})}, e.headers)
+    except Exception as e:  # a bug: say what it was, keep serving
+        log.exception("request handler failed", extra={"route": path})
+        return _json(500, {"detail": f"{path} failed: {type(e).__name__}: {e}"})
+    try:
+        return 200, finite_json(answer), {}
+    except (ValueError, TypeError) as e:  # the same request would fail again: not a 5xx
+        refused["not_json"].inc()
+        log.error("answer cannot be sent as JSON", extra={"route": path, "error": f"{type(e).__name__}: {e}"})
+        return _json(422, {"detail": f"{path}: the answer to this request cannot be sent as finite JSON "
+                                     f"({type(e).__name__}: {e})"})
 
 
 def _protocol_class() -> type[H11Protocol]:

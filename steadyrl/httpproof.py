@@ -128,65 +128,84 @@ class ProofMiddleware:
         if not nonce or len(nonce) > MAX_NONCE:
             await _answer(send, 401, f"{path}: {SCHEME} wants <nonce>:<mac>, a nonce of 1..{MAX_NONCE} characters")
             return
-        declared = _header(scope, b"content-length")
-        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            await _answer(send, 413, f"body above {MAX_BODY_BYTES} bytes", close=True)
+        body = await _read_body(scope, receive, send)
+        if body is None:
             return
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            async with asyncio.timeout(BODY_TIMEOUT_S):
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        return
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > MAX_BODY_BYTES:
-                        await _answer(send, 413, f"body above {MAX_BODY_BYTES} bytes", close=True)
-                        return
-                    chunks.append(chunk)
-                    if not message.get("more_body"):
-                        break
-        except TimeoutError:
-            await _answer(send, 408, f"body not received within {BODY_TIMEOUT_S:g} s", close=True)
-            return
-        body = b"".join(chunks)
         if not hmac.compare_digest(mac.encode(), request_mac(self.token, scope["method"], path, nonce, body).encode()):
             await _answer(send, 401, f"{path}: wrong {SCHEME} mac (the token of http_token_file, proven, not sent)")
             return
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"authorization"]
         inner = {**scope, "headers": [*headers, (b"authorization", f"Bearer {self.token}".encode())]}
-        replayed = False
+        await self.app(inner, _replaying(body, receive), _proving(send, self.token, nonce))
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
 
-        start: Message | None = None
-        parts: list[bytes] = []
+async def _read_body(scope: Scope, receive: Receive, send: Send) -> bytes | None:
+    """The request's whole body (the mac covers it), or None once it answered 413 (above
+    MAX_BODY_BYTES, declared or sent) or 408 (not within BODY_TIMEOUT_S), or the client left."""
+    declared = _header(scope, b"content-length")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        await _answer(send, 413, f"body above {MAX_BODY_BYTES} bytes", close=True)
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return None
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    await _answer(send, 413, f"body above {MAX_BODY_BYTES} bytes", close=True)
+                    return None
+                chunks.append(chunk)
+                if not message.get("more_body"):
+                    break
+    except TimeoutError:
+        await _answer(send, 408, f"body not received within {BODY_TIMEOUT_S:g} s", close=True)
+        return None
+    return b"".join(chunks)
 
-        async def proven(message: Message) -> None:
-            nonlocal start
-            if message["type"] == "http.response.start":
-                start = message
-                return
-            if message["type"] != "http.response.body" or start is None:
-                await send(message)
-                return
-            parts.append(message.get("body", b""))
-            if message.get("more_body"):
-                return
-            content = b"".join(parts)
-            proof = response_mac(self.token, nonce, int(start["status"]), content)
-            await send({**start, "headers": [*start.get("headers", []), (PROOF_HEADER.lower().encode(),
-                                                                         proof.encode())]})
-            await send({"type": "http.response.body", "body": content})
 
-        await self.app(inner, replay, proven)
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """The app's `receive`: the body already read, as one message, then `receive`'s own."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _proving(send: Send, token: str, nonce: str) -> Send:
+    """The app's `send`: its response held until its body is whole, then sent with PROOF_HEADER,
+    the mac of `token` over `nonce`, the status and the body."""
+    start: Message | None = None
+    parts: list[bytes] = []
+
+    async def proven(message: Message) -> None:
+        nonlocal start
+        if message["type"] == "http.response.start":
+            start = message
+            return
+        if message["type"] != "http.response.body" or start is None:
+            await send(message)
+            return
+        parts.append(message.get("body", b""))
+        if message.get("more_body"):
+            return
+        content = b"".join(parts)
+        proof = response_mac(token, nonce, int(start["status"]), content)
+        await send({**start, "headers": [*start.get("headers", []), (PROOF_HEADER.lower().encode(),
+                                                                     proof.encode())]})
+        await send({"type": "http.response.body", "body": content})
+
+    return proven
 
 
 def install(app: Any, token: str | None) -> None:

@@ -316,7 +316,27 @@ class RewardClient:
         items = [{"data_source": g.prompt.data_source, "prompt": g.prompt_text(), "response": s.text,
                   "ground_truth": g.prompt.ground_truth, "extra_info": g.prompt.extra_info}
                  for g in groups for s in g.samples]
-        body = {"scorer": self.scorer, "items": items}
+        resp = self._post({"scorer": self.scorer, "items": items})
+        scores, scorer, source = self._scores_of(resp, len(items))
+        result: list[Scores | Rejected | RetryLater] = []
+        k = 0
+        try:
+            for g in groups:
+                chunk = scores[k:k + len(g.samples)]
+                k += len(g.samples)
+                result.append(_outcome(g, chunk, scorer, source, self.retry_backoff_s))
+        except (AttributeError, KeyError, TypeError) as e:  # an item that is not {"reward": number, ...}
+            CALLS.labels("malformed").inc()
+            raise RetryLater(f"reward server answered malformed scores: {type(e).__name__}: {e}",
+                             self.retry_backoff_s, counts=True) from None
+        CALLS.labels("ok").inc()
+        self._probe_item = items[-1]
+        return result
+
+    def _post(self, body: dict[str, Any]) -> httpx.Response:
+        """POST /score with `body`; its response when the server took the request (2xx). Raises
+        RetryLater (timeout, unreachable, our credentials refused, 5xx, busy) or Refused (another
+        4xx: the request's fault)."""
         t0 = time.perf_counter()
         try:
             resp = self.http.post(f"{self.url}/score", json=body, timeout=self.timeout_s)
@@ -340,6 +360,11 @@ class RewardClient:
         if resp.status_code >= 400:
             CALLS.labels("refused").inc()
             raise Refused(resp.status_code, response_detail(resp), _named_items(resp))
+        return resp
+
+    def _scores_of(self, resp: httpx.Response, n_items: int) -> tuple[list[Any], str, RewardSource]:
+        """(one score per item, the scorer, the reward source) of a /score answer. Raises
+        RetryLater (counts: the server's bug) when it has no scores or not one per item."""
         try:
             out = resp.json()
             scores, scorer = out["scores"], out["scorer"]
@@ -348,44 +373,34 @@ class RewardClient:
             CALLS.labels("malformed").inc()
             raise RetryLater(f"reward server answered 200 without scores: {type(e).__name__}: {e}; "
                              f"body {resp.text[:200]!r}", self.retry_backoff_s, counts=True) from None
-        if len(scores) != len(items):
+        if len(scores) != n_items:
             CALLS.labels("malformed").inc()
-            raise RetryLater(f"reward server returned {len(scores)} scores for {len(items)} items",
+            raise RetryLater(f"reward server returned {len(scores)} scores for {n_items} items",
                              self.retry_backoff_s, counts=True)
-        result: list[Scores | Rejected | RetryLater] = []
-        k = 0
-        try:
-            for g in groups:
-                n = len(g.samples)
-                chunk = scores[k:k + n]
-                k += n
-                unscored = [c for c in chunk if c.get("reward") is None]
-                failed = [c for c in unscored if c.get("kind") != DEADLINE]
-                if failed:  # the scorer could not score this group (it said why): not retryable
-                    why = [str(c["error"]) for c in failed]  # KeyError: no error, malformed
-                    # out of the items it ran: those the deadline left are neither failed nor scored
-                    ran = n - (len(unscored) - len(failed))
-                    result.append(Rejected(item_reason(failed[0]), scorer_error_detail(g.prompt_id, len(failed), ran,
-                                                                                        why[0])))
-                    continue
-                if unscored:  # the server's deadline came first: held, and sent again alone
-                    result.append(RetryLater(f"reward server left {len(unscored)} of {n} items unscored at its "
-                                             f"deadline: {unscored[0].get('error')}", self.retry_backoff_s, own=True))
-                    continue
-                rewards = [c["reward"] for c in chunk]
-                if not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rewards):
-                    raise TypeError(f"rewards must be numbers, got {rewards[:3]!r}")
-                bad = [r for r in rewards if not math.isfinite(r)]  # JSON NaN/Infinity parse as floats
-                if bad:  # a server before per-item kinds
-                    result.append(Rejected(DLQReason.non_finite, scorer_error_detail(
-                        g.prompt_id, len(bad), n, f"scorer {scorer} returned non-finite rewards {rewards[:8]!r}")))
-                    continue
-                result.append(Scores([float(r) for r in rewards], scorer, source,
-                                     [dict(c.get("extra") or {}) for c in chunk]))
-        except (AttributeError, KeyError, TypeError) as e:  # an item that is not {"reward": number, ...}
-            CALLS.labels("malformed").inc()
-            raise RetryLater(f"reward server answered malformed scores: {type(e).__name__}: {e}",
-                             self.retry_backoff_s, counts=True) from None
-        CALLS.labels("ok").inc()
-        self._probe_item = items[-1]
-        return result
+        return scores, scorer, source
+
+
+def _outcome(g: RolloutGroup, chunk: list[Any], scorer: str, source: RewardSource,
+             backoff_s: float) -> Scores | Rejected | RetryLater:
+    """What one group's scores (`chunk`: the server's items for its samples, in order) make of
+    it: Rejected when the scorer could not score an item (it said why) or gave a non-finite
+    reward, RetryLater (own: sent again alone) when the server's deadline left items unscored,
+    else Scores. Raises KeyError or TypeError for a malformed item (the caller's RetryLater)."""
+    n = len(g.samples)
+    unscored = [c for c in chunk if c.get("reward") is None]
+    failed = [c for c in unscored if c.get("kind") != DEADLINE]
+    if failed:  # the scorer could not score this group (it said why): not retryable
+        why = [str(c["error"]) for c in failed]  # KeyError: no error, malformed
+        ran = n - (len(unscored) - len(failed))  # out of the items it ran: those the deadline left are neither
+        return Rejected(item_reason(failed[0]), scorer_error_detail(g.prompt_id, len(failed), ran, why[0]))
+    if unscored:  # the server's deadline came first: held, and sent again alone
+        return RetryLater(f"reward server left {len(unscored)} of {n} items unscored at its deadline: "
+                          f"{unscored[0].get('error')}", backoff_s, own=True)
+    rewards = [c["reward"] for c in chunk]
+    if not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rewards):
+        raise TypeError(f"rewards must be numbers, got {rewards[:3]!r}")
+    bad = [r for r in rewards if not math.isfinite(r)]  # JSON NaN/Infinity parse as floats
+    if bad:  # a server before per-item kinds
+        return Rejected(DLQReason.non_finite, scorer_error_detail(
+            g.prompt_id, len(bad), n, f"scorer {scorer} returned non-finite rewards {rewards[:8]!r}"))
+    return Scores([float(r) for r in rewards], scorer, source, [dict(c.get("extra") or {}) for c in chunk])

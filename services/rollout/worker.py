@@ -134,36 +134,6 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client) -> BatchHandler:
     r = cfg.rollout
     gate = RolloutGate(r.max_response_tokens, r.response_schema)
 
-    def call_actor(prompts: list[Prompt]) -> list[RolloutGroup] | RetryLater | Rejected:
-        """One POST /generate: a group per prompt, or what every prompt of it gets instead."""
-        p0 = prompts[0]
-        body = {"prompts": [{"messages": [m.model_dump() for m in p.messages], "seed": p.seed} for p in prompts],
-                "n": p0.n_samples, "temperature": p0.temperature, "top_p": p0.top_p,
-                "max_new_tokens": p0.max_new_tokens, "run_id": p0.run_id,
-                "min_policy_version": p0.min_policy_version}
-        try:
-            resp = client.post(f"{r.actor_url}/generate", json=body, timeout=r.request_timeout_s)
-        except httpx.HTTPError as e:  # down: nothing counts
-            return RetryLater(f"actor unreachable: {type(e).__name__}: {e}", r.retry_backoff_s)
-        if resp.status_code == 503:  # loading, behind the prompt's min_policy_version, or busy
-            return RetryLater(f"actor not ready: {response_detail(resp)}", _retry_after(resp, r.behind_backoff_s),
-                              counts=True)
-        if resp.status_code in (401, 403):  # this worker's token, not the prompts': retried, never dead-lettered
-            return RetryLater(f"actor refused this worker's credentials ({resp.status_code}: {response_detail(resp)}); "
-                              f"check http_token_file", r.retry_backoff_s, counts=True)
-        if resp.status_code >= 500:
-            return RetryLater(f"actor answered {resp.status_code}: {response_detail(resp)}",
-                              _retry_after(resp, r.retry_backoff_s), counts=True)
-        if resp.status_code >= 400:
-            detail = response_detail(resp)
-            return Rejected(refusal_reason(detail), f"actor refused the prompt ({resp.status_code}): {detail}")
-        out = resp.json()
-        return [RolloutGroup(prompt=p, prompt_token_ids=out["prompt_ids"][i],
-                             samples=[Sample(text=c["text"], token_ids=c["token_ids"], logprobs=c["logprobs"],
-                                             finish_reason=c["finish_reason"]) for c in out["completions"][i]],
-                             policy_version=out["policy_version"], actor=r.actor_url, engine=_engine(out))
-                for i, p in enumerate(prompts)]
-
     def handle_batch(items: list[tuple[Contract, Meta]]) -> list[list[Output] | RetryLater | Rejected]:
         prompts = [cast(Prompt, p) for p, _ in items]  # the stage's input_contract
         by_key: dict[_RequestKey, list[int]] = {}
@@ -172,34 +142,69 @@ def make_handler(cfg: RolloutConfig, client: httpx.Client) -> BatchHandler:
         answers: dict[int, RolloutGroup | RetryLater | Rejected] = {}
         down: RetryLater | None = None
         for idx in by_key.values():
-            out = down or call_actor([prompts[i] for i in idx])
+            out = down or _call_actor(r, client, [prompts[i] for i in idx])
             if isinstance(out, Rejected) and len(idx) > 1:  # which of them does it refuse?
                 for i in idx:
-                    one = call_actor([prompts[i]])
+                    one = _call_actor(r, client, [prompts[i]])
                     answers[i] = one[0] if isinstance(one, list) else one
                 continue
             if isinstance(out, RetryLater) and not out.counts:
                 down = out  # unreachable: the other requests would wait for the same
             for k, i in enumerate(idx):
                 answers[i] = out[k] if isinstance(out, list) else out
-        results: list[list[Output] | RetryLater | Rejected] = []
-        for i in range(len(items)):
-            a = answers[i]
-            if not isinstance(a, RolloutGroup):
-                results.append(a)
-                continue
-            g, why = gate.apply(a)
-            for reason, n in why.items():
-                REJECTED.labels(reason).inc(n)
-            if not g.samples:
-                detail = ", ".join(f"{k} x{n}" for k, n in sorted(why.items()))
-                results.append(Rejected(DLQReason.rejected, f"rollout gate: all {sum(why.values())} samples "
-                                                            f"rejected ({detail})"))
-            else:
-                results.append([Output("rl.rollouts", prompts[i].prompt_id, g)])
-        return results
+        return [_gated(gate, prompts[i], answers[i]) for i in range(len(items))]
 
     return handle_batch
+
+
+def _call_actor(r: RolloutSection, client: httpx.Client,
+                prompts: list[Prompt]) -> list[RolloutGroup] | RetryLater | Rejected:
+    """One POST /generate of `prompts` (one sampling setting: the first prompt's): a group per
+    prompt, or what every prompt of it gets instead (RetryLater: the actor is down, not ready
+    or failing, or refused this worker's token; Rejected: it refused the prompts)."""
+    p0 = prompts[0]
+    body = {"prompts": [{"messages": [m.model_dump() for m in p.messages], "seed": p.seed} for p in prompts],
+            "n": p0.n_samples, "temperature": p0.temperature, "top_p": p0.top_p,
+            "max_new_tokens": p0.max_new_tokens, "run_id": p0.run_id,
+            "min_policy_version": p0.min_policy_version}
+    try:
+        resp = client.post(f"{r.actor_url}/generate", json=body, timeout=r.request_timeout_s)
+    except httpx.HTTPError as e:  # down: nothing counts
+        return RetryLater(f"actor unreachable: {type(e).__name__}: {e}", r.retry_backoff_s)
+    if resp.status_code == 503:  # loading, behind the prompt's min_policy_version, or busy
+        return RetryLater(f"actor not ready: {response_detail(resp)}", _retry_after(resp, r.behind_backoff_s),
+                          counts=True)
+    if resp.status_code in (401, 403):  # this worker's token, not the prompts': retried, never dead-lettered
+        return RetryLater(f"actor refused this worker's credentials ({resp.status_code}: {response_detail(resp)}); "
+                          f"check http_token_file", r.retry_backoff_s, counts=True)
+    if resp.status_code >= 500:
+        return RetryLater(f"actor answered {resp.status_code}: {response_detail(resp)}",
+                          _retry_after(resp, r.retry_backoff_s), counts=True)
+    if resp.status_code >= 400:
+        detail = response_detail(resp)
+        return Rejected(refusal_reason(detail), f"actor refused the prompt ({resp.status_code}): {detail}")
+    out = resp.json()
+    return [RolloutGroup(prompt=p, prompt_token_ids=out["prompt_ids"][i],
+                         samples=[Sample(text=c["text"], token_ids=c["token_ids"], logprobs=c["logprobs"],
+                                         finish_reason=c["finish_reason"]) for c in out["completions"][i]],
+                         policy_version=out["policy_version"], actor=r.actor_url, engine=_engine(out))
+            for i, p in enumerate(prompts)]
+
+
+def _gated(gate: RolloutGate, prompt: Prompt,
+           answer: RolloutGroup | RetryLater | Rejected) -> list[Output] | RetryLater | Rejected:
+    """A prompt's answer after the rollout gate: its group less the samples the gate rejects
+    (each counted by reason) as one Output to rl.rollouts, or Rejected when none is left; a
+    RetryLater or Rejected from the actor as it is."""
+    if not isinstance(answer, RolloutGroup):
+        return answer
+    g, why = gate.apply(answer)
+    for reason, n in why.items():
+        REJECTED.labels(reason).inc(n)
+    if not g.samples:
+        detail = ", ".join(f"{k} x{n}" for k, n in sorted(why.items()))
+        return Rejected(DLQReason.rejected, f"rollout gate: all {sum(why.values())} samples rejected ({detail})")
+    return [Output("rl.rollouts", prompt.prompt_id, g)]
 
 
 def main(argv: list[str]) -> int:

@@ -8,6 +8,8 @@ import re
 import sys
 from pathlib import Path
 
+from steadyrl.cli.common import CliError
+
 
 def cmd_ckpt(args: argparse.Namespace) -> int:
     """list: every checkpoint of a checkpoints folder with its state. verify: a step folder,
@@ -21,18 +23,15 @@ def cmd_ckpt(args: argparse.Namespace) -> int:
 
     root = Path(args.dir)
     if not root.is_dir():
-        print(f"error: {root}: no such folder", file=sys.stderr)
-        return 1
+        raise CliError(f"{root}: no such folder", 1)
     try:
         key = signing.read_key(args.key_file) if args.key_file is not None else None
     except ck.CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise CliError(str(e), 2) from None
     one = (root / "manifest.json").exists() or re.fullmatch(r"step_\d+", root.name)
     if args.action == "sign":
         if key is None or not one:
-            print("error: ckpt sign takes one step_* folder and --key-file", file=sys.stderr)
-            return 2
+            raise CliError("ckpt sign takes one step_* folder and --key-file", 2)
         try:
             ck.verify(root)
         except ck.CheckpointError as e:
@@ -50,6 +49,15 @@ def cmd_ckpt(args: argparse.Namespace) -> int:
         print(f"ok: {root} step {m['step']}, format v{m['format_version']}, {len(m['files'])} files verified, "
               f"{_signed(root, key)}, config {json.dumps(m.get('config', {}))}")
         return 0
+    return _check_folder(root, key, resume=args.action == "verify")
+
+
+def _check_folder(root: Path, key: bytes | None, resume: bool) -> int:
+    """Print each checkpoint of the checkpoints folder `root` with its state (`*`: the one
+    LATEST names) and, with `resume`, which one a resume would use. Returns 1 when one is
+    broken or there is none, else 0."""
+    from steadyrl.run import checkpoint as ck  # lazy: heavy (torch); only `steadyrl ckpt` calls this
+
     names = ck.list_checkpoints(root)
     if not names:
         hint = f" (did you mean {root / 'checkpoints'}?)" if (root / "checkpoints").is_dir() else ""
@@ -68,7 +76,7 @@ def cmd_ckpt(args: argparse.Namespace) -> int:
         except ck.CheckpointError as e:
             status, broken = f"BROKEN: {e}", broken + 1
         print(f"{'*' if name == latest else ' '} {name}  {status}")
-    if args.action == "verify":
+    if resume:
         try:
             use = ck.latest_valid(root, key=key)
             if use is None:  # every checkpoint went since they were listed

@@ -4,6 +4,7 @@ the `--bootstrap/--prefix` (and broker) options."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
 from pathlib import Path
@@ -69,6 +70,13 @@ def _listens(bootstrap: str) -> bool:
 def _local_broker(args: argparse.Namespace) -> LocalBroker:
     return LocalBroker(Path(args.state_dir) / "broker", port=args.port, controller_port=args.port + 1,
                        heap_mb=args.heap_mb, sasl=args.sasl)
+
+
+def _up_broker(args: argparse.Namespace) -> LocalBroker:
+    """The LocalBroker `up` runs without --bootstrap: `<state-dir>/broker`, its data in
+    `--broker-data` when given."""
+    lb = _local_broker(args)
+    return dataclasses.replace(lb, data_dir=Path(args.broker_data)) if args.broker_data else lb
 
 
 def add_common_options(sp: argparse.ArgumentParser, broker_opts: bool = False) -> None:

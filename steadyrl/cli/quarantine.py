@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from steadyrl.cli.common import LOCAL_BOOTSTRAP, _bootstrap, _require_broker, add_common_options
+from steadyrl.cli.common import LOCAL_BOOTSTRAP, CliError, _bootstrap, _require_broker, add_common_options
+
+if TYPE_CHECKING:
+    from steadyrl.run.quarantine import Entry
 
 
 def _fig(v: float | None) -> str:
@@ -15,7 +18,9 @@ def _fig(v: float | None) -> str:
 
 
 def cmd_quarantine(args: argparse.Namespace) -> int:
-    """list | show | release | drop batches on rl.quarantine (steadyrl/run/quarantine.py)."""
+    """list | show | release | drop batches on rl.quarantine (steadyrl/run/quarantine.py). Raises
+    CliError: 2 without a batch id to release or drop, 1 when the broker refuses or the
+    batch to show is not there."""
     from confluent_kafka import KafkaException  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     from steadyrl.run.quarantine import (  # lazy: entry point (a command), keeps `steadyrl --help` fast
@@ -28,15 +33,12 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
     bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
     if args.action in ("release", "drop"):
         if not args.batch:
-            print(f"error: quarantine {args.action} needs a batch id (see `steadyrl quarantine list`)",
-                  file=sys.stderr)
-            return 2
+            raise CliError(f"quarantine {args.action} needs a batch id (see `steadyrl quarantine list`)", 2)
         _require_broker(bootstrap)
         try:
             e = decide(bootstrap, args.batch, QuarantineAction(args.action), args.note or "", args.prefix)
         except (QuarantineError, RuntimeError, KafkaException) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
+            raise CliError(str(err), 1) from None
         what = (f"{len(e.groups)} groups on {args.prefix}rl.releases, to be trained" if args.action == "release"
                 else "it will not be trained")
         print(f"{'released' if args.action == 'release' else 'dropped'} {args.batch}: {what}")
@@ -45,23 +47,31 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
     try:
         entries = read_quarantine(bootstrap, args.prefix)
     except (RuntimeError, KafkaException) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        raise CliError(str(err), 1) from None
     if args.action == "list":
-        if not entries:
-            print(f"no quarantined batches on {args.prefix}rl.quarantine")
-        for bid, e in entries.items():
-            b = e.first
-            when = datetime.fromtimestamp(b.quarantined_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-            rewards = [r for q in e.groups.values() for r in q.group.rewards]
-            print(f"{bid}  {e.status:8s}  step {b.step}  {when}Z  rules {','.join(b.rules)}  "
-                  f"groups {len(e.groups)}/{b.count}  reward mean {sum(rewards) / len(rewards):.3f}  "
-                  f"var_ratio {_fig(b.var_ratio)}  extreme_share {_fig(b.extreme_share)}  ks_p {_fig(b.ks_pvalue)}")
-        return 0
-    if not args.batch or args.batch not in entries:
-        print(f"error: no quarantined batch {args.batch!r} (see `steadyrl quarantine list`)", file=sys.stderr)
-        return 1
-    e = entries[args.batch]
+        _print_list(entries, args.prefix)
+    elif args.batch in entries:
+        _print_batch(entries[args.batch])
+    else:
+        raise CliError(f"no quarantined batch {args.batch!r} (see `steadyrl quarantine list`)", 1)
+    return 0
+
+
+def _print_list(entries: dict[str, Entry], prefix: str) -> None:
+    """One line per quarantined batch: its status, step, time, rules, groups and figures."""
+    if not entries:
+        print(f"no quarantined batches on {prefix}rl.quarantine")
+    for bid, e in entries.items():
+        b = e.first
+        when = datetime.fromtimestamp(b.quarantined_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        rewards = [r for q in e.groups.values() for r in q.group.rewards]
+        print(f"{bid}  {e.status:8s}  step {b.step}  {when}Z  rules {','.join(b.rules)}  "
+              f"groups {len(e.groups)}/{b.count}  reward mean {sum(rewards) / len(rewards):.3f}  "
+              f"var_ratio {_fig(b.var_ratio)}  extreme_share {_fig(b.extreme_share)}  ks_p {_fig(b.ks_pvalue)}")
+
+
+def _print_batch(e: Entry) -> None:
+    """One quarantined batch: its record as JSON, then each group's prompt and scored samples."""
     b = e.first
     print(json.dumps({"batch_id": b.batch_id, "run_id": b.run_id, "step": b.step, "rules": b.rules,
                       "var_ratio": b.var_ratio, "extreme_share": b.extreme_share, "ks_pvalue": b.ks_pvalue,
@@ -73,7 +83,6 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
         print(f"  prompt: {g.group.prompt.messages[-1].content[:200]!r}  ground truth: {g.group.prompt.ground_truth!r}")
         for smp, r in zip(g.group.samples, g.rewards, strict=True):
             print(f"  {r:8.3f}  {smp.text[:120]!r}")
-    return 0
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

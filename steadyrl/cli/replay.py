@@ -7,8 +7,20 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from steadyrl.cli.common import DEFAULT_STATE, LOCAL_BOOTSTRAP, _bootstrap, _require_broker, add_common_options
+from steadyrl.cli.common import (
+    DEFAULT_STATE,
+    LOCAL_BOOTSTRAP,
+    CliError,
+    _bootstrap,
+    _require_broker,
+    add_common_options,
+)
+
+if TYPE_CHECKING:
+    from steadyrl.model.scorers import Scorer
+    from steadyrl.replay import Rescored, Window
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -17,43 +29,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
     window holds no scored group."""
     from steadyrl import replay as rp  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
-    times = {}
-    for flag, text in (("--from", args.t_from), ("--to", args.t_to)):
-        try:
-            times[flag] = rp.parse_time(text)
-        except ValueError as e:
-            print(f"error: {flag} {text!r}: {e}", file=sys.stderr)
-            return 2
-    if times["--from"] > times["--to"]:
-        print(f"error: --from {args.t_from!r} ({rp.format_ms(times['--from'])}) is after --to {args.t_to!r} "
-              f"({rp.format_ms(times['--to'])})", file=sys.stderr)
-        return 2
+    t_from, t_to = _time_range(args)
     if args.top < 0:
-        print(f"error: --top {args.top}: give 0 or more", file=sys.stderr)
-        return 2
-    scorer = None
-    if args.rescore:
-        from steadyrl.model.scorers import build_scorer  # lazy: entry point (a command), keeps `steadyrl --help` fast
-
-        try:
-            scorer = build_scorer(args.rescore)
-            scorer.load()
-        except (ValueError, OSError) as e:
-            hint = (" (a module:function scorer must be importable here, as in the reward server: "
-                    "run from the folder that holds its package, or set PYTHONPATH)" if "No module named" in str(e)
-                    else "")
-            print(f"error: --rescore {args.rescore!r}: {e}{hint}", file=sys.stderr)
-            return 2
+        raise CliError(f"--top {args.top}: give 0 or more", 2)
+    scorer = _rescorer(args.rescore) if args.rescore else None
     from confluent_kafka import KafkaException  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
     _require_broker(bootstrap)
     topic = f"{args.prefix}{args.topic}"
     try:
-        window = rp.read_range(bootstrap, topic, times["--from"], times["--to"], timeout_s=args.timeout)
+        window = rp.read_range(bootstrap, topic, t_from, t_to, timeout_s=args.timeout)
     except (RuntimeError, KafkaException) as e:
-        print(f"error: --topic {topic}: {e}", file=sys.stderr)
-        return 1
+        raise CliError(f"--topic {topic}: {e}", 1) from None
     rescored = None
     if scorer is not None:
         from steadyrl.model.scorers import ScorerError  # lazy: entry point (a command), keeps `steadyrl --help` fast
@@ -61,15 +49,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         try:
             rescored = rp.rescore([r.group for r in window.records], scorer)
         except ScorerError as e:
-            print(f"error: --rescore {args.rescore!r}: {e}", file=sys.stderr)
-            return 1
+            raise CliError(f"--rescore {args.rescore!r}: {e}", 1) from None
     report = rp.build_report(window, rescored, top=args.top)
     if not window.records:
         print(rp.format_report(report))
         print(f"no scored groups on {topic} between {report['from']} and {report['to']}", file=sys.stderr)
         return 1
-    png = Path(args.png or DEFAULT_STATE / "replay" / (f"{topic}_{rp.format_ms(times['--from'])}_"
-                                                       f"{rp.format_ms(times['--to'])}.png").replace(":", ""))
+    png = Path(args.png or DEFAULT_STATE / "replay" / (f"{topic}_{rp.format_ms(t_from)}_"
+                                                       f"{rp.format_ms(t_to)}.png").replace(":", ""))
     png.parent.mkdir(parents=True, exist_ok=True)
     rp.plot_report(report, png)
     print(rp.format_report(report))
@@ -79,21 +66,63 @@ def cmd_replay(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(rp.report_json(report), indent=2) + "\n")
         print(f"report: {args.json}")
     if args.to_topic:
-        out_topic = f"{args.prefix}{args.to_topic}"
-        if rescored is None:
-            pairs = [(r.group, r) for r in window.records]
-        else:
-            pairs = [(g, r) for g, r in zip(rescored.groups, window.records, strict=True) if g is not None]
-        try:
-            created = rp.ensure_topic(bootstrap, out_topic)
-            n = rp.republish(bootstrap, out_topic, [g for g, _ in pairs], [r for _, r in pairs], source_topic=topic)
-        except KafkaException as e:
-            print(f"error: --to-topic {out_topic}: nothing republished (transaction aborted): {e}", file=sys.stderr)
-            return 1
-        left = len(window.records) - n
-        print(f"republished {n} groups to {out_topic} ({created}) in one transaction"
-              + (f"; {left} groups not rescored were left out" if left else ""))
+        _republish(args, bootstrap, topic, window, rescored)
     return 0
+
+
+def _time_range(args: argparse.Namespace) -> tuple[int, int]:
+    """--from and --to as milliseconds since the epoch. Raises CliError (2): unreadable, or
+    --from after --to."""
+    from steadyrl import replay as rp  # lazy: entry point (a command), keeps `steadyrl --help` fast
+
+    times = {}
+    for flag, text in (("--from", args.t_from), ("--to", args.t_to)):
+        try:
+            times[flag] = rp.parse_time(text)
+        except ValueError as e:
+            raise CliError(f"{flag} {text!r}: {e}", 2) from None
+    if times["--from"] > times["--to"]:
+        raise CliError(f"--from {args.t_from!r} ({rp.format_ms(times['--from'])}) is after --to {args.t_to!r} "
+                       f"({rp.format_ms(times['--to'])})", 2)
+    return times["--from"], times["--to"]
+
+
+def _rescorer(spec: str) -> Scorer:
+    """The loaded scorer of --rescore `spec`. Raises CliError (2) when it cannot be built or loaded."""
+    from steadyrl.model.scorers import build_scorer  # lazy: entry point (a command), keeps `steadyrl --help` fast
+
+    try:
+        scorer = build_scorer(spec)
+        scorer.load()
+    except (ValueError, OSError) as e:
+        hint = (" (a module:function scorer must be importable here, as in the reward server: "
+                "run from the folder that holds its package, or set PYTHONPATH)" if "No module named" in str(e)
+                else "")
+        raise CliError(f"--rescore {spec!r}: {e}{hint}", 2) from None
+    return scorer
+
+
+def _republish(args: argparse.Namespace, bootstrap: str, topic: str, window: Window,
+               rescored: Rescored | None) -> None:
+    """Write the window's groups (re-scored ones when `rescored`; a group not re-scored is left
+    out) to --to-topic in one transaction. Raises CliError (1) when it aborted."""
+    from confluent_kafka import KafkaException  # lazy: entry point (a command), keeps `steadyrl --help` fast
+
+    from steadyrl import replay as rp  # lazy: entry point (a command), keeps `steadyrl --help` fast
+
+    out_topic = f"{args.prefix}{args.to_topic}"
+    if rescored is None:
+        pairs = [(r.group, r) for r in window.records]
+    else:
+        pairs = [(g, r) for g, r in zip(rescored.groups, window.records, strict=True) if g is not None]
+    try:
+        created = rp.ensure_topic(bootstrap, out_topic)
+        n = rp.republish(bootstrap, out_topic, [g for g, _ in pairs], [r for _, r in pairs], source_topic=topic)
+    except KafkaException as e:
+        raise CliError(f"--to-topic {out_topic}: nothing republished (transaction aborted): {e}", 1) from None
+    left = len(window.records) - n
+    print(f"republished {n} groups to {out_topic} ({created}) in one transaction"
+          + (f"; {left} groups not rescored were left out" if left else ""))
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

