@@ -24,6 +24,7 @@ from steadyrl.models import load_policy
 from steadyrl.rl import distributed
 from steadyrl.rl.trainer import Trainer
 from steadyrl.service import run_service
+from steadyrl.services.learner import loop
 from steadyrl.services.learner.config import LearnerConfig
 from steadyrl.services.learner.loop import Learner
 
@@ -63,7 +64,7 @@ def leader(cfg: LearnerConfig, world: int) -> int:
             return learner.progress if learner else {"phase": "loading", "done": False}
 
     def build(health: Health) -> Learner:
-        learner = Learner(cfg, health)
+        learner = loop.build(cfg, health)
         state["learner"] = learner
         health.add_check("model", lambda: model_check(learner))
         health.add_check("assignment", lambda: assignment_check(learner))

@@ -19,7 +19,10 @@ from steadyrl.services.learner.metrics import EXPORTED
 from steadyrl.services.learner.state import Ready, RunState
 
 if TYPE_CHECKING:
-    from steadyrl.services.learner.loop import Learner
+    import torch
+
+    from steadyrl.rl.trainer import Trainer
+    from steadyrl.services.learner.policy_store import PolicyStore
 
 log = logging.getLogger("steadyrl.learner")
 
@@ -27,8 +30,8 @@ log = logging.getLogger("steadyrl.learner")
 class Weights:
     """resume.Restorer over the learner's model, trainer (optimizer, LR schedule) and policy store."""
 
-    def __init__(self, learner: Learner) -> None:
-        self.model, self.trainer, self.store = learner.model, learner.trainer, learner.store
+    def __init__(self, model: torch.nn.Module, trainer: Trainer, store: PolicyStore) -> None:
+        self.model, self.trainer, self.store = model, trainer, store
         self.checkpoint_step: int | None = None  # the step of the checkpoint restored (verified by resume)
 
     def from_checkpoint(self, path: Path) -> RunState:
