@@ -26,8 +26,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from steadyrl.contracts import DLQReason
-from steadyrl.runfolder import Count
+from steadyrl.run.runfolder import Count
+from steadyrl.wire.contracts import DLQReason
 
 
 class Outcome(enum.Enum):

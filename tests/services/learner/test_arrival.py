@@ -2,9 +2,9 @@
 
 import pytest
 
-from steadyrl.contracts import DLQReason
-from steadyrl.runfolder import Count
+from steadyrl.run.runfolder import Count
 from steadyrl.services.learner.arrival import COUNTS, DEAD_LETTERED, Facts, Outcome, decide
+from steadyrl.wire.contracts import DLQReason
 
 ACCEPTED, RELEASED, RELEASED_IN_FLIGHT = Outcome.ACCEPTED, Outcome.RELEASED, Outcome.RELEASED_IN_FLIGHT
 DUPLICATE, FOREIGN = Outcome.DUPLICATE, Outcome.FOREIGN
