@@ -16,6 +16,9 @@ can only be releases made since). Each group read is one of
                         outside the vocabulary, prompt + response above the context length, an
                         empty prompt): sent to rl.dlq with reason invalid_tokens, never trained
 
+The choice among them is a pure decision over the decoded group (services/learner/arrival.py,
+`decide`, tested from a table); `Intake.accept` decodes, decides, and acts in one place (`_act`).
+
 Only rl.releases records are releases: Kafka does not say who produced a record, so authorship
 comes from the topic, and rl.releases is written by the quarantine command alone (rl.scored by
 the reward workers). A group on rl.scored carrying the release header (`steadyrl-release`) is
@@ -69,8 +72,9 @@ from steadyrl.run import diskspace
 from steadyrl.run.quarantine import RELEASE_HEADER
 from steadyrl.run.runfolder import Count
 from steadyrl.wire import codec
-from steadyrl.wire.contracts import DLQReason, DLQRecord, Prompt, ScoredGroup, now_ms
+from steadyrl.wire.contracts import DLQRecord, Prompt, ScoredGroup, now_ms
 
+from .arrival import COUNTS, DEAD_LETTERED, Decision, Facts, Outcome, decide
 from .buffer import MAX_EVICTIONS, evictions
 from .config import LearnerSection
 from .dlq_check import uncounted
@@ -91,6 +95,9 @@ DLQ_IGNORED = Counter("steadyrl_learner_dlq_ignored", "Records on rl.dlq keyed b
 RELEASE_ON_SCORED = Counter("steadyrl_learner_release_on_scored", "Groups on rl.scored carrying the release "
                             "header: not releases (only rl.releases' groups are), read as any other")
 BUFFER_SIZE = Gauge("steadyrl_rollout_buffer_size", "Scored groups waiting in a buffer", ["stage"])
+#: what the warning of a group refused says, by outcome
+REFUSED = {Outcome.PROMPT_DIFFERS: "its prompt is not the one published",
+           Outcome.INVALID_TOKENS: "token ids the model cannot take"}
 #: characters of a DLQ record's error kept as a refusal's reason (state.json holds them)
 REASON_CHARS = 500
 ABANDONED = Counter("steadyrl_learner_prompts_abandoned", "Prompts abandoned: refused (sent back by rl.dlq) "
@@ -204,20 +211,18 @@ class Intake:
 
     def accept(self, msg: Message, releases: bool = False) -> None:
         """One record of rl.scored, or of rl.releases (`releases`: the only records that are
-        releases); see the module doc for the outcomes."""
-        st = self.st
-        topic = "rl.releases" if releases else "rl.scored"
+        releases): decoded, decided (services/learner/arrival.py), acted on (`_act`); see the
+        module doc for the outcomes."""
+        st, topic = self.st, "rl.releases" if releases else "rl.scored"
         _, partition, offset = _where(msg)
         (st.release_offsets if releases else st.offsets)[str(partition)] = offset + 1
         try:
             sg = codec.decode(msg.value(), msg.headers(), ScoredGroup)
         except codec.Rejected as rej:
-            GROUPS.labels("rejected").inc()
-            st.count(Count.rejected)
-            self._dead_letter_out(msg, rej)
+            self._act(msg, None, Decision(Outcome.REJECTED, rej.detail), topic, rej)
             return
-        pid = sg.prompt_id
-        if not releases and sg.group.prompt.run_id == st.run_id:
+        pid, ours = sg.prompt_id, sg.group.prompt.run_id == st.run_id
+        if not releases and ours:
             self.refusals.scored()   # the scorer scored a group of this run: it works
         released_from = codec.header_value(msg.headers(), RELEASE_HEADER)
         if released_from is not None and not releases:
@@ -225,51 +230,47 @@ class Intake:
             st.count(Count.release_on_scored)
             log.warning("a group on rl.scored carries the release header: not a release (only rl.releases' "
                         "groups are); read as any other", extra={"prompt_id": pid, "batch_id": released_from})
-        release = releases and (pid in st.quarantined or (pid in st.in_flight and not st.in_flight[pid].released))
-        takes = sg.group.prompt.run_id == st.run_id and (release or (pid in st.in_flight and pid not in self.ready))
-        why = self.limits.violation(sg) if takes and self.limits is not None else None
-        sent = st.quarantined.get(pid) or st.in_flight.get(pid)
-        differs = (prompt_differs(sg.group.prompt, self.published(pid, sent))
-                   if takes and sent is not None and self.published is not None else None)
-        if sg.group.prompt.run_id != st.run_id:
-            outcome = Count.foreign
-        elif differs is not None:
-            # Not the prompt the learner published (a stage rewrote its question, answer or id):
-            # never trained; on rl.dlq, from where the prompt is published again (dead_letter).
-            GROUPS.labels("prompt_differs").inc()
-            st.count(Count.rejected)
-            log.warning("group refused: its prompt is not the one published", extra={"prompt_id": pid,
-                                                                                     "field": differs})
-            self._dead_letter_out(msg, codec.Rejected(DLQReason.rejected, f"{pid}: prompt {differs} differs from "
-                                                      f"the one published", codec.header_value(msg.headers())))
+        f = Facts(ours=ours, on_releases=releases, in_flight=pid in st.in_flight,
+                  released=pid in st.in_flight and st.in_flight[pid].released, held=pid in st.quarantined,
+                  waiting=pid in self.ready)
+        differs = invalid = None
+        if f.takes:   # only a group the learner would take is checked
+            sent = st.quarantined.get(pid) or st.in_flight.get(pid)
+            if sent is not None and self.published is not None:
+                differs = prompt_differs(sg.group.prompt, self.published(pid, sent))
+            invalid = self.limits.violation(sg) if self.limits is not None else None
+        self._act(msg, sg, decide(f, differs, invalid), topic)
+
+    def _act(self, msg: Message, sg: ScoredGroup | None, d: Decision, topic: str,
+             rej: codec.Rejected | None = None) -> None:
+        """Carry out decision `d` on the record `msg` read on `topic` (its group `sg`, None when
+        the codec refused it as `rej`): counted, logged, sent to rl.dlq, or waiting in the buffer."""
+        st = self.st
+        GROUPS.labels(d.outcome.value).inc()
+        if (count := COUNTS.get(d.outcome)) is not None:
+            st.count(count)
+        if sg is None:   # REJECTED by the codec
+            assert rej is not None, "a record without a group is one the codec refused"
+            self._dead_letter_out(msg, rej)
             return
-        elif why is not None:
+        pid = sg.prompt_id
+        if (reason := DEAD_LETTERED.get(d.outcome)) is not None:
             # Never trained: on rl.dlq, which publishes the prompt again when the learner reads it
             # back (dead_letter). A released copy refused so stays held (like a drop).
-            GROUPS.labels("invalid_tokens").inc()
-            st.count(Count.rejected)
-            log.warning("group refused: token ids the model cannot take", extra={"prompt_id": pid, "why": why})
-            self._dead_letter_out(msg, codec.Rejected(DLQReason.invalid_tokens, f"{pid}: {why}",
-                                                      codec.header_value(msg.headers())))
-            return
-        elif release:
+            log.warning(f"group refused: {REFUSED[d.outcome]}", extra={"prompt_id": pid, "why": d.why})
+            self._dead_letter_out(msg, codec.Rejected(reason, f"{pid}: {d.why}", codec.header_value(msg.headers())))
+        elif d.outcome in (Outcome.RELEASED, Outcome.RELEASED_IN_FLIGHT):
             # Train it as it is. In flight instead of held: this learner resumed from before the
             # hold; the released copy replaces the original (counted apart: "released" gives
             # back a prompt the feeder replaced).
             held = st.quarantined.pop(pid, None)
-            outcome = Count.released if held is not None else Count.released_in_flight
             base = held if held is not None else st.in_flight[pid]
             st.in_flight[pid] = InFlight.model_validate(base.model_dump(exclude={"batch_id"}) | {"released": True})
             self._wait(pid, sg, msg, topic)
-            log.info("quarantined group released", extra={"prompt_id": pid, "batch_id": released_from})
-        elif pid not in st.in_flight or pid in self.ready:  # incl. a held group read again: stays held
-            outcome = Count.duplicate
-        else:
+            log.info("quarantined group released", extra={"prompt_id": pid, "batch_id": codec.header_value(
+                msg.headers(), RELEASE_HEADER)})
+        elif d.outcome is Outcome.ACCEPTED:
             self._wait(pid, sg, msg, topic)
-            outcome = None
-        GROUPS.labels(outcome.value if outcome else "accepted").inc()
-        if outcome is not None:
-            st.count(outcome)
 
     def _dead_letter_out(self, msg: Message, rej: codec.Rejected) -> None:
         """Send the rl.scored (or rl.releases) record `msg` to rl.dlq (flushed: on the topic before the offset

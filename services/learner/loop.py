@@ -14,7 +14,8 @@ reward_mean): the audit log of exactly-once. A step trains the B oldest prompts 
 feed order (buffer.next_batch), not the first groups to arrive, so two runs of one seed train
 the same batches. A step the trainer finds not finite is skipped
 (nothing of it applied) and its batch held on rl.quarantine. Each part is its own module:
-feeder, intake, screen, policy_store, resume, report, state, stall.
+feeder, intake, screen, policy_store, resume, report, state, stall. `build(cfg, health)` makes
+them in order, each from finished ones, and the `Learner` from them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,14 +45,14 @@ from steadyrl.rl.trainer import Group, NonFiniteStep, Trainer
 from steadyrl.run import diskspace
 from steadyrl.run.checkpoint import CheckpointError
 from steadyrl.run.ckpt_writer import AsyncCheckpointer
-from steadyrl.run.rollout_cache import rows_of
+from steadyrl.run.rollout_cache import RolloutCache, rows_of
 from steadyrl.run.runfolder import Count
 from steadyrl.run.tensors import rng_state
-from steadyrl.wire.contracts import now_ms
+from steadyrl.wire.contracts import ScoredGroup, now_ms
 
 from . import disk, report, rows
 from .buffer import next_batch
-from .config import LearnerConfig, data_label, open_dataset
+from .config import LearnerConfig, LearnerSection, data_label, open_dataset
 from .drift import ParamDrift
 from .feeder import IN_FLIGHT, Feeder
 from .flat import FlatSteps
@@ -64,13 +68,16 @@ from .outbox import Outbox
 from .parts import Weights, append_audit, append_history, history_row, open_cache
 from .policy_store import PolicyStore
 from .resume import open_run, settings_changed, trim_audit, trim_history
+from .rows import EvalSplit, RowCheck
 from .screen import Screen
 from .stall import EVALUATING, Stall
+from .state import Ready, RunState
 from .tokens import TokenLimits
 from .trackers import Trackers, provenance
 
 if TYPE_CHECKING:
     from steadyrl.http import Health
+    from steadyrl.model.data import Rows
 
 log = logging.getLogger("steadyrl.learner")
 #: A prompt of the next batch whose group has not come is passed over after max(STRAGGLER_FACTOR x
@@ -87,124 +94,206 @@ class ScorerFailing(ConfigError):
     with exit 2, as for bad configuration (a restart would fail the same way)."""
 
 
-class Learner:
-    """The learner loop (see the module doc). `run(stop)` returns when the run is done or stopped."""
+def trainer_groups(groups: list[ScoredGroup], step: int, cache_scored_weight: float) -> list[Group]:
+    """The trainer's groups of scored `groups`, at policy version `step`. A group sampled by an
+    older version brings its behaviour log-probs (see Trainer). A cache-scored group (reward
+    server down) weighs `cache_scored_weight` in the loss. Every group brings the actor's
+    log-probs and engine: the train/inference mismatch metrics, and TIS where
+    learner.train.rollout_is says so (auto: vLLM groups)."""
+    return [Group(sg.group.prompt_token_ids, [s.token_ids for s in sg.group.samples], sg.rewards,
+                  [s.logprobs for s in sg.group.samples] if sg.group.policy_version < step else None,
+                  weight=cache_scored_weight if sg.reward_source.value == "cache" else 1.0,
+                  rollout_logprobs=[s.logprobs for s in sg.group.samples], engine=sg.group.engine)
+            for sg in groups]
 
-    def __init__(self, cfg: LearnerConfig, health: Health):
-        self.cfg, self.lc, self.health = cfg, cfg.learner, health
-        lc = self.lc
-        # The dataset indexed (a streamed pass, the heartbeat beating), each row read and checked
-        # when the run reaches it (services/learner/rows.py); a file that is not a dataset stops here.
-        try:
-            self.rows = open_dataset(lc.data, health.beat)
-        except Exception as e:  # noqa: BLE001 - any reader's error: a ConfigError naming the file
-            raise ConfigError(f"learner.data {data_label(lc.data)}: cannot be read as a dataset: {type(e).__name__}: "
-                              f"{e}") from None
-        if len(self.rows) < lc.prompts_per_step:  # before the broker is asked and the model loads
-            raise ConfigError(f"learner.data {data_label(lc.data)} has {len(self.rows)} rows < "
-                              f"learner.prompts_per_step {lc.prompts_per_step}")
-        health.beat()
-        self.topics = {t: topic_name(t, cfg.topic_prefix) for t in TOPICS}
-        # Asked first: a broker not up yet costs no model load (resume.py: the fingerprint).
-        self.fingerprint = {**lc.fingerprint(), "topic_prefix": cfg.topic_prefix,
-                            "scored_topic_id": topic_id(cfg.bootstrap, self.topics["rl.scored"], health)}
-        health.beat()
-        torch.manual_seed(lc.seed)
-        self.model, self.tok = load_policy(lc.model, seed=lc.seed)
-        health.beat()
-        limits = TokenLimits.of(self.model, self.tok)
-        # every row checked as it will be used, once, when the run reaches it (a few now: exit 2
-        # for data with too few good rows); the bad ones are never published (services/learner/rows.py)
-        check_cache = lc.state_dir / "data-check"
-        rows.prune_cache(check_cache)   # results of files since changed or gone
-        self.check = rows.train_check(lc, self.rows, self.tok, limits.context, cfg.actor, check_cache, health.beat)
-        order = (i for _, i in prompt_order(len(self.rows), lc.prompts_per_step, lc.seed))
-        rows.start_check(lc, self.check, order, lc.state_dir)
-        # the evaluations' rows, checked now (exit 2 when none of a split's is usable)
-        self.evals = rows.eval_splits(lc, self.tok, limits.context, check_cache, health.beat)
-        self.drift = ParamDrift(self.model)  # the weights as loaded: the reference of the drift metric
-        # autocast auto: bf16 where the device computes it natively; the resolved value is the
-        # one saved with the run (a resume on other hardware names the switch: resume.py)
-        autocast, autocast_why = resolve_autocast(lc.train.autocast, lc.train.device)
-        lc.train = lc.train.model_copy(update={"autocast": autocast})
-        self.trainer = Trainer(self.model, self.tok.pad_token_id, lc.train)
-        self.ranks = distributed.Leader(self.trainer.world) if self.trainer.world > 1 else None  # rank 0 of N
-        log.info("trainer", extra={"ranks": self.trainer.world, "device": str(self.trainer.device),
-                                   "sharding": (lc.train.sharding if self.trainer.world > 1 else "none (one rank)"),
-                                   "algorithm": lc.train.algorithm, "autocast": f"{autocast} ({autocast_why})"})
-        lc.state_dir.mkdir(parents=True, exist_ok=True)
-        self.outbox = Outbox(cfg.bootstrap, f"learner-{cfg.instance_id}", self.topics, cfg.metrics_interval)
-        self.store = PolicyStore(lc.policy_root, self.outbox, lc.keep_policies, lc.keep_earlier_runs)
-        restorer = Weights(self)
-        try:
-            key = lc.checkpoint_key()   # None: checkpoints unsigned (learner.checkpoint_key_file)
-        except CheckpointError as e:   # checked at load; gone or cut since: a restart would not bring it back
-            raise ConfigError(f"learner.checkpoint_key_file: {e}") from None
-        self.state = st = open_run(lc.state_dir, lc.resume, self.fingerprint, restorer, lc.policy_root, key)
-        self.run_dir = lc.state_dir / st.run_id
-        self.eval_cache = lc.state_dir / "eval-cache"   # greedy results by weights, rows, settings (report.py)
-        # a continued run's folder has its state already (a new run's folder is made just now)
-        self.resumed: int | None = st.step if (self.run_dir / "state.json").exists() else None
-        settings_changed(st, lc.train.model_dump(mode="json"),   # a new run's {} names nothing
-                         from_checkpoint=restorer.checkpoint_step is not None)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        # free-space gauges, /readyz `disk`, dead processes' temporaries; exit 2 when the volumes are too small
-        disk.prepare(lc, self.model, health, self.run_dir, st.run_id)
-        self._report_rows()
-        trim_audit(self.run_dir, st.step)
-        trim_history(self.run_dir, st)
-        self.trackers = Trackers.of(lc, self.run_dir, {"steadyrl.run_id": st.run_id, "steadyrl.model": lc.model,
-                                                       "steadyrl.algorithm": lc.train.algorithm,
-                                                       **provenance(lc.data)}, beat=health.beat)
-        self.saver = AsyncCheckpointer(self.run_dir / "checkpoints", {**self.fingerprint, "tokenizer": lc.model},
-                                       keep=lc.keep_checkpoints, verified_step=restorer.checkpoint_step,
-                                       beat=health.beat, key=key)
-        self.cache = open_cache(self.run_dir, st, lc.rollout_cache_max_file_bytes, lc.rollout_cache_max_bytes,
-                                lc.rollout_cache_retention_h)
-        self.intake = Intake(lc, st, self.outbox, stage=f"learner/{cfg.instance_id}", limits=limits,
-                             run_dir=self.run_dir, topic_prefix=cfg.topic_prefix)
-        self.feeder = Feeder(lc, self.rows, st, self.outbox, retry_at=self.intake.retry_at, check=self.check)
-        for pid, f in list(st.in_flight.items()):  # published before this check existed (or the row changed)
-            if not f.released and (bad := self.check.why_bad(f.index)) is not None:
-                self.intake.abandon(pid, f"row {f.index} left out at start: {bad.field}: {bad.reason}")
-        self._overdue_t = 0.0
-        self.intake.published = self.feeder.prompt  # a group's prompt must be the one published
-        self.screen = Screen(lc, st, self.outbox)
-        self.flat = FlatSteps()   # steps whose groups all scored alike: warned once per change, counted
-        self.consumer: Consumer | None = None  # opened in run()
-        # what run() assigned, kept by the loop's thread: /readyz reads this, never the consumer
-        # (consumer.assignment() from the probe thread blocks while the loop polls an idle one)
-        self.assigned: list[TopicPartition] = []
-        self.progress: dict[str, Any] = {"run_id": st.run_id, "steps": lc.steps, "step": st.step,
-                               "phase": "starting", "done": False}
-        self._last_step_t = time.monotonic()
-        # /readyz's "progress" check and the stall and checkpoint gauges, computed at each scrape
-        self.stall = Stall(lc.stall_factor, lc.stall_min_s, st.history)
+
+def build(cfg: LearnerConfig, health: Health) -> Learner:
+    """The learner of `cfg`: its collaborators made in order, each from finished ones, then the
+    Learner from them. `cfg` is not changed: what is derived from it (the resolved autocast) is in
+    the copy the Learner holds (`resolved`). Raises ConfigError (exit 2) for data, a checkpoint
+    key, settings or volumes a restart would not mend."""
+    lc = cfg.learner
+    rows_, topics = open_rows(lc, health.beat), {t: topic_name(t, cfg.topic_prefix) for t in TOPICS}
+    # Asked first: a broker not up yet costs no model load (resume.py: the fingerprint).
+    fingerprint = {**lc.fingerprint(), "topic_prefix": cfg.topic_prefix,
+                   "scored_topic_id": topic_id(cfg.bootstrap, topics["rl.scored"], health)}
+    health.beat()
+    torch.manual_seed(lc.seed)
+    model, tok = load_policy(lc.model, seed=lc.seed)
+    health.beat()
+    limits = TokenLimits.of(model, tok)
+    check, evals = check_rows(cfg, rows_, tok, limits.context, health.beat)
+    drift = ParamDrift(model)  # the weights as loaded: the reference of the drift metric
+    cfg, autocast_why = resolved(cfg)
+    lc = cfg.learner
+    trainer = Trainer(model, tok.pad_token_id, lc.train)
+    ranks = distributed.Leader(trainer.world) if trainer.world > 1 else None  # rank 0 of N
+    log.info("trainer", extra={"ranks": trainer.world, "device": str(trainer.device),
+                               "sharding": (lc.train.sharding if trainer.world > 1 else "none (one rank)"),
+                               "algorithm": lc.train.algorithm, "autocast": f"{lc.train.autocast} ({autocast_why})"})
+    lc.state_dir.mkdir(parents=True, exist_ok=True)
+    outbox = Outbox(cfg.bootstrap, f"learner-{cfg.instance_id}", topics, cfg.metrics_interval)
+    store = PolicyStore(lc.policy_root, outbox, lc.keep_policies, lc.keep_earlier_runs)
+    restorer, key = Weights(model, trainer, store), checkpoint_key(lc)
+    st = open_run(lc.state_dir, lc.resume, fingerprint, restorer, lc.policy_root, key)
+    run_dir = lc.state_dir / st.run_id
+    # a continued run's folder has its state already (a new run's folder is made just now)
+    resumed: int | None = st.step if (run_dir / "state.json").exists() else None
+    settings_changed(st, lc.train.model_dump(mode="json"),   # a new run's {} names nothing
+                     from_checkpoint=restorer.checkpoint_step is not None)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # free-space gauges, /readyz `disk`, dead processes' temporaries; exit 2 when the volumes are too small
+    disk.prepare(lc, model, health, run_dir, st.run_id)
+    report_rows(st, check, evals, run_dir, lc.data, len(rows_))
+    trim_audit(run_dir, st.step)
+    trim_history(run_dir, st)
+    trackers = Trackers.of(lc, run_dir, {"steadyrl.run_id": st.run_id, "steadyrl.model": lc.model,
+                                         "steadyrl.algorithm": lc.train.algorithm, **provenance(lc.data)},
+                           beat=health.beat)
+    saver = AsyncCheckpointer(run_dir / "checkpoints", {**fingerprint, "tokenizer": lc.model},
+                              keep=lc.keep_checkpoints, verified_step=restorer.checkpoint_step,
+                              beat=health.beat, key=key)
+    cache = open_cache(run_dir, st, lc.rollout_cache_max_file_bytes, lc.rollout_cache_max_bytes,
+                       lc.rollout_cache_retention_h)
+    intake = Intake(lc, st, outbox, stage=f"learner/{cfg.instance_id}", limits=limits, run_dir=run_dir,
+                    topic_prefix=cfg.topic_prefix)
+    feeder = Feeder(lc, rows_, st, outbox, retry_at=intake.retry_at, check=check)
+    intake.published = feeder.prompt  # a group's prompt must be the one published
+    for pid, f in list(st.in_flight.items()):  # published before this check existed (or the row changed)
+        if not f.released and (bad := check.why_bad(f.index)) is not None:
+            intake.abandon(pid, f"row {f.index} left out at start: {bad.field}: {bad.reason}")
+    return Learner(cfg, health, rows_, check, evals, topics, fingerprint, model, tok, drift, trainer, ranks,
+                   outbox, store, st, run_dir, resumed, trackers, saver, cache, intake, feeder,
+                   Screen(lc, st, outbox), Stall(lc.stall_factor, lc.stall_min_s, st.history))
+
+
+def open_rows(lc: LearnerSection, beat: Callable[[], None]) -> Rows:
+    """The dataset indexed (a streamed pass, `beat` called), each row read and checked when the run
+    reaches it (services/learner/rows.py). Raises ConfigError (exit 2) for a file that is not a
+    dataset, or one of fewer rows than a step takes (before the broker is asked and the model loads)."""
+    try:
+        rows_ = open_dataset(lc.data, beat)
+    except Exception as e:  # noqa: BLE001 - any reader's error: a ConfigError naming the file
+        raise ConfigError(f"learner.data {data_label(lc.data)}: cannot be read as a dataset: {type(e).__name__}: "
+                          f"{e}") from None
+    if len(rows_) < lc.prompts_per_step:
+        raise ConfigError(f"learner.data {data_label(lc.data)} has {len(rows_)} rows < "
+                          f"learner.prompts_per_step {lc.prompts_per_step}")
+    beat()
+    return rows_
+
+
+def check_rows(cfg: LearnerConfig, rows_: Rows, tok: Any, context: int | None,
+               beat: Callable[[], None]) -> tuple[RowCheck, dict[str, EvalSplit]]:
+    """The training rows' check (every row checked as it will be used, once, when the run reaches
+    it; a few now: exit 2 for data with too few good rows; the bad ones are never published) and
+    the evaluations' rows, checked now (exit 2 when none of a split's is usable)."""
+    lc = cfg.learner
+    check_cache = lc.state_dir / "data-check"
+    rows.prune_cache(check_cache)   # results of files since changed or gone
+    check = rows.train_check(lc, rows_, tok, context, cfg.actor, check_cache, beat)
+    order = (i for _, i in prompt_order(len(rows_), lc.prompts_per_step, lc.seed))
+    rows.start_check(lc, check, order, lc.state_dir)
+    return check, rows.eval_splits(lc, tok, context, check_cache, beat)
+
+
+def resolved(cfg: LearnerConfig) -> tuple[LearnerConfig, str]:
+    """`cfg` as the learner runs it, and why: learner.train.autocast "auto" resolved (bf16 where
+    the device computes it natively), the value saved with the run (a resume on other hardware
+    names the switch: resume.py). A copy; `cfg` is not changed."""
+    train = cfg.learner.train
+    autocast, why = resolve_autocast(train.autocast, train.device)
+    learner = cfg.learner.model_copy(update={"train": train.model_copy(update={"autocast": autocast})})
+    return cfg.model_copy(update={"learner": learner}), why
+
+
+def checkpoint_key(lc: LearnerSection) -> bytes | None:
+    """The key that signs checkpoints (learner.checkpoint_key_file), None: unsigned. Raises
+    ConfigError (exit 2) when the file is gone or cut since the configuration was checked."""
+    try:
+        return lc.checkpoint_key()
+    except CheckpointError as e:   # a restart would not bring it back
+        raise ConfigError(f"learner.checkpoint_key_file: {e}") from None
+
+
+def report_rows(st: RunState, check: RowCheck, evals: dict[str, EvalSplit], run_dir: Path,
+                data: str | list[str], n_rows: int) -> None:
+    """The run's bad_rows.jsonl (and bad_eval_rows.jsonl), counted; the training rows' report
+    and count grow as the feeder meets more (RowCheck.on_bad)."""
+    path = check.report_to(run_dir / "bad_rows.jsonl")
+    st.counts[Count.bad_rows.value] = check.bad
+
+    def found(bad: rows.BadRow) -> None:
+        st.count(Count.bad_rows)
+        if st.counts[Count.bad_rows.value] <= rows.LOGGED:
+            log.warning("dataset rows left out: one more the actor or the prompt contract cannot take",
+                        extra={"data": data_label(data), "row": str(bad), "report": str(path)})
+
+    check.on_bad = found
+    if check.bad:
+        log.warning("dataset rows left out: the actor or the prompt contract cannot take them",
+                    extra={"data": data_label(data), "bad": check.bad, "rows": n_rows,
+                           "report": str(path), "first": [str(b) for b in check.first[:rows.LOGGED]]})
+    n = rows.report_eval(evals, run_dir)
+    if n or Count.bad_eval_rows.value in st.counts:
+        st.counts[Count.bad_eval_rows.value] = n
+
+
+@dataclass(eq=False)
+class Learner:
+    """The learner loop (see the module doc), made of finished parts (`build` makes them).
+    `run(stop)` returns when the run is done or stopped."""
+
+    cfg: LearnerConfig   # as run: `resolved`
+    health: Health
+    rows: Rows
+    check: RowCheck
+    evals: dict[str, EvalSplit]
+    topics: dict[str, str]            # catalogue name -> this deployment's topic
+    fingerprint: dict[str, Any]       # what a resumed run must match (resume.py)
+    model: torch.nn.Module            # the plain, whole CPU policy
+    tok: Any                          # its tokenizer
+    drift: ParamDrift
+    trainer: Trainer
+    ranks: distributed.Leader | None  # rank 0 of N; None: one rank
+    outbox: Outbox
+    store: PolicyStore
+    state: RunState
+    run_dir: Path
+    resumed: int | None               # the step a continued run resumed at; None: a new run
+    trackers: Trackers
+    saver: AsyncCheckpointer
+    cache: RolloutCache
+    intake: Intake
+    feeder: Feeder
+    screen: Screen
+    stall: Stall
+    flat: FlatSteps = field(default_factory=FlatSteps)  # steps whose groups all scored alike: warned once per change
+    consumer: Consumer | None = None  # opened in run()
+    # what run() assigned, kept by the loop's thread: /readyz reads this, never the consumer
+    # (consumer.assignment() from the probe thread blocks while the loop polls an idle one)
+    assigned: list[TopicPartition] = field(default_factory=list)
+    progress: dict[str, Any] = field(init=False)
+    _last_step_t: float = field(init=False, default_factory=time.monotonic)
+    _overdue_t: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        """/progress starts; /readyz's "progress" check and the stall and checkpoint gauges,
+        computed at each scrape, are registered; the step gauges blank."""
+        self.progress = {"run_id": self.state.run_id, "steps": self.lc.steps, "step": self.state.step,
+                         "phase": "starting", "done": False}
         self.stall.export(lambda: self.progress["phase"], lambda: len(self.state.in_flight))
-        export_checkpoints(self.saver, lc.checkpoint_every, lc.steps)
+        export_checkpoints(self.saver, self.lc.checkpoint_every, self.lc.steps)
         blank_step_gauges()  # NaN, not 0 (a p-value of 0 reads as "significant"), until a step sets them
 
-    def _report_rows(self) -> None:
-        """The run's bad_rows.jsonl (and bad_eval_rows.jsonl), counted; the training rows' report
-        and count grow as the feeder meets more (RowCheck.on_bad)."""
-        st, check = self.state, self.check
-        path = check.report_to(self.run_dir / "bad_rows.jsonl")
-        st.counts[Count.bad_rows.value] = check.bad
+    @property
+    def lc(self) -> LearnerSection:
+        return self.cfg.learner
 
-        def found(bad: rows.BadRow) -> None:
-            st.count(Count.bad_rows)
-            if st.counts[Count.bad_rows.value] <= rows.LOGGED:
-                log.warning("dataset rows left out: one more the actor or the prompt contract cannot take",
-                            extra={"data": data_label(self.lc.data), "row": str(bad), "report": str(path)})
-
-        check.on_bad = found
-        if check.bad:
-            log.warning("dataset rows left out: the actor or the prompt contract cannot take them",
-                        extra={"data": data_label(self.lc.data), "bad": check.bad, "rows": len(self.rows),
-                               "report": str(path), "first": [str(b) for b in check.first[:rows.LOGGED]]})
-        n = rows.report_eval(self.evals, self.run_dir)
-        if n or Count.bad_eval_rows.value in st.counts:
-            st.counts[Count.bad_eval_rows.value] = n
+    @property
+    def eval_cache(self) -> Path:
+        """Greedy results by weights, rows, settings (report.py)."""
+        return self.lc.state_dir / "eval-cache"
 
     def tracker_config(self) -> dict[str, Any]:
         """What the experiment trackers record as the run's config (params): the learner
@@ -268,18 +357,9 @@ class Learner:
         groups = [r.group for r in batch]
         for sg in groups:
             SAMPLE_AGE.observe(max(time.time() - sg.group.generated_ms / 1000, 0.0))
-        # A group sampled by an older version brings its behaviour log-probs (see Trainer).
-        # A cache-scored group (reward server down) weighs cache_scored_weight in the loss.
-        # Every group brings the actor's log-probs and engine: the train/inference mismatch
-        # metrics, and TIS where learner.train.rollout_is says so (auto: vLLM groups).
         self.progress["phase"] = "training"
         t_batch = time.monotonic()
-        train_groups = [
-            Group(sg.group.prompt_token_ids, [s.token_ids for s in sg.group.samples], sg.rewards,
-                  [s.logprobs for s in sg.group.samples] if sg.group.policy_version < st.step else None,
-                  weight=lc.cache_scored_weight if sg.reward_source.value == "cache" else 1.0,
-                  rollout_logprobs=[s.logprobs for s in sg.group.samples], engine=sg.group.engine)
-            for sg in groups]
+        train_groups = trainer_groups(groups, st.step, lc.cache_scored_weight)
         # a step may take longer than liveness_timeout_s without a beat (a large model, a slow
         # CPU): /livez holds for as long as the stall rule gives one, so up does not restart it
         self.health.expect(self.stall.limit_s())
@@ -292,7 +372,15 @@ class Learner:
             self.save_state()
             return None
         st.step = self.trainer.global_step
-        t_publish = time.monotonic()
+        publish_s = self.publish(take)
+        self.record_step(batch, metrics, t_batch, publish_s)
+        return metrics
+
+    def publish(self, take: list[str]) -> float:
+        """The new version to the policy store and announced; `take` out of flight and the next
+        step's prompts published as soon as it is announced. Returns the seconds until announced
+        (what the actor waits for: written and announced)."""
+        st, t_publish = self.state, time.monotonic()
         timing: dict[str, float] = {}
 
         def announced() -> None:
@@ -301,11 +389,17 @@ class Learner:
                 del st.in_flight[pid]
             # The next step's prompts go out now, before the version's fsync and this step's
             # bookkeeping: at max_staleness 0 the actor is idle until they come. The state saved
-            # below records them.
+            # after the step records them.
             self.feeder.top_up()
 
         self.store.publish(self.model, st, announced)
-        publish_s = timing["announced"] - t_publish   # what the actor waits for: written and announced
+        return timing["announced"] - t_publish
+
+    def record_step(self, batch: list[Ready], metrics: dict[str, float], t_batch: float, publish_s: float) -> None:
+        """The step made (`metrics`) on `batch` (taken at monotonic `t_batch`) in the books: the
+        audit log, rollout cache, counts, history, state, checkpoint, trackers, gauges, /progress
+        and the log."""
+        st, groups = self.state, [r.group for r in batch]
         append_audit(self.run_dir, st.step, batch)
         self.cache.append([row for sg in groups for row in rows_of(sg, st.step)])
         count_trained(st, metrics, groups)
@@ -324,14 +418,13 @@ class Learner:
         st.history.append(row)
         append_history(self.run_dir, row)
         self.save_state()
-        if st.step % lc.checkpoint_every == 0:
+        if st.step % self.lc.checkpoint_every == 0:
             self.checkpoint()
         self.trackers.log(st.step, row)  # after the save: a resume hands them the history it restored
         export_step(row, metrics, groups, st.history, self.drift, self.model, wait_s=wait_s, publish_s=publish_s)
         self.progress.update({"step": st.step, "reward_mean": row["reward_mean"],
                               "tokens_per_s": row["tokens_per_s"], "phase": "waiting"})
         log.info("step", extra={k: v for k, v in row.items() if not k.startswith(("actor/", "critic/"))})
-        return metrics
 
     # ---- the loop -------------------------------------------------------------------------
     def poll(self) -> None:
@@ -411,6 +504,9 @@ class Learner:
             self.save_state()  # the gate's wall-clock decisions are not repeatable: keep them
 
     def run(self, stop: threading.Event) -> None:
+        """The run: version 0 (or the resumed one) published, the evaluation before, the steps
+        until learner.steps or `stop`, a checkpoint, the evaluation after and the summary; then,
+        with learner.on_finish idle, beats until `stop`. Everything is closed on the way out."""
         st, lc = self.state, self.lc
         # Version 0 is our initial weights; after a resume, the version we continue from (the
         # actor may hold later versions that a crash threw away: it follows the newest record).
@@ -422,55 +518,12 @@ class Learner:
         self.assigned = consumer.assignment()  # on this thread, before the first poll
         try:
             self.top_up()
-            if st.eval_before is None and st.step == 0:
-                self.evaluation("eval before")
-                st.eval_before = report.evaluate(lc, self.model, self.tok, "before", self.eval_beat,
-                                                 cache=self.eval_cache, progress=self.eval_progress,
-                                                 limits=self.cfg.reward_server, rows=self.evals)
-                self.save_state()
-            elif st.step == 0 and st.eval_before is not None and (pending := report.pending_splits(lc, st.eval_before)):
-                # resumed at step 0 with the eval before saved without these harder splits
-                self.evaluation("eval before")
-                st.eval_before.setdefault("splits", {}).update(report.evaluate_splits(
-                    lc, self.model, self.tok, "before", self.eval_beat, names=pending, cache=self.eval_cache,
-                    progress=self.eval_progress, limits=self.cfg.reward_server, rows=self.evals))
-                self.save_state()
-            if self.progress["phase"] == "eval before":  # in flight since before it: their age starts now
-                for f in st.in_flight.values():
-                    f.published_ms = now_ms()
-            self.progress["phase"] = "waiting"
-            self.progress.pop("eval", None)
-            self.stall.waiting()
+            self.eval_before()
             while st.step < lc.steps and not stop.is_set():
-                self.health.beat()
-                abandoned = st.counts.get(Count.abandoned.value, 0)
-                self.poll()
-                if (why := self.intake.refusals.failing()) is not None:
-                    self.stop_scorer_failing(why)
-                self.republish_overdue()
-                if st.counts.get(Count.abandoned.value, 0) != abandoned:
-                    self.save_state()  # an abandonment is recorded once: its state goes with it
-                if (take := self.next_batch()) is not None:
-                    self.train_step(take)
-                self.top_up()
-                IN_FLIGHT.set(len(st.in_flight))
-                self.progress.update(dlq=st.counts.get(Count.dlq.value, 0),
-                                     abandoned=st.counts.get(Count.abandoned.value, 0))
+                self.loop_once()
             self.checkpoint(wait=True)  # on stop and at the end
             if st.step >= lc.steps and not st.finished:
-                self.evaluation("eval after")
-                # the harder splits: those evaluated before (none in a run begun before eval_splits)
-                st.eval_after = report.evaluate(lc, self.model, self.tok, "after", self.eval_beat,
-                                                splits=set((st.eval_before or {}).get("splits") or {}),
-                                                cache=self.eval_cache, progress=self.eval_progress,
-                                                limits=self.cfg.reward_server, rows=self.evals)
-                self.progress.pop("eval", None)
-                report.write_summary(lc, st, self.run_dir)
-                for name in ("summary.json", "curve.png"):
-                    self.trackers.artifact(self.run_dir / name)
-                st.finished = True
-                self.save_state()
-                self.progress.update({"phase": "done", "done": True, "summary": str(self.run_dir / "summary.json")})
+                self.finish()
             if st.finished:
                 blank_step_gauges()
             if st.finished and lc.on_finish == "idle":
@@ -487,3 +540,62 @@ class Learner:
             self.assigned = []
             consumer.close()
             self.outbox.close()
+
+    def eval_before(self) -> None:
+        """The evaluation before training, at step 0 (or the splits it lacks, resumed at step 0
+        with it saved without them); then the loop waits for groups."""
+        st, lc = self.state, self.lc
+        if st.eval_before is None and st.step == 0:
+            self.evaluation("eval before")
+            st.eval_before = report.evaluate(lc, self.model, self.tok, "before", self.eval_beat,
+                                             cache=self.eval_cache, progress=self.eval_progress,
+                                             limits=self.cfg.reward_server, rows=self.evals)
+            self.save_state()
+        elif st.step == 0 and st.eval_before is not None and (pending := report.pending_splits(lc, st.eval_before)):
+            # resumed at step 0 with the eval before saved without these harder splits
+            self.evaluation("eval before")
+            st.eval_before.setdefault("splits", {}).update(report.evaluate_splits(
+                lc, self.model, self.tok, "before", self.eval_beat, names=pending, cache=self.eval_cache,
+                progress=self.eval_progress, limits=self.cfg.reward_server, rows=self.evals))
+            self.save_state()
+        if self.progress["phase"] == "eval before":  # in flight since before it: their age starts now
+            for f in st.in_flight.values():
+                f.published_ms = now_ms()
+        self.progress["phase"] = "waiting"
+        self.progress.pop("eval", None)
+        self.stall.waiting()
+
+    def loop_once(self) -> None:
+        """One turn of the loop: read, stop on a failing scorer, republish the overdue, train
+        the next batch when it is ready, top up the prompts in flight."""
+        st = self.state
+        self.health.beat()
+        abandoned = st.counts.get(Count.abandoned.value, 0)
+        self.poll()
+        if (why := self.intake.refusals.failing()) is not None:
+            self.stop_scorer_failing(why)
+        self.republish_overdue()
+        if st.counts.get(Count.abandoned.value, 0) != abandoned:
+            self.save_state()  # an abandonment is recorded once: its state goes with it
+        if (take := self.next_batch()) is not None:
+            self.train_step(take)
+        self.top_up()
+        IN_FLIGHT.set(len(st.in_flight))
+        self.progress.update(dlq=st.counts.get(Count.dlq.value, 0), abandoned=st.counts.get(Count.abandoned.value, 0))
+
+    def finish(self) -> None:
+        """The run reached learner.steps: the evaluation after (the harder splits: those
+        evaluated before; none in a run begun before eval_splits), the summary, done."""
+        st, lc = self.state, self.lc
+        self.evaluation("eval after")
+        st.eval_after = report.evaluate(lc, self.model, self.tok, "after", self.eval_beat,
+                                        splits=set((st.eval_before or {}).get("splits") or {}),
+                                        cache=self.eval_cache, progress=self.eval_progress,
+                                        limits=self.cfg.reward_server, rows=self.evals)
+        self.progress.pop("eval", None)
+        report.write_summary(lc, st, self.run_dir)
+        for name in ("summary.json", "curve.png"):
+            self.trackers.artifact(self.run_dir / name)
+        st.finished = True
+        self.save_state()
+        self.progress.update({"phase": "done", "done": True, "summary": str(self.run_dir / "summary.json")})

@@ -26,6 +26,7 @@ from steadyrl.run import diskspace
 from steadyrl.run.ckpt_writer import ShardWriter
 from steadyrl.service import run_service
 
+from . import loop
 from .config import LearnerConfig
 from .loop import Learner
 
@@ -65,7 +66,7 @@ def leader(cfg: LearnerConfig, world: int) -> int:
             return learner.progress if learner else {"phase": "loading", "done": False}
 
     def build(health: Health) -> Learner:
-        learner = Learner(cfg, health)
+        learner = loop.build(cfg, health)
         state["learner"] = learner
         health.add_check("model", lambda: model_check(learner))
         health.add_check("assignment", lambda: assignment_check(learner))

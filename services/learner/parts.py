@@ -20,7 +20,11 @@ from .metrics import EXPORTED
 from .state import Ready, RunState
 
 if TYPE_CHECKING:
-    from .loop import Learner
+    import torch
+
+    from steadyrl.rl.trainer import Trainer
+
+    from .policy_store import PolicyStore
 
 log = logging.getLogger("steadyrl.learner")
 
@@ -28,8 +32,8 @@ log = logging.getLogger("steadyrl.learner")
 class Weights:
     """resume.Restorer over the learner's model, trainer (optimizer, LR schedule) and policy store."""
 
-    def __init__(self, learner: Learner) -> None:
-        self.model, self.trainer, self.store = learner.model, learner.trainer, learner.store
+    def __init__(self, model: torch.nn.Module, trainer: Trainer, store: PolicyStore) -> None:
+        self.model, self.trainer, self.store = model, trainer, store
         self.checkpoint_step: int | None = None  # the step of the checkpoint restored (verified by resume)
 
     def from_checkpoint(self, path: Path) -> RunState:

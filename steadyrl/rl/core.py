@@ -258,7 +258,15 @@ def microbatch_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, mode: L
 
 # ---------------------------------------------------------------- policy loss
 
-#: Bound of the log-ratio log pi_theta - log pi_behaviour before exp (verl's +-20.0).
+#: Bound of the log-ratio log pi_theta - log pi_behaviour before exp, as verl's
+#: `compute_policy_loss_vanilla` (verl/trainer/ppo/core_algos.py: negative_approx_kl clamped at
+#: +-20.0, then ratio = exp): one absurd behaviour log-prob (an off-policy group brings the
+#: sampler's, e.g. -1e4) made the ratio inf, and -A * inf, inf - inf and 0 * inf turned the loss
+#: or its gradient into NaN. exp(20) ~ 4.9e8 is finite in float32. A clamped token has no
+#: gradient through the ratio, and loses next to nothing: above +20 its loss is the clip's
+#: constant -A * (1 + clip_high) for A > 0 and the dual clip's -A * clip_ratio_c for A < 0
+#: (neither has a gradient unclamped either); below -20 it is -A * exp(-20) ~ -2e-9 * A for
+#: A > 0 and the clip's constant for A < 0.
 LOG_RATIO_CLAMP = 20.0
 
 
@@ -278,16 +286,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     multiply the per-token loss after both clips and before the aggregation, as verl's
     `compute_policy_loss_vanilla` does with `rollout_is_weights`; the clip metrics do not see them.
 
-    The log-ratio is clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] = [-20, 20] before exp,
-    as verl's `compute_policy_loss_vanilla` (verl/trainer/ppo/core_algos.py: negative_approx_kl
-    clamped at +-20.0, then ratio = exp): one absurd behaviour log-prob (an off-policy group
-    brings the sampler's, e.g. -1e4) made the ratio inf, and -A * inf, inf - inf and
-    0 * inf turned the loss or its gradient into NaN. exp(20) ~ 4.9e8 is finite in float32.
-    A clamped token has no gradient through the ratio, and loses next to nothing: above +20
-    its loss is the clip's constant -A * (1 + clip_high) for A > 0 and the dual clip's
-    -A * clip_ratio_c for A < 0 (neither has a gradient unclamped either); below -20 it is
-    -A * exp(-20) ~ -2e-9 * A for A > 0 and the clip's constant for A < 0. approx_kl is taken
-    from the clamped log-ratio, as verl's ppo_kl.
+    The log-ratio is clamped to +-LOG_RATIO_CLAMP before exp (why: at the constant); approx_kl
+    is taken from the clamped log-ratio, as verl's ppo_kl.
 
     Args:
         logp, old_logp: (B, T) log-probs of the taken tokens under the current / behaviour policy.

@@ -22,7 +22,7 @@ starts the group again; rank 0 resumes from its newest checkpoint as after any c
 lost or trained twice: the learner's delivery rules). Decisions are taken from all-reduced
 numbers, so every rank takes the same one (clipping, skipping a non-finite step), and an
 out-of-memory error on one rank puts every rank into the safe mode together: replicated
-(`Trainer._agreed`) by a flag all-reduced before each collective, so the micro-batch split stays
+(`Trainer._agree`) by a flag all-reduced before each collective, so the micro-batch split stays
 the same on all; sharded, through a restart of the group (`remember_safe_mode`).
 """
 

@@ -16,7 +16,7 @@ def is_out_of_memory(e: BaseException) -> bool:
 
 class RanksOutOfMemory(RuntimeError):
     """Another rank of the torch.distributed group ran out of memory in this part of the step
-    (`Trainer._agreed`): this rank stops too, so every rank takes the out-of-memory fallback
+    (`Trainer._agree`): this rank stops too, so every rank takes the out-of-memory fallback
     together and no collective waits for a rank that took another path."""
 
 

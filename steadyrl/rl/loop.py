@@ -125,6 +125,25 @@ class ScorerRaisedOnEveryItem(ValueError):
 
 
 @torch.no_grad()
+def _score(judge: Any, asked: list[SimpleNamespace], call_deadline_s: float,
+           on_batch: Callable[[], None] | None) -> list[dict[str, Any]]:
+    """`judge`'s results for a generation batch's items, each {"reward": float or None, ...}.
+    Items the deadline left (a slow reward, not a failing one) are asked again, `on_batch`
+    (the heartbeat) called between calls: each call scores at least one item or times it out.
+    A model scorer failing on the batch (ScorerError) gives each item its error."""
+    try:
+        results: list[dict[str, Any]] = judge.score(asked, deadline=time.monotonic() + call_deadline_s)
+        while todo := [i for i, r in enumerate(results) if r.get("kind") == DEADLINE]:
+            if on_batch:
+                on_batch()
+            again = judge.score([asked[i] for i in todo], deadline=time.monotonic() + call_deadline_s)
+            for i, r in zip(todo, again, strict=True):
+                results[i] = r
+    except ScorerError as e:   # a model scorer failed on the batch: each item's error
+        results = [{"reward": None, "error": str(e), "kind": "scorer_error"} for _ in asked]
+    return results
+
+
 def evaluate(model: torch.nn.Module, tokenizer: Any, rows: list[PromptRow], scorer: str = "numeric_match",
              max_new_tokens: int = 32, batch_size: int = 32,
              on_batch: Callable[[], None] | None = None,
@@ -160,18 +179,7 @@ def evaluate(model: torch.nn.Module, tokenizer: Any, rows: list[PromptRow], scor
             asked = [SimpleNamespace(data_source=r.data_source, prompt=r.messages[-1]["content"], response=o[0].text,
                                      ground_truth=r.ground_truth, extra_info=r.extra_info)
                      for r, o in zip(chunk, outs, strict=True)]
-            try:
-                results = judge.score(asked, deadline=time.monotonic() + limits.call_deadline_s)
-                # items the deadline left (a slow reward, not a failing one) are asked again, the
-                # heartbeat beating between calls: each call scores at least one item or times it out
-                while todo := [i for i, r in enumerate(results) if r.get("kind") == DEADLINE]:
-                    if on_batch:
-                        on_batch()
-                    again = judge.score([asked[i] for i in todo], deadline=time.monotonic() + limits.call_deadline_s)
-                    for i, r in zip(todo, again, strict=True):
-                        results[i] = r
-            except ScorerError as e:   # a model scorer failed on the batch: each item's error
-                results = [{"reward": None, "error": str(e), "kind": "scorer_error"} for _ in asked]
+            results = _score(judge, asked, limits.call_deadline_s, on_batch)
             for row, it, res in zip(chunk, asked, results, strict=True):
                 if res["reward"] is None:
                     reward, extra = 0.0, {"error": res["error"], "kind": res.get("kind", "scorer_error")}

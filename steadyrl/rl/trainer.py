@@ -5,8 +5,11 @@ is `steadyrl.rl.algos` (estimators and losses registered by name, `minibatch_los
 formulas of `steadyrl.rl.core`; this module runs it: the batch on the device, the no-grad
 passes, the minibatch loop and its optimizer steps, micro-batches split over the ranks
 (`steadyrl.rl.distributed`), the out-of-memory fallback and the rollback of a non-finite step
-(`NonFiniteStep`: nothing of the step applied). Shapes: N sequences (B prompts x G samples),
-P prompt tokens (left padded), T response tokens (right padded), V vocabulary.
+(`NonFiniteStep`: nothing of the step applied). The update itself is `Trainer._update`, read
+top to bottom: the minibatch loop, each micro-batch's forward, loss and backward, then the
+ranks' agreement on running out of memory and the fallback as plain steps. Shapes: N
+sequences (B prompts x G samples), P prompt tokens (left padded), T response tokens (right
+padded), V vocabulary.
 """
 
 from __future__ import annotations
@@ -15,10 +18,8 @@ import copy
 import logging
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -36,7 +37,6 @@ __all__ = ["Group", "NonFiniteStep", "RanksOutOfMemory", "RolloutLogprobs", "Tra
            "behaviour_logprobs", "build_batch", "is_out_of_memory", "rollout_logprobs", "train_device"]
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
 #: `Trainer._snapshot`: CPU copies of the trained parameters, and their optimizer state by position
 Snapshot = tuple[list[torch.Tensor], dict[int, dict[str, Any]]]
 
@@ -196,47 +196,33 @@ class Trainer:
         if self.safe_mode and self.cfg.oom_fallback == "step" and not self.sharded:
             self._leave_safe_mode()
 
-    def _oom_guarded(self, fn: Callable[[], _T]) -> _T:
-        """fn(), or -- when it runs out of memory and the fallback is on -- the safe mode and
-        fn() once more. fn must leave nothing applied when it raises (no optimizer step)."""
-        try:
-            return fn()
-        except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
-            if self.sharded and is_out_of_memory(e) and self.cfg.oom_fallback != "off" and not self.safe_mode:
-                # the other ranks wait in a collective of this forward: this rank dies, torchrun
-                # restarts the group, and every rank of the next attempt starts in the safe mode
-                distributed.remember_safe_mode(f"rank {self.rank}: {type(e).__name__}: {e}")
-            if not is_out_of_memory(e) or self.cfg.oom_fallback == "off" or self.safe_mode or self.sharded:
-                raise
-            error = f"{type(e).__name__}: {e}"  # not `e`: its traceback holds the failed attempt's tensors
-        # outside the except block, `e` is gone: the failed attempt's frames and tensors are freed
-        self.opt.zero_grad(set_to_none=True)
-        self._enter_safe_mode(error)
-        return fn()
-
-    def _agreed(self, fn: Callable[[], _T]) -> _T:
-        """fn() on this rank, then every rank learns whether any ran out of memory in it (a MAX
-        all-reduce of one flag): if one did, all raise -- the rank that did its own error, the
-        others RanksOutOfMemory -- so `_oom_guarded` retries the same part in the safe mode on
-        every rank alike (the same micro-batch size, hence the same split). fn must hold no
-        collective. One rank: fn()."""
-        if self.world == 1 or self.sharded:  # sharded: fn holds FSDP2's collectives (see _oom_guarded)
-            return fn()
-        error: BaseException | None = None
-        result = None
-        try:
-            result = fn()
-        except Exception as e:  # noqa: BLE001 - only out-of-memory is agreed; the rest raise here
-            if not is_out_of_memory(e):
-                raise  # this rank dies; torchrun stops the group
-            error = e
-        flag = torch.tensor([1.0 if error is not None else 0.0])
+    def _agree(self, oom: Exception | None) -> Exception | None:
+        """Whether any rank ran out of memory in the part just run (a MAX all-reduce of one flag,
+        every rank at the same point): this rank's own error, RanksOutOfMemory where only another
+        rank's, None where none did. So every rank takes the fallback together, with the same
+        micro-batch size, hence the same split. One rank, or sharded (the part held FSDP2's
+        collectives: a rank out of memory dies, see `_fall_back`): `oom` as it is, no collective."""
+        if self.world == 1 or self.sharded:
+            return oom
+        flag = torch.tensor([0.0 if oom is None else 1.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if error is not None:
-            raise error
-        if float(flag) > 0:
-            raise RanksOutOfMemory(f"another rank ran out of memory (this is rank {self.rank} of {self.world})")
-        return result  # type: ignore[return-value]
+        if oom is None and float(flag) > 0:
+            return RanksOutOfMemory(f"another rank ran out of memory (this is rank {self.rank} of {self.world})")
+        return oom
+
+    def _fall_back(self, oom: Exception) -> None:
+        """The out-of-memory fallback (`cfg.oom_fallback`): the safe mode (`_enter_safe_mode`),
+        after which the caller runs the part again. Raises `oom` when the fallback is off, was
+        taken already, or the module is sharded: then this rank dies (the others wait in a
+        collective of its forward) and, the fallback on, it leaves word for torchrun's restart of
+        the group, whose every rank starts in the safe mode."""
+        if self.sharded and self.cfg.oom_fallback != "off" and not self.safe_mode:
+            distributed.remember_safe_mode(f"rank {self.rank}: {type(oom).__name__}: {oom}")
+        if self.cfg.oom_fallback == "off" or self.safe_mode or self.sharded:
+            raise oom
+        oom.__traceback__ = None   # its frames hold the failed attempt's tensors: freed before the retry
+        self.opt.zero_grad(set_to_none=True)
+        self._enter_safe_mode(f"{type(oom).__name__}: {oom}")
 
     # -- non-finite steps ------------------------------------------------------------------
     def _snapshot(self) -> Snapshot:
@@ -341,17 +327,26 @@ class Trainer:
     @torch.no_grad()
     def _no_grad_pass(self, model: torch.nn.Module, b: dict[str, torch.Tensor],
                       need_values: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (N, T) and, when asked, values (N, T) of the whole batch, by micro-batches."""
+        """Log-probs (N, T) and, when asked, values (N, T) of the whole batch, by micro-batches.
+        Out of memory on a rank: as in `_update`, the ranks agree on it and the pass runs again
+        in the safe mode where the fallback takes it."""
         N, width = b["input_ids"].shape                                        # (N, P + T)
-        mb = self.micro_rows(width)
-        logps: list[torch.Tensor] = []
-        vals: list[torch.Tensor] = []
-        for i in range(0, N, mb):
-            lp, _, v = self._forward(model, b, slice(i, i + mb), need_values=need_values)
-            logps.append(lp)
-            if v is not None:   # need_values
-                vals.append(v)
-        return torch.cat(logps), (torch.cat(vals) if need_values else None)
+        while True:   # once; once more, in the safe mode, after running out of memory
+            logps, vals, oom = list[torch.Tensor](), list[torch.Tensor](), None
+            try:
+                mb = self.micro_rows(width)
+                for i in range(0, N, mb):
+                    lp, _, v = self._forward(model, b, slice(i, i + mb), need_values=need_values)
+                    logps.append(lp)
+                    if v is not None:   # need_values
+                        vals.append(v)
+            except Exception as e:  # noqa: BLE001 - only out-of-memory is agreed and falls back
+                if not is_out_of_memory(e):
+                    raise  # this rank dies; torchrun stops the group
+                oom, logps, vals = e, [], []
+            if (oom := self._agree(oom)) is None:
+                return torch.cat(logps), (torch.cat(vals) if need_values else None)
+            self._fall_back(oom)   # raises it unless the fallback takes it
 
     # -- one step ------------------------------------------------------------------------
     def _all_reduce(self, sums: MetricSums, losses: list[torch.Tensor]) -> tuple[MetricSums, list[torch.Tensor]]:
@@ -440,8 +435,7 @@ class Trainer:
         if not self.critic and cfg.ppo_epochs == 1 and (cfg.mini_batch_size or N) >= N:
             return Behaviour(one_pass=True, stale=stale)
         t0 = time.perf_counter()
-        old_logp, old_values = self._oom_guarded(lambda: self._agreed(
-            lambda: self._no_grad_pass(self.module, b, need_values=self.critic)))
+        old_logp, old_values = self._no_grad_pass(self.module, b, need_values=self.critic)
         if stale is not None:
             old_logp = torch.where(stale[1], stale[0], old_logp)              # (N, T)
         timing["old_log_prob"] = time.perf_counter() - t0
@@ -453,7 +447,7 @@ class Trainer:
         if (ref := self.ref) is None:
             return None
         t0 = time.perf_counter()
-        ref_logp, _ = self._oom_guarded(lambda: self._agreed(lambda: self._no_grad_pass(ref, b)))
+        ref_logp, _ = self._no_grad_pass(ref, b)
         timing["ref"] = time.perf_counter() - t0
         return ref_logp
 
@@ -470,18 +464,54 @@ class Trainer:
 
     def _update(self, x: StepInputs) -> tuple[MetricSums, list[float]]:
         """`ppo_epochs` passes over the batch in shuffled minibatches of `mini_batch_size`, one
-        optimizer step each. Returns the metric sums and grad norms of the optimizer steps;
-        raises NonFiniteStep with every applied optimizer step of the step rolled back."""
-        cfg, N = self.cfg, x.mask.shape[0]
+        optimizer step each, read as CleanRL's PPO update. For each minibatch, each of this
+        rank's micro-batches (`distributed.microbatch_plan`): the forward, the loss
+        (`algos.minibatch_loss`: the algorithm's policy loss, entropy, KL, value loss) and its
+        backward, weighted by the micro-batch's share of the minibatch. Then, as plain steps:
+        the ranks agree whether one ran out of memory (`_agree`; if one did, the fallback,
+        `_fall_back`, and the minibatch again), the gradients are summed over the ranks,
+        clipped, checked finite and applied. Returns the metric sums and grad norms of the
+        optimizer steps; raises NonFiniteStep with every applied optimizer step of the step
+        rolled back."""
+        cfg, (N, width) = self.cfg, x.batch["input_ids"].shape                # (N, P + T)
         mini = cfg.mini_batch_size or N
         gen = torch.Generator().manual_seed(self.global_step)
         planned = cfg.ppo_epochs * math.ceil(N / mini)           # optimizer steps of this step
-        sums, grad_norms = MetricSums(), list[float]()
-        snap: Snapshot | None = None
+        sums, grad_norms, snap = MetricSums(), list[float](), None
+        loss: torch.Tensor | None = None
         for epoch in range(cfg.ppo_epochs):
             order = (torch.randperm(N, generator=gen) if mini < N else torch.arange(N)).to(self.device)
             for s in range(0, N, mini):
-                mb_sums, grad_norm, losses = self._oom_guarded(partial(self._minibatch_gradients, x, order[s:s + mini]))
+                mb_idx = order[s:s + mini]                                       # (m,) the minibatch's rows
+                while True:   # once; once more, in the safe mode, after a rank ran out of memory
+                    self.opt.zero_grad(set_to_none=True)
+                    mb_sums, losses, oom = MetricSums(), list[torch.Tensor](), None
+                    rows = self.micro_rows(width)
+                    plan = distributed.microbatch_plan(len(mb_idx), rows, self.rank, self.world, self.sharded)
+                    try:
+                        for j, start in enumerate(plan):
+                            if self.sharded:
+                                self._accumulate(last=j == len(plan) - 1)
+                            if start is None:   # sharded, none left for this rank: FSDP2's collectives only
+                                self._idle_backward(x.batch, mb_idx[:rows])
+                                continue
+                            idx = mb_idx[start:start + rows]                     # (n,) the micro-batch's rows
+                            loss, metrics = algos.minibatch_loss(self._microbatch(x, idx), cfg, self.policy_loss)
+                            # its share of the minibatch, so the micro-batches' sum is the minibatch's loss
+                            weight = core.microbatch_weight(x.mask[idx], x.mask[mb_idx], cfg.loss_agg)
+                            (loss * weight).backward()   # type: ignore[no-untyped-call, unused-ignore]  # --strict: torch's backward is unannotated
+                            losses.append(loss.detach())
+                            mb_sums.add(metrics, weight)
+                    except Exception as e:  # noqa: BLE001 - only out-of-memory is agreed and falls back
+                        if not is_out_of_memory(e):
+                            raise  # this rank dies; torchrun stops the group
+                        oom, loss = e, None   # with `loss`, the failed backward's graph goes
+                    if (oom := self._agree(oom)) is None:
+                        break
+                    self._fall_back(oom)   # raises it unless the fallback takes it
+                if self.world > 1:   # summed over the ranks: gradients, metric sums; every rank's losses
+                    mb_sums, losses = self._all_reduce(mb_sums, losses)
+                grad_norm = core.clip_grad_norm(self.params, cfg.max_grad_norm)
                 self._check_finite(losses, grad_norm, epoch, s // mini, len(grad_norms), snap)
                 if not grad_norms and planned > 1:   # more optimizer steps follow: keep this one's start
                     snap = self._snapshot()
@@ -489,37 +519,6 @@ class Trainer:
                 grad_norms.append(grad_norm)
                 self.opt.step()
         return sums, grad_norms
-
-    def _minibatch_gradients(self, x: StepInputs, mb_idx: torch.Tensor) -> tuple[MetricSums, float,
-                                                                                  list[torch.Tensor]]:
-        """Gradients of one minibatch (nothing applied), summed over the ranks: its metric sums,
-        grad norm before clipping, and micro-batch losses (the caller checks them)."""
-        sums, losses = MetricSums(), list[torch.Tensor]()
-        self.opt.zero_grad(set_to_none=True)
-        self._agreed(lambda: self._backprop(x, mb_idx, sums, losses))
-        if self.world > 1:
-            sums, losses = self._all_reduce(sums, losses)
-        return sums, core.clip_grad_norm(self.params, self.cfg.max_grad_norm), losses
-
-    def _backprop(self, x: StepInputs, mb_idx: torch.Tensor, sums: MetricSums, losses: list[torch.Tensor]) -> None:
-        """This rank's micro-batches of the minibatch (`distributed.microbatch_plan`): each one's
-        loss times its share of the minibatch backpropagated (gradients accumulate), its metrics
-        added to `sums`, its loss appended. No collective of its own (`_agreed` runs it)."""
-        rows = self.micro_rows(x.batch["input_ids"].shape[1])
-        plan = distributed.microbatch_plan(len(mb_idx), rows, self.rank, self.world, self.sharded)
-        for j, start in enumerate(plan):
-            if self.sharded:
-                self._accumulate(last=j == len(plan) - 1)
-            if start is None:
-                self._idle_backward(x.batch, mb_idx[:rows])
-                continue
-            idx = mb_idx[start:start + rows]
-            # share of the minibatch in this micro-batch, so the sum equals the minibatch loss
-            weight = core.microbatch_weight(x.mask[idx], x.mask[mb_idx], self.cfg.loss_agg)
-            loss, metrics = algos.minibatch_loss(self._microbatch(x, idx), self.cfg, self.policy_loss)
-            (loss * weight).backward()   # type: ignore[no-untyped-call, unused-ignore]  # --strict: torch's backward is unannotated
-            losses.append(loss.detach())
-            sums.add(metrics, weight)
 
     def _microbatch(self, x: StepInputs, idx: torch.Tensor) -> MicroBatch:
         """Rows `idx` of the step's inputs, with the forward of the policy (and critic) on them."""

@@ -32,7 +32,7 @@ def _learner(bootstrap: str, prefix: str, tmp_path, monkeypatch) -> loop.Learner
           "group_size": 4, "max_new_tokens": 4, "prompt_gate": {"cooldown_s": 0}, "reward_watch": {"action": "off"},
           "state_dir": tmp_path / "learner", "policy_root": tmp_path / "policies"}
     cfg = LearnerConfig(instance_id="0", bootstrap=bootstrap, topic_prefix=prefix, learner=lc)
-    learner = loop.Learner(cfg, SimpleNamespace(beat=lambda: None, expect=lambda seconds: None))
+    learner = loop.build(cfg, SimpleNamespace(beat=lambda: None, expect=lambda seconds: None))
     learner.intake.published = None  # `scored` makes up its prompts (the check: test_intake_prompt.py)
     return learner
 

@@ -83,7 +83,7 @@ def make_learner(tmp_path, monkeypatch):
               "reward_watch": {"action": "off"}, "state_dir": tmp_path / "learner",
               "policy_root": tmp_path / "policies", "train": {"lr": 1e-2, "micro_batch_size": 64}, **section}
         cfg = LearnerConfig(instance_id="0", learner=lc)
-        learner = loop.Learner(cfg, SimpleNamespace(beat=lambda: None, expect=lambda seconds: None))
+        learner = loop.build(cfg, SimpleNamespace(beat=lambda: None, expect=lambda seconds: None))
         # `scored` makes up its prompts: the published-prompt check (test_intake_prompt.py, and
         # every pipeline test through the real feeder) is off for these
         learner.intake.published = None

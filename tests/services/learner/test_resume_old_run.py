@@ -53,7 +53,7 @@ def old_run(tmp_path):
 
 def test_the_old_run_resumes_from_its_checkpoint(old_run):
     lc, parts, saved = old_run
-    st = open_run(lc.state_dir, "auto", saved["config"], Weights(parts))
+    st = open_run(lc.state_dir, "auto", saved["config"], Weights(parts.model, parts.trainer, parts.store))
     assert (st.run_id, st.step, st.finished) == (RUN, 6, False)
     assert len(st.in_flight) == 16 and all(isinstance(f, InFlight) for f in st.in_flight.values())
     assert st.offsets == saved["offsets"] and st.feeder_position == saved["feeder_position"]
@@ -73,7 +73,7 @@ def test_the_old_run_resumes_from_its_checkpoint(old_run):
 def test_without_a_checkpoint_the_legacy_policy_file_is_loaded(old_run):
     lc, parts, saved = old_run
     shutil.rmtree(lc.state_dir / RUN / "checkpoints")
-    st = open_run(lc.state_dir, "auto", saved["config"], Weights(parts))
+    st = open_run(lc.state_dir, "auto", saved["config"], Weights(parts.model, parts.trainer, parts.store))
     assert st.step == 6 and st.policy_uri == f"{RUN}/v000006.safetensors"
     legacy = load_file(str(lc.policy_root / st.policy_uri))
     live = parts.model.state_dict()
@@ -89,7 +89,7 @@ def test_a_tampered_legacy_policy_file_is_refused_by_name(old_run):
     with pytest.raises(ConfigError, match=rf"cannot continue run {RUN} \(no checkpoint of it can be used\): "
                                           rf"policy version {RUN}/v000006.safetensors of run {RUN}: sha256_mismatch"
                        ) as e:   # exit 2: a restart would fail the same way (issue 46)
-        open_run(lc.state_dir, "auto", saved["config"], Weights(parts))
+        open_run(lc.state_dir, "auto", saved["config"], Weights(parts.model, parts.trainer, parts.store))
     assert e.value.code == 2 and "learner.resume: never" in str(e.value)
 
 
@@ -99,13 +99,13 @@ def test_a_state_with_a_key_this_version_does_not_know_is_refused_by_name(old_ru
     path.write_text(json.dumps({**saved, "shards": 2}))
     with pytest.raises(ConfigError, match=r"its saved state cannot be read by this version\): .*state.json: "
                                           r".*shards: Extra inputs are not permitted") as e:   # exit 2 (issue 46)
-        open_run(lc.state_dir, "auto", saved["config"], Weights(parts))
+        open_run(lc.state_dir, "auto", saved["config"], Weights(parts.model, parts.trainer, parts.store))
     assert e.value.code == 2 and isinstance(e.value.__context__, StateError)
 
 
 def test_the_resumed_run_publishes_in_the_folder_layout_and_both_read_back(old_run, tmp_path):
     lc, parts, saved = old_run
-    st = open_run(lc.state_dir, "auto", saved["config"], Weights(parts))
+    st = open_run(lc.state_dir, "auto", saved["config"], Weights(parts.model, parts.trainer, parts.store))
     legacy_uri, legacy_sha = st.policy_uri, st.policy_sha256
     sent = []
     parts.store.outbox = SimpleNamespace(produce=lambda topic, key, value: sent.append((topic, value)),
