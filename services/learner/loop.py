@@ -274,7 +274,8 @@ class Learner:
             Group(sg.group.prompt_token_ids, [s.token_ids for s in sg.group.samples], sg.rewards,
                   [s.logprobs for s in sg.group.samples] if sg.group.policy_version < st.step else None,
                   weight=lc.cache_scored_weight if sg.reward_source.value == "cache" else 1.0,
-                  rollout_logprobs=[s.logprobs for s in sg.group.samples], engine=sg.group.engine)
+                  rollout_logprobs=[s.logprobs for s in sg.group.samples], engine=sg.group.engine,
+                  loss_masks=[s.loss_mask for s in sg.group.samples])   # multi-turn: tool tokens are not trained
             for sg in groups]
         # a step may take longer than liveness_timeout_s without a beat (a large model, a slow
         # CPU): /livez holds for as long as the stall rule gives one, so up does not restart it
