@@ -248,7 +248,7 @@ def _from_verl(verl_file: Path, state: Path, config: str | None) -> Path:
 
 
 #: up's own-things flags, which a config may also give as top-level keys (`model: ./my-model`).
-OWN_THINGS = ("model", "data", "eval_data", "reward", "steps")
+OWN_THINGS = ("model", "data", "eval_data", "reward", "steps", "tools", "env")
 
 
 def _own_things_in(config: str | None) -> bool:
@@ -308,11 +308,26 @@ def _own_things(args: argparse.Namespace) -> Path:
         server["default_scorer"] = learner["eval_scorer"] = args.reward
     if args.steps is not None:
         learner["steps"] = args.steps
+    _agent(cfg, args)
     out = Path(args.state_dir) / "up-config.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# written by `steadyrl up` from {args.config or 'the defaults'} and its flags\n"
                    + yaml.safe_dump(cfg, sort_keys=False))
     return out
+
+
+def _agent(cfg: dict[str, Any], args: argparse.Namespace) -> None:
+    """--tools / --env (docs/agents.md): the rollout workers' multi-turn episodes, with the
+    actor's model for their tokenizer (unless the config names one)."""
+    tools, env = getattr(args, "tools", None), getattr(args, "env", None)
+    if tools is None and env is None:
+        return
+    agent = cfg.setdefault("rollout", {}).setdefault("agent", {})
+    agent.update({"tools": tools} if tools is not None else {"env": env})
+    if not agent.get("model"):
+        from steadyrl.services.actor.config import ActorSection  # lazy: only agents read it here
+
+        agent["model"] = str(cfg.get("actor", {}).get("model") or ActorSection().model)
 
 
 def _readiness(ready: dict[str, bool], stopping: bool = False) -> str | None:
@@ -687,6 +702,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     sp.add_argument("--reward", help="the reward, for the reward server and the evaluation: a built-in name "
                                      "(numeric_match, ...), module:function, or file.py:function (verl's signature)")
     sp.add_argument("--steps", type=int, help="policy updates (learner.steps)")
+    sp.add_argument("--tools", metavar="FILE.py:NAME,...", help="multi-turn episodes with tools: typed Python "
+                                                                "functions (docs/agents.md; rollout.agent.tools)")
+    sp.add_argument("--env", metavar="FILE.py:CLASS", help="multi-turn episodes with an environment class with "
+                                                            "reset/step (docs/agents.md; rollout.agent.env)")
     sp.add_argument("--from-verl", metavar="FILE", help="a verl config (ppo_trainer.yaml's names): translated "
                                                          "into <state-dir>/from-verl.yaml and run as --config; "
                                                          "what has no steadyrl equal is listed (docs/verl.md)")
