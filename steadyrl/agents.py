@@ -27,6 +27,7 @@ mask 0 and log-prob 0.0.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import threading
@@ -105,8 +106,6 @@ def parse_tool_calls(text: str, tools: dict[str, Callable[..., Any]]) -> list[To
     """The `<tool_call>{json}</tool_call>` calls in `text`, in order. A call that is not JSON,
     names no or an unknown tool, or whose arguments do not fit the function's signature comes
     back with `error` set (the message the model sees as the tool's result)."""
-    import inspect
-
     calls = []
     for body in TOOL_CALL.findall(text):
         try:

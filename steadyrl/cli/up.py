@@ -62,7 +62,7 @@ from steadyrl.config import config_path
 from steadyrl.files import write_atomic
 from steadyrl.output import guard_stdio
 from steadyrl.runfolder import run_finished
-from steadyrl.stack import StackError, StackSettings, load_stack
+from steadyrl.stack import PolicyModel, StackError, StackSettings, load_stack
 from steadyrl.supervisor import BrokerWatch, Child, Liveness, Supervisor
 from steadyrl.topics import create_topics, load_catalogue
 
@@ -325,9 +325,7 @@ def _agent(cfg: dict[str, Any], args: argparse.Namespace) -> None:
     agent = cfg.setdefault("rollout", {}).setdefault("agent", {})
     agent.update({"tools": tools} if tools is not None else {"env": env})
     if not agent.get("model"):
-        from steadyrl.services.actor.config import ActorSection  # lazy: only agents read it here
-
-        agent["model"] = str(cfg.get("actor", {}).get("model") or ActorSection().model)
+        agent["model"] = str(cfg.get("actor", {}).get("model") or PolicyModel().model)
 
 
 def _readiness(ready: dict[str, bool], stopping: bool = False) -> str | None:
