@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 from prometheus_client import Counter, Histogram
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from steadyrl import agents
 from steadyrl.bus.stage import Output, RetryLater, refusal_reason
@@ -55,6 +55,20 @@ class AgentSection(BaseModel):
     max_episode_tokens: int = Field(4096, ge=2, description="Prompt + trajectory tokens an episode has at most.")
     tool_timeout_s: float = Field(10.0, gt=0, description="Longest a tool call may take; past it the model "
                                                           "gets an error as the tool's result.")
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_load(cls, v: str | None) -> str | None:
+        if v is not None:
+            agents.load_tools(v)   # at start, exit 2 naming the field: not a crash loop later
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_loads(cls, v: str | None) -> str | None:
+        if v is not None:
+            agents.load_env(v)
+        return v
 
     @model_validator(mode="after")
     def _one_shape(self) -> AgentSection:

@@ -116,7 +116,8 @@ class FakeActor:
 
 
 def _runner(tok, actor, factory, max_turns=3, max_episode_tokens=4096):
-    a = AgentSection(env="x.py:X", model="tiny", max_turns=max_turns, max_episode_tokens=max_episode_tokens)
+    a = AgentSection(env="tests.steadyrl.test_agents:Never", model="tiny", max_turns=max_turns,
+                     max_episode_tokens=max_episode_tokens)
     client = httpx.Client(transport=httpx.MockTransport(actor))
     return EpisodeRunner(a, "http://actor", client, 5.0, 0.1, tok=tok, factory=factory)
 
@@ -206,3 +207,52 @@ def test_a_handler_call_repeated_on_the_same_record_runs_the_same_turn():
     [[b]] = handle([(state, None)])
     assert state.turn == 1 and a.value.turn == b.value.turn == 2
     assert len(a.value.episodes[0].token_ids) == len(b.value.episodes[0].token_ids)
+
+
+def test_a_bad_tools_or_env_setting_is_refused_at_start_naming_it(tmp_path, monkeypatch):
+    from pydantic import ValidationError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text("def calc(x):\n    return x\n")
+    with pytest.raises(ValidationError, match="tool 'calc'"):
+        AgentSection(tools="t.py:calc", model="tiny")
+    with pytest.raises(ValidationError, match="environment 't.py:Nope' not found"):
+        AgentSection(env="t.py:Nope", model="tiny")
+    with pytest.raises(ValidationError, match="has no reset or step method"):
+        AgentSection(env="t.py:calc", model="tiny")
+
+
+class Raises(Never):
+    def step(self, messages):
+        raise KeyError("boom")
+
+
+def test_an_environment_that_raises_fails_the_call_so_the_stage_dead_letters_its_record():
+    tok = tiny_tokenizer()
+    actor = FakeActor(tok, tok.encode("a", add_special_tokens=False), [-0.1])
+    handle = make_episode_handler(_runner(tok, actor, Raises))
+    with pytest.raises(RuntimeError, match="environment step raised KeyError"):
+        handle([(_prompt(n=1), None)])
+
+
+def test_tools_run_in_an_episode_and_their_results_come_back_as_tool_messages(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text(
+        'def add(a: int, b: int) -> int:\n    """Add.\n\n    Args:\n        a: a.\n        b: b.\n    """\n'
+        "    return a + b\n")
+    tok = tiny_tokenizer()
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+    def actor(request):
+        body = json.loads(request.content)
+        comp = {"token_ids": [5, 2], "logprobs": [-0.5, -0.1], "finish_reason": "stop", "text": call}
+        return httpx.Response(200, json={"policy_version": 0, "engine": "torch", "prompt_ids": [],
+                                         "completions": [[comp] for _ in body["prompts"]]})
+
+    a = AgentSection(tools="t.py:add", model="tiny", max_turns=2)
+    runner = EpisodeRunner(a, "http://actor", httpx.Client(transport=httpx.MockTransport(actor)), 5.0, 0.1, tok=tok)
+    [[o]] = make_episode_handler(runner)([(_prompt(n=1), None)])
+    ep = o.value.episodes[0]
+    assert ep.messages[0].role == "system" and "<tools>" in ep.messages[0].content
+    assert [(m.role, m.name, m.content) for m in ep.messages[-2:]] == [("assistant", None, call), ("tool", "add", "5")]
+    assert ep.token_ids == [5, 2] + tok.encode("5:", add_special_tokens=False) and ep.loss_mask == [1, 1, 0, 0]
