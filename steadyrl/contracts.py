@@ -45,7 +45,7 @@ import time
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 INT64_MAX = 2**63 - 1
 TOKEN_ID_MAX = 2**31 - 1
@@ -110,6 +110,15 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str
     name: str | None = Field(default=None, max_length=256, description="The tool of a `tool` message.")
+
+    @model_serializer(mode="wrap")
+    def _without_unset_name(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """No `name` key when it is None: a one-turn prompt is written, hashed and sent to the
+        actor (whose messages are string maps) exactly as before 1.4."""
+        out: dict[str, Any] = handler(self)
+        if out.get("name") is None:
+            out.pop("name", None)
+        return out
 
 
 class Prompt(Contract):

@@ -256,3 +256,13 @@ def test_tools_run_in_an_episode_and_their_results_come_back_as_tool_messages(tm
     assert ep.messages[0].role == "system" and "<tools>" in ep.messages[0].content
     assert [(m.role, m.name, m.content) for m in ep.messages[-2:]] == [("assistant", None, call), ("tool", "add", "5")]
     assert ep.token_ids == [5, 2] + tok.encode("5:", add_special_tokens=False) and ep.loss_mask == [1, 1, 0, 0]
+
+
+def test_a_one_turn_prompt_is_written_as_before_the_tool_role():
+    """Regression: ChatMessage.name (prompt 1.4) as `"name": null` in every message made the
+    single-turn worker's /generate body invalid (the actor's messages are string maps: 422)."""
+    from steadyrl import codec
+
+    value, _ = codec.encode(_prompt())
+    assert b'"messages":[{"role":"user","content":"7"}]' in value
+    assert _prompt().messages[0].model_dump() == {"role": "user", "content": "7"}
