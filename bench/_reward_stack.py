@@ -7,9 +7,11 @@ import contextlib
 import tempfile
 from pathlib import Path
 
-from steadyrl.broker import LocalBroker, fetch, free_port
+from steadyrl.bus.topics import create_topics
+from steadyrl.local.broker import LocalBroker
+from steadyrl.local.jars import fetch
+from steadyrl.local.ports import free_port
 from steadyrl.testing.procs import ServiceProc
-from steadyrl.topics import create_topics
 
 
 @contextlib.contextmanager

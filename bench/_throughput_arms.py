@@ -55,7 +55,7 @@ def arm_loop(lc: dict, min_seconds: float) -> dict:
     import torch
 
     t_imported = time.time()
-    from steadyrl.models import load_policy
+    from steadyrl.model.models import load_policy
     from steadyrl.rl.loop import LoopConfig, run_loop
     from steadyrl.rl.trainer import TrainConfig
     from steadyrl.services.learner.config import load_dataset
@@ -115,9 +115,9 @@ def arm_trl(lc: dict, min_seconds: float) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from steadyrl.models import load_policy
-    from steadyrl.rewards import resolve_scorer, score_value
-    from steadyrl.rl.loop import encode_prompt
+    from steadyrl.model.data import encode_prompt
+    from steadyrl.model.models import load_policy
+    from steadyrl.model.rewards import resolve_scorer, score_value
     from steadyrl.services.learner.config import load_dataset
 
     t_imported = time.time()

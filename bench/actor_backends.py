@@ -44,20 +44,19 @@ def prompts(k: int) -> list[list[dict]]:
 
 
 def encode(tok, messages: list[dict]) -> list[int]:
-    from steadyrl.data import PromptRow
-    from steadyrl.rl.loop import encode_prompt
+    from steadyrl.model.data import PromptRow, encode_prompt
 
     return encode_prompt(tok, PromptRow(messages=messages, ground_truth=""))
 
 
 def inproc(engine: str, dtype: str) -> list[dict]:
     """Every batch through the engine called in-process (this interpreter must have it)."""
-    from steadyrl.generation import SamplingParams
-    from steadyrl.models import SMOLLM2, hf_folder, load_policy, load_tokenizer
+    from steadyrl.model.models import SMOLLM2, hf_folder, load_policy, load_tokenizer
+    from steadyrl.rl.generation import SamplingParams
 
     t0 = time.perf_counter()
     if engine == "torch":
-        from steadyrl.generation import TorchGenerator
+        from steadyrl.rl.generation import TorchGenerator
 
         model, tok = load_policy(SMOLLM2)
         gen = TorchGenerator(model.eval(), tok, batch_size=64)
@@ -92,10 +91,10 @@ def http(engine: str, dtype: str, bootstrap: str, work: Path, per_request: int) 
     worker's batch_size: 8 by default), all in flight at once, as that many workers send them."""
     import httpx
 
+    from steadyrl.bus.topics import create_topics
     from steadyrl.cli.up import vllm_python
-    from steadyrl.models import SMOLLM2
+    from steadyrl.model.models import SMOLLM2
     from steadyrl.testing.procs import ServiceProc, unique_prefix
-    from steadyrl.topics import create_topics
 
     prefix = unique_prefix()
     create_topics(bootstrap, prefix)
@@ -167,7 +166,9 @@ def main() -> None:
 
     import signal
 
-    from steadyrl.broker import LocalBroker, fetch, free_port_pair
+    from steadyrl.local.broker import LocalBroker
+    from steadyrl.local.jars import fetch
+    from steadyrl.local.ports import free_port_pair
 
     # SIGTERM ends the run through the finally blocks: the actor and the broker stop with it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

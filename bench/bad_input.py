@@ -38,7 +38,7 @@ GOOD = 40
 
 def refusing_tiny_copy(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
     """tiny_copy, raising on every item whose ground truth is `refuse`."""
-    from steadyrl.rewards import tiny_copy
+    from steadyrl.model.rewards import tiny_copy
 
     if ground_truth == "refuse":
         raise ValueError("this row cannot be scored")
@@ -100,7 +100,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "bad_input.json")
     ap.add_argument("--work", type=Path, default=Path("/tmp/steadyrl-bench-bad-input"))
     args = ap.parse_args()
-    from steadyrl.broker import LocalBroker, fetch, free_port
+    from steadyrl.local.broker import LocalBroker
+    from steadyrl.local.jars import fetch
+    from steadyrl.local.ports import free_port
 
     fetch()
     import shutil

@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 
 def mates() -> list[dict]:
-    from steadyrl.generation import SamplingParams, TorchGenerator
-    from steadyrl.models import load_policy
+    from steadyrl.model.models import load_policy
+    from steadyrl.rl.generation import SamplingParams, TorchGenerator
 
     model, tok = load_policy("smollm2-135m-instruct")
     gen = TorchGenerator(model, tok)
@@ -62,8 +62,8 @@ def where() -> dict:
       length (no padding): the samples whose log-probs differ, and from which token."""
     import torch
 
-    from steadyrl.generation import SamplingParams, TorchGenerator
-    from steadyrl.models import load_policy
+    from steadyrl.model.models import load_policy
+    from steadyrl.rl.generation import SamplingParams, TorchGenerator
 
     model, tok = load_policy("smollm2-135m-instruct")
     model.eval()
@@ -107,8 +107,8 @@ def threads_cost(rounds: int) -> dict:
     import scaling  # bench/scaling.py: the model shapes
     import torch
 
-    from steadyrl.generation import SamplingParams, TorchGenerator
-    from steadyrl.models import tiny_tokenizer
+    from steadyrl.model.models import tiny_tokenizer
+    from steadyrl.rl.generation import SamplingParams, TorchGenerator
 
     model = scaling._model("smollm2-135m").eval()
     g = torch.Generator().manual_seed(0)
@@ -137,8 +137,8 @@ def per_prompt_cost(rounds: int) -> dict:
     import scaling  # bench/scaling.py: the model shapes
     import torch
 
-    from steadyrl.generation import SamplingParams, TorchGenerator
-    from steadyrl.models import tiny_tokenizer
+    from steadyrl.model.models import tiny_tokenizer
+    from steadyrl.rl.generation import SamplingParams, TorchGenerator
 
     model = scaling._model("smollm2-135m").eval()
     g = torch.Generator().manual_seed(0)

@@ -133,7 +133,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "big_data.json")
     ap.add_argument("--work", type=Path, default=Path("/tmp/steadyrl-bench-big-data"))
     args = ap.parse_args()
-    from steadyrl.broker import LocalBroker, fetch, free_port
+    from steadyrl.local.broker import LocalBroker
+    from steadyrl.local.jars import fetch
+    from steadyrl.local.ports import free_port
 
     fetch()
     shutil.rmtree(args.work, ignore_errors=True)

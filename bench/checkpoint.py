@@ -35,9 +35,10 @@ sys.path.insert(0, str(ROOT))
 def main() -> None:
     import torch
 
-    from steadyrl import checkpoint as ck
-    from steadyrl.models import SMOLLM2, load_policy
+    from steadyrl.model.models import SMOLLM2, load_policy
     from steadyrl.rl.trainer import Group, TrainConfig, Trainer
+    from steadyrl.run import checkpoint as ck
+    from steadyrl.run import ckpt_writer
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -58,7 +59,7 @@ def main() -> None:
     config = {"model": SMOLLM2, "tokenizer": SMOLLM2, "algorithm": "grpo"}
     tmp = Path(tempfile.mkdtemp(prefix="ckbench-"))
     try:
-        saver = ck.AsyncCheckpointer(tmp / "ckpt", config, keep=2)
+        saver = ckpt_writer.AsyncCheckpointer(tmp / "ckpt", config, keep=2)
         snapshot_s: list[float] = []  # save() on the step loop
         write_s: list[float] = []     # the last background write of each block
 

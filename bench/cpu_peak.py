@@ -76,7 +76,7 @@ def update_microbatch(threads: int, repeats: int, bf16: bool) -> dict:
     """Forward + backward of one micro-batch of the trainer's GRPO loss on SmolLM2."""
     import torch
 
-    from steadyrl.models import SMOLLM2, load_policy
+    from steadyrl.model.models import SMOLLM2, load_policy
     from steadyrl.rl import core
 
     torch.set_num_threads(threads)

@@ -7,7 +7,7 @@ Written for a machine with one NVIDIA GPU, PyTorch, transformers, safetensors an
 but no vLLM, no network and no model weights: only this repo's source travels, so every model
 is built in code with random weights.
 
-- `tiny`: steadyrl.models' 2-layer Llama and its character tokenizer (built in code).
+- `tiny`: steadyrl.model.models' 2-layer Llama and its character tokenizer (built in code).
 - `smollm2-shape`: a LlamaForCausalLM of SmolLM2-135M's shape (SMOLLM2_SHAPE below), random
   weights. Its tokenizer cannot travel, and TorchGenerator only needs `pad_token_id`,
   `eos_token_id` and `decode`, so a stand-in (IdTokenizer) gives those; prompts are token ids
@@ -226,7 +226,7 @@ class Checks:
         """(model on the device, tokenizer or stand-in) with random weights."""
         torch = self.torch
         if which == "tiny":
-            from steadyrl.models import load_policy
+            from steadyrl.model.models import load_policy
 
             model, tok = load_policy("tiny", seed=0)
             return model.to(self.device, self.dtype), tok
@@ -287,7 +287,7 @@ class Checks:
         prompts = self.prompts(vocab, s)
 
         def generate():
-            from steadyrl.generation import SamplingParams, TorchGenerator
+            from steadyrl.rl.generation import SamplingParams, TorchGenerator
 
             gen = TorchGenerator(model, tok, batch_size=s.prompts * s.samples)
             params = SamplingParams(n=s.samples, temperature=1.0, top_p=1.0, max_new_tokens=s.new_tokens, seed=1)
@@ -511,9 +511,9 @@ def check_smollm2_config() -> tuple[str, str, dict[str, Any]]:
     import importlib.util
 
     if importlib.util.find_spec("gguf") is None:
-        return "skip", "the gguf package is not installed (values as written, from steadyrl/models.py's GGUF)", {}
+        return "skip", "the gguf package is not installed (values as written, from steadyrl/model/models.py's GGUF)", {}
     try:
-        from steadyrl.models import smollm2_gguf
+        from steadyrl.model.models import smollm2_gguf
 
         path = smollm2_gguf()
     except FileNotFoundError as e:

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._reward_stack import reward_stack  # noqa: E402
-from steadyrl import codec  # noqa: E402
-from steadyrl.contracts import Prompt, RolloutGroup, Sample, ScoredGroup  # noqa: E402
+from steadyrl.wire import codec  # noqa: E402
+from steadyrl.wire.contracts import Prompt, RolloutGroup, Sample, ScoredGroup  # noqa: E402
 
 
 def make_group(i: int, size: int) -> RolloutGroup:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl import core
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,8 +81,8 @@ def trainer_arms(rounds: int, mode: str = "head") -> dict:
     fixed vs new_batch."""
     import random
 
-    from steadyrl.generation import SamplingParams, TorchGenerator
     from steadyrl.rl.batch import Group
+    from steadyrl.rl.generation import SamplingParams, TorchGenerator
     from steadyrl.rl.trainer import TrainConfig, Trainer
 
     model, tok = load_policy("smollm2-135m-instruct")

@@ -34,7 +34,7 @@ all-reduces of a flat fp32 tensor of the model's parameter count (the bare gloo 
 
 Checkpoint (ranks1, after its steps, and rank 0 of ranks2 while rank 1 waits in a barrier:
 format 2, rank 0 writes the whole replicated state): snapshot (CPU copies), write
-(steadyrl.checkpoint.write: safetensors + sha256 + fsync), verify, load; bytes on disk.
+(steadyrl.run.checkpoint.write: safetensors + sha256 + fsync), verify, load; bytes on disk.
 ranks2-fsdp: format 3, every rank writes its shards at once (AsyncCheckpointer.save_sharded /
 ShardWriter: torch.distributed.checkpoint), timed from the call to the end of rank 0's
 finish (manifest, rename); snapshot = the call's return (what the step loop waits for); load =
@@ -93,8 +93,8 @@ def _summary(xs: list[float]) -> dict:
 def checkpoint_cost(trainer, model) -> dict:
     import torch
 
-    from steadyrl import checkpoint as ck
-    from steadyrl.models import SMOLLM2
+    from steadyrl.model.models import SMOLLM2
+    from steadyrl.run import checkpoint as ck
 
     config = {"model": SMOLLM2, "tokenizer": SMOLLM2, "algorithm": "grpo"}
     tmp = Path(tempfile.mkdtemp(prefix="ranksbench-"))
@@ -121,8 +121,9 @@ def sharded_checkpoint_cost(trainer, rank: int) -> dict:
     """Every rank writes its shards (format 3); rank 0 times it and reads the whole tables back."""
     import torch.distributed as dist
 
-    from steadyrl import checkpoint as ck
-    from steadyrl.models import SMOLLM2
+    from steadyrl.model.models import SMOLLM2
+    from steadyrl.run import checkpoint as ck
+    from steadyrl.run import ckpt_writer
 
     config = {"model": SMOLLM2, "tokenizer": SMOLLM2, "algorithm": "grpo"}
     root = Path(_broadcast_obj(tempfile.mkdtemp(prefix="ranksbench-") if rank == 0 else None))
@@ -130,7 +131,7 @@ def sharded_checkpoint_cost(trainer, rank: int) -> dict:
         dist.barrier()
         t0 = time.perf_counter()
         if rank == 0:
-            saver = ck.AsyncCheckpointer(root / "ckpt", config)
+            saver = ckpt_writer.AsyncCheckpointer(root / "ckpt", config)
             saver.verify = False                           # timed on its own below
             saver.save_sharded(trainer.global_step, trainer, {"global_step": trainer.global_step},
                                announce=lambda tmp: _broadcast_obj(tmp))
@@ -143,7 +144,7 @@ def sharded_checkpoint_cost(trainer, rank: int) -> dict:
             t4 = time.perf_counter()
             files = {str(p.relative_to(path)): p.stat().st_size for p in path.rglob("*") if p.is_file()}
         else:
-            writer = ck.ShardWriter()
+            writer = ckpt_writer.ShardWriter()
             writer.save(_broadcast_obj(None), trainer)
             writer.wait()
         dist.barrier()
@@ -169,7 +170,7 @@ def run_steps(steps: int, rank: int = 0, world: int = 1, sharding: str = "replic
     """Load the model, build the trainer, 1 warm-up + `steps` timed steps (rank 0 reports)."""
     import torch
 
-    from steadyrl.models import SMOLLM2, load_policy
+    from steadyrl.model.models import SMOLLM2, load_policy
     from steadyrl.rl.trainer import TrainConfig, Trainer
 
     dist = None
@@ -294,7 +295,7 @@ def arm(name: str, steps: int, out: str) -> None:
     elif name in ("ranks2", "ranks2-fsdp"):
         import torch.multiprocessing as mp
 
-        from steadyrl.broker import free_port
+        from steadyrl.local.ports import free_port
 
         mp.spawn(_rank, args=(2, free_port(), steps, out, "fsdp" if name == "ranks2-fsdp" else "replicate"),
                  nprocs=2, join=True)

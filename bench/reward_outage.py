@@ -38,10 +38,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench._reward_stack import reward_stack  # noqa: E402
 from bench.kafka_roundtrip import consumer, drain  # noqa: E402
-from steadyrl import codec  # noqa: E402
-from steadyrl.contracts import Prompt, RolloutGroup, Sample  # noqa: E402
-from steadyrl.rewards import numeric_match  # noqa: E402
+from steadyrl.model.rewards import numeric_match  # noqa: E402
 from steadyrl.testing.procs import produce_all  # noqa: E402
+from steadyrl.wire import codec  # noqa: E402
+from steadyrl.wire.contracts import Prompt, RolloutGroup, Sample  # noqa: E402
 
 G = 8
 

@@ -74,11 +74,11 @@ QUICK = [("generate", "tiny-v49k", 32, 16), ("generate", "tiny-v49k", 256, 16),
 
 
 def _model(shape: str):  # type: ignore[no-untyped-def]
-    """Random weights in `shape` (steadyrl.models.tiny_config with its fields overridden)."""
+    """Random weights in `shape` (steadyrl.model.models.tiny_config with its fields overridden)."""
     import torch
     from transformers import LlamaForCausalLM
 
-    from steadyrl.models import tiny_config
+    from steadyrl.model.models import tiny_config
 
     torch.manual_seed(0)
     return LlamaForCausalLM(tiny_config(**SHAPES[shape], max_position_embeddings=PROMPT + 8192 + 16))
@@ -105,8 +105,8 @@ def one(phase: str, shape: str, T: int, N: int) -> dict:
     """Run one cell in this process; its figures."""
     import torch
 
-    from steadyrl.generation import SamplingParams, TorchGenerator
-    from steadyrl.models import tiny_tokenizer
+    from steadyrl.model.models import tiny_tokenizer
+    from steadyrl.rl.generation import SamplingParams, TorchGenerator
 
     torch.set_num_threads(os.cpu_count() or 1)
     model = _model(shape)
@@ -124,7 +124,7 @@ def one(phase: str, shape: str, T: int, N: int) -> dict:
         out["rows_per_call"] = gen.rows_per_call(PROMPT + T)
         # each decode step's time, stamped by the sampler (called once a step): how a token's
         # cost moves with its position within one call, apart from the length asked for
-        from steadyrl import generation
+        from steadyrl.rl import generation
 
         stamps: list[float] = []
         sample = generation.SeededSampler.__call__
@@ -163,9 +163,9 @@ def one(phase: str, shape: str, T: int, N: int) -> dict:
     elif phase == "policy":
         import tempfile
 
-        from steadyrl import policy_files
-        from steadyrl.checkpoint import unique_tensors
         from steadyrl.rl.trainer import Group, TrainConfig, Trainer
+        from steadyrl.run import policy_files
+        from steadyrl.run.tensors import unique_tensors
 
         before = {k: v.detach().clone() for k, v in unique_tensors(model.state_dict()).items()}
         out["bytes"] = sum(v.numel() * v.element_size() for v in before.values())
@@ -205,8 +205,8 @@ def one(phase: str, shape: str, T: int, N: int) -> dict:
         bf16 = sum(int((before[k].bfloat16() != after[k].bfloat16()).sum()) for k in before)
         out |= {"elements": n, "changed_fp32": fp32 / n, "changed_bf16": bf16 / n, "lr": 1e-6}
     elif phase == "record":
-        from steadyrl import codec
-        from steadyrl.contracts import Prompt, RolloutGroup, Sample
+        from steadyrl.wire import codec
+        from steadyrl.wire.contracts import Prompt, RolloutGroup, Sample
 
         p = Prompt(prompt_id="e0-i0", epoch=0, index=0, n_samples=N, max_new_tokens=T,
                    messages=[{"role": "user", "content": "x" * 200}])

@@ -6,7 +6,7 @@ The reward server's /score logic (RewardServer.score, without HTTP) at the defau
 64 items a call (a reward worker's 16 groups of 4 samples), `numeric_match`, answers that
 differ. Two arms, alternated round by round: `in_thread` (reward_server.processes 0: the
 scorer called in the request's thread, as before issue 46) and `pool` (the default: a
-steadyrl.scorepool.ScoringPool of min(8, max(2, CPUs)) processes, each item sent over a
+steadyrl.model.scorepool.ScoringPool of min(8, max(2, CPUs)) processes, each item sent over a
 socket and checked there). Reports, per arm, the median over rounds of the mean seconds per
 item and per call, and the pool's extra cost per item. Also one call of 64 items through
 HTTP for each arm (the client's view). CPU-shared machines: repeat it and say so.

@@ -31,8 +31,8 @@ def main() -> None:
     import scaling  # bench/scaling.py: the model shapes and the machine's floors
     import torch
 
-    from steadyrl.generation import SamplingParams, TorchGenerator
-    from steadyrl.models import tiny_tokenizer
+    from steadyrl.model.models import tiny_tokenizer
+    from steadyrl.rl.generation import SamplingParams, TorchGenerator
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)

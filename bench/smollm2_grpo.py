@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 def time_loads() -> dict:
     """Load SmolLM2 twice into an empty cache: GGUF conversion, then the safetensors cache."""
-    from steadyrl.models import SMOLLM2, load_policy
+    from steadyrl.model.models import SMOLLM2, load_policy
 
     with tempfile.TemporaryDirectory() as tmp:
         old = os.environ.get("STEADYRL_CACHE")
@@ -47,8 +47,8 @@ def time_loads() -> dict:
 def main() -> None:
     import torch
 
-    from steadyrl.data import ARITHMETIC, read_parquet
-    from steadyrl.models import SMOLLM2, load_policy
+    from steadyrl.model.data import ARITHMETIC, read_parquet
+    from steadyrl.model.models import SMOLLM2, load_policy
     from steadyrl.rl.loop import LoopConfig, evaluate, run_loop
     from steadyrl.rl.trainer import TrainConfig
 

@@ -3,7 +3,7 @@ GRPOTrainer, interleaved on one machine; and the Kafka overhead per record throu
 
     flock /tmp/steadyrl-bench.lock .venv/bin/python bench/throughput.py [--steps 200] [--rounds 3]
 
-Arms, same tiny model (steadyrl.models `tiny`, seed 0), task (tiny_copy:256 prompts, tiny_copy
+Arms, same tiny model (steadyrl.model.models `tiny`, seed 0), task (tiny_copy:256 prompts, tiny_copy
 reward), B x G, max_new_tokens, learning settings and steps (configs/tiny.yaml's learner
 section, `--steps` steps, no evaluation):
 
@@ -13,7 +13,7 @@ section, `--steps` steps, no evaluation):
   pipeline-s0-unplaced, pipeline-s2-unplaced
                the same without placement (every `placement:` field null: each process
                starts torch's default threads, one per core, on any CPU), i.e. as before
-               steadyrl/placement.py
+               steadyrl/local/placement.py
   loop         steadyrl.rl.loop.run_loop in one process (bench/_throughput_arms.py loop)
   trl          trl.GRPOTrainer in one process, from bench/.venv-trl (bench/_throughput_arms.py trl);
                the bench creates that venv on first use (trl over the project's .venv, which
@@ -99,7 +99,7 @@ TRL_PY = ROOT / "bench" / ".venv-trl" / "bin" / "python"
 ARMS = ("pipeline-s0", "pipeline-s2", "loop", "trl")
 #: Arms beyond the default set (`--arms`): the pipeline without placement.
 EXTRA_ARMS = ("pipeline-s0-unplaced", "pipeline-s2-unplaced")
-#: A placement section that limits nothing (steadyrl/placement.py): the stack as before it.
+#: A placement section that limits nothing (steadyrl/local/placement.py): the stack as before it.
 UNPLACED = {svc: {"threads": None, "cpus": None} for svc in ("actor", "rollout", "reward", "reward_server", "learner")}
 
 
@@ -269,7 +269,7 @@ def make_config(path: Path, steps: int, staleness: int, placed: bool = True, mod
 
 
 def config_for_tree(config: Path, tree: Path) -> Path:
-    """`config` as the checkout `tree` takes it: a checkout from before steadyrl/placement.py
+    """`config` as the checkout `tree` takes it: a checkout from before steadyrl/local/placement.py
     refuses the `placement` section as unknown (its services place nothing: each starts torch's
     default threads, one per core, on any CPU), and one from before a learner key refuses that key.
     Returns `config` itself when `tree` knows every key, else a copy beside it without them.
@@ -358,8 +358,8 @@ def run_pipeline(tag: str, config: Path, bootstrap: str, offset: int, work: Path
                  timeout_s: float, keep: bool = False, tree: Path = ROOT) -> dict:
     """One pipeline run: `steadyrl up` from the checkout `tree` (its code: `python -m` puts the
     working folder first on sys.path, and every service inherits it), this venv's python."""
-    from steadyrl import codec
-    from steadyrl.contracts import PolicyUpdate, Prompt, RolloutGroup, ScoredGroup
+    from steadyrl.wire import codec
+    from steadyrl.wire.contracts import PolicyUpdate, Prompt, RolloutGroup, ScoredGroup
 
     lc = learner_section(config)
     n, B = lc["steps"], lc["prompts_per_step"]
@@ -580,12 +580,13 @@ def main() -> None:
     keys = [(s, placed) for s in (0, 2) for placed in (True, False)]
     cfg = {k: make_config(work / f"{args.model}-steps{args.steps}-s{k[0]}{'' if k[1] else '-unplaced'}.yaml",
                           args.steps, *k, model=args.model, autocast=args.autocast) for k in keys}
-    from steadyrl import broker as b
+    from steadyrl.local import broker as b
+    from steadyrl.local import jars
 
     lb = None
     bootstrap = args.bootstrap
     if not bootstrap:
-        b.fetch()
+        jars.fetch()
         lb = b.LocalBroker(work / "broker", port=args.port, controller_port=args.port + 1)
         ours = lb.pid() is None  # a broker already running there is refused below, never stopped
         try:

@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from steadyrl.broker import free_port_pair  # noqa: E402 - after the path
+from steadyrl.local.ports import free_port_pair  # noqa: E402 - after the path
 
 
 def one(insecure: bool, offset: int) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The stack's secrets (issue 21; docs/deploy.md, "Trust"): one random SCRAM password per Kafka
-# principal (kafka-<principal>: the principals of steadyrl/acl.py and the super user admin), the
+# principal (kafka-<principal>: the principals of steadyrl/local/acl.py and the super user admin), the
 # HTTP work token (http-token: the actor's /generate, the reward server's /score) and the alert
 # routes' token (alert-token: the alert bridge and Alertmanager only), one file each, in DIR. Never in the repository: the default
 # DIRs (compose/secrets/, deploy/k8s/base/secrets/) are gitignored.
@@ -24,7 +24,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIR=${1:-$ROOT/compose/secrets}
-# The principals of steadyrl/acl.py (PRINCIPALS) and the super user; tests/deploy checks the list.
+# The principals of steadyrl/local/acl.py (PRINCIPALS) and the super user; tests/deploy checks the list.
 PRINCIPALS=(admin learner actor rollout reward quarantine replay)
 
 umask 077

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from steadyrl.data import INSTRUCTION
+from steadyrl.model.data import INSTRUCTION
 
 
 def rows(path: Path, split: str, skip: set[str]) -> list[dict]:

@@ -36,8 +36,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from steadyrl.contracts import ChatMessage, Episode, EpisodeState, Prompt, RolloutGroup, Sample
-from steadyrl.rewards import resolve_scorer
+from steadyrl.model.rewards import resolve_scorer
+from steadyrl.wire.contracts import ChatMessage, Episode, EpisodeState, Prompt, RolloutGroup, Sample
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 #: Longest tool result kept, characters (more is cut, and says so).

@@ -32,8 +32,8 @@ import yaml
 
 from steadyrl.cli.up import SERVICE_PORTS
 from steadyrl.config import config_path
-from steadyrl.runfolder import RunDir
-from steadyrl.runview import fetch_metrics, fetch_progress
+from steadyrl.run.runfolder import RunDir
+from steadyrl.run.runview import fetch_metrics, fetch_progress
 
 LEARNER_PORT = SERVICE_PORTS["learner"]   # before --port-offset
 
@@ -168,8 +168,8 @@ class Run:
 
     def export(self, out: str | Path, version: int | str = "latest", force: bool = False) -> Path:
         """Write a policy version of the run (default: the last) as a Hugging Face model folder
-        `out` (steadyrl.export.export_version); returns `out`."""
-        from steadyrl.export import export_version  # lazy: torch and transformers
+        `out` (steadyrl.run.export.export_version); returns `out`."""
+        from steadyrl.run.export import export_version  # lazy: torch and transformers
 
         return export_version(self.run_dir, version, out, policy_root=self.state_dir / "policies", force=force)
 

@@ -54,7 +54,7 @@ from typing import Any, NamedTuple
 
 from steadyrl.assets import asset_dir, user_cache_dir
 from steadyrl.bus.kafka import KafkaAuth, client_config
-from steadyrl.diskspace import pid_alive
+from steadyrl.local.ports import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +284,7 @@ class LocalBroker:
         data_dir: the broker's data (`log.dirs`; default `<state_dir>/data`), e.g. a volume of
             its own; the cluster id, config, logs and pid stay in `state_dir`.
         sasl: clients must log in (SASL_PLAINTEXT, SCRAM-SHA-512) and the StandardAuthorizer
-            allows only what ACLs grant (steadyrl/acl.py); `admin` is the super user, its password
+            allows only what ACLs grant (steadyrl/local/acl.py); `admin` is the super user, its password
             generated once into `secrets_dir/kafka-admin` and its credential written at format
             time. The controller listener (127.0.0.1) logs in with SASL PLAIN as admin too, so no
             anonymous principal is a super user. Off by default.
@@ -441,7 +441,7 @@ class LocalBroker:
                 "super.users": "User:admin",
             }
         if self.replication_factor > 1:
-            # topics created without their own settings (the catalogue's set both, steadyrl.topics)
+            # topics created without their own settings (the catalogue's set both, steadyrl.bus.topics)
             props["default.replication.factor"] = rf
             props["min.insync.replicas"] = min_isr
         return "".join(f"{k}={v}\n" for k, v in props.items())
@@ -550,7 +550,7 @@ class LocalBroker:
 
         deadline = time.monotonic() + timeout_s
         admin = AdminClient(client_config(self.bootstrap, self.admin_auth()) | {"log_level": 0,
-                             "logger": logging.getLogger("steadyrl.broker.admin")})
+                             "logger": logging.getLogger("steadyrl.local.broker.admin")})
         last_err: Exception | None = None
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
@@ -754,7 +754,7 @@ class LocalCluster:
         deadline = time.monotonic() + timeout_s
         want = only or list(self.nodes)
         admins = {nid: AdminClient(client_config(self.nodes[nid].bootstrap) | {"log_level": 0,
-                                    "logger": logging.getLogger("steadyrl.broker.admin")}) for nid in want}
+                                    "logger": logging.getLogger("steadyrl.local.broker.admin")}) for nid in want}
         pending, last = set(want), ""
         while time.monotonic() < deadline:
             for nid, proc in (procs or {}).items():

@@ -73,9 +73,10 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from steadyrl import diskspace, failpoints
+from steadyrl import failpoints
 from steadyrl.files import fsync_dir, sha256_file, write_atomic
-from steadyrl.models import state_dict_mismatch
+from steadyrl.model.models import state_dict_mismatch
+from steadyrl.run import diskspace
 
 # torch.distributed.checkpoint (DCP) takes seconds to import: the format-3 (sharded) functions
 # import it themselves (`# lazy: heavy (torch DCP)`).
@@ -247,14 +248,14 @@ def load_weights(path: Path, model: torch.nn.Module) -> None:
     """Load a safetensors file of `model`'s weights (tied keys may be absent).
 
     Raises CheckpointError naming missing, unexpected or wrongly shaped keys
-    (steadyrl.models.state_dict_mismatch).
+    (steadyrl.model.models.state_dict_mismatch).
     """
     fit_weights(model, load_file(str(path)), path)
 
 
 def fit_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: Path) -> None:
     """Load `weights` into `model` (tied keys may be absent). Raises CheckpointError naming
-    `where` and the missing, unexpected or wrongly shaped keys (steadyrl.models.state_dict_mismatch)."""
+    `where` and the missing, unexpected or wrongly shaped keys (steadyrl.model.models.state_dict_mismatch)."""
     why = state_dict_mismatch(model, weights)
     if why:
         raise CheckpointError(f"{where}: weights do not fit the model: {why}")
@@ -587,7 +588,7 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | 
     meta["optimizer_state"] instead (a sharded trainer scatters it: steadyrl.rl.distributed.sync).
 
     Raises CheckpointError if the weights do not fit the model (see
-    steadyrl.models.state_dict_mismatch).
+    steadyrl.model.models.state_dict_mismatch).
     """
     weights, opt_state, meta = read(path)
     fit_weights(model, weights, path)
@@ -748,7 +749,7 @@ class AsyncCheckpointer:
         def run() -> None:
             _lower_priority()
             t0 = time.perf_counter()
-            try:  # a full disk: retried with backoff until space returns (steadyrl.diskspace.retry)
+            try:  # a full disk: retried with backoff until space returns (steadyrl.run.diskspace.retry)
                 final = diskspace.retry(attempt, "checkpoint", self.root / f"step_{step:06d}", beat=lambda: None)
                 self.last_seconds = time.perf_counter() - t0
             except BaseException as e:  # noqa: BLE001 - handed to wait(), which raises it in the caller

@@ -6,7 +6,7 @@ equals ours, it is UTF-8 JSON (parsed by pydantic's parser, which refuses a lone
 escape, nesting past 200 and integers past 4300 digits), it has no NaN or Infinity literal
 anywhere (Python's json and pydantic's parser both take them) and no number that
 overflows to Infinity, and it validates against the model (whose floats are finite and
-token ids in range: steadyrl/contracts.py) with nothing nested deeper than MAX_DEPTH.
+token ids in range: steadyrl/wire/contracts.py) with nothing nested deeper than MAX_DEPTH.
 Anything else raises `Rejected` with a `DLQReason` and a message naming what was expected
 and what came; `dlq_record()` turns that into the `DLQRecord` a stage produces to `rl.dlq`.
 
@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError, from_json
 
-from steadyrl.contracts import INT64_MAX, Contract, DLQReason, DLQRecord
+from steadyrl.wire.contracts import INT64_MAX, Contract, DLQReason, DLQRecord
 
 C = TypeVar("C", bound=Contract)
 

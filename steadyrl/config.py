@@ -50,7 +50,7 @@ class ConfigError(SystemExit):
 
 #: Top-level sections of a stack-wide YAML file; each service reads its own.
 STACK_SECTIONS = frozenset({"actor", "rollout", "reward", "reward_server", "learner", "alertbridge",
-                            "placement"})  # placement: read by `steadyrl up` (steadyrl/placement.py)
+                            "placement"})  # placement: read by `steadyrl up` (steadyrl/local/placement.py)
 
 
 class _StackYaml(YamlConfigSettingsSource):
@@ -66,7 +66,7 @@ def config_path(path: str | Path) -> Path:
     """The file a `--config` path names: `path` itself, except a relative `configs/...` path
     with no such file under the working folder, which is the copy steadyrl ships
     (`asset_dir("configs")`, e.g. configs/tiny.yaml) when that exists: the same rule as
-    steadyrl.data.dataset_path for `data/...`. Nothing else is checked: the caller reports a
+    steadyrl.model.data.dataset_path for `data/...`. Nothing else is checked: the caller reports a
     missing file."""
     p = Path(path)
     if p.is_absolute() or p.exists() or not p.parts or p.parts[0] != "configs":

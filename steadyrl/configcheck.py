@@ -3,7 +3,7 @@ anything starts: each service's config class (steadyrl.config.load) on the same 
 file, environment and the flags `up` gives it. An error several services find (an unknown
 top-level section, a bad shared field) is said once.
 
-`up` runs this as `python -m steadyrl.configcheck CONFIG FLAGS_JSON` (exit 2 and one line per
+`up` runs this as `python -m steadyrl.local.configcheck CONFIG FLAGS_JSON` (exit 2 and one line per
 error on stdout), so the services' imports (torch, for the learner's config) stay out of its own
 long-lived process.
 """

@@ -10,7 +10,7 @@ writes them; a test fails when a file and its model disagree).
 
 Numbers are finite and bounded. Every float is finite (`Finite`: NaN and Infinity, as a JSON
 literal, a string such as "nan" or a literal that overflows, are refused: `non_finite` in
-steadyrl/codec.py); token ids are in [0, 2**31 - 1] (`TokenId`: no vocabulary is larger, and
+steadyrl/wire/codec.py); token ids are in [0, 2**31 - 1] (`TokenId`: no vocabulary is larger, and
 a larger id would overflow the int32/int64 tensors of every engine; whether an id is in the
 model's vocabulary is the learner's check); counters, versions, offsets and timestamps are
 int64 (`Int64`: a bigger integer overflows a metric's float or a tensor). These bounds came
@@ -147,7 +147,7 @@ class Prompt(Contract):
     max_new_tokens: int = Field(default=64, ge=1, le=32768)
     # Not bounded above: the feeder's seeds (steadyrl/rl/loop.py prompt_seed) pass 2**63 for a
     # large run seed, and both actor engines reduce them mod 2**63 with one function
-    # (steadyrl/generation.py engine_seed; torch.Generator refuses 2**64 and above).
+    # (steadyrl/rl/generation.py engine_seed; torch.Generator refuses 2**64 and above).
     seed: int | None = Field(default=None, ge=0,
                              description="Sampling seed: same seed, weights, prompt -> same samples.")
     min_policy_version: Count64 = Field(default=0,
@@ -268,7 +268,7 @@ class PolicyUpdate(Contract):
     step: Count64 = Field(description="Learner global step that produced it.")
     uri: str = Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f\x7f]+$",
                      description="The version's folder under the policy root (Hugging Face layout: "
-                                 "model.safetensors.index.json and its shards, steadyrl/policy_files.py); "
+                                 "model.safetensors.index.json and its shards, steadyrl/run/policy_files.py); "
                                  "before 1.2 one .safetensors file. No control characters.")
     sha256: str = Field(pattern=SHA256_PATTERN, description="Of the folder's index (which holds each "
                                                             "shard's); before 1.2 of the file.")
@@ -276,7 +276,7 @@ class PolicyUpdate(Contract):
     run_id: str = Field(default="", max_length=128,
                         description="Learner run; a later run's version 0 replaces any version of an earlier run.")
     high_water: Count64 = Field(default=0, description=(
-        "The highest version of run_id any learner wrote (steadyrl/policy_files.py raise_high_water); "
+        "The highest version of run_id any learner wrote (steadyrl/run/policy_files.py raise_high_water); "
         "above `version` after a learner resumed from an earlier checkpoint: the versions between were "
         "thrown away, and the actor serves prompts stamped with one of them with the version it serves. "
         "Before 1.4: 0."))

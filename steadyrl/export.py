@@ -6,7 +6,7 @@ and what a user takes away at the end of a run.
         config.json                     the base model's config; `dtype` is the weights' dtype
         generation_config.json          the base model's generation settings
         tokenizer.json, tokenizer_config.json, chat_template.jinja, ...
-                                        the tokenizer as the run used it (steadyrl.models.load_policy)
+                                        the tokenizer as the run used it (steadyrl.model.models.load_policy)
         model.safetensors               the weights; past `max_shard_size` (5 GB) instead
                                         model-0000i-of-0000N.safetensors and model.safetensors.index.json
         steadyrl_export.json            what was exported from what, and every file's sha256 (MARKER)
@@ -20,7 +20,7 @@ an export that would not give back exactly the version's weights is refused, not
 written into a hidden sibling folder and renamed into place: a reader sees a whole export or
 none.
 
-Reading a version checks every byte it can against a recorded hash (steadyrl.policy_files):
+Reading a version checks every byte it can against a recorded hash (steadyrl.run.policy_files):
 the index of the version `state.json` names, or one a checkpoint's meta.json names (that
 meta.json itself checked against its manifest), against that sha256, and then each shard
 against the index. An older version no checkpoint names has no recorded hash for its index
@@ -36,8 +36,8 @@ GGUF, a local folder from its files); the marker says `checked: rebuilt`.
 The weights keep the version's dtype (float32 for every run today: the learner trains in
 float32); `export_base` takes a dtype.
 
-This module reads the run folder only through `steadyrl.runfolder.RunDir` and the
-checkpoint layout (`steadyrl.checkpoint`); it never imports `services`.
+This module reads the run folder only through `steadyrl.run.runfolder.RunDir` and the
+checkpoint layout (`steadyrl.run.checkpoint`); it never imports `services`.
 """
 
 from __future__ import annotations
@@ -50,10 +50,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from steadyrl import policy_files
-from steadyrl.checkpoint import unique_tensors
 from steadyrl.files import sha256_file
-from steadyrl.models import (
+from steadyrl.model.models import (
     SMOLLM2,
     TINY,
     TINY_CHARS,
@@ -65,7 +63,9 @@ from steadyrl.models import (
     tiny_config,
     tiny_tokenizer,
 )
-from steadyrl.runfolder import RunDir
+from steadyrl.run import policy_files
+from steadyrl.run.runfolder import RunDir
+from steadyrl.run.tensors import unique_tensors
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

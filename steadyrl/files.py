@@ -33,7 +33,7 @@ def replacing(path: Path, tmp: Path | None = None) -> Iterator[Path]:
     the block ends, it is renamed over `path` and the folder fsynced: readers see the old file
     or the new one, never half, and after a crash the new one once this returned. When the
     block raises (OSError: ENOSPC...) the temporary is removed, `path` is left as it was, and
-    the error goes on (steadyrl.diskspace.retry retries it)."""
+    the error goes on (steadyrl.run.diskspace.retry retries it)."""
     tmp = tmp if tmp is not None else path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         yield tmp

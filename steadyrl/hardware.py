@@ -30,7 +30,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import REGISTRY, Collector
 
-log = logging.getLogger("steadyrl.hardware")
+log = logging.getLogger("steadyrl.local.hardware")
 
 T = TypeVar("T")
 

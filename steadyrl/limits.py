@@ -30,7 +30,7 @@ class GenerationLimits(BaseModel):
 
 def answer_length_refusal(max_new_tokens: int, limits: GenerationLimits) -> str | None:
     """Why the actor would refuse every prompt of a run asking for `max_new_tokens` (past
-    `max_new_tokens_limit`), or None. `up` (steadyrl/stack.py) and the learner
+    `max_new_tokens_limit`), or None. `up` (steadyrl/local/stack.py) and the learner
     (services/learner/config.py) both refuse such a run at start with this message."""
     if max_new_tokens > limits.max_new_tokens_limit:
         return (f"learner.max_new_tokens {max_new_tokens} > actor.max_new_tokens_limit "

@@ -10,7 +10,7 @@ pad and EOS set). Names:
   from GGUF refuses `save_pretrained` ("quantized"); a fresh model built from its config
   without `quantization_config`, given the same state dict, has identical logits.
 - a local directory with a Hugging Face model (safetensors only), or a Hugging Face Hub id
-  (`owner/name`): its folder in the Hugging Face cache (steadyrl.stack.resolve_model: downloaded
+  (`owner/name`): its folder in the Hugging Face cache (steadyrl.local.stack.resolve_model: downloaded
   when not cached, unless HF_HUB_OFFLINE is set).
 - `tiny`: a 2-layer Llama built from a config, with a character tokenizer over digits and a
   few symbols (tests and the synthetic task).
@@ -33,9 +33,9 @@ from tokenizers import Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import WordLevel
 
 from steadyrl.assets import user_cache_dir
-from steadyrl.stack import SMOLLM2 as SMOLLM2  # re-exported: the names load_policy knows
-from steadyrl.stack import TINY as TINY
-from steadyrl.stack import resolve_model
+from steadyrl.local.stack import SMOLLM2 as SMOLLM2  # re-exported: the names load_policy knows
+from steadyrl.local.stack import TINY as TINY
+from steadyrl.local.stack import resolve_model
 
 if TYPE_CHECKING:
     from transformers import (

@@ -174,7 +174,7 @@ def cpu_set(p: ServicePlacement) -> frozenset[int] | None:
 def report(service: str) -> dict[str, object]:
     """What this process got: intra-op threads (torch's, if torch is loaded, else the
     environment's), CPUs and devices; logged, and the threads exported as
-    steadyrl_placement_threads (the CPUs are steadyrl_host_cpu_cores, steadyrl/hardware.py).
+    steadyrl_placement_threads (the CPUs are steadyrl_host_cpu_cores, steadyrl/local/hardware.py).
     Returns the same as a dict."""
     torch = sys.modules.get("torch")
     threads = torch.get_num_threads() if torch is not None else int(os.environ.get("OMP_NUM_THREADS", "0") or 0)

@@ -152,7 +152,7 @@ def write_version(root: Path, rel: Path, tensors: dict[str, torch.Tensor], *, du
     refuses (ENOSPC...), having removed its temporary and left any version already there as
     it was.
     """
-    from steadyrl.checkpoint import write_safetensors  # lazy: heavy (torch, via checkpoint); the learner only
+    from steadyrl.run.tensors import write_safetensors  # lazy: heavy (torch, via checkpoint); the learner only
 
     final = root / rel
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")

@@ -1,11 +1,11 @@
-"""`python -m steadyrl.probe [PATH]`: a container health check that needs no curl.
+"""`python -m steadyrl.local.probe [PATH]`: a container health check that needs no curl.
 
 GETs `http://HOST:PORT/PATH` (default `/readyz` on 127.0.0.1) with the standard library only
 and exits 0 on HTTP 200, 1 on any other status or when nothing answers, 2 for bad usage.
 PORT is `--port`, else `$STEADYRL_METRICS_PORT` (the variable every service reads its HTTP
 port from), so one HEALTHCHECK line in the image serves every service:
 
-    HEALTHCHECK CMD ["python", "-m", "steadyrl.probe", "/readyz"]
+    HEALTHCHECK CMD ["python", "-m", "steadyrl.local.probe", "/readyz"]
 
 It imports nothing from the services (a probe runs every few seconds: it must start fast).
 """
@@ -47,7 +47,7 @@ def probe(path: str = "/readyz", port: int | None = None, host: str = "127.0.0.1
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m steadyrl.probe",
+    p = argparse.ArgumentParser(prog="python -m steadyrl.local.probe",
                                 description="Exit 0 when the service answers 200 on PATH.")
     p.add_argument("path", nargs="?", default="/readyz", choices=ROUTES)
     p.add_argument("--port", type=int, default=None, help=f"default ${PORT_ENV}")

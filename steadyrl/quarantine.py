@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Message
 
-from steadyrl import codec
 from steadyrl.bus.kafka import read_topic
 from steadyrl.bus.txn import TransactionalProducer
-from steadyrl.contracts import QuarantineAction, QuarantineDecision, QuarantinedGroup
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import QuarantineAction, QuarantineDecision, QuarantinedGroup
 
 RELEASE_HEADER = "steadyrl-release"
 

@@ -14,7 +14,7 @@ drops rows of steps after the checkpoint it resumes from (`truncate_after`), so 
 group is in the cache exactly once -- until the cache's own limits delete the oldest parts
 (`max_total_bytes`, `retention_s`: oldest part number first). A close the disk refuses
 (ENOSPC) removes its temporary, keeps the rows and is retried until space returns
-(steadyrl.diskspace.retry). Read with pyarrow (`pyarrow.dataset.dataset(root, format="ipc")`),
+(steadyrl.run.diskspace.retry). Read with pyarrow (`pyarrow.dataset.dataset(root, format="ipc")`),
 polars (`pl.read_ipc`) or duckdb (over that pyarrow dataset).
 """
 
@@ -28,9 +28,9 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]  # no stubs published
 
-from steadyrl import diskspace
-from steadyrl.contracts import ScoredGroup
 from steadyrl.files import replacing
+from steadyrl.run import diskspace
+from steadyrl.wire.contracts import ScoredGroup
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class RolloutCache:
     def close(self) -> None:
         """Write the open part (footer, fsync, renamed from .tmp, folder fsynced), then apply
         the total cap and the retention; the next append opens a new part. On a full disk it
-        retries until space returns, the rows kept (steadyrl.diskspace.retry, writer
+        retries until space returns, the rows kept (steadyrl.run.diskspace.retry, writer
         `rollout_cache`)."""
         if not self._batches:
             return

@@ -1,5 +1,5 @@
 """Where a run stands, read in one place: the learner's `GET /progress` and a service's
-`/metrics` over HTTP, and the run folder's files (steadyrl.runfolder.RunDir) as one `RunView`.
+`/metrics` over HTTP, and the run folder's files (steadyrl.run.runfolder.RunDir) as one `RunView`.
 `steadyrl status`, the live panel of `steadyrl up` (steadyrl/cli/panel.py) and the Python API
 (steadyrl.api.Run) read through these, so what each shows is the same figure.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from steadyrl.runfolder import Counts, RunDir
+from steadyrl.run.runfolder import Counts, RunDir
 
 #: (sample name, frozenset of (label, value)) -> value, as `parse_metrics` reads a /metrics page.
 Metrics = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from steadyrl.assets import asset_dir
-from steadyrl.contracts import ALL_CONTRACTS, Contract
+from steadyrl.wire.contracts import ALL_CONTRACTS, Contract
 
 SCHEMA_DIR = asset_dir("schemas")
 

@@ -6,7 +6,7 @@ is not a reward. `ScoringPool.score(spec, items)` scores each item in one of `pr
 worker processes, so that any of these costs that item only:
 
     the item's outcome                         its result
-    a reward (steadyrl.rewards.score_value)    {"reward": float, "extra": {...}}
+    a reward (steadyrl.model.rewards.score_value)    {"reward": float, "extra": {...}}
     raised (SystemExit too), or a return       {"reward": None, "error": "scorer S raised ...",
       that is not a reward ("0.7", True)        "kind": "scorer_error"}
     NaN or infinity returned                   ... "kind": "non_finite"
@@ -18,7 +18,7 @@ worker processes, so that any of these costs that item only:
     the process died (os._exit, a signal)      ... "kind": "scorer_crash"; replaced
     MemoryError past `memory_limit_mb`         ... "kind": "scorer_error" (the process lives on)
 
-Each worker process is a fresh interpreter (`python -m steadyrl.scorepool`, started with
+Each worker process is a fresh interpreter (`python -m steadyrl.model.scorepool`, started with
 subprocess: safe in a threaded service, and it does not import the caller's `__main__` as
 multiprocessing's spawn and forkserver do) in its own session (Ctrl-C on `up` does not reach
 it; the caller stops it) in the caller's folder. It sets a memory limit (RLIMIT_DATA, what it
@@ -63,7 +63,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from steadyrl.rewards import NotAReward, raised, resolve_scorer, score_value
+from steadyrl.model.rewards import NotAReward, raised, resolve_scorer, score_value
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def _worker(conn: multiprocessing.connection.Connection, memory_limit_mb: int) -
         conn.send((seq, *_score_here(spec, name, args)))
 
 
-if __name__ == "__main__":   # python -m steadyrl.scorepool FD MEMORY_LIMIT_MB: one worker (ScoringPool._start)
+if __name__ == "__main__":   # python -m steadyrl.model.scorepool FD MEMORY_LIMIT_MB: one worker (ScoringPool._start)
     _worker(multiprocessing.connection.Connection(int(sys.argv[1])), int(sys.argv[2]))
     sys.exit(0)
 
@@ -257,7 +257,7 @@ class ScoringPool:
     # ---- the API ---------------------------------------------------------------------------
     def score(self, spec: str, items: Sequence[Any], deadline: float | None = None,
               name: str | None = None) -> list[dict[str, Any]]:
-        """One result per item of `items` (steadyrl.scorers.ScoreInput: data_source, prompt, response,
+        """One result per item of `items` (steadyrl.model.scorers.ScoreInput: data_source, prompt, response,
         ground_truth, extra_info), in order (module doc's table), by `deadline`
         (time.monotonic(); None: no deadline but each item's timeout). `name` is the scorer as
         errors name it (default: `spec`). Never raises for what the scorer does."""
@@ -434,7 +434,7 @@ class ScoringPool:
         try:
             proc = subprocess.Popen(   # -P: the working folder last on sys.path, not first (a user's
                 # random.py there must not shadow the standard library; rewards._import appends it)
-                [sys.executable, "-P", "-m", "steadyrl.scorepool", str(theirs.fileno()), str(self.memory_limit_mb)],
+                [sys.executable, "-P", "-m", "steadyrl.model.scorepool", str(theirs.fileno()), str(self.memory_limit_mb)],
                 pass_fds=(theirs.fileno(),), cwd=self._cwd, stdin=subprocess.DEVNULL, start_new_session=True)
         except BaseException:
             ours.close()

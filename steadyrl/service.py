@@ -22,10 +22,11 @@ from typing import Protocol
 
 from fastapi import FastAPI
 
-from steadyrl import hardware, httpproof, logs, placement
+from steadyrl import httpproof, logs
 from steadyrl.bus import kafka
 from steadyrl.config import ConfigError, ServiceConfig
 from steadyrl.http import Health, HealthServer, make_app
+from steadyrl.local import hardware, placement
 
 log = logging.getLogger(__name__)
 

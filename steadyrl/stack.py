@@ -8,8 +8,8 @@ and must decide a few things before any service reads them: the actor's interpre
 (services/learner/config.py LearnerSection) extends `LearnerStack` and the actor's
 (services/actor/config.py ActorSection) extends `ActorStack`, both of which extend `PolicyModel`,
 so `up`, the learner and the actor read one field with one default and one bound. The run
-folder's schema and counter names are steadyrl.runfolder's; the request limits actor and learner
-agree on are steadyrl.limits'.
+folder's schema and counter names are steadyrl.run.runfolder's; the request limits actor and learner
+agree on are steadyrl.local.limits'.
 
 `load_stack` reads them as every service reads its settings (steadyrl.config): defaults <
 YAML < `STEADYRL_<SECTION>__<FIELD>`; what it does not know of a section is left to its service.
@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from steadyrl import verl
-from steadyrl.limits import GenerationLimits, answer_length_refusal
-from steadyrl.placement import Placement
+from steadyrl.local.limits import GenerationLimits, answer_length_refusal
+from steadyrl.local.placement import Placement
 
 #: The actor's generation engines: torch (this venv) or vllm (its own venv, `make vllm-cpu`).
 ActorBackend = Literal["torch", "vllm"]
@@ -38,7 +38,7 @@ class StackError(ValueError):
     """Stack settings that cannot be read; the message names each offending field."""
 
 
-#: The models steadyrl.models.load_policy knows by name (any other is a local Hugging Face folder,
+#: The models steadyrl.model.models.load_policy knows by name (any other is a local Hugging Face folder,
 #: or a Hub id that resolve_model turns into its folder in the Hugging Face cache).
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny"

@@ -45,7 +45,8 @@ from typing import IO, TextIO
 
 import httpx
 
-from steadyrl.broker import BrokerError, ForeignBroker, LocalBroker
+from steadyrl.local.broker import ForeignBroker, LocalBroker
+from steadyrl.local.jars import BrokerError
 from steadyrl.output import LossyWriter, lossy
 
 
@@ -328,7 +329,7 @@ def volume_of(path: str | os.PathLike[str]) -> str:
 
 
 class BrokerWatch:
-    """Keeps `steadyrl up`'s own broker (a steadyrl.broker.LocalBroker it started) running, as
+    """Keeps `steadyrl up`'s own broker (a steadyrl.local.broker.LocalBroker it started) running, as
     the Supervisor keeps the services: `tick()`, called from up's loop, never blocks.
 
     - A broker that is gone (killed, crashed, or halted: Kafka halts its JVM when its only log

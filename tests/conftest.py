@@ -7,8 +7,10 @@ import os
 
 import pytest
 
-from steadyrl.broker import LocalBroker, fetch, free_port
-from steadyrl.topics import create_topics
+from steadyrl.bus.topics import create_topics
+from steadyrl.local.broker import LocalBroker
+from steadyrl.local.jars import fetch
+from steadyrl.local.ports import free_port
 from tests.helpers import unique_prefix
 
 
@@ -55,7 +57,7 @@ def reward_server(tmp_path_factory):
 
 
 # Exact figures of the suite are fp32's. `learner.train.autocast` defaults to auto (bf16 where
-# the CPU computes it natively, steadyrl.hardware.native_bf16); the services the tests start
+# the CPU computes it natively, steadyrl.local.hardware.native_bf16); the services the tests start
 # inherit this, and tests/steadyrl/rl/test_autocast.py covers auto itself.
 os.environ.setdefault("STEADYRL_LEARNER__TRAIN__AUTOCAST", "off")
 

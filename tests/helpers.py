@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from steadyrl.contracts import Prompt, RolloutGroup, Sample
-from steadyrl.rewards import numeric_match
+from steadyrl.model.rewards import numeric_match
 from steadyrl.testing.procs import ServiceProc, decode_all, produce_all, producer, read_all, unique_prefix  # noqa: F401
+from steadyrl.wire.contracts import Prompt, RolloutGroup, Sample
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,7 +64,7 @@ class FakeRewardServer:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        from steadyrl.rewards import resolve_scorer, score_value
+        from steadyrl.model.rewards import resolve_scorer, score_value
 
         self.mode, self.delay_s, self.calls = "ok", 0.0, 0
         self.readyz_ok = False  # True: /readyz answers 200 whatever the mode (a hung model behind a live server)
@@ -170,7 +170,7 @@ def own_things(home: Path, reward: str) -> list[dict]:
     and `my_reward.py` (the source `reward`). Returns the rows."""
     import json
 
-    from steadyrl.models import tiny_model, tiny_tokenizer
+    from steadyrl.model.models import tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer()
     tiny_model(len(tok), seed=3).save_pretrained(home / "model", safe_serialization=True)

@@ -6,7 +6,7 @@ import os
 import threading
 import time
 
-from steadyrl.rewards import tiny_copy
+from steadyrl.model.rewards import tiny_copy
 
 _lock = threading.Lock()
 

@@ -12,12 +12,12 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from steadyrl.config import ServiceConfig
-from steadyrl.stack import ActorStack, VLLMStack
+from steadyrl.local.stack import ActorStack, VLLMStack
 
 
 class VLLMSection(VLLMStack):
     """The vLLM backend's engine settings (services/actor/vllm_engine.py VLLMSettings);
-    `max_model_len` is steadyrl.stack's (`up` checks it against learner.max_new_tokens)."""
+    `max_model_len` is steadyrl.local.stack's (`up` checks it against learner.max_new_tokens)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -36,7 +36,7 @@ class VLLMSection(VLLMStack):
 
 
 class ActorSection(ActorStack):
-    """The actor's own settings, beside those shared: `model` and `backend` (steadyrl.stack's
+    """The actor's own settings, beside those shared: `model` and `backend` (steadyrl.local.stack's
     `ActorStack`: the learner and `up` read them too) and the request limits (`GenerationLimits`:
     the learner checks its data against them).
 

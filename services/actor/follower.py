@@ -9,7 +9,7 @@ lower version (a learner resumed from a checkpoint redoes the steps since).
 
 A version is loaded only if its `uri` resolves to the folder `<policy_root>/<run_id>/v{version:06d}`
 of the record's own run and version (policy_files.check_run), whose index has the record's
-sha256 and whose shards have the index's (steadyrl/policy_files.py; a legacy single file
+sha256 and whose shards have the index's (steadyrl/run/policy_files.py; a legacy single file
 `v{version:06d}.safetensors`: its sha256), and whose tensors have the served model's names and
 shapes. Otherwise the actor keeps serving what it has, logs the refusal and counts it in
 `steadyrl_actor_policy_rejected_total{reason}`. Weights are safetensors only.
@@ -27,16 +27,18 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from steadyrl import codec, policy_files
 from steadyrl.bus.kafka import consumer_config
-from steadyrl.contracts import PolicyUpdate
+from steadyrl.bus.topics import topic_name
 from steadyrl.http import Health
-from steadyrl.policy_files import PolicyRefused
-from steadyrl.services.actor import gate
-from steadyrl.services.actor.config import ActorConfig
-from steadyrl.services.actor.model import ServedModel
-from steadyrl.services.actor.vllm_engine import EngineDead
-from steadyrl.topics import topic_name
+from steadyrl.run import policy_files
+from steadyrl.run.policy_files import PolicyRefused
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import PolicyUpdate
+
+from . import gate
+from .config import ActorConfig
+from .model import ServedModel
+from .vllm_engine import EngineDead
 
 log = logging.getLogger("steadyrl.actor")
 
@@ -88,7 +90,7 @@ class ServedVersion:
 
     def resolve(self, uri: str) -> Path:
         """The version folder (or legacy file) of `uri`, checked to lie under policy_root
-        (steadyrl/policy_files.py). Raises PolicyRefused."""
+        (steadyrl/run/policy_files.py). Raises PolicyRefused."""
         return policy_files.resolve(self.root, uri)
 
     def load_version(self, version: int, uri: str, sha256: str, run_id: str = "", high_water: int = 0) -> None:

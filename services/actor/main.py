@@ -13,10 +13,11 @@ import threading
 from steadyrl.config import load
 from steadyrl.http import Health
 from steadyrl.service import Loop, run_service
-from steadyrl.services.actor.config import ActorConfig
-from steadyrl.services.actor.follower import PolicyFollower, ServedVersion
-from steadyrl.services.actor.model import ServedModel
-from steadyrl.services.actor.routes import Generation, add_routes
+
+from .config import ActorConfig
+from .follower import PolicyFollower, ServedVersion
+from .model import ServedModel
+from .routes import Generation, add_routes
 
 
 def main(argv: list[str]) -> int:

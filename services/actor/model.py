@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from steadyrl.config import ConfigError
-from steadyrl.generation import TorchGenerator
-from steadyrl.models import (
+from steadyrl.model.models import (
     hf_folder,
     load_policy,
     load_tokenizer,
@@ -22,8 +21,10 @@ from steadyrl.models import (
     shapes_mismatch,
     state_dict_mismatch,
 )
-from steadyrl.services.actor.config import ActorSection
-from steadyrl.services.actor.vllm_engine import VLLMGenerator, VLLMSettings, vllm_available
+from steadyrl.rl.generation import TorchGenerator
+
+from .config import ActorSection
+from .vllm_engine import VLLMGenerator, VLLMSettings, vllm_available
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -83,7 +84,7 @@ class ServedModel:
     Attributes:
         backend: "torch" or "vllm".
         tok: the tokenizer.
-        gen: the generator (`generate(ids, params, seeds)`: steadyrl.generation.TorchGenerator
+        gen: the generator (`generate(ids, params, seeds)`: steadyrl.rl.generation.TorchGenerator
             or vllm_engine.VLLMGenerator).
         module: torch: the served nn.Module; vllm: None (the engine holds the weights).
         context: positions the model was built for (prompt + completion,

@@ -35,15 +35,16 @@ from fastapi import FastAPI, HTTPException
 from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, Field, model_validator
 
-from steadyrl.data import PromptRow
-from steadyrl.generation import Completion, SamplingParams
 from steadyrl.http import add_work_route
-from steadyrl.limits import MAX_SAMPLES_PER_PROMPT
-from steadyrl.services.actor import gate
-from steadyrl.services.actor.config import ActorSection
-from steadyrl.services.actor.follower import ServedVersion
-from steadyrl.services.actor.model import ServedModel
-from steadyrl.services.actor.vllm_engine import EngineDead
+from steadyrl.local.limits import MAX_SAMPLES_PER_PROMPT
+from steadyrl.model.data import PromptRow
+from steadyrl.rl.generation import Completion, SamplingParams
+
+from . import gate
+from .config import ActorSection
+from .follower import ServedVersion
+from .model import ServedModel
+from .vllm_engine import EngineDead
 
 GEN_SECONDS = Histogram("steadyrl_actor_generate_seconds", "Time of one /generate call",
                         buckets=(0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
@@ -135,7 +136,7 @@ class Generation:
                 ids.append(p.prompt_ids)
             else:
                 # heavy: steadyrl.rl.loop brings the trainer (torch.distributed and all) into the actor
-                from steadyrl.rl.loop import encode_prompt  # lazy: heavy (the trainer); chat prompts only
+                from steadyrl.model.data import encode_prompt  # lazy: heavy (the trainer); chat prompts only
 
                 assert p.messages is not None  # PromptIn: exactly one of messages and prompt_ids
                 ids.append(encode_prompt(tok, PromptRow(messages=p.messages, ground_truth="")))

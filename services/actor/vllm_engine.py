@@ -1,5 +1,5 @@
 """The actor's vLLM backend: vLLM's async engine (`AsyncLLM`, the V1 engine) behind the same
-`generate()` as steadyrl.generation.TorchGenerator, weights replaced in place.
+`generate()` as steadyrl.rl.generation.TorchGenerator, weights replaced in place.
 
     gen = VLLMGenerator(VLLMSettings(model_dir="/path/hf-folder"))
     out = gen.generate([[ids of prompt 1], [ids of prompt 2]], SamplingParams(n=8, max_new_tokens=32), seeds=[1, 2])
@@ -46,8 +46,8 @@ from typing import Any, Literal, TypeVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from steadyrl.generation import Completion, SamplingParams, engine_seed
-from steadyrl.hardware import native_bf16
+from steadyrl.local.hardware import native_bf16
+from steadyrl.rl.generation import Completion, SamplingParams, engine_seed
 
 log = logging.getLogger("steadyrl.actor.vllm")
 
@@ -289,7 +289,7 @@ def request_kwargs(params: SamplingParams, seed: int | None) -> dict[str, Any]:
     """Keyword arguments of vLLM's `SamplingParams` for one prompt's request (all but
     output_kind, which needs vLLM's import): n samples, temperature, top_p, max_tokens, the
     sampled token's log-prob only (logprobs=0), and the seed reduced as the torch backend
-    reduces it (steadyrl.generation.engine_seed: mod 2**63; a prompt seed >= 2**64, from a
+    reduces it (steadyrl.rl.generation.engine_seed: mod 2**63; a prompt seed >= 2**64, from a
     learner.seed of ~1.85 million or more, made vLLM's torch.Generator raise). None: unseeded."""
     return {"n": params.n, "temperature": params.temperature, "top_p": params.top_p,
             "max_tokens": params.max_new_tokens, "seed": None if seed is None else engine_seed(seed),

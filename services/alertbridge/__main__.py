@@ -1,4 +1,5 @@
 from steadyrl.service import main_guard
-from steadyrl.services.alertbridge.bridge import main
+
+from .bridge import main
 
 main_guard(main)

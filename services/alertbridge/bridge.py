@@ -114,7 +114,7 @@ from steadyrl.http import unauthorized
 from steadyrl.service import run_service
 
 # Re-exported: tests and the docs name these as steadyrl.services.alertbridge.bridge.X.
-from steadyrl.services.alertbridge.config import (  # noqa: F401
+from .config import (  # noqa: F401
     AlertBridgeConfig,
     AlertBridgeSection,
     Webhook,
@@ -122,7 +122,7 @@ from steadyrl.services.alertbridge.config import (  # noqa: F401
     WebhookRejected,
     parse_webhook,
 )
-from steadyrl.services.alertbridge.render import (  # noqa: F401
+from .render import (  # noqa: F401
     TEMPLATES,
     Rendered,
     Renderer,
@@ -132,7 +132,7 @@ from steadyrl.services.alertbridge.render import (  # noqa: F401
     render_context,
     utf8_len,
 )
-from steadyrl.services.alertbridge.robots import (  # noqa: F401
+from .robots import (  # noqa: F401
     RATE_LIMIT_CODES,
     REDACTOR,
     ROBOTS,

@@ -12,7 +12,7 @@ from typing import Any
 
 import jinja2
 
-from steadyrl.services.alertbridge.config import Webhook, WebhookAlert
+from .config import Webhook, WebhookAlert
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from steadyrl.services.alertbridge.config import Webhook
-from steadyrl.services.alertbridge.render import Rendered, Renderer, cut_utf8, md_text
+from .config import Webhook
+from .render import Rendered, Renderer, cut_utf8, md_text
 
 ROBOTS = ("dingtalk", "wecom")
 #: errcode each robot answers when it throttles a webhook; retried with backoff.

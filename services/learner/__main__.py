@@ -1,4 +1,5 @@
 from steadyrl.service import main_guard
-from steadyrl.services.learner.main import main
+
+from .main import main
 
 main_guard(main)

@@ -8,9 +8,11 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from steadyrl.checkpoint import CheckpointError, read_key
+from steadyrl.bus.topics import load_catalogue
 from steadyrl.config import ServiceConfig
-from steadyrl.data import (
+from steadyrl.local.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits, answer_length_refusal, group_record_refusal
+from steadyrl.local.stack import LearnerStack
+from steadyrl.model.data import (
     DATA_DIR,
     Beat,
     MemoryRows,
@@ -21,14 +23,14 @@ from steadyrl.data import (
     open_source,
     tiny_copy_rows,
 )
-from steadyrl.limits import MAX_SAMPLES_PER_PROMPT, GenerationLimits, answer_length_refusal, group_record_refusal
-from steadyrl.rewards import resolve_scorer
+from steadyrl.model.rewards import resolve_scorer
+from steadyrl.model.scorepool import ScoringLimits
 from steadyrl.rl.trainer import TrainConfig
-from steadyrl.scorepool import ScoringLimits
-from steadyrl.services.learner.prompt_gate import PromptGateConfig
-from steadyrl.services.learner.watch import WatchConfig
-from steadyrl.stack import LearnerStack
-from steadyrl.topics import load_catalogue
+from steadyrl.run.checkpoint import CheckpointError
+from steadyrl.run.signing import read_key
+
+from .prompt_gate import PromptGateConfig
+from .watch import WatchConfig
 
 DEFAULT_EVAL_SPLITS = {"level04": "data/arithmetic/test_level04.parquet",
                        "level09": "data/arithmetic/test_level09.parquet"}
@@ -36,7 +38,7 @@ DEFAULT_EVAL_SPLITS = {"level04": "data/arithmetic/test_level04.parquet",
 
 def check_dataset(v: str) -> str:
     """`v` if it names a dataset load_dataset can read: tiny_copy:N, or an existing .parquet/.jsonl file
-    (a relative `data/...` path may name the copy shipped with steadyrl: steadyrl.data.dataset_path)."""
+    (a relative `data/...` path may name the copy shipped with steadyrl: steadyrl.model.data.dataset_path)."""
     if v.startswith("tiny_copy:"):
         n = v.split(":", 1)[1]
         if not n.isdigit() or int(n) < 1:
@@ -95,7 +97,7 @@ class LearnerSection(LearnerStack):
     eval_max_new_tokens: int = Field(32, ge=1)
     steps: int = Field(20, ge=1, description="Policy updates; the learner exits when done.")
     prompts_per_step: int = Field(8, ge=1, description="B: groups per update.")
-    # the prompt contract's bounds (steadyrl/contracts.py Prompt): a value past them would make
+    # the prompt contract's bounds (steadyrl/wire/contracts.py Prompt): a value past them would make
     # every prompt record invalid, so it fails here, at start, naming the field
     group_size: int = Field(8, ge=1, le=1024, description="G: samples per prompt.")
     top_p: float = Field(1.0, gt=0, le=1)
@@ -106,7 +108,7 @@ class LearnerSection(LearnerStack):
                                                    "state.json names survives a crash mid-step).")
     keep_earlier_runs: int = Field(1, ge=0, description="Earlier runs under policy_root that keep their newest "
                                                         "version (for steadyrl export); older runs are deleted "
-                                                        "(steadyrl/policy_files.py prune).")
+                                                        "(steadyrl/run/policy_files.py prune).")
     state_dir: Path = Field(Path(".steadyrl/learner"), description="Run state, audit log and summary.")
     resume: str = Field("auto", description="auto: continue the unfinished run in state_dir from its newest "
                                             "valid checkpoint; never: always a new run; or a checkpoint folder.")
@@ -291,10 +293,10 @@ class LearnerConfig(ServiceConfig):
 
 
 def load_dataset(spec: str | list[str], lenient: bool = False) -> list[Any]:
-    """Rows of `spec`: a file (see steadyrl.data.load_rows) or `tiny_copy:N`, or a list of them
+    """Rows of `spec`: a file (see steadyrl.model.data.load_rows) or `tiny_copy:N`, or a list of them
     (rows concatenated in the order given); with `lenient`, a row that is not a prompt is a
-    steadyrl.data.RowError at its index instead of an error. Typed list[Any] as
-    steadyrl.data.load_rows types its rows: PromptRows (and RowErrors)."""
+    steadyrl.model.data.RowError at its index instead of an error. Typed list[Any] as
+    steadyrl.model.data.load_rows types its rows: PromptRows (and RowErrors)."""
     if not isinstance(spec, str):
         return [row for one in spec for row in load_dataset(one, lenient)]
     if spec.startswith("tiny_copy:"):
@@ -304,8 +306,8 @@ def load_dataset(spec: str | list[str], lenient: bool = False) -> list[Any]:
 
 def open_dataset(spec: str | list[str], beat: Beat | None = None) -> Rows:
     """The dataset of `spec` (as load_dataset) indexed, each row read when asked for
-    (steadyrl.data.Rows: what the learner serves, a dataset of any size); `beat` is called as a
-    JSONL file is indexed. Raises as steadyrl.data.open_source."""
+    (steadyrl.model.data.Rows: what the learner serves, a dataset of any size); `beat` is called as a
+    JSONL file is indexed. Raises as steadyrl.model.data.open_source."""
     sources: list[RowSource] = []
     for one in [spec] if isinstance(spec, str) else spec:
         if one.startswith("tiny_copy:"):

@@ -1,5 +1,5 @@
 """The learner's disk at start: what it writes where, the room a run needs, the temporaries of
-ended processes, and the free-space report (steadyrl/diskspace.py).
+ended processes, and the free-space report (steadyrl/run/diskspace.py).
 
     <state_dir>                      CURRENT, the run folders
     <state_dir>/<run>/checkpoints    step_NNNNNN/ (weights + optimizer), LATEST
@@ -13,15 +13,16 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from steadyrl import diskspace
-from steadyrl.checkpoint import unique_tensors
-from steadyrl.policy_files import RUN_ID
+from steadyrl.run import diskspace
+from steadyrl.run.policy_files import RUN_ID
+from steadyrl.run.tensors import unique_tensors
 
 if TYPE_CHECKING:
     import torch
 
     from steadyrl.http import Health
-    from steadyrl.services.learner.config import LearnerSection
+
+    from .config import LearnerSection
 
 log = logging.getLogger("steadyrl.learner")
 

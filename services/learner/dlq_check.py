@@ -35,9 +35,9 @@ from __future__ import annotations
 import base64
 import binascii
 
-from steadyrl import codec
-from steadyrl.contracts import DLQReason, DLQRecord
-from steadyrl.topics import topic_name
+from steadyrl.bus.topics import topic_name
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import DLQReason, DLQRecord
 
 #: service (the part of a DLQ record's `stage` before "/") -> the topics (catalogue names) it reads.
 STAGE_READS: dict[str, tuple[str, ...]] = {

@@ -12,7 +12,7 @@ so a finished run leaves none untrained. Prompts whose group was dropped (stale,
 named on rl.dlq are published again with the same id and a new seed (`requeue`). The prompt
 gate (services/learner/prompt_gate.py) keeps near-duplicates of recent prompts waiting.
 
-Rows are read when published (the dataset is an index: steadyrl.data.Rows), and checked the
+Rows are read when published (the dataset is an index: steadyrl.model.data.Rows), and checked the
 first time the order reaches them (services/learner/rows.py RowCheck): a bad row is skipped in
 the dataset order, never published (recorded and counted by the check). A prompt abandoned
 (refused past its budget: intake.py) is replaced like one lost to rl.dlq once was: one more
@@ -30,15 +30,16 @@ from collections.abc import Collection, Sequence
 from prometheus_client import Counter, Gauge
 
 from steadyrl.config import ConfigError
-from steadyrl.contracts import Prompt, now_ms
-from steadyrl.data import PromptRow, RowError
+from steadyrl.model.data import PromptRow, RowError
 from steadyrl.rl.loop import prompt_order
-from steadyrl.runfolder import Count
-from steadyrl.services.learner.config import LearnerSection, data_label
-from steadyrl.services.learner.outbox import Outbox
-from steadyrl.services.learner.prompt_gate import PromptGate
-from steadyrl.services.learner.rows import RowCheck, prompt_record
-from steadyrl.services.learner.state import InFlight, RunState
+from steadyrl.run.runfolder import Count
+from steadyrl.wire.contracts import Prompt, now_ms
+
+from .config import LearnerSection, data_label
+from .outbox import Outbox
+from .prompt_gate import PromptGate
+from .rows import RowCheck, prompt_record
+from .state import InFlight, RunState
 
 IN_FLIGHT = Gauge("steadyrl_learner_prompts_in_flight", "Prompts published and not yet trained")
 PUBLISHED = Counter("steadyrl_learner_prompts_published", "Prompts published to rl.prompts", ["kind"])

@@ -63,19 +63,21 @@ from pathlib import Path
 from confluent_kafka import Consumer, Message, TopicPartition
 from prometheus_client import Counter, Gauge
 
-from steadyrl import codec, diskspace
 from steadyrl.bus.kafka import consumer_config
-from steadyrl.contracts import DLQReason, DLQRecord, Prompt, ScoredGroup, now_ms
 from steadyrl.files import append_line
-from steadyrl.quarantine import RELEASE_HEADER
-from steadyrl.runfolder import Count
-from steadyrl.services.learner.buffer import MAX_EVICTIONS, evictions
-from steadyrl.services.learner.config import LearnerSection
-from steadyrl.services.learner.dlq_check import uncounted
-from steadyrl.services.learner.outbox import Outbox
-from steadyrl.services.learner.refusals import Refusals, default_limit
-from steadyrl.services.learner.state import REASONS_KEPT, InFlight, Ready, RunState
-from steadyrl.services.learner.tokens import TokenLimits
+from steadyrl.run import diskspace
+from steadyrl.run.quarantine import RELEASE_HEADER
+from steadyrl.run.runfolder import Count
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import DLQReason, DLQRecord, Prompt, ScoredGroup, now_ms
+
+from .buffer import MAX_EVICTIONS, evictions
+from .config import LearnerSection
+from .dlq_check import uncounted
+from .outbox import Outbox
+from .refusals import Refusals, default_limit
+from .state import REASONS_KEPT, InFlight, Ready, RunState
+from .tokens import TokenLimits
 
 log = logging.getLogger("steadyrl.learner")
 

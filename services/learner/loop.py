@@ -29,41 +29,45 @@ from typing import TYPE_CHECKING, Any
 import torch
 from confluent_kafka import Consumer, TopicPartition
 
-from steadyrl import diskspace, failpoints
-from steadyrl.checkpoint import AsyncCheckpointer, CheckpointError, rng_state
+from steadyrl import failpoints
+from steadyrl.bus.topics import topic_id, topic_name
 from steadyrl.config import ConfigError
-from steadyrl.contracts import now_ms
 from steadyrl.files import write_atomic
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl import distributed
 from steadyrl.rl.config import resolve_autocast
 from steadyrl.rl.loop import prompt_order
 from steadyrl.rl.trainer import Group, NonFiniteStep, Trainer
-from steadyrl.rollout_cache import rows_of
-from steadyrl.runfolder import Count
-from steadyrl.services.learner import disk, report, rows
-from steadyrl.services.learner.buffer import next_batch
-from steadyrl.services.learner.config import LearnerConfig, data_label, open_dataset
-from steadyrl.services.learner.drift import ParamDrift
-from steadyrl.services.learner.feeder import IN_FLIGHT, Feeder
-from steadyrl.services.learner.flat import FlatSteps
-from steadyrl.services.learner.intake import BUFFER_SIZE, Intake, open_consumer
-from steadyrl.services.learner.metrics import (
+from steadyrl.run import diskspace
+from steadyrl.run.checkpoint import CheckpointError
+from steadyrl.run.ckpt_writer import AsyncCheckpointer
+from steadyrl.run.rollout_cache import rows_of
+from steadyrl.run.runfolder import Count
+from steadyrl.run.tensors import rng_state
+from steadyrl.wire.contracts import now_ms
+
+from . import disk, report, rows
+from .buffer import next_batch
+from .config import LearnerConfig, data_label, open_dataset
+from .drift import ParamDrift
+from .feeder import IN_FLIGHT, Feeder
+from .flat import FlatSteps
+from .intake import BUFFER_SIZE, Intake, open_consumer
+from .metrics import (
     SAMPLE_AGE,
     blank_step_gauges,
     count_trained,
     export_checkpoints,
     export_step,
 )
-from steadyrl.services.learner.outbox import Outbox
-from steadyrl.services.learner.parts import Weights, append_audit, append_history, history_row, open_cache
-from steadyrl.services.learner.policy_store import PolicyStore
-from steadyrl.services.learner.resume import open_run, settings_changed, trim_audit, trim_history
-from steadyrl.services.learner.screen import Screen
-from steadyrl.services.learner.stall import EVALUATING, Stall
-from steadyrl.services.learner.tokens import TokenLimits
-from steadyrl.services.learner.trackers import Trackers, provenance
-from steadyrl.topics import topic_id, topic_name
+from .outbox import Outbox
+from .parts import Weights, append_audit, append_history, history_row, open_cache
+from .policy_store import PolicyStore
+from .resume import open_run, settings_changed, trim_audit, trim_history
+from .screen import Screen
+from .stall import EVALUATING, Stall
+from .tokens import TokenLimits
+from .trackers import Trackers, provenance
 
 if TYPE_CHECKING:
     from steadyrl.http import Health
@@ -219,7 +223,7 @@ class Learner:
 
     def save_state(self) -> None:
         """state.json, written atomically (fsynced); on a full disk retried until space returns
-        (steadyrl.diskspace.retry: the previous state stays whole meanwhile)."""
+        (steadyrl.run.diskspace.retry: the previous state stays whole meanwhile)."""
         path, text = self.run_dir / "state.json", self._state_json()
         diskspace.retry(lambda: write_atomic(path, text), "state", path)
 

@@ -3,7 +3,7 @@
 /readyz checks real things: `model` (the weights are loaded and version `step` is in the
 policy store), `assignment` (the consumer holds every partition of rl.scored and rl.releases) and `progress`
 (not stalled: services/learner/stall.py, the rule behind `steadyrl_learner_stalled`) and `disk`
-(no write waits for space: steadyrl/diskspace.py). /livez says what the loop is at (`doing`:
+(no write waits for space: steadyrl/run/diskspace.py). /livez says what the loop is at (`doing`:
 its phase, and an evaluation's split and row), so a hang is named where it stopped.
 """
 
@@ -17,15 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from steadyrl import diskspace, logs
-from steadyrl.checkpoint import ShardWriter
+from steadyrl import logs
 from steadyrl.config import ConfigError, load
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl import distributed
 from steadyrl.rl.trainer import Trainer
+from steadyrl.run import diskspace
+from steadyrl.run.ckpt_writer import ShardWriter
 from steadyrl.service import run_service
-from steadyrl.services.learner.config import LearnerConfig
-from steadyrl.services.learner.loop import Learner
+
+from .config import LearnerConfig
+from .loop import Learner
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

@@ -9,15 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from steadyrl.contracts import ScoredGroup
-from steadyrl.runfolder import Count
-from steadyrl.services.learner.drift import ParamDrift, kl_trend
-from steadyrl.services.learner.state import RunState
+from steadyrl.run.runfolder import Count
+from steadyrl.wire.contracts import ScoredGroup
+
+from .drift import ParamDrift, kl_trend
+from .state import RunState
 
 if TYPE_CHECKING:
     import torch
 
-    from steadyrl.checkpoint import AsyncCheckpointer
+    from steadyrl.run.ckpt_writer import AsyncCheckpointer
 
 REWARD_MEAN = Gauge("steadyrl_learner_reward_mean", "Mean reward of the last step's batch")
 REWARD_STD = Gauge("steadyrl_learner_reward_std", "Reward standard deviation of the last step's batch")

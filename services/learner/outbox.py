@@ -7,9 +7,9 @@ from typing import Any, cast
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from steadyrl import codec
 from steadyrl.bus.kafka import producer_config
-from steadyrl.contracts import Contract
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import Contract
 
 
 class Outbox:

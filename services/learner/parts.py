@@ -9,17 +9,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from steadyrl import checkpoint as ck
-from steadyrl import diskspace
 from steadyrl.config import ConfigError
-from steadyrl.contracts import ScoredGroup
 from steadyrl.files import append_lines
-from steadyrl.rollout_cache import CacheSchemaError, RolloutCache
-from steadyrl.services.learner.metrics import EXPORTED
-from steadyrl.services.learner.state import Ready, RunState
+from steadyrl.run import checkpoint as ck
+from steadyrl.run import diskspace, tensors
+from steadyrl.run.rollout_cache import CacheSchemaError, RolloutCache
+from steadyrl.wire.contracts import ScoredGroup
+
+from .metrics import EXPORTED
+from .state import Ready, RunState
 
 if TYPE_CHECKING:
-    from steadyrl.services.learner.loop import Learner
+    from .loop import Learner
 
 log = logging.getLogger("steadyrl.learner")
 
@@ -36,7 +37,7 @@ class Weights:
         meta = ck.load(path, self.model, None if tr.sharded else tr.opt, tr.sched)
         tr.pending_optimizer = meta.pop("optimizer_state", None)
         self.trainer.global_step = meta["global_step"]
-        ck.set_rng_state(meta["rng"])
+        tensors.set_rng_state(meta["rng"])
         st = RunState.parse(json.dumps(meta["learner_state"]), f"{path}/meta.json learner_state")
         self.checkpoint_step = st.step
         log.warning("resuming run from checkpoint", extra={"run_id": st.run_id, "step": st.step,
@@ -99,7 +100,7 @@ def append_history(run_dir: Path, row: dict[str, Any]) -> None:
     """Append one step's history row to history.jsonl, before the step's state.json is saved
     (so the file holds at least the saved steps; `trim_history` drops any beyond them on resume).
     Written, not fsynced: a row lost to a power cut is one point of a curve, not a prompt. On a
-    full disk the row is retried until space returns (steadyrl.diskspace.retry); a refused
+    full disk the row is retried until space returns (steadyrl.run.diskspace.retry); a refused
     write leaves no part of the line."""
     path = run_dir / "history.jsonl"
     diskspace.retry(lambda: append_lines(path, [json.dumps(row)], fsync=False), "history", path)
@@ -109,7 +110,7 @@ def append_audit(run_dir: Path, step: int, batch: list[Ready]) -> None:
     """Append the groups trained by `step` to consumed.jsonl (the audit log of exactly-once:
     step, prompt_id, topic (where the trained copy was read: rl.scored, or rl.releases for a
     released group), partition, offset, policy_version, reward_mean), fsynced, all the step's
-    lines or none: on a full disk they are retried until space returns (steadyrl.diskspace.retry)."""
+    lines or none: on a full disk they are retried until space returns (steadyrl.run.diskspace.retry)."""
     path = run_dir / "consumed.jsonl"
     lines = [json.dumps({"step": step, "prompt_id": r.group.prompt_id, "topic": r.topic,
                          "partition": r.partition, "offset": r.offset,

@@ -1,6 +1,6 @@
 """The policy store: the learner writes each version's weights under `policy_root` and
 announces them on rl.policy (like prime-rl's `broadcast/filesystem.py`). Layout and checks:
-steadyrl/policy_files.py.
+steadyrl/run/policy_files.py.
 
 Version k is the weights after k steps (version 0: the initial ones). After each publish
 the store prunes by `policy_files.prune`'s rule: the run's newest `keep_policies` versions
@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Gauge
 
-from steadyrl import diskspace, policy_files
-from steadyrl.checkpoint import CheckpointError, refuse_nonfinite, unique_tensors
-from steadyrl.contracts import PolicyUpdate
-from steadyrl.models import state_dict_mismatch
-from steadyrl.services.learner.outbox import Outbox
-from steadyrl.services.learner.state import RunState
+from steadyrl.model.models import state_dict_mismatch
+from steadyrl.run import diskspace, policy_files
+from steadyrl.run.checkpoint import CheckpointError
+from steadyrl.run.tensors import refuse_nonfinite, unique_tensors
+from steadyrl.wire.contracts import PolicyUpdate
+
+from .outbox import Outbox
+from .state import RunState
 
 if TYPE_CHECKING:
     import torch
@@ -47,11 +49,11 @@ class PolicyStore:
         policy_files.raise_high_water), call `announced()` (the learner sends the next step's
         prompts there), fsync the version and prune older versions.
 
-        Raises steadyrl.checkpoint.NonFiniteWeights, writing and announcing nothing, when a
+        Raises steadyrl.run.tensors.NonFiniteWeights, writing and announcing nothing, when a
         weight holds NaN or infinity (the trainer skips such steps: this never should).
 
         On a full disk (ENOSPC) the write is retried with backoff until space returns
-        (steadyrl.diskspace.retry, writer `policy`: logged, counted, /readyz `disk`): nothing is
+        (steadyrl.run.diskspace.retry, writer `policy`: logged, counted, /readyz `disk`): nothing is
         announced meanwhile, the previous version stays the newest on disk and on rl.policy.
 
         The version is announced from the page cache and fsynced after (policy_files.sync_version):

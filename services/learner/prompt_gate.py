@@ -1,7 +1,7 @@
 """Prompt gate (learner's feeder): near-duplicate prompts are spread out in time, never dropped.
 
 Clusters. A prompt's text (the learner passes the joined message contents of its dataset
-row) is a set of character 3-grams (`steadyrl.similarity`: lower-cased, whitespace
+row) is a set of character 3-grams (`steadyrl.model.similarity`: lower-cased, whitespace
 collapsed), summarised by a 128-permutation MinHash. A prompt joins the cluster of the most
 similar representative whose MinHash estimate of the Jaccard similarity is >= `threshold`
 (ties: the smaller key), else it forms a new cluster and becomes its representative; the
@@ -68,7 +68,7 @@ from datasketch import MinHash, MinHashLSH
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
-from steadyrl.similarity import NUM_PERM, minhash
+from steadyrl.model.similarity import NUM_PERM, minhash
 
 CLUSTERS = Gauge("steadyrl_feeder_prompt_clusters", "Prompt clusters (near-duplicate groups) seen by the prompt gate")
 WAITING = Gauge("steadyrl_feeder_prompts_waiting", "Prompts deferred by the prompt gate and not yet taken")

@@ -9,7 +9,7 @@ reward_server.item_timeout_s, or past the call's deadline), `scorer_crash` (it k
 process: os._exit, a segfault) or `non_finite` (NaN, infinity); the error is `prompt <id>: <k>
 of <n> items unscored: <the first item's error>`, which names the scorer, e.g. `scorer <spec>
 raised <Type>: <message> (at <file>:<line> in <function>: <code>)` (services/reward/client.py
-`scorer_error_detail`, steadyrl/scorepool.py). The learner publishes the prompt again
+`scorer_error_detail`, steadyrl/model/scorepool.py). The learner publishes the prompt again
 (intake.py), as for any refusal.
 
 The stop rule (`Refusals.failing`): `limit` groups in a row on whose every sample the scorer
@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from steadyrl.contracts import DLQReason
+from steadyrl.wire.contracts import DLQReason
 
 #: The error a reward worker writes for reason scorer_error (client.scorer_error_detail).
 SCORER_ERROR = re.compile(r"prompt \S+: (\d+) of (\d+) items unscored: (.*)", re.S)

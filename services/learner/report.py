@@ -16,13 +16,14 @@ from scipy.stats import binomtest
 
 from steadyrl.config import ConfigError
 from steadyrl.files import write_atomic
+from steadyrl.model.scorepool import ScoringLimits
 from steadyrl.rl.loop import ScorerRaisedOnEveryItem
 from steadyrl.rl.loop import evaluate as greedy_eval
-from steadyrl.runfolder import Counts
-from steadyrl.scorepool import ScoringLimits
-from steadyrl.services.learner.config import LearnerSection, data_label
-from steadyrl.services.learner.rows import EvalSplit, eval_split
-from steadyrl.services.learner.state import RunState
+from steadyrl.run.runfolder import Counts
+
+from .config import LearnerSection, data_label
+from .rows import EvalSplit, eval_split
+from .state import RunState
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +61,7 @@ def weights_digest(model: torch.nn.Module) -> str:
     (tied tensors once). What an evaluation's cache key names the model by."""
     import torch  # lazy: heavy (torch); report.py is imported where torch is not
 
-    from steadyrl.checkpoint import unique_tensors  # lazy: heavy (torch, via checkpoint)
+    from steadyrl.run.tensors import unique_tensors  # lazy: heavy (torch, via checkpoint)
 
     h = hashlib.sha256()
     for name, t in sorted(unique_tensors(model.state_dict()).items()):
@@ -88,7 +89,7 @@ def cache_key(lc: LearnerSection, rows: list[Any], tok: Any, digest: str) -> str
 
 
 #: What the learner is told as an evaluation goes: (split, rows done, rows). The split is
-#: "test" for eval_data (steadyrl.runview.MAIN_SPLIT), else the harder split's name.
+#: "test" for eval_data (steadyrl.run.runview.MAIN_SPLIT), else the harder split's name.
 EvalProgress = Callable[[str, int, int], None]
 
 
@@ -100,7 +101,7 @@ def _split(lc: LearnerSection, name: str, model: torch.nn.Module, tok: Any, beat
     left out). Raises ConfigError when none is usable."""
     if given is not None and name in given:
         return given[name]
-    from steadyrl.services.learner.tokens import TokenLimits  # lazy: only without the learner's
+    from .tokens import TokenLimits  # lazy: only without the learner's
 
     context = TokenLimits.of(model, tok).context if model is not None else None
     if name == "test":

@@ -9,7 +9,7 @@ Files live in `<state_dir>/<run_id>/`; `<state_dir>/CURRENT` names the run in pr
     learner.resume = <folder> that checkpoint; it must verify and match (else ConfigError)
 
 With `learner.checkpoint_key_file` set, every checkpoint resumed from must carry a signature
-made with that key (steadyrl/checkpoint.py, "Signing"): an unsigned or foreign one is refused
+made with that key (steadyrl/run/checkpoint.py, "Signing"): an unsigned or foreign one is refused
 as a broken one is (`auto` falls back to an older signed one, else stops naming why). Format
 3's pickled metadata is read through an allow-list either way (never executed).
 
@@ -25,11 +25,12 @@ import logging
 from pathlib import Path
 from typing import Any, Protocol
 
-from steadyrl import checkpoint as ck
-from steadyrl import policy_files
 from steadyrl.config import ConfigError
 from steadyrl.files import read_step_lines, write_atomic
-from steadyrl.services.learner.state import RunState, StateError
+from steadyrl.run import checkpoint as ck
+from steadyrl.run import policy_files, signing
+
+from .state import RunState, StateError
 
 log = logging.getLogger("steadyrl.learner")
 
@@ -93,7 +94,7 @@ def open_run(state_dir: Path, resume: str, fingerprint: dict[str, Any], restorer
     clock says (policy_files.new_run_id): the actor would refuse the policy of a run whose id
     sorts before the one it serves, and answer its prompts 409.
 
-    `key`: the checkpoint signing key (steadyrl.checkpoint.read_key), or None (signatures not
+    `key`: the checkpoint signing key (steadyrl.run.signing.read_key), or None (signatures not
     checked).
 
     Raises ConfigError (exit 2: a restart would fail the same way), naming the cause and what
@@ -140,7 +141,7 @@ def cannot_continue(run: str, e: Exception, key: bytes | None) -> ConfigError:
     refused for its signature) and the ways on."""
     lines = str(e).splitlines()
     refused = [line for line in lines[1:] if line.strip()] or lines
-    if key is not None and isinstance(e, ck.CheckpointError) and all(ck.SIGNATURE in line for line in refused):
+    if key is not None and isinstance(e, ck.CheckpointError) and all(signing.SIGNATURE in line for line in refused):
         cause = ("every checkpoint was refused for its signature: learner.checkpoint_key_file is not the key they "
                  "were signed with (the key changed), or they were written without one; give the run's key back")
     elif isinstance(e, StateError):

@@ -16,7 +16,7 @@ it, counting from 1), the first few logged, and counted (`bad_rows`, `bad_eval_r
 
 When, for a dataset of any size (`RowCheck`):
 
-- at start, the files are indexed (steadyrl.data.Rows: one streamed pass over a JSONL file,
+- at start, the files are indexed (steadyrl.model.data.Rows: one streamed pass over a JSONL file,
   the footer of a parquet one; ~1.5 s a million JSONL rows) and the rows are checked in the
   order the run takes them (steadyrl.rl.loop.prompt_order) until the first
   (max_staleness + 1) x prompts_per_step prompts are found good: a few rows, not the file.
@@ -31,9 +31,9 @@ When, for a dataset of any size (`RowCheck`):
   naming the file when none of a split's is left; the others are evaluated.
 
 The heartbeat (the service's Health.beat) beats all along, so /livez holds at any size.
-Memory: one byte a row for the results beside the index (steadyrl.data.Rows); bad rows are
+Memory: one byte a row for the results beside the index (steadyrl.model.data.Rows); bad rows are
 written out, not held. The results are cached per file in `<state_dir>/data-check/`, keyed
-by the file's size, mtime and the sha256 of its first and last MiB (steadyrl.data.file_identity)
+by the file's size, mtime and the sha256 of its first and last MiB (steadyrl.model.data.file_identity)
 and by what the check depends on (tokenizer, limits, settings, CHECK_VERSION): a restart, or
 the next run on the same file, checks no row twice. The cache is written every SAVE_EVERY_S
 while rows are checked and when the learner stops; entries unused for CACHE_KEEP_DAYS are
@@ -55,15 +55,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from steadyrl import codec
+from steadyrl.bus.topics import load_catalogue
 from steadyrl.config import ConfigError
-from steadyrl.contracts import Prompt
-from steadyrl.data import Beat, MemoryRows, PromptRow, RowError, Rows, where
 from steadyrl.files import replacing
-from steadyrl.limits import GenerationLimits
-from steadyrl.rl.loop import encode_prompt, prompt_seed
-from steadyrl.services.learner.config import LearnerSection, data_label, open_dataset, spread
-from steadyrl.topics import load_catalogue
+from steadyrl.local.limits import GenerationLimits
+from steadyrl.model.data import Beat, MemoryRows, PromptRow, RowError, Rows, encode_prompt, where
+from steadyrl.rl.loop import prompt_seed
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import Prompt
+
+from .config import LearnerSection, data_label, open_dataset, spread
 
 log = logging.getLogger("steadyrl.learner")
 
@@ -217,7 +218,7 @@ def tokenizer_identity(tokenizer: Any) -> list[Any] | None:
 
 
 def _where(rows: Rows, index: int) -> str:
-    """Row `index` as a user finds it (steadyrl.data.where), without reading it."""
+    """Row `index` as a user finds it (steadyrl.model.data.where), without reading it."""
     s, j = rows.locate(index)
     src = rows.sources[s]
     return f"{src.label} row {src.line(j)}" if src.label else f"row {index + 1}"

@@ -1,5 +1,5 @@
 """Screening a batch before it is trained: the reward watch (services/learner/watch.py) and,
-when it trips, the quarantine (steadyrl/quarantine.py).
+when it trips, the quarantine (steadyrl/run/quarantine.py).
 
 Released groups were judged already and a person let them through: only the others are
 judged. With `reward_watch.action: quarantine` a batch that trips is written to
@@ -16,15 +16,16 @@ import logging
 
 from prometheus_client import Counter, Gauge
 
-from steadyrl.contracts import QuarantinedGroup
-from steadyrl.quarantine import batch_id as make_batch_id
 from steadyrl.rl.trainer import NonFiniteStep
-from steadyrl.runfolder import Count
-from steadyrl.services.learner.config import LearnerSection
-from steadyrl.services.learner.intake import GROUPS
-from steadyrl.services.learner.outbox import Outbox
-from steadyrl.services.learner.state import Held, Ready, RunState
-from steadyrl.services.learner.watch import RewardWatch
+from steadyrl.run.quarantine import batch_id as make_batch_id
+from steadyrl.run.runfolder import Count
+from steadyrl.wire.contracts import QuarantinedGroup
+
+from .config import LearnerSection
+from .intake import GROUPS
+from .outbox import Outbox
+from .state import Held, Ready, RunState
+from .watch import RewardWatch
 
 log = logging.getLogger("steadyrl.learner")
 

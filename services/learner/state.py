@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from steadyrl.contracts import ScoredGroup
-from steadyrl.runfolder import Count
+from steadyrl.run.runfolder import Count
+from steadyrl.wire.contracts import ScoredGroup
 
 
 class StateError(ValueError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from steadyrl.contracts import ScoredGroup
+from steadyrl.wire.contracts import ScoredGroup
 
 NO_LIMIT = 10 ** 9  # transformers' model_max_length when the tokenizer names none is int(1e30)
 

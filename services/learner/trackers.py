@@ -57,7 +57,7 @@ from prometheus_client import Counter, Gauge
 from steadyrl.files import sha256_file, write_atomic
 
 if TYPE_CHECKING:
-    from steadyrl.services.learner.config import LearnerSection
+    from .config import LearnerSection
 
 log = logging.getLogger("steadyrl.learner")
 
@@ -620,10 +620,10 @@ def provenance(data: str | list[str]) -> dict[str, str]:
     if not isinstance(data, str):
         each = [provenance(one) for one in data]
         return {k: ", ".join(t.get(k, "-") for t in each) for k in dict.fromkeys(k for t in each for k in t)}
-    tags = {"steadyrl.data": data}
+    tags = {"steadyrl.model.data": data}
     p = Path(data)
     if p.suffix and p.is_file():
-        tags["steadyrl.data.sha256"] = sha256_file(p)
+        tags["steadyrl.model.data.sha256"] = sha256_file(p)
     prov = p.parent / "PROVENANCE.json"
     if p.suffix and prov.is_file():
         try:
@@ -632,5 +632,5 @@ def provenance(data: str | list[str]) -> dict[str, str]:
             return tags
         for k in ("generator", "script", "modules"):
             if k in d:
-                tags[f"steadyrl.data.{k}"] = str(d[k])[:500]
+                tags[f"steadyrl.model.data.{k}"] = str(d[k])[:500]
     return tags

@@ -28,7 +28,7 @@ from typing import Any
 
 from datasketch import MinHash, MinHashLSH
 
-from steadyrl.similarity import NUM_PERM, minhash
+from steadyrl.model.similarity import NUM_PERM, minhash
 
 # one cached prompt: (MinHash, answer_key, {response: reward}, mean reward, scorer)
 _Entry = tuple[MinHash, tuple[Any, ...], dict[str, float], float, str]

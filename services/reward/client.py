@@ -64,13 +64,13 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from steadyrl.breaker import CircuitBreaker, State
 from steadyrl.bus.stage import RetryLater, refusal_reason
-from steadyrl.codec import Rejected
-from steadyrl.contracts import DLQReason, RewardSource, RolloutGroup
 from steadyrl.http import response_detail
-from steadyrl.scorepool import DEADLINE
+from steadyrl.model.scorepool import DEADLINE
+from steadyrl.wire.codec import Rejected
+from steadyrl.wire.contracts import DLQReason, RewardSource, RolloutGroup
 
 if TYPE_CHECKING:
-    from steadyrl.services.reward.cache import ScoreCache
+    from .cache import ScoreCache
 
 log = logging.getLogger("steadyrl.reward")
 
@@ -116,7 +116,7 @@ def _named_items(resp: httpx.Response) -> dict[int, str]:
 def scorer_error_detail(prompt_id: str, failed: int, items: int, first: str) -> str:
     """The DLQ error (reason: the first failed item's kind, `item_reason`) of a group whose scorer
     failed on `failed` of its `items` samples, `first` the first one's error (the server's, e.g.
-    steadyrl.rewards.raised):
+    steadyrl.model.rewards.raised):
     `prompt <id>: <failed> of <items> items unscored: <first>` (the learner reads the counts back:
     services/learner/refusals.py)."""
     return f"prompt {prompt_id}: {failed} of {items} items unscored: {first}"

@@ -6,12 +6,12 @@
       -> {"scorer": "rule:numeric_match@1", "reward_source": "rule",
           "scores": [{"reward": 1.0, "extra": {}}, ...]}
 
-Scorers are named by their spec (`reward_server.scorers`; `steadyrl.scorers` lists
+Scorers are named by their spec (`reward_server.scorers`; `steadyrl.model.scorers` lists
 them: rules, `rm:<dir>` reward models, `embedding:all-minilm-l6-v2`); model scorers answer
 `reward_source: "model"` and score a request in batches of `batch_size` items.
 
 Rule scorers are the user's code: they run item by item in `processes` worker processes
-(steadyrl.scorepool), each item within `item_timeout_s` (then its process is killed and
+(steadyrl.model.scorepool), each item within `item_timeout_s` (then its process is killed and
 replaced) and each process within `memory_limit_mb`; every call is answered within
 `call_deadline_s` of its body (below the reward worker's 30 s timeout). When a scorer cannot
 score one item, that item's entry is `{"reward": null, "error": "...", "kind": "..."}` and the
@@ -25,7 +25,7 @@ kind its reason):
     scorer_crash     it killed its process (os._exit, a segfault)
     non_finite       it returned NaN or infinity (in the reward or an extra)
 
-A reward is a real number or a dict with a real "score" (steadyrl.rewards.score_value: numpy
+A reward is a real number or a dict with a real "score" (steadyrl.model.rewards.score_value: numpy
 numbers are taken; numpy scalars and arrays in the extras become numbers and lists).
 
 Answers 404 for a scorer it does not serve, 422 for a malformed body, 503 while a model
@@ -58,8 +58,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.config import ConfigError, ServiceConfig, load
 from steadyrl.http import Health, WorkRoute, add_work_route, finite_json
-from steadyrl.scorepool import ScoringLimits, ScoringPool
-from steadyrl.scorers import ScorerError, build_scorer, spec_kind
+from steadyrl.model.scorepool import ScoringLimits, ScoringPool
+from steadyrl.model.scorers import ScorerError, build_scorer, spec_kind
 from steadyrl.service import main_guard, run_service
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ class RewardServer:
     def ready(self) -> tuple[bool, str]:
         """(all scorers loaded and room for a call, detail): the /readyz check. Not ready while a
         model loads, while every max_concurrent slot is taken, or while items wait for a scoring
-        process (steadyrl.scorepool.ScoringPool.ready)."""
+        process (steadyrl.model.scorepool.ScoringPool.ready)."""
         loading = sorted(n for n, s in self.scorers.items() if not s.ready)
         if loading:
             return False, f"loading {loading}"
@@ -224,7 +224,7 @@ def _not_finite(result: dict[str, Any]) -> tuple[str, str] | None:
     """(kind, why) one scored item cannot be sent (reward not a number: scorer_error; NaN or
     infinity in the reward or the extras: non_finite; extras not JSON: scorer_error), or None;
     a numeric reward of another type (numpy) becomes a float in place. The rule scorers' pool
-    checks the same in its processes (steadyrl.rewards.score_value): this is for model scorers."""
+    checks the same in its processes (steadyrl.model.rewards.score_value): this is for model scorers."""
     reward = result["reward"]
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
         return "scorer_error", f"returned {reward!r}, not a number"

@@ -21,11 +21,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from steadyrl.breaker import CircuitBreaker
 from steadyrl.bus.stage import Output, RetryLater, Stage
-from steadyrl.codec import Rejected
 from steadyrl.config import ServiceConfig, load
-from steadyrl.contracts import Contract, RolloutGroup, ScoredGroup
 from steadyrl.service import run_service
-from steadyrl.services.reward.client import RewardClient
+from steadyrl.wire.codec import Rejected
+from steadyrl.wire.contracts import Contract, RolloutGroup, ScoredGroup
+
+from .client import RewardClient
 
 if TYPE_CHECKING:
     from steadyrl.bus.stage import BatchHandler, Meta
@@ -88,7 +89,7 @@ def make_handler(client: RewardClient) -> BatchHandler:
 
 def main(argv: list[str]) -> int:
     cfg = load(RewardConfig, argv, prog="steadyrl-reward")
-    from steadyrl.services.reward.cache import ScoreCache  # lazy: heavy (datasketch, scipy: 0.4 s); --help stays fast
+    from .cache import ScoreCache  # lazy: heavy (datasketch, scipy: 0.4 s); --help stays fast
 
     def build(health: Health) -> Stage:
         r = cfg.reward

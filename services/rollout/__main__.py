@@ -1,4 +1,5 @@
 from steadyrl.service import main_guard
-from steadyrl.services.rollout.worker import main
+
+from .worker import main
 
 main_guard(main)

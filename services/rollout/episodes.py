@@ -28,13 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from steadyrl import agents
 from steadyrl.bus.stage import Output, RetryLater, refusal_reason
-from steadyrl.codec import Rejected
-from steadyrl.contracts import DLQReason, EpisodeState, Prompt
 from steadyrl.http import response_detail
+from steadyrl.wire.codec import Rejected
+from steadyrl.wire.contracts import DLQReason, EpisodeState, Prompt
 
 if TYPE_CHECKING:
     from steadyrl.bus.stage import BatchHandler, Meta
-    from steadyrl.contracts import Contract
+    from steadyrl.wire.contracts import Contract
 
 TURNS = Counter("steadyrl_rollout_episode_turns", "Assistant turns of episodes run")
 EPISODES = Counter("steadyrl_rollout_episodes_finished", "Episodes finished", ["how"])
@@ -84,7 +84,7 @@ class AgentSection(BaseModel):
 
 
 def _tokenizer(model: str) -> Any:
-    from steadyrl.models import TINY, hf_folder, load_tokenizer, tiny_tokenizer  # lazy: heavy (transformers)
+    from steadyrl.model.models import TINY, hf_folder, load_tokenizer, tiny_tokenizer  # lazy: heavy (transformers)
 
     return tiny_tokenizer() if model == TINY else load_tokenizer(hf_folder(model))
 

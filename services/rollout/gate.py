@@ -24,7 +24,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from steadyrl.contracts import RolloutGroup, Sample
+from steadyrl.wire.contracts import RolloutGroup, Sample
 
 ILLEGAL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 

@@ -41,13 +41,14 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from steadyrl.bus.stage import Output, RetryLater, Stage, refusal_reason
-from steadyrl.codec import Rejected
 from steadyrl.config import ServiceConfig, load
-from steadyrl.contracts import Contract, DLQReason, EpisodeState, Prompt, RolloutGroup, Sample
 from steadyrl.http import Health, response_detail
 from steadyrl.service import run_service
-from steadyrl.services.rollout.episodes import AgentSection, EpisodeRunner, make_episode_handler
-from steadyrl.services.rollout.gate import RolloutGate
+from steadyrl.wire.codec import Rejected
+from steadyrl.wire.contracts import Contract, DLQReason, EpisodeState, Prompt, RolloutGroup, Sample
+
+from .episodes import AgentSection, EpisodeRunner, make_episode_handler
+from .gate import RolloutGate
 
 if TYPE_CHECKING:
     from steadyrl.bus.stage import BatchHandler, Meta

@@ -42,7 +42,7 @@ class KafkaAuth(BaseModel):
 
     PLAINTEXT (the default) is the local broker on loopback. With SASL_PLAINTEXT or SASL_SSL the
     client logs in with SCRAM as `username`, the password read from `password_file` (a secret:
-    never in the repo or the config file); the principal's ACLs (steadyrl/acl.py) decide what it
+    never in the repo or the config file); the principal's ACLs (steadyrl/local/acl.py) decide what it
     may read and write. A service reads it from its config's `kafka:` section or the environment
     (`STEADYRL_KAFKA__USERNAME`, `STEADYRL_KAFKA__PASSWORD_FILE`, ...); a command (`steadyrl
     topics`, `quarantine`, `replay`, `acl`) from the environment (`KafkaAuth.from_env`).

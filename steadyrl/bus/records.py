@@ -8,8 +8,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from steadyrl import codec
-from steadyrl.contracts import Contract, DLQReason
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import Contract, DLQReason
 
 #: Bytes the broker adds to a record when it checks max.message.bytes (the record batch
 #: header, 61 bytes, and the varints of one record): an output is refused when its value,

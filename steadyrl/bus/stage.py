@@ -60,7 +60,6 @@ from typing import Any, TypeAlias, cast
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from steadyrl import codec
 from steadyrl.bus.budget import Budgets
 from steadyrl.bus.kafka import MAX_RECORD_BYTES, STATS, consumer_config
 from steadyrl.bus.records import (
@@ -77,10 +76,11 @@ from steadyrl.bus.records import (
     record_bytes,
     refusal_reason,
 )
+from steadyrl.bus.topics import load_catalogue, topic_name
 from steadyrl.bus.txn import ProducerWedged, TransactionAborted, TransactionalProducer
-from steadyrl.contracts import Contract, DLQReason
 from steadyrl.http import Health
-from steadyrl.topics import load_catalogue, topic_name
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import Contract, DLQReason
 
 __all__ = ["DLQ_ERROR_CHARS", "RECORD_FRAMING_BYTES", "BatchHandler", "Handler", "Held", "Meta", "Output",
            "Pending", "ProducerWedged", "RetryLater", "Stage", "Transformed", "record_bytes", "refusal_reason"]

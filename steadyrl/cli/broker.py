@@ -1,5 +1,5 @@
 """`steadyrl broker`, `topics`, `acl` and `schemas`: the local broker, the topic catalogue, the
-principals' credentials and ACLs (steadyrl/acl.py), the JSON Schemas."""
+principals' credentials and ACLs (steadyrl/local/acl.py), the JSON Schemas."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from steadyrl import acl
-from steadyrl import broker as b
+from steadyrl.bus.topics import create_topics, list_topics
 from steadyrl.cli.common import (
     LOCAL_BOOTSTRAP,
     CliError,
@@ -18,25 +17,25 @@ from steadyrl.cli.common import (
     _require_broker,
     add_common_options,
 )
-from steadyrl.topics import create_topics, list_topics
+from steadyrl.local import acl, jars
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
     try:
         return _broker(args)
-    except b.BrokerError as e:   # no Maven, no Java, a broker that does not start: one line, no traceback
+    except jars.BrokerError as e:   # no Maven, no Java, a broker that does not start: one line, no traceback
         raise CliError(str(e)) from None
 
 
 def _broker(args: argparse.Namespace) -> int:
     if args.action == "fetch":
-        print(b.fetch(release=args.from_release))
+        print(jars.fetch(release=args.from_release))
         return 0
     if args.from_release is not None:
         raise CliError("--from-release goes with `steadyrl broker fetch`", code=2)
     lb = _local_broker(args)
     if args.action == "start":
-        b.fetch()
+        jars.fetch()
         lb.start()
         print(json.dumps(lb.status()))
     elif args.action == "stop":
@@ -99,13 +98,13 @@ def cmd_acl(args: argparse.Namespace) -> int:
 
 
 def cmd_schemas(args: argparse.Namespace) -> int:
-    from steadyrl.schemas import check_schemas, export_schemas  # lazy: entry point (a command), keeps --help fast
+    from steadyrl.wire.schemas import check_schemas, export_schemas  # lazy: entry point (a command), keeps --help fast
 
     if args.action == "export":
         for p in export_schemas():
             print(p)
         return 0
-    from steadyrl.contracts import ALL_CONTRACTS  # lazy: entry point (a command), keeps `steadyrl --help` fast
+    from steadyrl.wire.contracts import ALL_CONTRACTS  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     problems = check_schemas()
     for problem in problems:

@@ -1,4 +1,4 @@
-"""`steadyrl ckpt list|verify|sign`: learner checkpoints (steadyrl.checkpoint)."""
+"""`steadyrl ckpt list|verify|sign`: learner checkpoints (steadyrl.run.checkpoint)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,15 @@ def cmd_ckpt(args: argparse.Namespace) -> int:
     `checkpoint_key_file`) a checkpoint must also be signed with that key, as a resume
     requires; without it signatures are not checked. sign: sign one step folder you trust
     with `--key-file` (after verifying it), so a learner with that key resumes from it."""
-    from steadyrl import checkpoint as ck  # lazy: heavy (torch), entry point (a command)
+    from steadyrl.run import checkpoint as ck  # lazy: heavy (torch), entry point (a command)
+    from steadyrl.run import signing  # lazy: heavy (torch), entry point (a command)
 
     root = Path(args.dir)
     if not root.is_dir():
         print(f"error: {root}: no such folder", file=sys.stderr)
         return 1
     try:
-        key = ck.read_key(args.key_file) if args.key_file is not None else None
+        key = signing.read_key(args.key_file) if args.key_file is not None else None
     except ck.CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -37,8 +38,8 @@ def cmd_ckpt(args: argparse.Namespace) -> int:
         except ck.CheckpointError as e:
             print(f"invalid, not signed: {e}", file=sys.stderr)
             return 1
-        ck.sign(root, key)
-        print(f"signed: {root / ck.SIGNATURE}")
+        signing.sign(root, key)
+        print(f"signed: {root / signing.SIGNATURE}")
         return 0
     if one:  # one checkpoint
         try:
@@ -80,11 +81,11 @@ def cmd_ckpt(args: argparse.Namespace) -> int:
 
 
 def _signed(path: Path, key: bytes | None) -> str:
-    from steadyrl import checkpoint as ck  # lazy: heavy (torch); only `steadyrl ckpt` calls this
+    from steadyrl.run import signing  # lazy: heavy (torch); only `steadyrl ckpt` calls this
 
     if key is not None:
         return "signature ok"
-    return "signed (not checked: no --key-file)" if (path / ck.SIGNATURE).exists() else "unsigned"
+    return "signed (not checked: no --key-file)" if (path / signing.SIGNATURE).exists() else "unsigned"
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

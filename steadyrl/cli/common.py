@@ -8,8 +8,8 @@ import os
 import socket
 from pathlib import Path
 
-from steadyrl.broker import LocalBroker
 from steadyrl.bus.kafka import client_config, current_auth
+from steadyrl.local.broker import LocalBroker
 
 DEFAULT_STATE = Path(".steadyrl")
 LOCAL_BOOTSTRAP = "127.0.0.1:9092"
@@ -83,5 +83,5 @@ def add_common_options(sp: argparse.ArgumentParser, broker_opts: bool = False) -
         sp.add_argument("--port", type=int, default=9092, help="broker port (controller: port+1)")
         sp.add_argument("--heap-mb", type=int, default=512, help="broker JVM heap, MiB")
         sp.add_argument("--sasl", action="store_true",
-                        help="the local broker with SCRAM logins and ACLs (steadyrl/acl.py); passwords in "
+                        help="the local broker with SCRAM logins and ACLs (steadyrl/local/acl.py); passwords in "
                              "<state-dir>/broker/secrets/kafka-<principal>")

@@ -9,13 +9,13 @@ from collections import defaultdict
 from pathlib import Path
 
 from steadyrl.cli.common import DEFAULT_STATE
-from steadyrl.data import load_rows
+from steadyrl.model.data import load_rows
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch  # lazy: heavy (torch), entry point (a command)
 
-    from steadyrl.models import load_policy  # lazy: heavy (torch), entry point (a command)
+    from steadyrl.model.models import load_policy  # lazy: heavy (torch), entry point (a command)
     from steadyrl.rl.loop import evaluate  # lazy: heavy (torch, transformers), entry point (a command)
 
     logging.getLogger("transformers").setLevel(logging.ERROR)

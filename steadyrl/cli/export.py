@@ -1,5 +1,5 @@
 """`steadyrl export RUN VERSION DIR`: a policy version of a learner run as a Hugging Face model
-folder (steadyrl.export)."""
+folder (steadyrl.run.export)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from steadyrl.cli.common import DEFAULT_STATE, CliError
-from steadyrl.runfolder import RunDir, current, run_ids
+from steadyrl.run.runfolder import RunDir, current, run_ids
 
 
 def _run_dir(run: str, state_dir: str) -> Path:
@@ -41,7 +41,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     run_dir = _run_dir(args.run, args.state_dir)
     from transformers.utils import logging as hf_logging  # lazy: heavy (transformers), entry point (a command)
 
-    from steadyrl.export import MARKER, ExportError, export_version  # lazy: heavy (torch), entry point (a command)
+    from steadyrl.run.export import MARKER, ExportError, export_version  # lazy: heavy (torch), entry point (a command)
 
     # one line of output, not a bar per shard
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: untyped

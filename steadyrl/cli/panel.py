@@ -6,7 +6,7 @@ ETA, the last batch's reward, the phase (during an evaluation, which one and the
 far), the last evaluation accuracy per split, the reward proxy's breaker state (each reward
 worker's `steadyrl_reward_breaker_state`), the DLQ count, and the restarts ("2 crashes
 absorbed") beside the run's counts (`Counts.line()`, as the SUMMARY prints them). The figures
-come through steadyrl.runview, as `steadyrl status` reads them.
+come through steadyrl.run.runview, as `steadyrl status` reads them.
 
 The services' lines reach the panel through `LinePanel.out` (given to the Supervisor and the
 BrokerWatch as their `out`): a warning or error (a JSON log line of level WARNING and above)
@@ -38,8 +38,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from steadyrl import runview
-from steadyrl.runfolder import Count
+from steadyrl.run import runview
+from steadyrl.run.runfolder import Count
 
 #: Levels of a JSON log line that print above the panel.
 SHOWN_LEVELS = frozenset({"WARNING", "ERROR", "CRITICAL"})

@@ -1,4 +1,4 @@
-"""`steadyrl quarantine list|show|release|drop`: batches the reward watch held (steadyrl.quarantine)."""
+"""`steadyrl quarantine list|show|release|drop`: batches the reward watch held (steadyrl.run.quarantine)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ def _fig(v: float | None) -> str:
 
 
 def cmd_quarantine(args: argparse.Namespace) -> int:
-    """list | show | release | drop batches on rl.quarantine (steadyrl/quarantine.py)."""
+    """list | show | release | drop batches on rl.quarantine (steadyrl/run/quarantine.py)."""
     from confluent_kafka import KafkaException  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
-    from steadyrl.contracts import QuarantineAction  # lazy: entry point (a command), keeps `steadyrl --help` fast
-    from steadyrl.quarantine import (  # lazy: entry point (a command), keeps `steadyrl --help` fast
+    from steadyrl.run.quarantine import (  # lazy: entry point (a command), keeps `steadyrl --help` fast
         QuarantineError,
         decide,
         read_quarantine,
     )
+    from steadyrl.wire.contracts import QuarantineAction  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
     if args.action in ("release", "drop"):

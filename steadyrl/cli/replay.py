@@ -33,7 +33,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 2
     scorer = None
     if args.rescore:
-        from steadyrl.scorers import build_scorer  # lazy: entry point (a command), keeps `steadyrl --help` fast
+        from steadyrl.model.scorers import build_scorer  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
         try:
             scorer = build_scorer(args.rescore)
@@ -56,7 +56,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 1
     rescored = None
     if scorer is not None:
-        from steadyrl.scorers import ScorerError  # lazy: entry point (a command), keeps `steadyrl --help` fast
+        from steadyrl.model.scorers import ScorerError  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
         try:
             rescored = rp.rescore([r.group for r in window.records], scorer)

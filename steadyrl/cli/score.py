@@ -1,4 +1,4 @@
-"""`steadyrl score`: one response through a reward server scorer (steadyrl.scorers), in-process."""
+"""`steadyrl score`: one response through a reward server scorer (steadyrl.model.scorers), in-process."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from typing import Any
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    """One item through a reward server scorer (steadyrl.scorers), as the reward server scores
-    it: a rule in a worker process with the server's default limits (steadyrl.scorepool), a
+    """One item through a reward server scorer (steadyrl.model.scorers), as the reward server scores
+    it: a rule in a worker process with the server's default limits (steadyrl.model.scorepool), a
     model in this process. Prints `reward  scorer-id  [extra]`.
 
     Exit status 2 for a scorer that cannot be built or loaded, 1 when it cannot score the item
     (the error names its kind: scorer_error, scorer_timeout, scorer_crash, non_finite)."""
-    from steadyrl.scorepool import ScoringLimits  # lazy: entry point (a command), keeps `steadyrl --help` fast
-    from steadyrl.scorers import spec_kind  # lazy: entry point (a command), keeps `steadyrl --help` fast
+    from steadyrl.model.scorepool import ScoringLimits  # lazy: entry point (a command), keeps `steadyrl --help` fast
+    from steadyrl.model.scorers import spec_kind  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     if spec_kind(args.scorer) != "rule":
         return _score(args, None)
@@ -26,8 +26,8 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace, pool: Any) -> int:
-    from steadyrl.contracts import RewardSource  # lazy: entry point (a command), keeps `steadyrl --help` fast
-    from steadyrl.scorers import ScorerError, build_scorer  # lazy: entry point (a command), keeps --help fast
+    from steadyrl.model.scorers import ScorerError, build_scorer  # lazy: entry point (a command), keeps --help fast
+    from steadyrl.wire.contracts import RewardSource  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     try:
         scorer = build_scorer(args.scorer, pool=pool)

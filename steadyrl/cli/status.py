@@ -10,12 +10,12 @@ from pathlib import Path
 
 from steadyrl.cli.common import DEFAULT_STATE, CliError
 from steadyrl.cli.up import learner_url
-from steadyrl.runfolder import current
+from steadyrl.run.runfolder import current
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print the run's lines; exit 0. CliError (2) when the state dir holds no run."""
-    from steadyrl import runview  # lazy: a command's own module, keeps `steadyrl --help` fast
+    from steadyrl.run import runview  # lazy: a command's own module, keeps `steadyrl --help` fast
 
     learner = Path(args.state_dir) / "learner"
     if current(learner) is None:

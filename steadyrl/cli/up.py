@@ -1,18 +1,18 @@
-"""`steadyrl up`: broker, topics and every service as processes (steadyrl.supervisor), with
+"""`steadyrl up`: broker, topics and every service as processes (steadyrl.local.supervisor), with
 `--scale`, a progress line from the learner's /progress (on a terminal, the live panel of
 steadyrl/cli/panel.py instead, each service's lines in `<state-dir>/logs/`), and a stop when
 its run is done.
 
 Which broker: without `--bootstrap`, its own, in `<state-dir>/broker` (data in `--broker-data`,
 default `<state-dir>/broker/data`), known by its pid file and cluster id; it is started if it
-is not running, kept running (steadyrl.supervisor.BrokerWatch: restarted when it dies or halts,
+is not running, kept running (steadyrl.local.supervisor.BrokerWatch: restarted when it dies or halts,
 a full data volume reported by name) and stopped at the end if `up` started it. A broker of
 another stack on `--port` is refused (exit 2), never used: only `--bootstrap` uses a broker
 `up` did not start. Every port `up` would listen on (the broker's two, each service's) is
 checked before anything starts: one already taken stops `up` with exit 2, naming the port and
 the process that holds it.
 
-Each service's `/livez` is watched (steadyrl.supervisor.Liveness: `--liveness-period`,
+Each service's `/livez` is watched (steadyrl.local.supervisor.Liveness: `--liveness-period`,
 `--liveness-failures`, `--liveness-start`): a service hung for good is stopped and restarted,
 counted with the other restarts. `up`'s own output survives a full volume or a closed pipe
 (steadyrl.output: a line it cannot print is dropped and counted, and said once it can print
@@ -22,7 +22,7 @@ again); supervision goes on.
 `steadyrl status` reads the learner's port there.
 
 Closed to other local processes by default (`_logins`, `_http_tokens`): its own broker takes
-SCRAM logins only (a principal per service, the ACLs of steadyrl/acl.py, passwords made anew at
+SCRAM logins only (a principal per service, the ACLs of steadyrl/local/acl.py, passwords made anew at
 every start in `<state-dir>/broker/secrets/`), so a process on the host without them can write
 no topic; the actor's /generate and the reward server's /score each take a token of their own
 (`<state-dir>/secrets/http-generate`, `http-score`, made anew at every start), which only the
@@ -31,7 +31,7 @@ folder whose broker was made so is refused without it (exit 2, naming why). With
 the cluster is used as it is (`--sasl --kafka-secrets DIR` to log in to it).
 
 Services are started by module name (`python -m steadyrl.services.<name>`): nothing here imports them.
-Their configuration is checked first, as each will read it, by steadyrl.configcheck in a process
+Their configuration is checked first, as each will read it, by steadyrl.local.configcheck in a process
 of its own (`check_config`): a bad key or value stops `up` with exit 2 before the broker starts.
 """
 
@@ -54,17 +54,17 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import httpx
 
-from steadyrl import acl, placement, ports
-from steadyrl import broker as b
 from steadyrl.bus import kafka
+from steadyrl.bus.topics import create_topics, load_catalogue
 from steadyrl.cli.common import CliError, _bootstrap, _local_broker, _require_broker, add_common_options
 from steadyrl.config import config_path
 from steadyrl.files import write_atomic
+from steadyrl.local import acl, jars, placement, ports
+from steadyrl.local import broker as b
+from steadyrl.local.stack import PolicyModel, StackError, StackSettings, load_stack
+from steadyrl.local.supervisor import BrokerWatch, Child, Liveness, Supervisor
 from steadyrl.output import guard_stdio
-from steadyrl.runfolder import run_finished
-from steadyrl.stack import PolicyModel, StackError, StackSettings, load_stack
-from steadyrl.supervisor import BrokerWatch, Child, Liveness, Supervisor
-from steadyrl.topics import create_topics, load_catalogue
+from steadyrl.run.runfolder import run_finished
 
 if TYPE_CHECKING:
     from steadyrl.cli.panel import LivePanel
@@ -77,7 +77,7 @@ SERVICES = {"reward-server": "steadyrl.services.reward.server", "actor": "steady
 #: The services `--scale` applies to, and the topic each consumes: its partitions bound N (an
 #: instance beyond them would get no partition).
 SCALE_INPUT = {"rollout": "rl.prompts", "reward": "rl.rollouts"}
-#: The Kafka principal (steadyrl/acl.py) each service logs in as under `--sasl`; the reward
+#: The Kafka principal (steadyrl/local/acl.py) each service logs in as under `--sasl`; the reward
 #: server talks to no broker.
 PRINCIPAL = {"actor": "actor", "rollout": "rollout", "reward": "reward", "learner": "learner"}
 SCALABLE = tuple(SCALE_INPUT)
@@ -124,7 +124,7 @@ def vllm_python() -> Path:
 
 
 def stack_settings(config: str | None) -> StackSettings:
-    """The stack settings `up` reads itself (steadyrl.stack: the actor's backend, the learner's
+    """The stack settings `up` reads itself (steadyrl.local.stack: the actor's backend, the learner's
     max_staleness and world_size, placement) from `--config` and STEADYRL_*, as the services
     read them. Raises CliError (2) naming each bad field."""
     try:
@@ -473,7 +473,7 @@ def _login(svc: str, secrets: Path | None) -> list[str]:
 
 
 def _placement(stack: StackSettings) -> dict[str, placement.ServicePlacement]:
-    """Each service's placement (steadyrl/placement.py): the stack's `placement:` section over
+    """Each service's placement (steadyrl/local/placement.py): the stack's `placement:` section over
     the default for this machine's CPUs, the learner's max_staleness and its world_size.
     Raises CliError (2) when the section does not fit the machine."""
     try:
@@ -521,13 +521,13 @@ def _service_flags(port_offset: int, state: Path) -> dict[str, list[str]]:
 
 
 def check_config(config: str | None, flags: dict[str, list[str]], source: str | None = None) -> None:
-    """Check the configuration as every service will read it (steadyrl.configcheck, in a process
+    """Check the configuration as every service will read it (steadyrl.local.configcheck, in a process
     of its own: the learner's config imports torch), before anything starts. Raises CliError
     (2) with one line per error, each once (an unknown section is not reported by every
     service). When the check itself cannot run, says so and returns: each service still
     checks its own at start. `source`: what `config` was written from (`up`'s own-things or
     --from-verl file), named in the error instead."""
-    cmd = [sys.executable, "-m", "steadyrl.configcheck", config or "", json.dumps(flags)]
+    cmd = [sys.executable, "-m", "steadyrl.local.configcheck", config or "", json.dumps(flags)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -559,7 +559,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     lb = own = None
     t_logins = 0.0   # seconds logins add to the start (credentials, ACLs, tokens), printed
     if bootstrap is None:
-        b.fetch()
+        jars.fetch()
         lb = own = _up_broker(args)
         print(f"starting Kafka broker ({lb.state_dir}, data in {lb.data}) ...", flush=True)
         bootstrap = lb.bootstrap
@@ -661,7 +661,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def liveness(args: argparse.Namespace) -> Liveness:
-    """How `up` watches each service's /livez (steadyrl.supervisor.Liveness), from
+    """How `up` watches each service's /livez (steadyrl.local.supervisor.Liveness), from
     --liveness-period, --liveness-failures and --liveness-start. Raises CliError (2)."""
     period = getattr(args, "liveness_period", Liveness.period_s)
     failures = getattr(args, "liveness_failures", Liveness.failures)

@@ -16,7 +16,7 @@ statistic and p-value (scipy `ks_2samp`, two-sided), mean, std (population) and 
 changes:
 
 - `--rescore SPEC`: the recorded rewards against the same samples scored again in-process by
-  `steadyrl.scorers.build_scorer(SPEC)` (a rule, `module:function`, `rm:<dir>`,
+  `steadyrl.model.scorers.build_scorer(SPEC)` (a rule, `module:function`, `rm:<dir>`,
   `embedding:all-minilm-l6-v2`), with the N largest per-sample changes and the mean change
   per recorded scorer. Answers "would another scorer have given these samples other rewards?".
 - no `--rescore`: the window's first half against its second half, in time order (split at

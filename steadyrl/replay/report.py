@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from steadyrl.contracts import RewardSource, ScoredGroup
+from steadyrl.model.scorers import Scorer, build_scorer
 from steadyrl.replay.window import Record, Window, format_ms
-from steadyrl.scorers import Scorer, build_scorer
+from steadyrl.wire.contracts import RewardSource, ScoredGroup
 
 
 # ---- re-scoring -------------------------------------------------------------------------------
@@ -44,7 +44,7 @@ def rescore(groups: Sequence[ScoredGroup], scorer: str | Scorer, rule_version: s
 
     Raises:
         ValueError / OSError: the spec cannot be built or its model loaded.
-        steadyrl.scorers.ScorerError: a model scorer failed on a batch.
+        steadyrl.model.scorers.ScorerError: a model scorer failed on a batch.
     """
     if isinstance(scorer, str):
         scorer = build_scorer(scorer, rule_version, batch_size)

@@ -9,12 +9,12 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # confluent_kafka.admin re-exports it without naming it
 
-from steadyrl import codec
 from steadyrl.bus.kafka import client_config
+from steadyrl.bus.topics import load_catalogue
 from steadyrl.bus.txn import TransactionalProducer
-from steadyrl.contracts import ScoredGroup
 from steadyrl.replay.window import Record
-from steadyrl.topics import load_catalogue
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import ScoredGroup
 
 
 def ensure_topic(bootstrap: str, topic: str, like: str = "rl.scored", timeout_s: float = 30.0) -> str:

@@ -11,9 +11,9 @@ from typing import cast
 
 from confluent_kafka import Consumer, TopicPartition
 
-from steadyrl import codec
 from steadyrl.bus.kafka import read_ranges, reader_config, retrying
-from steadyrl.contracts import ScoredGroup
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import ScoredGroup
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

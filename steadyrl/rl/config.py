@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from steadyrl.hardware import native_bf16
+from steadyrl.local.hardware import native_bf16
 from steadyrl.rl import algos, core
 
 
@@ -62,7 +62,7 @@ class TrainConfig(BaseModel):
                             "taken from fp32 logits). An update micro-batch of SmolLM2 is 1.59x faster on a Zen 4 "
                             "CPU with native bf16 (docs/benchmarks.md \"This machine's peak\"), ~90x slower on a "
                             "CPU without it. auto (the default): bf16 where the device computes bf16 natively "
-                            "(steadyrl.hardware.native_bf16: AVX-512 BF16 or AMX, an Ampere or later GPU), else "
+                            "(steadyrl.local.hardware.native_bf16: AVX-512 BF16 or AMX, an Ampere or later GPU), else "
                             "off; the learner logs which at start and saves the resolved value with the run.")
     oom_fallback: Literal["stay", "step", "off"] = Field(
         "stay", description="On out-of-memory in a step: retry it with gradient checkpointing and a 4x smaller "
@@ -140,7 +140,7 @@ class TrainConfig(BaseModel):
 
 def resolve_autocast(setting: str, device: str) -> tuple[Literal["off", "bf16"], str]:
     """The autocast an update on `device` runs with for the `autocast` setting, and why (for the
-    log): "auto" becomes "bf16" where steadyrl.hardware.native_bf16(device) says the device
+    log): "auto" becomes "bf16" where steadyrl.local.hardware.native_bf16(device) says the device
     computes bf16 natively, else "off"; "off" and "bf16" are kept ("configured")."""
     if setting == "off":
         return "off", "configured"

@@ -12,7 +12,7 @@ Two ways to hold the state (`train.sharding`). replicate: every rank holds the w
 optimizer state and rank 0 writes the checkpoint as a single rank does. fsdp: FSDP2 (`shard`)
 shards the trained parameters, gradients and AdamW moments; every rank keeps a plain copy of
 the whole weights, gathered after each step (`gather_into`), for the policy store, evaluation
-and drift; checkpoints are sharded, each rank writing its shards (steadyrl.checkpoint
+and drift; checkpoints are sharded, each rank writing its shards (steadyrl.run.checkpoint
 ShardWriter, on rank 0's `Leader.save`). Either way rank 0 restores any checkpoint whole and
 `sync` hands it to every rank before the first update, so a checkpoint written by N ranks
 resumes on M ranks.
@@ -402,7 +402,7 @@ class SyncedTrainer(Protocol):
 
 
 class ShardSaver(Protocol):
-    """A follower's writer of its shards of a checkpoint (steadyrl.checkpoint.ShardWriter)."""
+    """A follower's writer of its shards of a checkpoint (steadyrl.run.ckpt_writer.ShardWriter)."""
 
     def save(self, tmp: str, trainer: Any) -> None: ...
     def wait(self) -> None: ...
@@ -510,7 +510,7 @@ class Leader:
 
 def follow(trainer: SyncedTrainer, saver: ShardSaver | None = None) -> int:
     """A follower rank's loop: take rank 0's state, then step on each batch it sends (and, when
-    sharded, write its shards of each checkpoint with `saver`, a steadyrl.checkpoint
+    sharded, write its shards of each checkpoint with `saver`, a steadyrl.run.checkpoint
     ShardWriter), until it says stop. Returns 0. A non-finite step is skipped on every rank
     alike (NonFiniteStep)."""
     steps = 0

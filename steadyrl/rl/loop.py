@@ -18,12 +18,12 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from steadyrl.data import PromptRow
-from steadyrl.generation import SamplingParams, TorchGenerator
-from steadyrl.rewards import resolve_scorer, score_value
+from steadyrl.model.data import PromptRow
+from steadyrl.model.rewards import resolve_scorer, score_value
+from steadyrl.model.scorepool import DEADLINE, ScoringLimits
+from steadyrl.model.scorers import ScorerError, build_scorer, spec_kind
+from steadyrl.rl.generation import SamplingParams, TorchGenerator
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
-from steadyrl.scorepool import DEADLINE, ScoringLimits
-from steadyrl.scorers import ScorerError, build_scorer, spec_kind
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def prompt_seed(run_seed: int, epoch: int, index: int) -> int:
 
     About run_seed * 1e13, with no upper bound: a run_seed of ~1.85 million or more gives seeds
     >= 2**64, which torch.Generator refuses; the engines take it through
-    steadyrl.generation.engine_seed (mod 2**63), both the same way. Non-negative for
+    steadyrl.rl.generation.engine_seed (mod 2**63), both the same way. Non-negative for
     non-negative arguments (the Prompt contract's seed is >= 0)."""
     return (run_seed * 1_000_003 + epoch) * 10_000_019 + index
 
@@ -129,7 +129,7 @@ def run_loop(model: torch.nn.Module, tokenizer: Any, rows: list[PromptRow], cfg:
 class ScorerRaisedOnEveryItem(ValueError):
     """The evaluation's scorer failed on every item (raised, timed out, crashed, returned what
     is not a finite number): no accuracy can be measured. The message is the first item's
-    error, which names the scorer (`steadyrl.rewards.raised`, steadyrl.scorepool)."""
+    error, which names the scorer (`steadyrl.model.rewards.raised`, steadyrl.model.scorepool)."""
 
 
 @torch.no_grad()
@@ -141,7 +141,7 @@ def evaluate(model: torch.nn.Module, tokenizer: Any, rows: list[PromptRow], scor
     """Greedy accuracy: share of rows whose reward is >= 1.0. Returns (accuracy, per-item results).
 
     The scorer runs as the reward server runs it: a rule in worker processes with `limits`
-    (steadyrl.scorepool; default ScoringLimits(): item_timeout_s, memory_limit_mb, each
+    (steadyrl.model.scorepool; default ScoringLimits(): item_timeout_s, memory_limit_mb, each
     generation batch scored within call_deadline_s), a model scorer in this process. on_batch
     is called after each generation batch (a service beats its liveness there), and on_progress
     with (rows done, rows) before the first batch and after each. An item the scorer fails on

@@ -1,6 +1,6 @@
 """What tests and benchmarks share to drive and judge a pipeline run, in one place:
 
-- `steadyrl.testing.run`: steadyrl.runfolder's `RunDir`, the one reader of a learner run's
+- `steadyrl.testing.run`: steadyrl.run.runfolder's `RunDir`, the one reader of a learner run's
   files (state.json, consumed.jsonl, summary.json), `Counts` with the learner's own key names
   (`Count`), `current`, `run_finished`, `run_ids`;
 - `steadyrl.testing.audit`: the one exactly-once audit (`audit_run` from the run's files and

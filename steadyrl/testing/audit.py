@@ -31,10 +31,10 @@ from typing import Any, Protocol, TypeVar
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from steadyrl import codec
 from steadyrl.bus.kafka import client_config, read_topic
-from steadyrl.contracts import DLQRecord, EpisodeState, Prompt, RolloutGroup, ScoredGroup
 from steadyrl.testing.run import RunDir
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import DLQRecord, EpisodeState, Prompt, RolloutGroup, ScoredGroup
 
 #: The consumer groups of the two stages (the services' default `group_id`).
 STAGE_GROUPS = {"rollout": "steadyrl-rollout", "reward": "steadyrl-reward"}

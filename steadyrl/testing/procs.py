@@ -20,9 +20,9 @@ import httpx
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from steadyrl import codec
 from steadyrl.bus.kafka import client_config
-from steadyrl.contracts import Contract
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import Contract
 
 C = TypeVar("C", bound=Contract)
 

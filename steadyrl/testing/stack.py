@@ -16,9 +16,10 @@ from typing import Any
 
 import httpx
 
-from steadyrl.broker import LocalBroker, fetch
 from steadyrl.cli import SERVICE_PORTS
-from steadyrl.runview import Metrics, parse_metrics  # here too: the harness's names
+from steadyrl.local.broker import LocalBroker
+from steadyrl.local.jars import fetch
+from steadyrl.run.runview import Metrics, parse_metrics  # here too: the harness's names
 from steadyrl.testing.procs import REPO
 from steadyrl.testing.run import RunDir
 

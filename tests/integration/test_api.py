@@ -6,7 +6,7 @@ import os
 import pytest
 
 import steadyrl
-from steadyrl.broker import free_port_pair
+from steadyrl.local.ports import free_port_pair
 from tests.helpers import ROOT
 
 

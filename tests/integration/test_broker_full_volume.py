@@ -1,5 +1,5 @@
 """The broker's data on a volume of its own that fills up (issue 34): Kafka halts when its only
-log folder fails; steadyrl.supervisor.BrokerWatch (what `up` runs) reports the volume by name
+log folder fails; steadyrl.local.supervisor.BrokerWatch (what `up` runs) reports the volume by name
 with its free bytes and starts the broker again once space returns. Needs a tmpfs of the test's
 own (root); skipped elsewhere."""
 
@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from steadyrl.broker import LocalBroker, free_port_pair
-from steadyrl.supervisor import BrokerWatch
-from steadyrl.topics import create_topics
+from steadyrl.bus.topics import create_topics
+from steadyrl.local.broker import LocalBroker
+from steadyrl.local.ports import free_port_pair
+from steadyrl.local.supervisor import BrokerWatch
 from tests.helpers import producer, unique_prefix
 
 

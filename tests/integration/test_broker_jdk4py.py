@@ -16,7 +16,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from steadyrl.broker import LocalBroker, fetch, free_port, java_binary
+from steadyrl.local.broker import LocalBroker
+from steadyrl.local.jars import fetch, java_binary
+from steadyrl.local.ports import free_port
 
 
 @pytest.mark.slow

@@ -5,8 +5,9 @@ import time
 
 import pytest
 
-from steadyrl.broker import LocalBroker, free_port
-from steadyrl.topics import create_topics
+from steadyrl.bus.topics import create_topics
+from steadyrl.local.broker import LocalBroker
+from steadyrl.local.ports import free_port
 from tests.helpers import producer, read_all, unique_prefix
 
 N = 3000

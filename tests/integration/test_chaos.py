@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from steadyrl.broker import free_port_pair
+from steadyrl.local.ports import free_port_pair
 from steadyrl.testing import KINDS, REPO, RunDir, audit_run, explain
 
 

@@ -5,10 +5,10 @@ extends its last committed state (steadyrl/testing/audit.py audit_episodes)."""
 
 import time
 
-from steadyrl import codec
-from steadyrl.broker import free_port
-from steadyrl.contracts import EpisodeState, Prompt, RolloutGroup
+from steadyrl.local.ports import free_port
 from steadyrl.testing.audit import audit_episodes
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import EpisodeState, Prompt, RolloutGroup
 from tests.helpers import ROOT, ServiceProc, decode_all, produce_all, read_all
 
 N = 16

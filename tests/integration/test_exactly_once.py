@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-from steadyrl import codec
-from steadyrl.contracts import ScoredGroup
-from steadyrl.topics import create_topics
+from steadyrl.bus.topics import create_topics
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import ScoredGroup
 from tests.helpers import ServiceProc, decode_all, produce_all, read_all, rollout_group, unique_prefix
 
 N = 200

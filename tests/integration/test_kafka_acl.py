@@ -1,4 +1,4 @@
-"""Kafka with SCRAM logins and ACLs (steadyrl/acl.py) on a real broker: the tiny pipeline runs
+"""Kafka with SCRAM logins and ACLs (steadyrl/local/acl.py) on a real broker: the tiny pipeline runs
 with one principal per service, and what an unauthorised principal writes is refused by the
 broker, so the learner never reads it."""
 
@@ -9,13 +9,15 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from steadyrl import acl, codec
-from steadyrl.broker import LocalBroker, ensure_password, free_port
 from steadyrl.bus import kafka
 from steadyrl.bus.kafka import KafkaAuth, client_config
-from steadyrl.contracts import Prompt, ScoredGroup
+from steadyrl.bus.topics import create_topics
+from steadyrl.local import acl
+from steadyrl.local.broker import LocalBroker, ensure_password
+from steadyrl.local.ports import free_port
 from steadyrl.testing import audit_pipeline, explain, unique_prefix
-from steadyrl.topics import create_topics
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import Prompt, ScoredGroup
 from tests.helpers import rollout_group
 from tests.integration.test_pipeline import Up, _config
 

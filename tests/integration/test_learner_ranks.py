@@ -79,7 +79,7 @@ def test_sigkill_of_rank_1_restarts_the_group_and_nothing_is_lost_or_trained_twi
         up.close()
     assert "resuming run from checkpoint" in up.log()
     if sharding == "fsdp":   # every checkpoint of the run is sharded: format 3, both ranks' shards
-        from steadyrl import checkpoint as ck
+        from steadyrl.run import checkpoint as ck
 
         ckpts = list((up.run().path / "checkpoints").glob("step_*"))
         assert ckpts

@@ -11,8 +11,8 @@ import pyarrow.dataset as ds
 import pytest
 import yaml
 
-from steadyrl.broker import free_port_pair
-from steadyrl.runfolder import RunDir
+from steadyrl.local.ports import free_port_pair
+from steadyrl.run.runfolder import RunDir
 from tests.helpers import own_things
 
 REWARD = '''

@@ -15,11 +15,11 @@ import httpx
 import pytest
 import yaml
 
-from steadyrl import codec
-from steadyrl.contracts import ScoredGroup
-from steadyrl.quarantine import read_quarantine
+from steadyrl.run.quarantine import read_quarantine
 from steadyrl.testing import RunDir, audit_pipeline, explain, read_all, run_ids, unique_prefix, up_child_pid
 from steadyrl.testing.stack import parse_metrics
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import ScoredGroup
 from tests.helpers import ROOT
 
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -106,7 +106,7 @@ def _audit_exactly_once(up: Up, bootstrap: str, steps: int, batch: int = 8) -> N
 
 def _published_weights(up: Up) -> dict:
     """The tensors of the last policy version the run announced, every byte checked."""
-    from steadyrl import policy_files
+    from steadyrl.run import policy_files
 
     st = up.run().state
     return policy_files.read_version((up.state / "policies").resolve(), st["policy_uri"], st["policy_sha256"])
@@ -133,7 +133,7 @@ def test_staleness_0_pipeline_equals_the_in_process_loop(bootstrap, tmp_path):
     Tolerance: exact (max |diff| == 0) is expected on this CPU path; the assertion allows 1e-6
     for BLAS kernels that sum in a batch-size dependent order.
     """
-    from steadyrl.models import load_policy
+    from steadyrl.model.models import load_policy
     from steadyrl.rl.loop import LoopConfig, run_loop
     from steadyrl.rl.trainer import TrainConfig
     from steadyrl.services.learner.config import load_dataset
@@ -247,7 +247,7 @@ def test_learner_killed_three_times_ends_bitwise_equal_to_the_uninterrupted_loop
     then at step 22 of 30. Each restart goes on from the newest complete checkpoint (throwing
     away up to 4 steps, whose groups are redone with the same seeds): the final weights equal
     run_loop's exactly, and the audit log holds every prompt once."""
-    from steadyrl.models import load_policy
+    from steadyrl.model.models import load_policy
     from steadyrl.rl.loop import LoopConfig, run_loop
     from steadyrl.rl.trainer import TrainConfig
     from steadyrl.services.learner.config import load_dataset

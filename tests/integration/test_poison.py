@@ -54,13 +54,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from steadyrl import codec
 from steadyrl.bus.kafka import read_topic
 from steadyrl.bus.records import RECORD_FRAMING_BYTES, record_bytes
-from steadyrl.contracts import DLQReason, DLQRecord, Prompt, RolloutGroup, Sample, ScoredGroup
+from steadyrl.bus.topics import load_catalogue
 from steadyrl.testing import audit_run, committed_offsets, producer, stage_audit
 from steadyrl.testing.audit import STAGE_GROUPS
-from steadyrl.topics import load_catalogue
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import DLQReason, DLQRecord, Prompt, RolloutGroup, Sample, ScoredGroup
 from tests.integration.test_pipeline import Up, _config
 
 STEPS, BATCH = 30, 8
@@ -368,7 +368,7 @@ def test_poison_on_every_topic_never_stops_the_pipeline(bootstrap, tmp_path: Pat
     poison = unserved + others + keyed
     out = up.log()
 
-    # the run reached its last step, and nothing restarted (steadyrl/supervisor.py's wording)
+    # the run reached its last step, and nothing restarted (steadyrl/local/supervisor.py's wording)
     assert rc == 0, out[-4000:]
     run = up.run()
     assert len(run.summary()["reward_per_step"]) == STEPS

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from steadyrl.broker import free_port
 from steadyrl.cli import SERVICE_PORTS
+from steadyrl.local.ports import free_port
 from tests.deploy.test_prometheus_rules import PROMETHEUS_HINT, RULES
 from tests.helpers import need_tool
 from tests.integration.test_pipeline import Up, _config

@@ -14,14 +14,14 @@ from types import SimpleNamespace
 
 from confluent_kafka import Producer
 
-from steadyrl import codec
 from steadyrl.bus.kafka import read_topic
-from steadyrl.contracts import QuarantineAction, QuarantinedGroup
-from steadyrl.quarantine import RELEASE_HEADER, batch_id, decide, read_quarantine
+from steadyrl.run.quarantine import RELEASE_HEADER, batch_id, decide, read_quarantine
 from steadyrl.services.learner import loop
 from steadyrl.services.learner.config import LearnerConfig
 from steadyrl.services.learner.intake import open_consumer
 from steadyrl.services.learner.state import Held, RunState
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import QuarantineAction, QuarantinedGroup
 from tests.services.learner.conftest import FakeOutbox, scored
 
 

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from scipy.stats import ks_2samp
 
-from steadyrl import codec
 from steadyrl import replay as rp
+from steadyrl.bus.topics import create_topics
 from steadyrl.cli import main
-from steadyrl.contracts import Prompt, RolloutGroup, Sample, ScoredGroup
-from steadyrl.rewards import tiny_copy
-from steadyrl.topics import create_topics
+from steadyrl.model.rewards import tiny_copy
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import Prompt, RolloutGroup, Sample, ScoredGroup
 from tests.helpers import decode_all, read_all, unique_prefix
 from tests.scorers import strict_tiny_copy
 

@@ -1,5 +1,5 @@
 """Kafka with replication (issue 20, point 5): the tiny pipeline under `steadyrl up` on a local
-three-node KRaft cluster (steadyrl.broker.LocalCluster: each node broker and controller, every
+three-node KRaft cluster (steadyrl.local.cluster.LocalCluster: each node broker and controller, every
 topic with replication 3 and min.insync.replicas 2). Mid-run the node that leads every partition
 of rl.scored is SIGKILLed; the run must finish with the exactly-once audit passing (every
 published prompt trained once, none lost, each stage exactly once), and the training stall the
@@ -21,9 +21,11 @@ import time
 import pytest
 import yaml
 
-from steadyrl.broker import LocalCluster, fetch, free_port_pair
+from steadyrl.bus.topics import create_topics, load_catalogue
+from steadyrl.local.cluster import LocalCluster
+from steadyrl.local.jars import fetch
+from steadyrl.local.ports import free_port_pair
 from steadyrl.testing import REPO, Pipeline, RunDir, audit_pipeline, explain
-from steadyrl.topics import create_topics, load_catalogue
 
 STEPS = 40
 KILL_AT_STEP = 12          # the learner's step when the leader of rl.scored is killed

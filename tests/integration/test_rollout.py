@@ -4,9 +4,9 @@ import time
 
 import httpx
 
-from steadyrl import codec
-from steadyrl.broker import free_port
-from steadyrl.contracts import DLQRecord, Prompt, RolloutGroup
+from steadyrl.local.ports import free_port
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import DLQRecord, Prompt, RolloutGroup
 from tests.helpers import ServiceProc, decode_all, produce_all, read_all
 
 N = 12

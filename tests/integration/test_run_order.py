@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from steadyrl import policy_files
+from steadyrl.run import policy_files
 from tests.helpers import ROOT, ServiceProc
 
 FAKE_CLOCK = Path(__file__).with_name("fake_clock.py")

@@ -5,8 +5,8 @@ import time
 
 import httpx
 
-from steadyrl import codec
-from steadyrl.contracts import DLQReason, DLQRecord, ScoredGroup
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import DLQReason, DLQRecord, ScoredGroup
 from tests.helpers import ServiceProc, decode_all, produce_all, read_all, rollout_group
 
 
@@ -147,7 +147,7 @@ def test_a_stage_closed_with_its_transaction_open_aborts_it(bootstrap, prefix):
     from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
     from steadyrl.bus.stage import Output, Stage
-    from steadyrl.contracts import RewardSource, RolloutGroup
+    from steadyrl.wire.contracts import RewardSource, RolloutGroup
 
     def handle(g, meta):
         scored = ScoredGroup(group=g, rewards=[1.0], reward_source=RewardSource.rule, scorer="test")

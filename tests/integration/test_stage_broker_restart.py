@@ -13,11 +13,12 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 
-from steadyrl import codec
-from steadyrl.broker import LocalBroker, free_port
 from steadyrl.bus.stage import Output, Stage
-from steadyrl.contracts import RewardSource, RolloutGroup, ScoredGroup
-from steadyrl.topics import create_topics
+from steadyrl.bus.topics import create_topics
+from steadyrl.local.broker import LocalBroker
+from steadyrl.local.ports import free_port
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import RewardSource, RolloutGroup, ScoredGroup
 from tests.helpers import decode_all, produce_all, read_all, rollout_group, unique_prefix
 
 

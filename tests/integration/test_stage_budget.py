@@ -10,10 +10,10 @@ from collections import Counter
 import pytest
 from prometheus_client import REGISTRY
 
-from steadyrl import codec
 from steadyrl.bus.stage import RECORD_FRAMING_BYTES, Output, RetryLater, Stage, record_bytes
-from steadyrl.contracts import DLQReason, DLQRecord, RewardSource, RolloutGroup, ScoredGroup
-from steadyrl.topics import load_catalogue
+from steadyrl.bus.topics import load_catalogue
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import DLQReason, DLQRecord, RewardSource, RolloutGroup, ScoredGroup
 from tests.helpers import decode_all, read_all, rollout_group
 
 
@@ -177,7 +177,7 @@ def test_an_oversize_or_unencodable_output_goes_to_the_dlq_and_the_rest_commits_
 
 def nan_scorer(data_source, solution_str, ground_truth, extra_info=None):
     """numeric_match, but NaN for a response containing "nan" (a scorer that returns NaN)."""
-    from steadyrl.rewards import numeric_match
+    from steadyrl.model.rewards import numeric_match
 
     return float("nan") if "nan" in solution_str else numeric_match(data_source, solution_str, ground_truth, extra_info)
 

@@ -1,11 +1,11 @@
-"""steadyrl.topics.topic_id against the real broker: the identity a run's offsets are
+"""steadyrl.bus.topics.topic_id against the real broker: the identity a run's offsets are
 checked against on resume."""
 
 import time
 
 import pytest
 
-from steadyrl.topics import create_topics, topic_id
+from steadyrl.bus.topics import create_topics, topic_id
 from tests.helpers import unique_prefix
 
 

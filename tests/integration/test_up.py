@@ -12,7 +12,8 @@ import httpx
 import pytest
 import yaml
 
-from steadyrl.broker import LocalBroker, free_port_pair
+from steadyrl.local.broker import LocalBroker
+from steadyrl.local.ports import free_port_pair
 from tests.helpers import ROOT
 
 
@@ -79,8 +80,8 @@ def test_up_then_ctrl_c_stops_everything(tmp_path):
 
 def test_up_gives_each_service_its_placement_and_each_reports_what_it_got(bootstrap, tmp_path):
     """At max_staleness 2 the actor and the learner run at once: each gets its share of the
-    cores (steadyrl/placement.py), and its /metrics says what it got (threads, CPUs)."""
-    from steadyrl import placement
+    cores (steadyrl/local/placement.py), and its /metrics says what it got (threads, CPUs)."""
+    from steadyrl.local import placement
     from tests.integration.test_pipeline import Up, _config
 
     want = placement.default_placement(placement.available_cpus(), max_staleness=2)
@@ -103,7 +104,7 @@ def test_up_gives_each_service_its_placement_and_each_reports_what_it_got(bootst
 
 def _offset() -> int:
     """A --port-offset whose service ports are all free now."""
-    from steadyrl import ports
+    from steadyrl.local import ports
 
     while True:
         offset = 3000 + random.randrange(20000)
@@ -119,7 +120,7 @@ def _run_up(tmp_path, port: int, offset: int, *extra: str) -> subprocess.Complet
 
 
 def _nothing_started(tmp_path, port: int, offset: int) -> None:
-    from steadyrl import ports
+    from steadyrl.local import ports
 
     assert not (tmp_path / "state" / "broker" / "broker.pid").exists()
     assert not (tmp_path / "state" / "broker" / "cluster.id").exists()   # not even formatted
@@ -134,8 +135,9 @@ def test_up_refuses_a_foreign_broker_on_its_port_and_leaves_that_stack_alone(tmp
     checks is refused by its cluster id (ForeignBroker)."""
     from confluent_kafka.admin import AdminClient
 
-    from steadyrl.broker import ForeignBroker, random_cluster_id
-    from steadyrl.topics import create_topics
+    from steadyrl.bus.topics import create_topics
+    from steadyrl.local.broker import ForeignBroker
+    from steadyrl.local.cluster import random_cluster_id
 
     port, offset = free_port_pair(), _offset()
     foreign = LocalBroker(tmp_path / "foreign", port=port, controller_port=port + 1)
@@ -176,7 +178,7 @@ def test_up_with_a_busy_service_port_stops_before_starting_anything(tmp_path):
         assert f"port {8300 + offset}, for reward-0" in r.stderr, r.stderr
         assert f"is held by pid {os.getpid()} (" in r.stderr, r.stderr
         assert r.stdout == ""
-        from steadyrl import ports
+        from steadyrl.local import ports
 
         assert not ports.taken(port)   # no broker
         assert not (tmp_path / "state" / "broker" / "broker.pid").exists()

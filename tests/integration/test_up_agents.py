@@ -12,8 +12,8 @@ import time
 import pytest
 import yaml
 
-from steadyrl.broker import free_port_pair
-from steadyrl.runfolder import RunDir
+from steadyrl.local.ports import free_port_pair
+from steadyrl.run.runfolder import RunDir
 from tests.helpers import ROOT, own_things
 
 

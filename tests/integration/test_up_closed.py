@@ -23,12 +23,13 @@ import httpx
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from steadyrl import codec
-from steadyrl.broker import LocalBroker, free_port_pair
 from steadyrl.bus.kafka import KafkaAuth, client_config
-from steadyrl.contracts import Prompt, ScoredGroup
 from steadyrl.httpproof import ProvenToken
-from steadyrl.runfolder import RunDir
+from steadyrl.local.broker import LocalBroker
+from steadyrl.local.ports import free_port_pair
+from steadyrl.run.runfolder import RunDir
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import Prompt, ScoredGroup
 from tests.helpers import own_things, rollout_group
 
 STEPS = 10_000   # still training when the checks are done: then stopped as Ctrl-C does

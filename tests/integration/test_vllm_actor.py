@@ -18,11 +18,12 @@ import httpx
 import pytest
 import torch
 
-from steadyrl import codec, policy_files
-from steadyrl.checkpoint import unique_tensors
-from steadyrl.contracts import PolicyUpdate
-from steadyrl.models import tiny_model, tiny_tokenizer
+from steadyrl.model.models import tiny_model, tiny_tokenizer
 from steadyrl.rl.core import token_logprobs
+from steadyrl.run import policy_files
+from steadyrl.run.tensors import unique_tensors
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import PolicyUpdate
 from tests.helpers import ServiceProc, produce_all
 
 RUN = "r20261201T120000-vllm"
@@ -88,7 +89,7 @@ def actor(bootstrap, tmp_path_factory):
     from steadyrl.testing.procs import unique_prefix
 
     prefix = unique_prefix()
-    from steadyrl.topics import create_topics
+    from steadyrl.bus.topics import create_topics
 
     create_topics(bootstrap, prefix)
     base = tiny_folder(tmp / "base")
@@ -136,7 +137,7 @@ def test_generates_with_the_served_versions_log_probs(actor):
 def test_a_seed_above_2_64_is_reduced_as_the_torch_backend_reduces_it(actor):
     """Issue 33: a learner.seed of ~1.85 million or more gives prompt seeds >= 2**64; the vLLM
     backend passed them on and torch.Generator refused them. Both engines now take
-    steadyrl.generation.engine_seed (mod 2**63): 2**64 + 3 samples as 3 does."""
+    steadyrl.rl.generation.engine_seed (mod 2**63): 2**64 + 3 samples as 3 does."""
     svc = actor["svc"]
     body = {"n": 4, "max_new_tokens": 12, "temperature": 1.0}
     big = generate(svc, {**body, "prompts": [{"prompt_ids": [5, 6, 7], "seed": 2**64 + 3},

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from steadyrl import agents
-from steadyrl.contracts import Prompt, RolloutGroup
-from steadyrl.models import tiny_tokenizer
+from steadyrl.model.models import tiny_tokenizer
 from steadyrl.services.rollout.episodes import AgentSection, EpisodeRunner, make_episode_handler
+from steadyrl.wire.contracts import Prompt, RolloutGroup
 
 
 def add(a: int, b: int) -> int:
@@ -261,7 +261,7 @@ def test_tools_run_in_an_episode_and_their_results_come_back_as_tool_messages(tm
 def test_a_one_turn_prompt_is_written_as_before_the_tool_role():
     """Regression: ChatMessage.name (prompt 1.4) as `"name": null` in every message made the
     single-turn worker's /generate body invalid (the actor's messages are string maps: 422)."""
-    from steadyrl import codec
+    from steadyrl.wire import codec
 
     value, _ = codec.encode(_prompt())
     assert b'"messages":[{"role":"user","content":"7"}]' in value

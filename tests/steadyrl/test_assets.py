@@ -2,9 +2,9 @@
 
 import pytest
 
-from steadyrl import broker
 from steadyrl.assets import ASSETS, asset_dir, user_cache_dir
-from steadyrl.data import DATA_DIR, dataset_path
+from steadyrl.local import jars
+from steadyrl.model.data import DATA_DIR, dataset_path
 from tests.helpers import ROOT
 
 
@@ -31,11 +31,11 @@ def test_user_cache_dir_is_steadyrl_cache_else_xdg_else_home(monkeypatch, tmp_pa
 def test_broker_jars_go_to_the_user_cache_per_manifest(monkeypatch, tmp_path):
     monkeypatch.delenv("STEADYRL_KAFKA_LIBS", raising=False)
     monkeypatch.setenv("STEADYRL_CACHE", str(tmp_path))
-    libs = broker.libs_dir()
+    libs = jars.libs_dir()
     assert libs.parent.parent == tmp_path / "broker" and libs.name == "libs"
-    assert libs.parent.name.startswith("4.") and not libs.is_relative_to(broker.BROKER_DIR.resolve())
+    assert libs.parent.name.startswith("4.") and not libs.is_relative_to(jars.BROKER_DIR.resolve())
     monkeypatch.setenv("STEADYRL_KAFKA_LIBS", str(tmp_path / "jars"))
-    assert broker.libs_dir() == tmp_path / "jars"
+    assert jars.libs_dir() == tmp_path / "jars"
 
 
 def test_a_relative_data_path_is_the_working_folders_else_the_shipped_copy(monkeypatch, tmp_path):

@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from steadyrl.broker import LocalBroker, LocalCluster, random_cluster_id
-from steadyrl.topics import create_topics
+from steadyrl.bus.topics import create_topics
+from steadyrl.local.broker import LocalBroker
+from steadyrl.local.cluster import LocalCluster, random_cluster_id
 
 
 def props(broker: LocalBroker) -> dict[str, str]:
@@ -86,7 +87,7 @@ def test_a_broker_made_without_logins_is_refused_logins_and_one_made_with_them_i
     """Issue 46: `up` takes logins by default. A state folder's broker formatted PLAINTEXT (by an
     `up` before that, or --insecure) holds no admin credential: starting it with logins would
     hang on its own login, so format() refuses at once, naming why and --insecure."""
-    from steadyrl.broker import NoLogins
+    from steadyrl.local.broker import NoLogins
 
     old = LocalBroker(tmp_path / "old", port=1000, controller_port=1001)
     (old.data).mkdir(parents=True)

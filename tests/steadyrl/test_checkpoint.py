@@ -6,9 +6,11 @@ import shutil
 import pytest
 import torch
 
-from steadyrl import checkpoint as ck
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
+from steadyrl.run import checkpoint as ck
+from steadyrl.run import ckpt_writer, shards, signing
+from steadyrl.run import tensors as tensors_mod
 
 CONFIG = {"model": "tiny", "tokenizer": "tiny-chars", "algorithm": "grpo"}
 
@@ -23,7 +25,7 @@ def _trained(steps=2, seed=0):
 
 def _save(root, step=2, **kw):
     model, tr = _trained(step)
-    return ck.write(root, step, ck.snapshot(model, tr.opt, tr.sched), {"global_step": step, "rng": ck.rng_state()},
+    return ck.write(root, step, ck.snapshot(model, tr.opt, tr.sched), {"global_step": step, "rng": tensors_mod.rng_state()},
                     CONFIG, **kw), model, tr
 
 
@@ -42,7 +44,7 @@ def test_round_trip_restores_weights_optimizer_scheduler_and_rng(tmp_path):
     s1, s2 = tr.opt.state_dict()["state"], tr2.opt.state_dict()["state"]
     assert all(torch.equal(s1[k]["exp_avg"], s2[k]["exp_avg"]) for k in s1)
     torch.manual_seed(0)
-    ck.set_rng_state(meta["rng"])  # the RNG state saved at step 2 continues identically
+    tensors_mod.set_rng_state(meta["rng"])  # the RNG state saved at step 2 continues identically
     torch.manual_seed(123)
     assert torch.equal(torch.rand(3), want_next)
 
@@ -98,12 +100,16 @@ import os
 import sys
 from pathlib import Path
 from tests.steadyrl.test_checkpoint import CONFIG, _trained
-from steadyrl import checkpoint as ck
+from steadyrl.run import checkpoint as ck
+from steadyrl.run import ckpt_writer
+from steadyrl.run import shards
+from steadyrl.run import signing
+from steadyrl.run import tensors as tensors_mod
 model, tr = _trained(1)
 root = Path(sys.argv[1])
 ck.write(root, 1, ck.snapshot(model, tr.opt, tr.sched), {"global_step": 1}, CONFIG)
 os.environ["STEADYRL_FAILPOINT"] = sys.argv[2]  # armed for the second save only
-saver = ck.AsyncCheckpointer(root, CONFIG)
+saver = ckpt_writer.AsyncCheckpointer(root, CONFIG)
 saver.save(2, model, tr.opt, tr.sched, {"global_step": 2})  # the failpoint SIGKILLs us mid-write
 saver.wait()
 print("not killed")
@@ -138,7 +144,7 @@ def test_kill_9_in_the_middle_of_a_save_leaves_the_previous_checkpoint_latest(tm
 
 def test_async_save_writes_the_snapshot_not_later_updates(tmp_path):
     model, tr = _trained(1)
-    saver = ck.AsyncCheckpointer(tmp_path, CONFIG)
+    saver = ckpt_writer.AsyncCheckpointer(tmp_path, CONFIG)
     want = {k: v.clone() for k, v in model.state_dict().items()}
     saver.save(1, model, tr.opt, tr.sched, {"global_step": 1})
     with torch.no_grad():  # the step loop goes on changing the weights
@@ -185,7 +191,7 @@ def test_streamed_safetensors_read_back_with_the_library_and_hash_matches(tmp_pa
 
     tensors = {"bf16": torch.randn(3, 5).to(torch.bfloat16), "scalar": torch.tensor(7.0),
                "empty": torch.zeros(0, 4), "i64": torch.arange(10), "t": torch.randn(4, 6).t()}  # non-contiguous
-    entry = ck.write_safetensors(tmp_path / "x.safetensors", tensors, {"step": "3"})
+    entry = tensors_mod.write_safetensors(tmp_path / "x.safetensors", tensors, {"step": "3"})
     back = load_file(str(tmp_path / "x.safetensors"))
     assert set(back) == set(tensors) and all(torch.equal(back[k], tensors[k]) for k in tensors)
     assert back["bf16"].dtype == torch.bfloat16 and back["scalar"].shape == ()
@@ -243,8 +249,8 @@ def test_a_malformed_manifest_is_a_checkpoint_error_and_falls_back(tmp_path, man
 # -- format 3: the same tables as torch.distributed.checkpoint shards ---------------------------
 def _sharded_save(tr: Trainer, root, step: int) -> None:
     """A format-3 save on one process (no group: DCP writes one shard file, __0_0.distcp)."""
-    saver = ck.AsyncCheckpointer(root, CONFIG)
-    saver.save_sharded(step, tr, {"global_step": tr.global_step, "rng": ck.rng_state()}, announce=lambda tmp: None)
+    saver = ckpt_writer.AsyncCheckpointer(root, CONFIG)
+    saver.save_sharded(step, tr, {"global_step": tr.global_step, "rng": tensors_mod.rng_state()}, announce=lambda tmp: None)
     saver.wait()
     assert saver.last_verified_step == step
 
@@ -314,12 +320,12 @@ def _plant_code(step_dir, marker) -> None:
     import pickle
 
     meta_path = step_dir / "shards" / ".metadata"
-    md = ck.shard_metadata(step_dir / "shards")
+    md = shards.shard_metadata(step_dir / "shards")
     md.planner_data = {"x": _RunsCode(marker)}
     meta_path.write_bytes(pickle.dumps(md))
     mpath = step_dir / "manifest.json"
     manifest = json.loads(mpath.read_text())
-    manifest["files"]["shards/.metadata"] = ck._file_entry(meta_path)
+    manifest["files"]["shards/.metadata"] = tensors_mod.file_entry(meta_path)
     mpath.write_text(json.dumps(manifest, indent=2))
 
 
@@ -358,15 +364,15 @@ def test_the_shards_metadata_may_only_point_at_listed_plain_files(tmp_path):
     _, tr = _trained()
     _sharded_save(tr, tmp_path, 1)
     step_dir = tmp_path / "step_000001"
-    md = ck.shard_metadata(step_dir / "shards")
+    md = shards.shard_metadata(step_dir / "shards")
     index = next(iter(md.storage_data))
     md.storage_data[index].relative_path = "../meta.json"
     with pytest.raises(ck.CheckpointError, match=r"points at .*\.\./meta\.json.*only plain files"):
-        ck.shard_metadata(step_dir / "shards", pickle.dumps(md))
+        shards.shard_metadata(step_dir / "shards", pickle.dumps(md))
     for junk, why in ((b"not a pickle", "not a distributed checkpoint's metadata"),
                       (pickle.dumps({"a": 1}), r"not a distributed checkpoint's metadata \(a dict\)")):
         with pytest.raises(ck.CheckpointError, match=why):
-            ck.shard_metadata(step_dir / "shards", junk)
+            shards.shard_metadata(step_dir / "shards", junk)
 
 
 def test_a_signed_checkpoint_verifies_only_under_its_key_and_unsigned_ones_only_without(tmp_path, capsys):
@@ -374,12 +380,12 @@ def test_a_signed_checkpoint_verifies_only_under_its_key_and_unsigned_ones_only_
 
     model, tr = _trained(1)
     ck.write(tmp_path / "whole", 1, ck.snapshot(model, tr.opt, tr.sched), {}, CONFIG, key=KEY)
-    saver = ck.AsyncCheckpointer(tmp_path / "sharded", CONFIG, key=KEY)
+    saver = ckpt_writer.AsyncCheckpointer(tmp_path / "sharded", CONFIG, key=KEY)
     saver.save_sharded(1, tr, {"global_step": 1}, announce=lambda tmp: None)
     saver.wait()
     assert saver.last_verified_step == 1          # verified after writing, with the key
     for folder in (tmp_path / "whole" / "step_000001", tmp_path / "sharded" / "step_000001"):
-        assert (folder / ck.SIGNATURE).read_text().startswith("hmac-sha256 ")
+        assert (folder / signing.SIGNATURE).read_text().startswith("hmac-sha256 ")
         ck.verify(folder, CONFIG, KEY)
         ck.verify(folder, CONFIG)                 # no key: not checked (as the last main read them)
         with pytest.raises(ck.CheckpointError, match="does not match manifest.json under the configured key"):

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from steadyrl import codec
-from steadyrl.contracts import (
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import (
     LOGPROB_MAX,
     LOGPROB_MIN,
     DLQReason,

@@ -33,8 +33,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from steadyrl import codec
-from steadyrl.contracts import (
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import (
     ALL_CONTRACTS,
     INT64_MAX,
     LOGPROB_MAX,

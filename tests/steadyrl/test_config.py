@@ -186,9 +186,9 @@ def test_a_verl_name_keeps_its_verl_hint(tmp_path):
 
 def test_the_stack_check_says_each_error_once(tmp_path):
     """An unknown top-level section was reported by the reward server, the rollout and the reward
-    workers, after the broker and services had started; steadyrl.configcheck reads the file as
+    workers, after the broker and services had started; steadyrl.local.configcheck reads the file as
     every service does, before anything starts, and says each error once."""
-    from steadyrl import configcheck
+    from steadyrl.local import configcheck
 
     f = tmp_path / "c.yaml"
     f.write_text("lerner:\n  steps: 3\nlearner:\n  max_new_token: 8\n")

@@ -3,9 +3,9 @@ import json
 import jsonschema
 import pytest
 
-from steadyrl import codec
-from steadyrl.contracts import ALL_CONTRACTS, DLQReason, DLQRecord, Prompt, RolloutGroup, ScoredGroup
-from steadyrl.schemas import check_schemas, json_schema, schema_path
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import ALL_CONTRACTS, DLQReason, DLQRecord, Prompt, RolloutGroup, ScoredGroup
+from steadyrl.wire.schemas import check_schemas, json_schema, schema_path
 from tests.helpers import rollout_group
 
 

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from steadyrl.config import ConfigError, load
-from steadyrl.data import load_rows, where
-from steadyrl.limits import GenerationLimits
-from steadyrl.models import load_policy
+from steadyrl.local.limits import GenerationLimits
+from steadyrl.model.data import load_rows, where
+from steadyrl.model.models import load_policy
 from steadyrl.services.learner.config import LearnerConfig, LearnerSection, load_dataset
 from steadyrl.services.learner.prompt_gate import PromptGate
 from steadyrl.services.learner.rows import check_rows, refuse_too_few

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from steadyrl.data import (
+from steadyrl.model.data import (
     DatasetChanged,
     JsonlRows,
     ParquetRows,

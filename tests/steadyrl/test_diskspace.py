@@ -17,10 +17,10 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
-from steadyrl import diskspace, policy_files
 from steadyrl.config import ConfigError
 from steadyrl.files import append_lines, write_atomic
-from steadyrl.rollout_cache import RolloutCache, rows_of
+from steadyrl.run import diskspace, policy_files
+from steadyrl.run.rollout_cache import RolloutCache, rows_of
 from tests.steadyrl.test_rollout_cache import _scored
 from tests.tmpfs import fill, small_fs
 
@@ -144,7 +144,7 @@ def test_a_policy_version_the_disk_refuses_leaves_the_previous_one_and_no_tempor
 
 def test_the_policy_store_retries_a_full_disk_and_announces_only_the_written_version(tmp_path, monkeypatch,
                                                                                      no_sleep):
-    from steadyrl.models import load_policy
+    from steadyrl.model.models import load_policy
     from steadyrl.services.learner.policy_store import PolicyStore
     from steadyrl.services.learner.state import RunState
     from tests.services.learner.conftest import FakeOutbox
@@ -165,11 +165,12 @@ def test_the_policy_store_retries_a_full_disk_and_announces_only_the_written_ver
 
 def test_a_checkpoint_the_disk_refuses_is_retried_and_latest_stays_the_last_good_one(tmp_path, monkeypatch,
                                                                                        no_sleep):
-    from steadyrl import checkpoint as ck
+    from steadyrl.run import checkpoint as ck
+    from steadyrl.run import ckpt_writer
     from tests.steadyrl.test_checkpoint import CONFIG, _trained
 
     model, tr = _trained()
-    saver = ck.AsyncCheckpointer(tmp_path, CONFIG, keep=3)
+    saver = ckpt_writer.AsyncCheckpointer(tmp_path, CONFIG, keep=3)
     saver.save(1, model, tr.opt, tr.sched, {"global_step": 1})
     saver.wait()
     seen: list[str] = []
@@ -179,7 +180,7 @@ def test_a_checkpoint_the_disk_refuses_is_retried_and_latest_stays_the_last_good
         seen.append((root / "LATEST").read_text().strip())   # what a reader finds while the disk refuses
         return real(root, step, *a, **kw)
 
-    monkeypatch.setattr(ck, "write", write)
+    monkeypatch.setattr(ckpt_writer, "write", write)
     refuse_fsync(monkeypatch, times=2)
     saver.save(2, model, tr.opt, tr.sched, {"global_step": 2})
     saver.wait()   # no error: the refusals were retried

@@ -9,9 +9,9 @@ import sys
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from steadyrl import generation
-from steadyrl.generation import SamplingParams, TorchGenerator, sequence_bytes
-from steadyrl.models import tiny_config, tiny_model, tiny_tokenizer
+from steadyrl.model.models import tiny_config, tiny_model, tiny_tokenizer
+from steadyrl.rl import generation
+from steadyrl.rl.generation import SamplingParams, TorchGenerator, sequence_bytes
 from tests.helpers import ROOT
 
 # 16 answers of 512 tokens over SmolLM2's vocabulary: full-vocabulary logits kept per token
@@ -19,8 +19,8 @@ from tests.helpers import ROOT
 # bytes = 6.4 GB at their peak; the sampled token's log-prob per step is 32 KB.
 _LONG = """
 import json, resource, torch
-from steadyrl.generation import SamplingParams, TorchGenerator
-from steadyrl.models import tiny_config, tiny_tokenizer
+from steadyrl.rl.generation import SamplingParams, TorchGenerator
+from steadyrl.model.models import tiny_config, tiny_tokenizer
 from transformers import LlamaForCausalLM
 torch.manual_seed(0)
 model = LlamaForCausalLM(tiny_config(49152, max_position_embeddings=1024))

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry
 
-from steadyrl.hardware import HardwareCollector
+from steadyrl.local.hardware import HardwareCollector
 
 
 class FakeNVML:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from steadyrl.broker import free_port_pair
-from steadyrl.models import load_policy, tiny_model, tiny_tokenizer
-from steadyrl.stack import StackError, hf_cache_dir, load_stack, resolve_model
+from steadyrl.local.ports import free_port_pair
+from steadyrl.local.stack import StackError, hf_cache_dir, load_stack, resolve_model
+from steadyrl.model.models import load_policy, tiny_model, tiny_tokenizer
 from tests.helpers import ROOT
 
 REPO = "steadyrl-test/tiny-llama"

@@ -115,7 +115,7 @@ def test_the_finder_sees_a_cycle():
 
 def test_steadyrl_has_no_import_cycle():
     files = module_files()
-    assert "steadyrl.runfolder" in files and "steadyrl.cli.up" in files
+    assert "steadyrl.run.runfolder" in files and "steadyrl.cli.up" in files
     graph = import_graph(files)
-    assert "steadyrl.runfolder" in graph["steadyrl.cli.up"]
+    assert "steadyrl.run.runfolder" in graph["steadyrl.cli.up"]
     assert cycles(graph) == []

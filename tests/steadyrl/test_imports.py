@@ -70,7 +70,7 @@ def f():
     importlib.import_module("steadyrl.services.rollout")
     return __import__("steadyrl.services.actor")
 from . import sibling
-from steadyrl.scorers import build_scorer
+from steadyrl.model.scorers import build_scorer
 '''
     hits = [(line, m) for line, m in imported_modules(ast.parse(src)) if is_services(m)]
     assert [line for line, _ in hits] == [2, 3, 4, 4, 5, 5, 7, 7, 9, 10]

@@ -5,8 +5,8 @@ dependency down; a Retry-After can say 60 s, the whole liveness window)."""
 import threading
 from types import SimpleNamespace
 
-from steadyrl import checkpoint
 from steadyrl.bus.stage import Stage
+from steadyrl.run import ckpt_writer
 
 
 def test_the_wait_for_the_checkpoint_writer_beats(tmp_path, monkeypatch):
@@ -19,15 +19,15 @@ def test_the_wait_for_the_checkpoint_writer_beats(tmp_path, monkeypatch):
         assert beaten.wait(60), "wait() did not beat while the write was in flight"
         return tmp_path / "step_000001"
 
-    monkeypatch.setattr(checkpoint, "snapshot", lambda *a: {})
-    monkeypatch.setattr(checkpoint, "write", write)
+    monkeypatch.setattr(ckpt_writer, "snapshot", lambda *a: {})
+    monkeypatch.setattr(ckpt_writer, "write", write)
 
     def beat():
         beats.append(1)
         if len(beats) >= 2:
             beaten.set()
 
-    saver = checkpoint.AsyncCheckpointer(tmp_path, {}, verify=False, beat=beat)
+    saver = ckpt_writer.AsyncCheckpointer(tmp_path, {}, verify=False, beat=beat)
     saver.save(1, None, None, None, {})
     saver.wait()
     assert len(beats) >= 2 and saver.last_seconds is not None

@@ -37,7 +37,7 @@ def registered() -> dict[str, str]:
         except ImportError as e:
             if e.name is None or not e.name.startswith(OPTIONAL):
                 raise
-    from steadyrl import hardware
+    from steadyrl.local import hardware
 
     hardware.register()
     out = {}

@@ -82,7 +82,7 @@ def test_print_under_guard_stdio_survives_a_closed_stdout():
 def test_the_supervisor_keeps_reading_a_child_whose_lines_cannot_be_shown(tmp_path):
     """Regression: a pump thread died at the first failed write, the child's pipe filled and the
     child blocked for good on its next line."""
-    from steadyrl.supervisor import Child, Supervisor
+    from steadyrl.local.supervisor import Child, Supervisor
 
     r, w = os.pipe()
     os.close(r)

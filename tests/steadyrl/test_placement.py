@@ -1,4 +1,4 @@
-"""steadyrl/placement.py: the default share of the machine, explicit overrides, bad input."""
+"""steadyrl/local/placement.py: the default share of the machine, explicit overrides, bad input."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from steadyrl import placement
-from steadyrl.placement import Placement, ServicePlacement, default_placement, format_cpus, parse_cpus, resolve
+from steadyrl.local import placement
+from steadyrl.local.placement import Placement, ServicePlacement, default_placement, format_cpus, parse_cpus, resolve
 from tests.helpers import ROOT
 
 TWO, EIGHT = frozenset({0, 1}), frozenset(range(8))

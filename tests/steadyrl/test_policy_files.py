@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from steadyrl import policy_files
-from steadyrl.policy_files import PolicyRefused, check_run, prune
+from steadyrl.run import policy_files
+from steadyrl.run.policy_files import PolicyRefused, check_run, prune
 
 A, B, C, D = ("r20261101T000000-aaaa", "r20261102T000000-bbbb", "r20261103T000000-cccc",
               "r20261104T000000-dddd")
@@ -77,7 +77,7 @@ def test_a_run_id_that_is_not_a_folder_name_is_refused(tmp_path):
     record name the earlier run's folder under another run id string."""
     import pytest
 
-    from steadyrl.policy_files import PolicyRefused, check_run, version_dir
+    from steadyrl.run.policy_files import PolicyRefused, check_run, version_dir
 
     folder = tmp_path / version_dir("r20260101T000000-abcd", 3)
     folder.mkdir(parents=True)
@@ -122,7 +122,7 @@ def test_a_new_run_id_sorts_after_the_newest_run_when_the_clock_is_behind(tmp_pa
     later = "r20261203T130000-0000"   # started an hour after the skewed clock's now, random bits 0
     (tmp_path / "state" / A).mkdir(parents=True)
     (tmp_path / "policies" / later / "v000003").mkdir(parents=True)   # seen only in the policy root
-    with caplog.at_level("WARNING", logger="steadyrl.policy_files"):
+    with caplog.at_level("WARNING", logger="steadyrl.run.policy_files"):
         run = policy_files.new_run_id(tmp_path / "state", tmp_path / "policies", now=NOON)
     assert run[:16] == "r20261203T130001" and run > later and policy_files.RUN_ID.fullmatch(run)
     (rec,) = caplog.records
@@ -135,7 +135,7 @@ def test_a_new_run_id_sorts_after_the_newest_run_when_the_clock_is_behind(tmp_pa
 def test_two_runs_within_one_second_sort_in_start_order(tmp_path, caplog):
     """Before, the random bits ordered them: the second run sorted first half the time."""
     (tmp_path / "r20261203T120000-ffff").mkdir()
-    with caplog.at_level("WARNING", logger="steadyrl.policy_files"):
+    with caplog.at_level("WARNING", logger="steadyrl.run.policy_files"):
         run = policy_files.new_run_id(tmp_path, now=NOON + 0.5)
     assert run[:16] == "r20261203T120001"
     assert not caplog.records   # the clock is not behind: nothing to warn about

@@ -2,7 +2,7 @@ import sys
 
 import pytest
 
-from steadyrl.rewards import extract_answer, numeric_match, resolve_scorer, score_value
+from steadyrl.model.rewards import extract_answer, numeric_match, resolve_scorer, score_value
 
 
 @pytest.mark.parametrize("solution,truth,score", [
@@ -50,7 +50,7 @@ def test_score_value():
 
 
 def test_format_and_length_rewards():
-    from steadyrl.rewards import format_reward, length_penalty, numeric_match_formatted, tiny_copy
+    from steadyrl.model.rewards import format_reward, length_penalty, numeric_match_formatted, tiny_copy
 
     assert format_reward("", " 42 ", "") == 1.0 and format_reward("", "the answer is 4", "") == 0.0
     assert format_reward("", "\\boxed{3}", "") == 1.0 and format_reward("", "#### 1,200", "") == 1.0
@@ -107,7 +107,7 @@ def test_a_module_beside_the_user_imports_without_pythonpath(tmp_path, monkeypat
 def test_a_reward_file_that_raises_as_it_is_imported_is_a_value_error(tmp_path, body):
     """Regression (review of issue 46): a RuntimeError at import escaped resolve_scorer, so the
     reward server exited 1 (restarted for ever) instead of 2 naming the scorer."""
-    from steadyrl.rewards import resolve_scorer
+    from steadyrl.model.rewards import resolve_scorer
 
     (tmp_path / "bad_import.py").write_text(body)
     with pytest.raises(ValueError, match=r"bad_import.py:fn' cannot be loaded: importing it raised"):

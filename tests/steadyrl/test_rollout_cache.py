@@ -4,8 +4,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from steadyrl.contracts import Prompt, RewardSource, RolloutGroup, Sample, ScoredGroup
-from steadyrl.rollout_cache import SCHEMA, SCHEMA_KEY, CacheSchemaError, RolloutCache, rows_of
+from steadyrl.run.rollout_cache import SCHEMA, SCHEMA_KEY, CacheSchemaError, RolloutCache, rows_of
+from steadyrl.wire.contracts import Prompt, RewardSource, RolloutGroup, Sample, ScoredGroup
 
 
 def _scored(i: int) -> ScoredGroup:

@@ -1,4 +1,4 @@
-"""steadyrl.scorepool.ScoringPool: a user's reward item by item in worker processes with hard
+"""steadyrl.model.scorepool.ScoringPool: a user's reward item by item in worker processes with hard
 limits (issue 46). A timeout kills and replaces the process, a crash costs its item, the
 memory limit holds, the call's deadline bounds the wait; the pool serves on after each."""
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from steadyrl.rewards import NotAReward, score_value
-from steadyrl.scorepool import DEADLINE, ScoringLimits, ScoringPool, absolute_spec
+from steadyrl.model.rewards import NotAReward, score_value
+from steadyrl.model.scorepool import DEADLINE, ScoringLimits, ScoringPool, absolute_spec
 
 REWARD = '''
 import os, signal, time

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from steadyrl.cli import main as cli
-from steadyrl.models import tiny_config, tiny_tokenizer
-from steadyrl.scorers import EmbeddingScorer, RewardModelScorer, build_scorer
+from steadyrl.model.models import tiny_config, tiny_tokenizer
+from steadyrl.model.scorers import EmbeddingScorer, RewardModelScorer, build_scorer
 from steadyrl.services.reward.server import RewardServer, RewardServerSection, ScoreItem, add_routes
 
 

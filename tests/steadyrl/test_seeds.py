@@ -1,5 +1,5 @@
 """Issue 33: both actor engines reduce a prompt's seed the same way, through
-steadyrl.generation.engine_seed (mod 2**63). A learner.seed of ~1.85 million or more gives
+steadyrl.rl.generation.engine_seed (mod 2**63). A learner.seed of ~1.85 million or more gives
 prompt seeds >= 2**64 (steadyrl/rl/loop.py prompt_seed); the torch backend reduced them, the
 vLLM one passed them on and torch.Generator refused them. The engine itself:
 tests/integration/test_vllm_actor.py (needs .venv-vllm)."""
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from steadyrl.generation import SEED_MODULUS, SamplingParams, TorchGenerator, engine_seed, sample_seed
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
+from steadyrl.rl.generation import SEED_MODULUS, SamplingParams, TorchGenerator, engine_seed, sample_seed
 from steadyrl.rl.loop import prompt_seed
 from steadyrl.services.actor.vllm_engine import request_kwargs
 

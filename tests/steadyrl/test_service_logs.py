@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from steadyrl.cli import main
-from steadyrl.supervisor import _pump
+from steadyrl.local.supervisor import _pump
 
 
 def test_the_pump_keeps_whole_lines_in_the_file_and_the_last_redraw_on_the_terminal(tmp_path):
@@ -24,7 +24,7 @@ def test_the_pump_keeps_whole_lines_in_the_file_and_the_last_redraw_on_the_termi
 
 
 def test_a_supervised_child_writes_its_log_file(tmp_path):
-    from steadyrl.supervisor import Child, Supervisor
+    from steadyrl.local.supervisor import Child, Supervisor
 
     sup = Supervisor([Child("reward-0", [sys.executable, "-c", "print('hello'); import sys; "
                                           "print('oops', file=sys.stderr)"], port=1)],

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from steadyrl import generation
-from steadyrl.generation import SamplingParams, TorchGenerator
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
+from steadyrl.rl import generation
+from steadyrl.rl.generation import SamplingParams, TorchGenerator
 
 
 def _prompts(k: int) -> list[list[int]]:

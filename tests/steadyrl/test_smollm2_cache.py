@@ -1,4 +1,4 @@
-"""The SmolLM2 cache (steadyrl.models.smollm2_cached) built by the learner's ranks at once on a
+"""The SmolLM2 cache (steadyrl.model.models.smollm2_cached) built by the learner's ranks at once on a
 fresh machine. Regression: transformers' save_pretrained writes nothing on a rank > 0 of an
 initialised torch.distributed group, so rank 1 renamed a folder of tokenizer files alone into
 the cache first, and every load after failed ("Should have a `model_type` key in its
@@ -10,8 +10,8 @@ import os
 
 import torch.multiprocessing as mp
 
-from steadyrl import models
-from steadyrl.broker import free_port
+from steadyrl.local.ports import free_port
+from steadyrl.model import models
 
 
 def _rank(rank: int, world: int, port: int, cache: str) -> None:

@@ -1,11 +1,11 @@
-"""steadyrl.stack: the settings more than one process reads, defined once (up's placement and
+"""steadyrl.local.stack: the settings more than one process reads, defined once (up's placement and
 the actor's interpreter; the learner's section extends LearnerStack)."""
 
 from __future__ import annotations
 
 import pytest
 
-from steadyrl.stack import SMOLLM2, ActorStack, LearnerStack, PolicyModel, StackError, VLLMStack, load_stack
+from steadyrl.local.stack import SMOLLM2, ActorStack, LearnerStack, PolicyModel, StackError, VLLMStack, load_stack
 
 
 @pytest.fixture(autouse=True)

@@ -8,8 +8,8 @@ import io
 import sys
 import time
 
-from steadyrl.broker import free_port
-from steadyrl.supervisor import Child, Liveness, Supervisor
+from steadyrl.local.ports import free_port
+from steadyrl.local.supervisor import Child, Liveness, Supervisor
 
 #: A service stand-in: /readyz answers READY; /livez 200 for 1 s, then (first life only: the
 #: marker file) BAD: "503" or "hang" (no answer). SIGTERM is ignored, as by a loop that hangs.

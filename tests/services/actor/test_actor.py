@@ -3,8 +3,8 @@ import torch
 from safetensors.torch import save_model
 
 from steadyrl.files import sha256_file
-from steadyrl.models import tiny_model
-from steadyrl.policy_files import PolicyRefused
+from steadyrl.model.models import tiny_model
+from steadyrl.run.policy_files import PolicyRefused
 from steadyrl.services.actor import gate
 from steadyrl.services.actor.config import ActorConfig, ActorSection
 from steadyrl.services.actor.follower import ServedVersion
@@ -107,7 +107,7 @@ def test_a_record_without_a_run_id_is_refused_by_name(tmp_path):
 
 
 def test_seeded_samples_do_not_depend_on_the_batch(tmp_path):
-    from steadyrl.generation import SamplingParams
+    from steadyrl.rl.generation import SamplingParams
 
     actor = _actor(tmp_path)
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6)
@@ -140,9 +140,9 @@ def test_within_a_run_the_newest_record_wins_even_a_lower_version(tmp_path):
 
 
 def _version(root, seed: int, vocab: int, run: str = "r20261129T100000-aaaa", version: int = 1):
-    """A policy version folder (steadyrl/policy_files.py) of the tiny model with `seed`; (uri, sha256)."""
-    from steadyrl import policy_files
-    from steadyrl.checkpoint import unique_tensors
+    """A policy version folder (steadyrl/run/policy_files.py) of the tiny model with `seed`; (uri, sha256)."""
+    from steadyrl.run import policy_files
+    from steadyrl.run.tensors import unique_tensors
 
     rel = policy_files.version_dir(run, version)
     sha = policy_files.write_version(root, rel, unique_tensors(tiny_model(vocab, seed=seed).state_dict()))
@@ -168,7 +168,7 @@ def test_a_version_folder_is_loaded_and_every_shard_checked(tmp_path):
 def test_an_index_naming_a_file_outside_its_folder_is_refused(tmp_path):
     import json
 
-    from steadyrl.policy_files import INDEX
+    from steadyrl.run.policy_files import INDEX
 
     actor = _actor(tmp_path)
     uri, _ = _version(tmp_path, seed=5, vocab=len(actor.model.tok))
@@ -189,9 +189,9 @@ def test_a_version_that_cannot_be_loaded_is_refused_and_the_follower_goes_on(tmp
 
     from prometheus_client import REGISTRY
 
-    from steadyrl.contracts import PolicyUpdate
-    from steadyrl.policy_files import INDEX
+    from steadyrl.run.policy_files import INDEX
     from steadyrl.services.actor.follower import PolicyFollower
+    from steadyrl.wire.contracts import PolicyUpdate
 
     actor = _actor(tmp_path)
     folder = tmp_path / "r20261129T100000-aaaa" / "v000001"

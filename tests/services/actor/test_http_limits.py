@@ -127,7 +127,7 @@ def test_non_finite_log_probs_are_422_not_500(served):
 
 
 def test_anything_else_it_cannot_send_as_json_is_422(served, monkeypatch):
-    from steadyrl.generation import Completion
+    from steadyrl.rl.generation import Completion
 
     work, url = served
     monkeypatch.setattr(routes, "check_finite", lambda out, t: None)  # the route's own net catches it

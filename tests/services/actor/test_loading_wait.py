@@ -10,8 +10,8 @@ import pytest
 from safetensors.torch import save_model
 
 from steadyrl.files import sha256_file
-from steadyrl.models import tiny_model
-from steadyrl.policy_files import PolicyRefused
+from steadyrl.model.models import tiny_model
+from steadyrl.run.policy_files import PolicyRefused
 from steadyrl.services.actor import gate
 from steadyrl.services.actor.config import ActorSection
 from steadyrl.services.actor.follower import ServedVersion

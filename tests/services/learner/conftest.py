@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from steadyrl import codec
-from steadyrl.contracts import Prompt, RewardSource, RolloutGroup, Sample, ScoredGroup
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import Prompt, RewardSource, RolloutGroup, Sample, ScoredGroup
 
 
 class FakeOutbox:

@@ -6,8 +6,9 @@ import logging
 
 from prometheus_client import REGISTRY
 
-from steadyrl import checkpoint as ck
 from steadyrl.config import ConfigError
+from steadyrl.run import checkpoint as ck
+from steadyrl.run import ckpt_writer, signing, tensors
 from tests.services.learner.conftest import Msg, scored
 
 
@@ -54,7 +55,7 @@ def test_a_checkpoint_that_does_not_verify_after_writing_is_not_counted_and_does
             f.write(b"\x01" if f.read(1) != b"\x01" else b"\x02")
         return path
 
-    monkeypatch.setattr(ck, "write", write_then_rot)
+    monkeypatch.setattr(ckpt_writer, "write", write_then_rot)
     _step(lrn, seed=1)
     with caplog.at_level(logging.ERROR):
         lrn.saver.wait()                                             # no error raised: the run goes on
@@ -63,12 +64,12 @@ def test_a_checkpoint_that_does_not_verify_after_writing_is_not_counted_and_does
 
 
 def test_verification_can_be_turned_off(tmp_path):
-    from steadyrl.models import load_policy
+    from steadyrl.model.models import load_policy
     from steadyrl.rl.trainer import TrainConfig, Trainer
 
     model, tok = load_policy("tiny")
     tr = Trainer(model, tok.pad_token_id, TrainConfig())
-    saver = ck.AsyncCheckpointer(tmp_path, {"model": "tiny"}, verify=False)
+    saver = ckpt_writer.AsyncCheckpointer(tmp_path, {"model": "tiny"}, verify=False)
     saver.save(3, model, tr.opt, tr.sched, {})
     saver.wait()
     assert saver.last_verified_step is None and saver.last_verify_seconds is None
@@ -116,8 +117,8 @@ def test_a_state_saved_before_the_training_settings_names_no_change(caplog):
 def _sharded_checkpoint(lrn, step: int) -> None:
     """A format-3 checkpoint of the learner's trainer at `step` in its run's checkpoints (one
     process: DCP writes one shard), as a sharded learner writes it, with the meta a resume reads."""
-    meta = {"global_step": step, "rng": ck.rng_state(), "learner_state": lrn.state.model_dump(mode="json")}
-    saver = ck.AsyncCheckpointer(lrn.run_dir / "checkpoints", lrn.saver.config, key=lrn.saver.key)
+    meta = {"global_step": step, "rng": tensors.rng_state(), "learner_state": lrn.state.model_dump(mode="json")}
+    saver = ckpt_writer.AsyncCheckpointer(lrn.run_dir / "checkpoints", lrn.saver.config, key=lrn.saver.key)
     saver.save_sharded(step, lrn.trainer, meta, announce=lambda tmp: None)
     saver.wait()
     assert saver.last_verified_step == step
@@ -174,7 +175,7 @@ def test_with_a_key_checkpoints_are_signed_and_a_resume_takes_only_signed_ones(m
     signed.saver.wait()
     signed.cache.close()
     folder = signed.run_dir / "checkpoints" / "step_000001"
-    assert (folder / ck.SIGNATURE).is_file() and signed.saver.last_verified_step == 1
+    assert (folder / signing.SIGNATURE).is_file() and signed.saver.last_verified_step == 1
     resumed = make_learner(checkpoint_every=1, checkpoint_key_file=key_file)
     assert resumed.state.run_id == signed.state.run_id and resumed.state.step == 1
     resumed.cache.close()

@@ -8,11 +8,11 @@ import json
 
 from prometheus_client import REGISTRY
 
-from steadyrl import codec
-from steadyrl.contracts import DLQReason
 from steadyrl.services.learner.config import LearnerSection, load_dataset
 from steadyrl.services.learner.feeder import Feeder
 from steadyrl.services.learner.state import InFlight, RunState
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import DLQReason
 from tests.services.learner.conftest import FakeOutbox, Msg, scored
 
 

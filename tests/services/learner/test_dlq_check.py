@@ -9,10 +9,10 @@ import json
 import pytest
 from prometheus_client import REGISTRY
 
-from steadyrl import codec
-from steadyrl.contracts import DLQReason, DLQRecord
 from steadyrl.services.learner.dlq_check import named_attempt, reason_service, stage_could_refuse, uncounted
 from steadyrl.services.reward.client import scorer_error_detail
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import DLQReason, DLQRecord
 from tests.services.learner.conftest import Msg
 
 PREFIX = "p."   # the deployment's topic prefix

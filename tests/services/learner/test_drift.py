@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from steadyrl.models import tiny_config
+from steadyrl.model.models import tiny_config
 from steadyrl.services.learner.drift import ParamDrift, kl_trend, layer_of
 
 

@@ -3,7 +3,7 @@ rows with the same settings is read back, not run again; other weights, rows or 
 
 import torch
 
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.services.learner import report
 from steadyrl.services.learner.config import LearnerSection
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from steadyrl.config import ConfigError
-from steadyrl.runfolder import Count
+from steadyrl.run.runfolder import Count
 from steadyrl.services.learner import report
 
 

@@ -4,7 +4,7 @@ tiny model scored 0 everywhere trained to a model equal to the base, with no wor
 
 import json
 
-from steadyrl.runfolder import Counts
+from steadyrl.run.runfolder import Counts
 from steadyrl.services.learner.flat import FlatSteps, flat_rewards
 from tests.services.learner.conftest import Msg, scored
 

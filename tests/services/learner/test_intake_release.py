@@ -5,12 +5,12 @@ releases nothing."""
 
 from prometheus_client import REGISTRY
 
-from steadyrl import codec
-from steadyrl.contracts import Prompt, RewardSource, RolloutGroup, Sample, ScoredGroup
-from steadyrl.quarantine import RELEASE_HEADER, batch_id
+from steadyrl.run.quarantine import RELEASE_HEADER, batch_id
 from steadyrl.services.learner.config import LearnerSection
 from steadyrl.services.learner.intake import Intake
 from steadyrl.services.learner.state import Held, InFlight, RunState
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import Prompt, RewardSource, RolloutGroup, Sample, ScoredGroup
 
 
 class Msg:

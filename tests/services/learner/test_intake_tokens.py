@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from steadyrl.contracts import DLQReason, DLQRecord
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.services.learner.tokens import TokenLimits
+from steadyrl.wire.contracts import DLQReason, DLQRecord
 from tests.services.learner.conftest import Msg, scored
 
 
@@ -60,7 +60,7 @@ def test_a_group_the_model_cannot_take_goes_to_the_dlq_and_its_prompt_goes_out_a
 def test_a_negative_id_is_outside_the_vocabulary_too():
     """The contracts refuse negative ids (TokenId) before the learner sees them; the learner's
     check does not count on it (a group built in-process, or a reader of an older minor)."""
-    from steadyrl.contracts import Prompt, RewardSource, RolloutGroup, Sample, ScoredGroup
+    from steadyrl.wire.contracts import Prompt, RewardSource, RolloutGroup, Sample, ScoredGroup
 
     p = Prompt(prompt_id="r/e0-i1", epoch=0, index=1, messages=[{"role": "user", "content": "3"}], n_samples=1)
     sample = Sample.model_construct(text="x", token_ids=[4, -1], logprobs=[-1.0, -1.0], finish_reason="stop")
@@ -71,7 +71,7 @@ def test_a_negative_id_is_outside_the_vocabulary_too():
 
 
 def test_a_released_copy_the_model_cannot_take_stays_held(make_learner):
-    from steadyrl.quarantine import RELEASE_HEADER
+    from steadyrl.run.quarantine import RELEASE_HEADER
 
     lrn = make_learner()
     st = lrn.state

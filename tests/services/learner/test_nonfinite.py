@@ -6,11 +6,11 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
-from steadyrl import checkpoint as ck
-from steadyrl import policy_files
-from steadyrl.contracts import QuarantinedGroup
 from steadyrl.rl import core
+from steadyrl.run import checkpoint as ck
+from steadyrl.run import policy_files, tensors
 from steadyrl.services.learner.state import RunState
+from steadyrl.wire.contracts import QuarantinedGroup
 from tests.services.learner.conftest import Msg, scored
 
 
@@ -71,7 +71,7 @@ def test_the_policy_store_refuses_non_finite_weights(make_learner):
     with torch.no_grad():
         next(lrn.model.parameters())[0, 0] = float("inf")
     st.step = 1
-    with pytest.raises(ck.NonFiniteWeights, match=r"policy version 1 of run .*: refusing to write non-finite "
+    with pytest.raises(tensors.NonFiniteWeights, match=r"policy version 1 of run .*: refusing to write non-finite "
                                                   r"weights: model\.embed_tokens\.weight hold NaN or infinity"):
         lrn.store.publish(lrn.model, st)
     assert st.policy_uri == uri and len(lrn.outbox.on("rl.policy")) == sent       # nothing announced
@@ -88,6 +88,6 @@ def test_a_checkpoint_refuses_non_finite_weights_and_writes_nothing(make_learner
         next(iter(snap["model"].values())).view(-1)[3] = float("nan")
     else:
         snap["optimizer"]["state"][0]["exp_avg"].view(-1)[0] = float("nan")
-    with pytest.raises(ck.NonFiniteWeights, match=f"checkpoint step 1: {where}: refusing"):
+    with pytest.raises(tensors.NonFiniteWeights, match=f"checkpoint step 1: {where}: refusing"):
         ck.write(tmp_path / "ckpts", 1, snap, {}, {"model": "tiny"})
     assert not (tmp_path / "ckpts").exists() or not any((tmp_path / "ckpts").iterdir())

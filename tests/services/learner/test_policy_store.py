@@ -4,8 +4,8 @@ and each publish prunes by policy_files.prune's rule (earlier runs too)."""
 import shutil
 from pathlib import Path
 
-from steadyrl import policy_files
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
+from steadyrl.run import policy_files
 from steadyrl.services.learner.policy_store import PolicyStore
 from steadyrl.services.learner.state import RunState
 from tests.services.learner.conftest import FakeOutbox

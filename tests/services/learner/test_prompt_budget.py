@@ -138,8 +138,8 @@ def test_a_resume_with_other_rows_left_out_never_publishes_a_prompt_id_twice(mak
 def test_a_dlq_records_long_error_is_kept_cut_short(make_learner):
     """Regression (review): a forged DLQ record's 900 KB error went whole into state.abandoned,
     state.json grew to 18 MB after 20 of them."""
-    from steadyrl import codec
-    from steadyrl.contracts import DLQReason
+    from steadyrl.wire import codec
+    from steadyrl.wire.contracts import DLQReason
     from tests.services.learner.conftest import Msg
 
     lrn = make_learner(prompt_max_refusals=1, prompt_min_refusal_s=0)

@@ -8,8 +8,8 @@ import string
 import pytest
 from prometheus_client import REGISTRY
 
+from steadyrl.model.similarity import shingles
 from steadyrl.services.learner.prompt_gate import PromptGate
-from steadyrl.similarity import shingles
 
 QUESTION = ("A farmer has 17 sheep and buys 5 more every spring. Each sheep gives 3 kilograms of wool a "
             "year, sold at 12 dollars a kilogram at the market in town, where the farmer also sells honey "

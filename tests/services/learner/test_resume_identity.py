@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from steadyrl import checkpoint as ck
 from steadyrl.config import ConfigError
+from steadyrl.run import checkpoint as ck
 from steadyrl.services.learner.resume import open_run
 from steadyrl.services.learner.state import RunState
 

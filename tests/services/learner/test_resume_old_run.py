@@ -12,10 +12,10 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from steadyrl import policy_files
 from steadyrl.config import ConfigError
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl.trainer import Trainer
+from steadyrl.run import policy_files
 from steadyrl.services.learner.config import LearnerSection
 from steadyrl.services.learner.parts import Weights
 from steadyrl.services.learner.policy_store import PolicyStore

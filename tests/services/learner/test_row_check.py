@@ -12,9 +12,9 @@ import time
 import pytest
 
 from steadyrl.config import ConfigError
-from steadyrl.data import load_rows, open_rows
-from steadyrl.limits import GenerationLimits
-from steadyrl.models import load_policy
+from steadyrl.local.limits import GenerationLimits
+from steadyrl.model.data import load_rows, open_rows
+from steadyrl.model.models import load_policy
 from steadyrl.rl.loop import prompt_order
 from steadyrl.services.learner import rows as rows_mod
 from steadyrl.services.learner.config import LearnerSection

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from steadyrl.limits import GenerationLimits
-from steadyrl.models import load_policy
+from steadyrl.local.limits import GenerationLimits
+from steadyrl.model.models import load_policy
 from steadyrl.services.learner.config import LearnerConfig, LearnerSection, load_dataset
 from steadyrl.services.learner.rows import check_rows
 from tests.helpers import ROOT
@@ -111,7 +111,7 @@ def test_fewer_rows_than_a_step_exits_2_naming_the_file(tmp_path):
 
 
 def test_the_config_bounds_match_the_prompt_contract():
-    from steadyrl.contracts import Prompt
+    from steadyrl.wire.contracts import Prompt
 
     for field, contract in (("group_size", "n_samples"), ("max_new_tokens", "max_new_tokens")):
         bound = [m.le for m in Prompt.model_fields[contract].metadata if hasattr(m, "le")]
@@ -136,8 +136,8 @@ def test_a_file_that_is_not_a_dataset_exits_2_naming_it(tmp_path):
 def test_a_row_within_a_few_bytes_of_the_record_limit_is_left_out(tmp_path, tiny):
     """Regression (review): the check's record has placeholder ids; a real one is a few bytes
     longer, so a row just under the limit passed and failed at publish."""
-    from steadyrl import codec
     from steadyrl.services.learner.rows import RECORD_MARGIN, check_row, prompt_record
+    from steadyrl.wire import codec
 
     model, tok = tiny
     lc = LearnerSection(model="tiny", data="tiny_copy:8", eval_data=None, max_new_tokens=4)
@@ -153,7 +153,7 @@ def test_a_row_within_a_few_bytes_of_the_record_limit_is_left_out(tmp_path, tiny
 def test_a_group_too_large_for_one_record_is_refused_at_start_naming_both_fields():
     """Regression (issue 36): 64 answers of 8 192 tokens are ~16 MiB of JSON (29.4 bytes a token
     measured), above rl.rollouts' 8 MiB: every full-length group would have gone to the DLQ."""
-    from steadyrl.limits import RECORD_BYTES_PER_TOKEN, group_record_refusal
+    from steadyrl.local.limits import RECORD_BYTES_PER_TOKEN, group_record_refusal
 
     actor = {"max_new_tokens_limit": 8192, "max_sequences": 512}
     with pytest.raises(ValidationError, match=r"learner.group_size 64 x learner.max_new_tokens 8192: .* about "

@@ -3,7 +3,7 @@ process's clock behind them (issue 33; the whole stack: tests/integration/test_r
 
 import time
 
-from steadyrl import policy_files
+from steadyrl.run import policy_files
 from steadyrl.services.learner.resume import open_run
 from tests.services.learner.test_resume_identity import NoWeights, fingerprint
 

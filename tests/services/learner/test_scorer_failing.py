@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from steadyrl import codec
-from steadyrl.contracts import DLQReason
 from steadyrl.services.learner.loop import ScorerFailing
 from steadyrl.services.learner.refusals import Refusals, default_limit, scorer_items
 from steadyrl.services.reward.client import scorer_error_detail
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import DLQReason
 from tests.services.learner.conftest import Msg, scored
 
 RAISED = ("scorer my_reward.py:compute_score raised ValueError: could not convert string to float: 'abc' "

@@ -9,11 +9,11 @@ import errno
 import pytest
 import torch
 
-from steadyrl import policy_files
-from steadyrl.checkpoint import unique_tensors
-from steadyrl.models import load_policy
-from steadyrl.policy_files import PolicyRefused
+from steadyrl.model.models import load_policy
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
+from steadyrl.run import policy_files
+from steadyrl.run.policy_files import PolicyRefused
+from steadyrl.run.tensors import unique_tensors
 from steadyrl.services.actor.config import ActorSection
 from steadyrl.services.actor.follower import ServedVersion
 from steadyrl.services.actor.model import ServedModel

@@ -7,9 +7,9 @@ import pytest
 
 from steadyrl.breaker import CircuitBreaker, State
 from steadyrl.bus.stage import RetryLater
-from steadyrl.contracts import Prompt, RewardSource, RolloutGroup, Sample
 from steadyrl.services.reward.cache import ScoreCache
 from steadyrl.services.reward.client import RewardClient
+from steadyrl.wire.contracts import Prompt, RewardSource, RolloutGroup, Sample
 from tests.helpers import FakeRewardServer
 
 

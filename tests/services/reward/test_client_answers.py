@@ -10,9 +10,9 @@ import pytest
 
 from steadyrl.breaker import CircuitBreaker, State
 from steadyrl.bus.stage import RetryLater
-from steadyrl.codec import Rejected
-from steadyrl.contracts import DLQReason, Prompt, RolloutGroup, Sample
 from steadyrl.services.reward.client import RewardClient
+from steadyrl.wire.codec import Rejected
+from steadyrl.wire.contracts import DLQReason, Prompt, RolloutGroup, Sample
 
 
 def group(pid: str, answers: list[str]) -> RolloutGroup:

@@ -9,11 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from steadyrl.codec import Rejected
-from steadyrl.contracts import DLQReason
 from steadyrl.http import Health, HealthServer, make_app
 from steadyrl.services.reward.client import RewardClient, Scores
 from steadyrl.services.reward.server import RewardServer, RewardServerSection, add_routes
+from steadyrl.wire.codec import Rejected
+from steadyrl.wire.contracts import DLQReason
 from tests.helpers import rollout_group
 
 REWARD = '''

@@ -2,7 +2,7 @@
 probes under a flood of slow calls, the body and concurrency limits, and the item's own error
 (kind non_finite or scorer_error) when a scorer returns a reward that is not a finite number.
 Calls are held in a scorer of this process (`Gated`, as a model scorer runs): the rule
-scorers run in worker processes (steadyrl.scorepool; tests/services/reward/test_scorer_faults.py)."""
+scorers run in worker processes (steadyrl.model.scorepool; tests/services/reward/test_scorer_faults.py)."""
 
 import threading
 import time
@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from steadyrl.contracts import RewardSource
 from steadyrl.http import Health, HealthServer, make_app
-from steadyrl.scorers import Scorer
+from steadyrl.model.scorers import Scorer
 from steadyrl.services.reward.server import RewardServer, RewardServerSection, add_routes
+from steadyrl.wire.contracts import RewardSource
 from tests.helpers import in_flight, probes_while_held
 
 HERE = "tests.services.reward.test_server_limits"
@@ -111,9 +111,9 @@ def test_non_numeric_rewards_are_refused_per_item_and_numbers_of_other_types_bec
 
 def test_the_reward_client_sends_a_non_finite_group_to_the_dlq_not_a_retry(served):
     """The contract with services/reward/client.py: an item's kind is its group's rl.dlq reason."""
-    from steadyrl.codec import Rejected
-    from steadyrl.contracts import DLQReason
     from steadyrl.services.reward.client import RewardClient
+    from steadyrl.wire.codec import Rejected
+    from steadyrl.wire.contracts import DLQReason
     from tests.helpers import rollout_group
 
     _, url = served

@@ -2,8 +2,8 @@
 
 import pytest
 
-from steadyrl.contracts import Prompt, RolloutGroup, Sample
 from steadyrl.services.rollout.gate import RolloutGate
+from steadyrl.wire.contracts import Prompt, RolloutGroup, Sample
 
 
 def _group(samples, max_new_tokens=64):

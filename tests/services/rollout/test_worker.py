@@ -7,9 +7,9 @@ import json
 import httpx
 
 from steadyrl.bus.stage import Output, RetryLater
-from steadyrl.codec import Rejected
-from steadyrl.contracts import DLQReason, Prompt
 from steadyrl.services.rollout.worker import RolloutConfig, make_handler
+from steadyrl.wire.codec import Rejected
+from steadyrl.wire.contracts import DLQReason, Prompt
 
 
 def prompt(i: int, min_version: int = 0) -> Prompt:

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from steadyrl import codec
 from steadyrl.bus.stage import RECORD_FRAMING_BYTES, Output, RetryLater, Stage, record_bytes
-from steadyrl.contracts import DLQReason, DLQRecord, RewardSource, RolloutGroup, ScoredGroup
+from steadyrl.wire import codec
+from steadyrl.wire.contracts import DLQReason, DLQRecord, RewardSource, RolloutGroup, ScoredGroup
 from tests.helpers import rollout_group
 
 TOPIC = "unit.rl.rollouts"

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from steadyrl.bus.stage import FILL_WAIT_S, Stage, fill_batch
-from steadyrl.contracts import RolloutGroup
+from steadyrl.wire.contracts import RolloutGroup
 
 
 class _Consumer:

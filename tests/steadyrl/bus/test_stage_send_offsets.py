@@ -9,7 +9,7 @@ import pytest
 
 from steadyrl.bus.kafka import TXN_TIMEOUT_S
 from steadyrl.bus.stage import ProducerWedged, Stage
-from steadyrl.contracts import RolloutGroup
+from steadyrl.wire.contracts import RolloutGroup
 
 
 class _Producer:

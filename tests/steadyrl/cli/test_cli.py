@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from steadyrl import cli
-from steadyrl.topics import load_catalogue
+from steadyrl.bus.topics import load_catalogue
 from tests.helpers import ROOT
 
 UNREACHABLE = "127.0.0.1:1"  # nothing listens on port 1: connection refused at once
@@ -77,7 +77,7 @@ def test_up_refuses_bad_arguments_before_starting_anything(tmp_path, args, says)
 def test_up_says_each_config_error_once_before_starting_the_broker(tmp_path):
     """The walk-through's `lerner:` was reported three times (reward server, rollout and reward
     workers), and only after the broker and the services had started."""
-    from steadyrl.broker import free_port_pair
+    from steadyrl.local.ports import free_port_pair
 
     config = tmp_path / "mine.yaml"
     config.write_text("lerner:\n  steps: 3\nlearner:\n  max_new_token: 8\n")
@@ -115,8 +115,8 @@ def test_no_keep_running_line_when_up_is_about_to_stop(tmp_path):
     stops everything" just before `up` stopped on a service's configuration error."""
     import io
 
-    from steadyrl.broker import free_port
-    from steadyrl.supervisor import Child, Supervisor
+    from steadyrl.local.ports import free_port
+    from steadyrl.local.supervisor import Child, Supervisor
 
     bad = Child("reward-0", [sys.executable, "-c", "import sys; sys.exit(2)"], free_port())
     sup = Supervisor([bad], out=io.StringIO(), log_dir=tmp_path)
@@ -134,8 +134,8 @@ def test_no_keep_running_line_when_up_is_about_to_stop(tmp_path):
 @pytest.mark.parametrize("action, says", [("release", "released b1: 2 groups on p.rl.releases, to be trained"),
                                           ("drop", "dropped b1: it will not be trained")])
 def test_quarantine_decision_says_released_or_dropped(monkeypatch, capsys, action, says):
-    from steadyrl import quarantine
     from steadyrl.cli import quarantine as quarantine_cmd
+    from steadyrl.run import quarantine
 
     seen = {}
 
@@ -219,8 +219,8 @@ def test_readme_layout_names_every_service_and_doc():
 def test_readme_where_things_are_matches_the_code(monkeypatch):
     """The walk-through's questions: which --state-dir the commands read, which ports, a JSONL
     row's fields, and where the offline machine keeps a tokenizer for a tiny model of one's own."""
-    from steadyrl import models
-    from steadyrl.stack import SMOLLM2
+    from steadyrl.local.stack import SMOLLM2
+    from steadyrl.model import models
 
     where = (ROOT / "README.md").read_text().split("## Where things are", 1)[1].split("\n## ", 1)[0]
     for argv in (["status"], ["logs", "learner-0"], ["export", "r1", "latest", "out"], ["up"]):
@@ -229,7 +229,7 @@ def test_readme_where_things_are_matches_the_code(monkeypatch):
                                                    "--port-offset", ".steadyrl", "up.json"))
     assert '"question"' in where and '"answer"' in where
     assert "(docs/rl.md#data-steadyrldatapy)" in where
-    assert "\n## Data (`steadyrl/data.py`)\n" in (ROOT / "docs/rl.md").read_text()   # the anchor's heading
+    assert "\n## Data (`steadyrl/model/data.py`)\n" in (ROOT / "docs/rl.md").read_text()   # the anchor's heading
     monkeypatch.delenv("STEADYRL_CACHE", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", "/home/someone")
@@ -257,14 +257,14 @@ def test_alert_bridge_doc_matches_its_config_and_its_curl_example_is_a_webhook()
 def test_maven_runs_without_colour_codes(monkeypatch, tmp_path):
     """The broker jars are fetched one way (the Makefile calls `steadyrl broker fetch`), which asks
     Maven for plain output into libs_dir()."""
-    from steadyrl import broker
+    from steadyrl.local import broker, jars
 
     make = (ROOT / "Makefile").read_text().splitlines()
     assert not [ln for ln in make if ln.strip().startswith("mvn ")] and "\t$(BIN)/steadyrl broker fetch" in make
     calls = []
-    monkeypatch.setattr(broker, "libs_dir", lambda: tmp_path)
+    monkeypatch.setattr(jars, "libs_dir", lambda: tmp_path)
     monkeypatch.setattr(broker.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
-    assert broker.fetch() == tmp_path
+    assert jars.fetch() == tmp_path
     assert calls and "-Dstyle.color=never" in calls[0] and "-B" in calls[0]
     assert f"-Dsteadyrl.libs={tmp_path}" in calls[0]
 

@@ -1,4 +1,4 @@
-"""`steadyrl export` and steadyrl.export: a tiny run's policy versions, written by the learner's
+"""`steadyrl export` and steadyrl.run.export: a tiny run's policy versions, written by the learner's
 own policy store, come back from the exported folder through transformers exactly (every
 tensor, tied embeddings included, in the version's dtype); version 0 is the base; a missing
 version, a changed byte and a non-empty target are refused with one line naming what."""
@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from steadyrl import checkpoint as ck
 from steadyrl import cli
-from steadyrl.export import MARKER, ExportError, export_base, export_version
-from steadyrl.models import load_policy, tiny_tokenizer
+from steadyrl.model.models import load_policy, tiny_tokenizer
+from steadyrl.run import checkpoint as ck
+from steadyrl.run.export import MARKER, ExportError, export_base, export_version
 from steadyrl.services.learner.policy_store import PolicyStore
 from steadyrl.services.learner.state import RunState
 
@@ -243,9 +243,9 @@ def test_export_base_leaves_a_foreign_folder_alone(tmp_path):
 
 @pytest.mark.slow
 def test_export_base_smollm2_from_its_gguf(tmp_path):
-    """SmolLM2 (GGUF, converted and cached by steadyrl.models): the folder vLLM's backend needs."""
+    """SmolLM2 (GGUF, converted and cached by steadyrl.model.models): the folder vLLM's backend needs."""
     pytest.importorskip("gguf")
-    from steadyrl.models import SMOLLM2, smollm2_gguf
+    from steadyrl.model.models import SMOLLM2, smollm2_gguf
 
     try:
         smollm2_gguf()

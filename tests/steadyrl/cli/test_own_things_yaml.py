@@ -46,7 +46,7 @@ def test_a_config_error_names_the_users_file_not_the_one_up_wrote(tmp_path):
     import subprocess
     import sys
 
-    from steadyrl.broker import free_port_pair
+    from steadyrl.local.ports import free_port_pair
 
     bad = tmp_path / "typo_key.yaml"
     bad.write_text(yaml.safe_dump({"learner": {"max_new_token": 8}}))

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from steadyrl.cli import panel
 from steadyrl.cli.panel import LivePanel, PanelState, render
-from steadyrl.runview import eta_s, evaluations
+from steadyrl.run.runview import eta_s, evaluations
 
 
 def text_of(state: PanelState, width: int = 120) -> str:

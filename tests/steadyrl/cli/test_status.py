@@ -4,9 +4,9 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from steadyrl.broker import free_port
 from steadyrl.cli import main
 from steadyrl.cli.up import learner_url, write_record
+from steadyrl.local.ports import free_port
 from tests.steadyrl.testing.rundirs import write_run
 
 RUN_ID = "r20260101T000000-abcd"

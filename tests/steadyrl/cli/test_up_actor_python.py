@@ -1,5 +1,5 @@
 """`steadyrl up` runs the actor from the vLLM venv when its backend is vllm (the stack
-settings' `actor.backend`: steadyrl.stack)."""
+settings' `actor.backend`: steadyrl.local.stack)."""
 
 import sys
 

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from steadyrl.broker import LocalBroker
 from steadyrl.cli.common import CliError
 from steadyrl.cli.up import HTTP_TOKENS, _http_tokens, _logins
+from steadyrl.local.broker import LocalBroker
 from tests.helpers import ROOT
 
 

@@ -9,7 +9,7 @@ from scipy.stats import ks_2samp
 
 from steadyrl import replay as rp
 from steadyrl.cli import build_parser, main
-from steadyrl.contracts import ScoredGroup
+from steadyrl.wire.contracts import ScoredGroup
 from tests.helpers import rollout_group
 
 NOW = 1_777_636_800_000  # 2026-05-01T12:00:00Z

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl import algos
 from steadyrl.rl.algos import AdvantageInputs, MetricSums, MicroBatch
 from steadyrl.rl.distributed import microbatch_plan

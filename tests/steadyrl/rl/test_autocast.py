@@ -3,8 +3,8 @@ near the fp32 step, and the tiny task is still learnt with it; off leaves the st
 
 import torch
 
-from steadyrl.data import tiny_copy_rows
-from steadyrl.models import load_policy
+from steadyrl.model.data import tiny_copy_rows
+from steadyrl.model.models import load_policy
 from steadyrl.rl.loop import LoopConfig, run_loop
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
 
@@ -42,7 +42,7 @@ def test_the_tiny_task_is_learnt_under_bf16():
 def test_auto_is_bf16_only_where_the_device_computes_it_natively(monkeypatch):
     """Issue 37: the default update under bf16 where it pays (1.59x on a Zen 4 CPU), fp32 where
     bf16 would be emulated (~90x slower on Zen 3); the vLLM actor's dtype decides alike."""
-    from steadyrl import hardware
+    from steadyrl.local import hardware
     from steadyrl.rl.config import resolve_autocast
 
     assert TrainConfig().autocast == "auto"

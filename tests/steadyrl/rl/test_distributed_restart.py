@@ -71,7 +71,7 @@ def test_torchrun_keeps_the_dead_attempts_keys(tmp_path):
 
 OOM_WORKER = """
 import os, sys, torch
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl.distributed import init_from_env, leave
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
 from tests.steadyrl.rl.test_distributed_step import GROUPS

@@ -8,8 +8,8 @@ import logging
 import pytest
 
 from steadyrl.config import ConfigError
-from steadyrl.data import tiny_copy_rows
-from steadyrl.models import load_policy
+from steadyrl.model.data import tiny_copy_rows
+from steadyrl.model.models import load_policy
 from steadyrl.rl.loop import ScorerRaisedOnEveryItem, evaluate
 from steadyrl.services.learner import report
 from steadyrl.services.learner.config import LearnerSection
@@ -87,7 +87,7 @@ def test_the_evaluation_scores_in_the_guarded_pool_a_hang_or_a_crash_counts_wron
     """Issue 46: the evaluation called the user's reward on the learner's main loop, so a hang
     stopped it for good. Now each item runs in a scoring process with the reward server's
     limits: hung, crashed and NaN items count wrong with their kind, the others are scored."""
-    from steadyrl.scorepool import ScoringLimits
+    from steadyrl.model.scorepool import ScoringLimits
 
     (tmp_path / "faults.py").write_text(FAULTS)
     model, tok = load_policy("tiny", seed=0)

@@ -7,10 +7,10 @@ import sys
 import pytest
 import torch
 
-from steadyrl.data import tiny_copy_rows
-from steadyrl.generation import SamplingParams, TorchGenerator
-from steadyrl.models import load_policy
-from steadyrl.rl.loop import LoopConfig, encode_prompt, evaluate, run_loop
+from steadyrl.model.data import encode_prompt, tiny_copy_rows
+from steadyrl.model.models import load_policy
+from steadyrl.rl.generation import SamplingParams, TorchGenerator
+from steadyrl.rl.loop import LoopConfig, evaluate, run_loop
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer, build_batch
 from tests.helpers import ROOT
 
@@ -119,7 +119,7 @@ def test_ppo_needs_kl_in_reward_only_with_ppo():
 
 
 def test_seeded_sampler_draws_from_softmax_and_respects_top_p():
-    from steadyrl.generation import SeededSampler
+    from steadyrl.rl.generation import SeededSampler
 
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(20_000, 1)      # (N, V)
     p = torch.softmax(logits[0] / 0.7, -1)
@@ -162,7 +162,7 @@ def test_stale_groups_start_the_ratio_from_their_behaviour_logprobs():
 
 _LONG_STEP = """
 import json, resource, torch
-from steadyrl.models import tiny_config
+from steadyrl.model.models import tiny_config
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
 from transformers import LlamaForCausalLM
 torch.manual_seed(0)

@@ -7,8 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from steadyrl.data import ARITHMETIC, load_rows, read_jsonl, read_parquet, tiny_copy_rows
-from steadyrl.models import SMOLLM2, load_policy, smollm2_gguf, tiny_tokenizer
+from steadyrl.model.data import ARITHMETIC, load_rows, read_jsonl, read_parquet, tiny_copy_rows
+from steadyrl.model.models import SMOLLM2, load_policy, smollm2_gguf, tiny_tokenizer
 
 
 def test_smollm2_cache_gives_identical_logits(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl import core
 from steadyrl.rl.trainer import Group, NonFiniteStep, TrainConfig, Trainer, build_batch
 
@@ -162,7 +162,7 @@ def test_finite_steps_take_no_snapshot_when_one_optimizer_step_is_all(monkeypatc
                          ids=["grpo-one-pass", "grpo-epochs-minibatches", "ppo"])
 def test_an_absurd_behaviour_logprob_of_a_stale_group_gives_a_finite_step(cfg, monkeypatch):
     """Issue 33: a stale group (max_staleness >= 1) brings its sampler's log-probs; one of
-    -1e4 (the contracts accept it: steadyrl/contracts.py LOGPROB_MIN) made exp(logp - old_logp)
+    -1e4 (the contracts accept it: steadyrl/wire/contracts.py LOGPROB_MIN) made exp(logp - old_logp)
     inf and the step NaN. The ratio's log is clamped at +-20 (core.LOG_RATIO_CLAMP)."""
     probe = _trainer(**cfg)
     lp, _ = probe._no_grad_pass(probe.module, build_batch(GROUPS, probe.pad_id))   # (N, T)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
 
 GROUPS = [Group([1, 5, 40, 7], [[6, 7, 9], [8, 9, 2], [3, 3], [4, 5, 6, 7]], [1.0, 0.0, 0.5, 0.0]),

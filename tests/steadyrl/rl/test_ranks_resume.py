@@ -1,5 +1,5 @@
 """A checkpoint written by one rank resumes on two and the reverse (gloo, CPU): rank 0 restores
-the checkpoint whole (steadyrl/checkpoint.py, verified) and sends it to the other rank before
+the checkpoint whole (steadyrl/run/checkpoint.py, verified) and sends it to the other rank before
 the first update (`Leader.send` -> `sync`). Replicated, rank 0 writes the state as one rank
 does; sharded (FSDP2), every rank writes its shards (format 3) and one process reads them back
 whole, so the rank count is free to change between runs. Tolerance as
@@ -13,10 +13,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from steadyrl import checkpoint as ck
-from steadyrl.broker import free_port
-from steadyrl.models import load_policy
+from steadyrl.local.ports import free_port
+from steadyrl.model.models import load_policy
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
+from steadyrl.run import checkpoint as ck
+from steadyrl.run import ckpt_writer
 from tests.steadyrl.rl.test_distributed_step import GROUPS, TOL
 
 NEXT = [Group([7, 8], [[9, 9], [10], [11, 12, 13], [6]], [1.0, 0.0, 0.0, 1.0]),
@@ -60,9 +61,9 @@ def _two_ranks(rank: int, world: int, port: int, one_rank_ckpt: str, out: str, s
         if rank == 0:
             _resume(tr, Path(one_rank_ckpt))
             leader = distributed.Leader(world)
-            saver = ck.AsyncCheckpointer(Path(out) / "two_rank_ckpt", {})
+            saver = ckpt_writer.AsyncCheckpointer(Path(out) / "two_rank_ckpt", {})
             if tr.sharded:   # a save before any step (a stop while waiting): the restored state, not the initial
-                early = ck.AsyncCheckpointer(Path(out) / "saved_before_a_step", {})
+                early = ckpt_writer.AsyncCheckpointer(Path(out) / "saved_before_a_step", {})
                 early.save_sharded(tr.global_step, tr, {"global_step": tr.global_step},
                                    announce=lambda tmp: leader.save(tr, tmp))
                 early.wait()
@@ -79,7 +80,7 @@ def _two_ranks(rank: int, world: int, port: int, one_rank_ckpt: str, out: str, s
             leader.stop()
             torch.save({"after_next": after[0], "after_groups": after[1]}, f"{out}/rank0.pt")
         else:
-            assert distributed.follow(tr, ck.ShardWriter() if tr.sharded else None) == 0
+            assert distributed.follow(tr, ckpt_writer.ShardWriter() if tr.sharded else None) == 0
             torch.save({"after_groups": _weights(tr), "global_step": tr.global_step}, f"{out}/rank1.pt")
     finally:
         dist.destroy_process_group()

@@ -7,10 +7,9 @@ import math
 import pytest
 import torch
 
-from steadyrl.data import tiny_copy_rows
-from steadyrl.generation import SamplingParams, TorchGenerator
-from steadyrl.models import load_policy
-from steadyrl.rl.loop import encode_prompt
+from steadyrl.model.data import encode_prompt, tiny_copy_rows
+from steadyrl.model.models import load_policy
+from steadyrl.rl.generation import SamplingParams, TorchGenerator
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer, build_batch
 
 PROMPT = [1, 5, 40]

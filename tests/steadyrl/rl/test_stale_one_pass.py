@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer, build_batch
 from tests.steadyrl.rl.test_distributed_step import GROUPS
 

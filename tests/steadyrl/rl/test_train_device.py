@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from steadyrl.models import load_policy
+from steadyrl.model.models import load_policy
 from steadyrl.rl import trainer as trainer_mod
 from steadyrl.rl.trainer import Group, TrainConfig, Trainer
 from tests.steadyrl.rl.test_distributed_step import GROUPS

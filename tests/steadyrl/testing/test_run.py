@@ -53,8 +53,8 @@ def test_counts_take_an_enum_with_the_same_values():
 
 
 def test_the_learners_counts_are_the_run_folders_names():
-    """One list: the learner counts under steadyrl.runfolder's Count, which the reader knows."""
-    from steadyrl.runfolder import Count
+    """One list: the learner counts under steadyrl.run.runfolder's Count, which the reader knows."""
+    from steadyrl.run.runfolder import Count
     from steadyrl.services.learner.state import RunState
 
     st = RunState(run_id="r")
