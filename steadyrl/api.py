@@ -62,6 +62,8 @@ class Run:
         model, data, eval_data, reward, steps: up's `--model`, `--data`, `--eval-data`,
             `--reward`, `--steps` (each set everywhere it is read; paths relative to the working
             folder; data and eval_data one file or a list).
+        tools, env: up's `--tools` (`my_tools.py:calc,search`) or `--env` (`my_env.py:Class`):
+            multi-turn episodes (docs/agents.md).
         **sections: settings merged over the config, by section (`learner={"steps": 5}`).
     """
 
@@ -69,12 +71,13 @@ class Run:
                  port: int | None = None, port_offset: int = 0, bootstrap: str | None = None,
                  model: str | Path | None = None, data: str | Path | list[str | Path] | None = None,
                  eval_data: str | Path | list[str | Path] | None = None, reward: str | None = None,
-                 steps: int | None = None, **sections: dict[str, Any]):
+                 steps: int | None = None, tools: str | None = None, env: str | None = None,
+                 **sections: dict[str, Any]):
         self.state_dir = Path(state_dir).resolve()
         self.port, self.port_offset, self.bootstrap = port, port_offset, bootstrap
         self.own: list[str] = []   # up's flags for the user's own things
         for flag, value in (("--model", model), ("--data", data), ("--eval-data", eval_data),
-                            ("--reward", reward), ("--steps", steps)):
+                            ("--reward", reward), ("--steps", steps), ("--tools", tools), ("--env", env)):
             if value is not None:
                 self.own += [flag, *(map(str, value) if isinstance(value, list) else [str(value)])]
         base = yaml.safe_load(config_path(config).read_text()) or {} if config is not None else {}

@@ -99,11 +99,13 @@ def trainer_groups(groups: list[ScoredGroup], step: int, cache_scored_weight: fl
     older version brings its behaviour log-probs (see Trainer). A cache-scored group (reward
     server down) weighs `cache_scored_weight` in the loss. Every group brings the actor's
     log-probs and engine: the train/inference mismatch metrics, and TIS where
-    learner.train.rollout_is says so (auto: vLLM groups)."""
+    learner.train.rollout_is says so (auto: vLLM groups). A multi-turn group's loss masks keep
+    its tool and environment tokens out of the loss (docs/agents.md)."""
     return [Group(sg.group.prompt_token_ids, [s.token_ids for s in sg.group.samples], sg.rewards,
                   [s.logprobs for s in sg.group.samples] if sg.group.policy_version < step else None,
                   weight=cache_scored_weight if sg.reward_source.value == "cache" else 1.0,
-                  rollout_logprobs=[s.logprobs for s in sg.group.samples], engine=sg.group.engine)
+                  rollout_logprobs=[s.logprobs for s in sg.group.samples], engine=sg.group.engine,
+                  loss_masks=[s.loss_mask for s in sg.group.samples])
             for sg in groups]
 
 

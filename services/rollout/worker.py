@@ -45,8 +45,9 @@ from steadyrl.config import ServiceConfig, load
 from steadyrl.http import Health, response_detail
 from steadyrl.service import run_service
 from steadyrl.wire.codec import Rejected
-from steadyrl.wire.contracts import Contract, DLQReason, Prompt, RolloutGroup, Sample
+from steadyrl.wire.contracts import Contract, DLQReason, EpisodeState, Prompt, RolloutGroup, Sample
 
+from .episodes import AgentSection, EpisodeRunner, make_episode_handler
 from .gate import RolloutGate
 
 if TYPE_CHECKING:
@@ -80,6 +81,9 @@ class RolloutSection(BaseModel):
                                                                      "max_new_tokens (learner.max_new_tokens).")
     response_schema: dict[str, Any] | None = Field(None, description="Rollout gate: a JSON Schema every response must "
                                                            "satisfy (structured outputs); None: no check.")
+
+    agent: AgentSection = Field(AgentSection(), description="Multi-turn episodes with tools or an environment "
+                                                            "(services/rollout/episodes.py, docs/agents.md).")
 
     @field_validator("response_schema")
     @classmethod
@@ -211,9 +215,14 @@ def main(argv: list[str]) -> int:
     cfg = load(RolloutConfig, argv, prog="steadyrl-rollout")
     def build(health: Health) -> Stage:
         client = httpx.Client(headers=cfg.http_auth_headers(), auth=cfg.http_auth())
+        r = cfg.rollout
+        agent = r.agent.on   # episodes: rl.prompts starts them, rl.episodes carries them between turns
+        handler = (make_episode_handler(EpisodeRunner(r.agent, r.actor_url, client, r.request_timeout_s,
+                                                      r.retry_backoff_s)) if agent else make_handler(cfg, client))
         return Stage(name="rollout", bootstrap=cfg.bootstrap, topic_prefix=cfg.topic_prefix,
                      instance_id=cfg.instance_id, input_topic="rl.prompts", input_contract=Prompt,
-                     group_id=cfg.rollout.group_id, handle_batch=make_handler(cfg, client),
+                     more_inputs={"rl.episodes": EpisodeState} if agent else None,
+                     group_id=cfg.rollout.group_id, handle_batch=handler,
                      batch_size=cfg.rollout.batch_size, batch_timeout_s=cfg.rollout.batch_timeout_s,
                      health=health, stats_interval_s=cfg.metrics_interval, max_hold_s=cfg.rollout.max_hold_s,
                      max_attempts=cfg.rollout.max_attempts)

@@ -145,6 +145,9 @@ class Stage:
             is `steadyrl-{name}-{instance_id}`.
         input_topic: catalogue name of the input (e.g. "rl.rollouts").
         input_contract: the contract expected on it.
+        more_inputs: further input topics (catalogue name -> contract), consumed by the same
+            group and transaction (the rollout worker's rl.episodes); the handler tells the
+            records apart by their contract.
         group_id: consumer group (all instances of a service share one).
         handle: the transform (see `Handler`), or
         handle_batch: the transform of a whole batch (see `BatchHandler`). When it raises
@@ -172,7 +175,7 @@ class Stage:
                  handle_batch: BatchHandler | None = None, batch_size: int = 16, batch_timeout_s: float = 0.5,
                  health: Health | None = None, stats_interval_s: float = 5.0, max_poll_interval_s: float = 300.0,
                  max_record_bytes: int | None = None, pause_after_s: float = 0.5, max_hold_s: float = 900.0,
-                 max_attempts: int = 5):
+                 max_attempts: int = 5, more_inputs: dict[str, type[Contract]] | None = None):
         if (handle is None) == (handle_batch is None):
             raise ValueError("give exactly one of handle or handle_batch")
         self.name, self.handle, self.handle_batch = name, handle, handle_batch
@@ -182,6 +185,10 @@ class Stage:
         self.input_topic = topic_name(input_topic, topic_prefix)
         catalogue = load_catalogue()
         self.max_bytes = max_record_bytes or catalogue[input_topic].max_message_bytes
+        # full topic name -> (contract, record limit) of every input
+        self._inputs = {self.input_topic: (input_contract, self.max_bytes)}
+        for t, c in (more_inputs or {}).items():
+            self._inputs[topic_name(t, topic_prefix)] = (c, max_record_bytes or catalogue[t].max_message_bytes)
         self._output_limits = {t: spec.max_message_bytes for t, spec in catalogue.items()}
         self.batch_size, self.batch_timeout_s = batch_size, batch_timeout_s
         self.pause_after_s = pause_after_s
@@ -246,7 +253,7 @@ class Stage:
         """
         self._stop = stop
         self.producer.init_transactions()  # fences a predecessor, aborting its open transaction
-        self.consumer.subscribe([self.input_topic], on_assign=self._on_assign,
+        self.consumer.subscribe(list(self._inputs), on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
         log.info("stage running", extra={"stage": self.stage_id, "input": self.input_topic})
         try:
@@ -403,7 +410,8 @@ class Stage:
         for m in msgs:
             meta = Meta(*_where(m), m.key(), m.timestamp()[1])
             try:
-                accepted.append((codec.decode(m.value(), m.headers(), self.input_contract, self.max_bytes), meta, m))
+                contract, limit = self._inputs.get(meta.topic, (self.input_contract, self.max_bytes))
+                accepted.append((codec.decode(m.value(), m.headers(), contract, limit), meta, m))
             except codec.Rejected as rej:
                 batch.pending.append(self._dlq(rej, meta, m.value()))
         if not accepted:

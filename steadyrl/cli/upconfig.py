@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from steadyrl.cli.common import CliError
+from steadyrl.local.stack import PolicyModel
 
 
 def _from_verl(verl_file: Path, state: Path, config: str | None) -> Path:
@@ -41,7 +42,7 @@ def _from_verl(verl_file: Path, state: Path, config: str | None) -> Path:
 
 
 #: up's own-things flags, which a config may also give as top-level keys (`model: ./my-model`).
-OWN_THINGS = ("model", "data", "eval_data", "reward", "steps")
+OWN_THINGS = ("model", "data", "eval_data", "reward", "steps", "tools", "env")
 
 
 def _own_things_in(config: str | None) -> bool:
@@ -101,11 +102,24 @@ def _own_things(args: argparse.Namespace) -> Path:
         server["default_scorer"] = learner["eval_scorer"] = args.reward
     if args.steps is not None:
         learner["steps"] = args.steps
+    _agent(cfg, args)
     out = Path(args.state_dir) / "up-config.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# written by `steadyrl up` from {args.config or 'the defaults'} and its flags\n"
                    + yaml.safe_dump(cfg, sort_keys=False))
     return out
+
+
+def _agent(cfg: dict[str, Any], args: argparse.Namespace) -> None:
+    """--tools / --env (docs/agents.md): the rollout workers' multi-turn episodes, with the
+    actor's model for their tokenizer (unless the config names one)."""
+    tools, env = getattr(args, "tools", None), getattr(args, "env", None)
+    if tools is None and env is None:
+        return
+    agent = cfg.setdefault("rollout", {}).setdefault("agent", {})
+    agent.update({"tools": tools} if tools is not None else {"env": env})
+    if not agent.get("model"):
+        agent["model"] = str(cfg.get("actor", {}).get("model") or PolicyModel().model)
 
 
 def check_config(config: str | None, flags: dict[str, list[str]], source: str | None = None) -> None:

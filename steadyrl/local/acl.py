@@ -11,7 +11,7 @@ TOPIC_AUTHORIZATION_FAILED, and is never read by the learner).
 |------------|------------------------------------------------|-------------------------------------|
 | learner    | rl.prompts rl.policy rl.quarantine rl.dlq      | rl.scored rl.dlq rl.releases, ...   |
 | actor      | -                                              | rl.policy                           |
-| rollout    | rl.rollouts rl.dlq                             | rl.prompts                          |
+| rollout    | rl.rollouts rl.episodes rl.dlq                 | rl.prompts rl.episodes              |
 | reward     | rl.scored rl.dlq                               | rl.rollouts                         |
 | quarantine | rl.quarantine (decisions) rl.releases          | rl.quarantine                       |
 | replay     | topics named `replay.*` (it creates them too)  | every rl.* topic                    |
@@ -63,7 +63,7 @@ PRINCIPALS: dict[str, Grant] = {
                      reads=("rl.scored", "rl.dlq", "rl.releases", "rl.quarantine", "rl.prompts", "rl.policy"),
                      groups=("learner-",), txn_ids=("learner-",)),
     "actor": Grant(reads=("rl.policy",), groups=("actor-",)),
-    "rollout": Grant(writes=("rl.rollouts", "rl.dlq"), reads=("rl.prompts",),
+    "rollout": Grant(writes=("rl.rollouts", "rl.episodes", "rl.dlq"), reads=("rl.prompts", "rl.episodes"),
                      groups=("steadyrl-rollout",), txn_ids=("steadyrl-rollout-",)),
     "reward": Grant(writes=("rl.scored", "rl.dlq"), reads=("rl.rollouts",),
                     groups=("steadyrl-reward",), txn_ids=("steadyrl-reward-",)),

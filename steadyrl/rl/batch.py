@@ -32,26 +32,30 @@ class Group:
     # The engine that generated the samples: "torch", "vllm", or "" (unknown). rollout_is "auto"
     # applies TIS to "vllm" groups only.
     engine: str = ""
-
+    # G x (T_i,) or None per sample: 1 on the policy's tokens, 0 on tool/environment tokens of a
+    # multi-turn episode (Sample.loss_mask); None: all ones. It multiplies the response mask, so
+    # the losses, KL, entropy and TIS count only the policy's tokens, with unchanged formulas.
+    loss_masks: list[list[int] | None] | None = None
 
 
 def build_batch(groups: list[Group], pad_id: int) -> dict[str, torch.Tensor]:
     """Pack groups into tensors: [left-padded prompt | right-padded response].
 
     Returns input_ids (N, P+T), attention_mask (N, P+T), position_ids (N, P+T),
-    responses (N, T), response_mask (N, T), rewards (N,), group_sizes (B,), and P.
-    Groups may differ in size (a data gate removed samples). Raises ValueError for an
-    empty group.
+    responses (N, T), response_mask (N, T) (1 on response tokens that are trained: padding and
+    a group's `loss_masks` zeros are 0), rewards (N,), group_sizes (B,), and P. Groups may
+    differ in size (a data gate removed samples). Raises ValueError for an empty group.
     """
     seqs = [(g.prompt_ids, r) for g in groups for r in g.responses]
+    masks = [m for g in groups for m in (g.loss_masks or [None] * len(g.responses))]
     P = max(len(p) for p, _ in seqs)
     T = max(max(len(r) for _, r in seqs), 1)
     ids, attn, resp, rmask = [], [], [], []
-    for p, r in seqs:
+    for (p, r), m in zip(seqs, masks, strict=True):
         ids.append([pad_id] * (P - len(p)) + p + r + [pad_id] * (T - len(r)))
         attn.append([0] * (P - len(p)) + [1] * (len(p) + len(r)) + [0] * (T - len(r)))
         resp.append(r + [pad_id] * (T - len(r)))
-        rmask.append([1.0] * len(r) + [0.0] * (T - len(r)))
+        rmask.append([float(x) for x in (m if m is not None else [1] * len(r))] + [0.0] * (T - len(r)))
     attention_mask = torch.tensor(attn)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     sizes = [len(g.responses) for g in groups]

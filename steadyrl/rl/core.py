@@ -24,7 +24,7 @@ KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
 def last_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Put each sequence's scalar score on its last response token; 0 elsewhere.
 
-    r_t = score   if t = T_i - 1   (T_i = sum_t mask_t, the response's length)
+    r_t = score   if t = T_i - 1   (T_i - 1: the last position where mask_t = 1)
     r_t = 0       otherwise
 
     Outcome reward: the whole response is one episode, scored once at its end, i.e. after
@@ -33,7 +33,9 @@ def last_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     reward manager (verl/workers/reward_manager/naive.py:
     `reward_tensor[i, valid_response_length - 1] = score`). Responses are right padded, so
     the last response token is at index T_i - 1. An empty response (T_i = 0) gets its score
-    at index 0, where its mask is 0: `gae` then gives it advantage 0.
+    at index 0, where its mask is 0: `gae` then gives it advantage 0. A multi-turn episode's
+    mask has 0s inside (tool tokens, steadyrl/model/agents.py): its last policy token is still the
+    last 1, which `sum_t mask_t - 1` would miss.
 
     Args:
         scores: (B,) one score per sequence.
@@ -43,7 +45,7 @@ def last_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     """
     B, T = mask.shape
     rewards = torch.zeros(B, T, dtype=scores.dtype, device=scores.device)   # (B, T)
-    last = (mask.sum(dim=1).long() - 1).clamp(min=0)                         # (B,)
+    last = (T - 1 - mask.flip(1).argmax(dim=1)) * (mask.sum(dim=1) > 0)     # (B,) last 1, else 0
     rewards[torch.arange(B, device=scores.device), last] = scores
     return rewards
 

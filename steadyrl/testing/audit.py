@@ -17,7 +17,8 @@ What it checks (each a named entry of the report's `checks`, all must hold for `
   (read_committed) or one DLQ record, and the stage produced nothing else.
 
 `audit_run` does the learner-side checks from data the caller read (no broker needed);
-`audit_pipeline` reads the topics and does them all.
+`audit_pipeline` reads the topics and does them all. `audit_episodes` checks multi-turn
+episodes (rl.episodes, read_committed) against the groups they finished as.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from confluent_kafka.admin import AdminClient
 from steadyrl.bus.kafka import client_config, read_topic
 from steadyrl.testing.run import RunDir
 from steadyrl.wire import codec
-from steadyrl.wire.contracts import DLQRecord, Prompt, RolloutGroup, ScoredGroup
+from steadyrl.wire.contracts import DLQRecord, EpisodeState, Prompt, RolloutGroup, ScoredGroup
 
 #: The consumer groups of the two stages (the services' default `group_id`).
 STAGE_GROUPS = {"rollout": "steadyrl-rollout", "reward": "steadyrl-reward"}
@@ -211,6 +212,56 @@ def _dlq_reasons(dlq: list[DLQRecord], prefix: str) -> list[dict[str, Any]]:
     return [{"stage": s, "reason": r, "topic": t, "count": n,
              "example": next(d.error for d in dlq if where(d) == (s, r, t))[:300]}
             for (s, r, t), n in sorted(reasons.items())]
+def audit_episodes(states: Iterable[EpisodeState], groups: Iterable[RolloutGroup],
+                   prompts: Iterable[str]) -> dict[str, Any]:
+    """The exactly-once checks of multi-turn episodes (steadyrl/model/agents.py), from the committed
+    records of rl.episodes (`states`) and rl.rollouts (`groups`) and the prompt ids started:
+
+    - `each_episode_group_finished_once`: each prompt id is one group on rl.rollouts;
+    - `no_turn_twice`: no (prompt id, turn) state is on rl.episodes twice;
+    - `turns_in_order`: a prompt's states are turns 1, 2, ... with none missing;
+    - `trajectories_extend_their_states`: each state's episodes extend the previous state's
+      (token ids, mask, log-probs and turn versions as a prefix), and each finished sample
+      extends its last state's: no turn is lost, repeated or re-tokenized in a trained
+      trajectory;
+    - `masks_align`: every finished sample has one mask entry per token, one version per turn.
+    """
+    by_prompt: dict[str, list[EpisodeState]] = {}
+    for st in states:
+        by_prompt.setdefault(st.prompt_id, []).append(st)
+    finished = Counter(g.prompt_id for g in groups)
+    last = {g.prompt_id: g for g in groups}
+    turns = {pid: [st.turn for st in sts] for pid, sts in by_prompt.items()}
+    twice = sorted(pid for pid, t in turns.items() if len(t) != len(set(t)))
+    gaps = sorted(pid for pid, t in turns.items() if sorted(t) != list(range(1, len(t) + 1)))
+
+    def extends(longer: Any, shorter: Any) -> bool:
+        n = len(shorter.token_ids)
+        return (longer.token_ids[:n] == shorter.token_ids and list(longer.logprobs[:n]) == list(shorter.logprobs)
+                and list(longer.loss_mask or [1] * len(longer.token_ids))[:n] == list(shorter.loss_mask)
+                and list(longer.turn_versions or [])[:len(shorter.turn_versions)] == list(shorter.turn_versions))
+
+    broken = []
+    for pid, sts in by_prompt.items():
+        chain = sorted(sts, key=lambda st: st.turn)
+        pairs = list(zip(chain, chain[1:], strict=False))
+        ok = all(extends(b, a) for x, y in pairs for a, b in zip(x.episodes, y.episodes, strict=True))
+        if pid in last and chain:
+            ok = ok and all(extends(smp, ep) for smp, ep in zip(last[pid].samples, chain[-1].episodes, strict=True))
+        if not ok:
+            broken.append(pid)
+    misaligned = sorted(g.prompt_id for g in groups for smp in g.samples
+                        if smp.loss_mask is not None and len(smp.loss_mask) != len(smp.token_ids))
+    started = set(prompts)
+    checks = {"each_episode_group_finished_once": all(finished.get(p) == 1 for p in started)
+                                                  and set(finished) <= started,
+              "no_turn_twice": not twice, "turns_in_order": not gaps,
+              "trajectories_extend_their_states": not broken, "masks_align": not misaligned}
+    return {"ok": all(checks.values()), "checks": checks, "groups": sum(finished.values()),
+            "states": sum(len(t) for t in turns.values()),
+            "unfinished": sorted(started - set(finished))[:10], "finished_twice": sorted(
+                p for p, n in finished.items() if n > 1)[:10],
+            "turn_twice": twice[:10], "turn_gaps": gaps[:10], "broken": sorted(broken)[:10]}
 
 
 def explain(report: dict[str, Any]) -> str:

@@ -45,7 +45,7 @@ import time
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 INT64_MAX = 2**63 - 1
 TOKEN_ID_MAX = 2**31 - 1
@@ -104,10 +104,21 @@ class Contract(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One chat turn."""
+    """One chat turn. `tool` (prompt 1.4): a tool's result, appended by an agent episode
+    (steadyrl/model/agents.py); `name` names the tool."""
 
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    name: str | None = Field(default=None, max_length=256, description="The tool of a `tool` message.")
+
+    @model_serializer(mode="wrap")
+    def _without_unset_name(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """No `name` key when it is None: a one-turn prompt is written, hashed and sent to the
+        actor (whose messages are string maps) exactly as before 1.4."""
+        out: dict[str, Any] = handler(self)
+        if out.get("name") is None:
+            out.pop("name", None)
+        return out
 
 
 class Prompt(Contract):
@@ -116,8 +127,8 @@ class Prompt(Contract):
     SCHEMA_NAME: ClassVar[str] = "prompt"
     # 1.1: run_id, sampling settings, seed, min_policy_version; 1.2: finite temperature and
     # top_p, int64 epoch/index/created_ms/min_policy_version (refuses only what no writer makes);
-    # 1.3: attempt
-    SCHEMA_VERSION: ClassVar[str] = "1.3"
+    # 1.3: attempt; 1.4: the `tool` role and ChatMessage.name (agents)
+    SCHEMA_VERSION: ClassVar[str] = "1.4"
 
     prompt_id: str = Field(min_length=1, max_length=256,
                            description="Deterministic id `{run_id}/e{epoch}-i{index}` (feeder) or caller-chosen.")
@@ -154,12 +165,20 @@ class Sample(BaseModel):
     logprobs: list[LogProb] = Field(description="Behaviour-policy log-probabilities of token_ids, (T,), nats; "
                                                 "finite, in [-1e5, 0.01] (1.4; before: finite).")
     finish_reason: Literal["stop", "length", "error"] = "stop"
+    # rollout_group 1.6: multi-turn episodes (steadyrl/model/agents.py)
+    loss_mask: list[Annotated[int, Field(ge=0, le=1)]] | None = Field(default=None, description=(
+        "(T,): 1 on the policy's tokens, 0 on tool/environment tokens an episode appended; the learner "
+        "trains only where 1, and logprobs count only there (0.0 elsewhere). None: all ones (one turn)."))
+    turn_versions: list[Count64] | None = Field(default=None, description=(
+        "Policy version of each assistant turn of an episode, in order; None: one turn (policy_version)."))
 
     @model_validator(mode="after")
     def _same_length(self) -> Sample:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(f"token_ids has {len(self.token_ids)} entries but logprobs has "
                              f"{len(self.logprobs)}; they must match")
+        if self.loss_mask is not None and len(self.loss_mask) != len(self.token_ids):
+            raise ValueError(f"loss_mask has {len(self.loss_mask)} entries for {len(self.token_ids)} tokens")
         return self
 
 
@@ -170,8 +189,8 @@ class RolloutGroup(Contract):
     # 1.1: rejected; 1.2: token ids in [0, 2**31 - 1], finite log-probs, at most 1024 samples
     # (Prompt.n_samples' bound), int64 version/time/counts (refuses only what no writer makes);
     # 1.3: engine; 1.4: log-probs in [LOGPROB_MIN, LOGPROB_MAX] (refuses only what no engine makes);
-    # 1.5: prompt.attempt (prompt 1.3)
-    SCHEMA_VERSION: ClassVar[str] = "1.5"
+    # 1.5: prompt.attempt (prompt 1.3); 1.6: samples' loss_mask and turn_versions, the tool role (prompt 1.4)
+    SCHEMA_VERSION: ClassVar[str] = "1.6"
 
     prompt: Prompt
     prompt_token_ids: list[TokenId] = Field(default_factory=list, description="Tokenized chat, (P,).")
@@ -212,8 +231,8 @@ class ScoredGroup(Contract):
     # 1.1: group.rejected (rollout_group 1.1); 1.2: finite rewards and cache_similarity,
     # rollout_group 1.2's bounds, int64 scored_ms (refuses only what no writer makes);
     # 1.3: group.engine (rollout_group 1.3); 1.4: bounded log-probs (rollout_group 1.4);
-    # 1.5: group.prompt.attempt (rollout_group 1.5)
-    SCHEMA_VERSION: ClassVar[str] = "1.5"
+    # 1.5: group.prompt.attempt (rollout_group 1.5); 1.6: loss masks (rollout_group 1.6)
+    SCHEMA_VERSION: ClassVar[str] = "1.6"
 
     group: RolloutGroup
     rewards: list[Finite] = Field(description="One scalar reward per sample, (n,); finite.")
@@ -326,8 +345,9 @@ class QuarantinedGroup(Contract):
     SCHEMA_NAME: ClassVar[str] = "quarantined_group"
     # 1.1: finite watch figures, int64 step/index/count/time, index < count, scored_group 1.2's
     # bounds (refuses only what no writer makes); 1.2: group.group.engine (scored_group 1.3);
-    # 1.3: bounded log-probs (scored_group 1.4); 1.4: group.group.prompt.attempt (scored_group 1.5)
-    SCHEMA_VERSION: ClassVar[str] = "1.4"
+    # 1.3: bounded log-probs (scored_group 1.4); 1.4: group.group.prompt.attempt (scored_group 1.5);
+    # 1.5: loss masks (scored_group 1.6)
+    SCHEMA_VERSION: ClassVar[str] = "1.5"
 
     batch_id: str = Field(min_length=1, max_length=256, description="`{run_id}/q{step:06d}-{hash of its prompt ids}`: "
                                                                      "the same groups held again get the same id.")
@@ -367,5 +387,53 @@ class QuarantineDecision(Contract):
     decided_ms: Int64 = Field(default_factory=now_ms)
 
 
+class Episode(BaseModel):
+    """One episode of a group in flight: the exact token ids so far and what each is."""
+
+    messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far (the environment's).")
+    prompt_ids: list[TokenId] = Field(min_length=1, description="(P,): the first turn's prompt, as the actor "
+                                                                "tokenized it.")
+    token_ids: list[TokenId] = Field(default_factory=list, description="(T,): every token after the prompt, "
+                                                                       "model and tool/environment, in order.")
+    logprobs: list[LogProb] = Field(default_factory=list, description="(T,): behaviour log-probs of model "
+                                                                      "tokens, 0.0 on the others.")
+    loss_mask: list[Annotated[int, Field(ge=0, le=1)]] = Field(default_factory=list,
+                                                               description="(T,): 1 model token, 0 other.")
+    turn_versions: list[Count64] = Field(default_factory=list, description="Policy version of each assistant turn.")
+    text: str = Field(default="", description="The last assistant turn's text (scored when done).")
+    finish_reason: Literal["stop", "length", "error"] = "stop"
+    done: bool = False
+    reward: Finite | None = Field(default=None, description="The environment's reward, when it gave one.")
+    env_state: Any = Field(default=None, description="The environment's JSON state (None: rebuilt from messages).")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Episode:
+        if not len(self.token_ids) == len(self.logprobs) == len(self.loss_mask):
+            raise ValueError(f"token_ids ({len(self.token_ids)}), logprobs ({len(self.logprobs)}) and loss_mask "
+                             f"({len(self.loss_mask)}) must have one entry per token")
+        return self
+
+
+class EpisodeState(Contract):
+    """A group of multi-turn episodes between two turns, on `rl.episodes` (key: prompt_id): a
+    rollout worker reads it, runs one assistant turn and one tool/environment step of every
+    unfinished episode, and writes the next state (or the finished RolloutGroup on
+    rl.rollouts) in the transaction that commits this one (steadyrl/model/agents.py)."""
+
+    SCHEMA_NAME: ClassVar[str] = "episode_state"
+    SCHEMA_VERSION: ClassVar[str] = "1.0"
+
+    prompt: Prompt
+    turn: Count64 = Field(description="Assistant turns done by every unfinished episode.")
+    episodes: list[Episode] = Field(min_length=1, max_length=1024)
+    engine: str = Field(default="", max_length=64)
+    actor: str = Field(default="")
+    started_ms: Int64 = Field(default_factory=now_ms)
+
+    @property
+    def prompt_id(self) -> str:
+        return self.prompt.prompt_id
+
+
 ALL_CONTRACTS: tuple[type[Contract], ...] = (Prompt, RolloutGroup, ScoredGroup, PolicyUpdate, DLQRecord,
-                                             QuarantinedGroup, QuarantineDecision)
+                                             QuarantinedGroup, QuarantineDecision, EpisodeState)

@@ -225,7 +225,7 @@ def test_extra_info_nested_past_the_serializer_limit_is_refused():
     value = json.dumps(_group_json()).replace('"extra_info": {}', '"extra_info": {"a": ' + "[" * 70 + "]" * 70 + "}")
     rej = _rejects(value.encode(), RG)   # our MAX_DEPTH, 64, names the place
     assert rej.reason == DLQReason.undecodable
-    assert rej.detail == "rollout_group/v1.5: nested deeper than 64 levels at prompt.extra_info.a" + "[0]" * 61
+    assert rej.detail == "rollout_group/v1.6: nested deeper than 64 levels at prompt.extra_info.a" + "[0]" * 61
 
 
 def test_policy_version_too_big_for_a_metric_is_refused():
@@ -262,7 +262,7 @@ def test_dlq_record_of_a_huge_header_fits_rl_dlq():
 def test_encode_refuses_nan_and_names_the_field():
     g = rollout_group(1)
     g.samples[0].logprobs[1] = float("nan")   # wrote "logprobs":[-0.1,null] before
-    with pytest.raises(ValueError, match=r"rollout_group/v1.5: cannot encode a non-finite number: "
+    with pytest.raises(ValueError, match=r"rollout_group/v1.6: cannot encode a non-finite number: "
                                          r"samples\[0\]\.logprobs\[1\] = nan"):
         codec.encode(g)
 
@@ -288,7 +288,7 @@ def test_constructing_a_contract_with_nan_raises_naming_the_field():
 def test_encode_of_a_lone_surrogate_is_a_value_error():
     g = rollout_group(1)
     g.samples[0].text = "\ud800"
-    with pytest.raises(ValueError, match="rollout_group/v1.5: cannot encode"):
+    with pytest.raises(ValueError, match="rollout_group/v1.6: cannot encode"):
         codec.encode(g)
 
 

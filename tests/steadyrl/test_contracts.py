@@ -33,7 +33,7 @@ def test_instance_validates_against_checked_in_schema():
 def test_round_trip_sets_schema_header():
     g = rollout_group(7)
     value, headers = codec.encode(g)
-    assert headers == [("schema", b"rollout_group/v1.5")]
+    assert headers == [("schema", b"rollout_group/v1.6")]
     assert codec.decode(value, headers, RolloutGroup) == g
 
 
@@ -49,7 +49,7 @@ def test_minor_version_is_accepted_and_unknown_fields_ignored():
     (b"\xff\xfe not json", [("schema", b"rollout_group/v1.0")], DLQReason.undecodable, "not UTF-8 JSON"),
     (b"{}", None, DLQReason.missing_schema_header, "got none"),
     (b"{}", [("schema", b"garbage")], DLQReason.missing_schema_header, "malformed"),
-    (b"{}", [("schema", b"prompt/v1.0")], DLQReason.wrong_schema, "expected rollout_group/v1.5, got prompt/v1.0"),
+    (b"{}", [("schema", b"prompt/v1.0")], DLQReason.wrong_schema, "expected rollout_group/v1.6, got prompt/v1.0"),
     (b"{}", [("schema", b"rollout_group/v2.0")], DLQReason.major_version_mismatch,
      "expected rollout_group v1.x, got rollout_group/v2.0"),
     (b'{"prompt": 1}', [("schema", b"rollout_group/v1.0")], DLQReason.validation_failed, "prompt"),
@@ -82,7 +82,7 @@ def test_scored_group_needs_one_reward_per_sample():
 
 
 def test_prompt_json_schema_has_version():
-    assert json_schema(Prompt)["x-schema-version"] == "1.3"
+    assert json_schema(Prompt)["x-schema-version"] == "1.4"
 
 
 @pytest.mark.parametrize("engine", ["vllm", "torch", ""])
@@ -92,7 +92,7 @@ def test_engine_round_trips_through_rollout_and_scored_groups(engine):
     assert codec.decode(value, headers, RolloutGroup).engine == engine
     sg = ScoredGroup(group=g, rewards=[1.0], reward_source="rule", scorer="x")
     value, headers = codec.encode(sg)
-    assert headers == [("schema", b"scored_group/v1.5")]
+    assert headers == [("schema", b"scored_group/v1.6")]
     assert codec.decode(value, headers, ScoredGroup).group.engine == engine
 
 

@@ -76,3 +76,13 @@ def test_an_empty_own_thing_key_is_dropped_not_passed_on(tmp_path):
     args, path = _up(tmp_path, {"model": None, "steps": 3})
     written = yaml.safe_load(_own_things(args).read_text())
     assert "model" not in written and written["learner"]["steps"] == 3
+
+
+def test_tools_and_env_go_to_the_rollout_workers_with_the_actors_model(tmp_path):
+    """--tools / --env (docs/agents.md), as flags and as top-level keys."""
+    args, _ = _up(tmp_path, {"model": "tiny"}, "--env", "my_env.py:TryAgain")
+    agent = yaml.safe_load(_own_things(args).read_text())["rollout"]["agent"]
+    assert agent == {"env": "my_env.py:TryAgain", "model": "tiny"}
+    args, _ = _up(tmp_path, {"tools": "t.py:calc", "rollout": {"agent": {"max_turns": 2}}})
+    agent = yaml.safe_load(_own_things(args).read_text())["rollout"]["agent"]
+    assert agent == {"tools": "t.py:calc", "max_turns": 2, "model": "smollm2-135m-instruct"}

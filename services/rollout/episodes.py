@@ -1,0 +1,236 @@
+"""The rollout worker's episode path: multi-turn episodes with tools or an environment, one turn
+per exactly-once step on the log (steadyrl/model/agents.py, docs/agents.md).
+
+With `rollout.agent.tools` or `rollout.agent.env` set, the worker's Stage reads `rl.prompts`
+(turn 0) and `rl.episodes` (later turns) in one consumer group. For each record it takes the
+group's state (a Prompt starts n episodes: the environment's first messages, tokenized once),
+asks the actor for one assistant turn of every unfinished episode -- one POST /generate per
+sampling setting for the whole batch, continuing from each episode's stored token ids
+(`prompt_ids`), so many groups' episodes interleave at the actor -- runs one environment step
+of each, tokenizes only the appended messages, and writes either the next EpisodeState to
+rl.episodes or, once every episode is done, the RolloutGroup to rl.rollouts: in the
+transaction that commits the input's offset. A worker killed mid-turn loses that turn only;
+the next reader of the state runs it again (with the same seed).
+
+An episode ends when the environment says done, after `max_turns` assistant turns, or when its
+tokens reach `max_episode_tokens` (prompt + trajectory): the last turn is cut to fit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from prometheus_client import Counter, Histogram
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from steadyrl.bus.stage import Output, RetryLater, refusal_reason
+from steadyrl.http import response_detail
+from steadyrl.model import agents
+from steadyrl.wire.codec import Rejected
+from steadyrl.wire.contracts import DLQReason, EpisodeState, Prompt
+
+if TYPE_CHECKING:
+    from steadyrl.bus.stage import BatchHandler, Meta
+    from steadyrl.wire.contracts import Contract
+
+TURNS = Counter("steadyrl_rollout_episode_turns", "Assistant turns of episodes run")
+EPISODES = Counter("steadyrl_rollout_episodes_finished", "Episodes finished", ["how"])
+ENV_SECONDS = Histogram("steadyrl_rollout_env_step_seconds", "Time of one environment/tool step",
+                        buckets=(0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60))
+
+
+class AgentSection(BaseModel):
+    """Multi-turn episodes (docs/agents.md): set `tools` or `env` to turn them on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tools: str | None = Field(None, description="Tools as typed Python functions: `my_tools.py:calc,search`.")
+    env: str | None = Field(None, description="An environment class: `my_env.py:Class` (reset/step).")
+    model: str | None = Field(None, description="The actor's model (name or folder), for its tokenizer and chat "
+                                                "template; `steadyrl up` sets it from --model.")
+    max_turns: int = Field(4, ge=1, le=1000, description="Assistant turns an episode has at most.")
+    max_episode_tokens: int = Field(4096, ge=2, description="Prompt + trajectory tokens an episode has at most.")
+    tool_timeout_s: float = Field(10.0, gt=0, description="Longest a tool call may take; past it the model "
+                                                          "gets an error as the tool's result.")
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_load(cls, v: str | None) -> str | None:
+        if v is not None:
+            agents.load_tools(v)   # at start, exit 2 naming the field: not a crash loop later
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_loads(cls, v: str | None) -> str | None:
+        if v is not None:
+            agents.load_env(v)
+        return v
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> AgentSection:
+        if self.tools and self.env:
+            raise ValueError("give tools or env, not both")
+        if (self.tools or self.env) and not self.model:
+            raise ValueError("tools/env need model (the actor's model, for its tokenizer)")
+        return self
+
+    @property
+    def on(self) -> bool:
+        return bool(self.tools or self.env)
+
+
+def _tokenizer(model: str) -> Any:
+    from steadyrl.model.models import TINY, hf_folder, load_tokenizer, tiny_tokenizer  # lazy: heavy (transformers)
+
+    return tiny_tokenizer() if model == TINY else load_tokenizer(hf_folder(model))
+
+
+class EpisodeRunner:
+    """One turn of groups of episodes: the environment, the tokenizer and the actor calls."""
+
+    def __init__(self, a: AgentSection, actor_url: str, client: httpx.Client, request_timeout_s: float,
+                 retry_backoff_s: float, tok: Any = None,
+                 factory: Callable[[], agents.Environment] | None = None):
+        self.a, self.url, self.client = a, actor_url, client
+        self.request_timeout_s, self.retry_backoff_s = request_timeout_s, retry_backoff_s
+        self.tok = tok if tok is not None else _tokenizer(a.model or "")
+        self.schemas: list[dict[str, Any]] | None = None
+        if factory is not None:
+            self.factory = factory
+        elif a.tools:
+            tools = agents.load_tools(a.tools)
+            in_template = "tools" in str(getattr(self.tok, "chat_template", "") or "")
+            env = agents.ToolEnv(tools, a.tool_timeout_s, in_template)
+            self.schemas = env.schemas if in_template else None
+            self.factory = lambda: env
+        else:
+            self.factory = agents.load_env(a.env or "")
+
+    # ---- turn 0 -----------------------------------------------------------------------
+    def start(self, p: Prompt) -> EpisodeState:
+        """The group's n episodes at turn 0 (reset once: they start alike, as GRPO's group)."""
+        env = self.factory()
+        messages = env.reset(agents.row_of(p))
+        return agents.start(p, messages, agents.prompt_ids(self.tok, messages, self.schemas), agents.env_state(env))
+
+    # ---- one turn ---------------------------------------------------------------------
+    def turn(self, states: list[EpisodeState]) -> list[EpisodeState | RetryLater | Rejected]:
+        """Run one assistant turn and one environment step of every unfinished episode of
+        `states` (changed in place); per state: itself, or what holds or refuses it."""
+        out: list[EpisodeState | RetryLater | Rejected] = list(states)
+        wants: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}   # key -> [(state, episode, max_new)]
+        for i, s in enumerate(states):
+            for j, ep in enumerate(s.episodes):
+                if ep.done:
+                    continue
+                left = self.a.max_episode_tokens - len(ep.prompt_ids) - len(ep.token_ids)
+                p = s.prompt
+                key = (p.temperature, p.top_p, min(p.max_new_tokens, left), p.run_id, p.min_policy_version)
+                wants.setdefault(key, []).append((i, j, min(p.max_new_tokens, left)))
+        for key, which in wants.items():
+            live = [(i, j, m) for i, j, m in which if isinstance(out[i], EpisodeState)]
+            if not live:
+                continue
+            answer = self._generate(key, [(states[i], j) for i, j, _ in live])
+            if not isinstance(answer, dict):
+                for i, _, _ in live:
+                    out[i] = answer
+                continue
+            for (i, j, _), comp in zip(live, answer["completions"], strict=True):
+                c = comp[0]
+                agents.add_turn(states[i].episodes[j], c["token_ids"], c["logprobs"], c["text"], c["finish_reason"],
+                                answer["policy_version"])
+                states[i].engine = answer.get("engine", "") if isinstance(answer.get("engine"), str) else ""
+                states[i].actor = self.url
+                TURNS.inc()
+        for i, s in enumerate(states):
+            if isinstance(out[i], EpisodeState):
+                s.turn += 1
+                for ep in s.episodes:
+                    if not ep.done:
+                        self._step(s, ep)
+        return out
+
+    def _generate(self, key: tuple[Any, ...],
+                  eps: list[tuple[EpisodeState, int]]) -> dict[str, Any] | RetryLater | Rejected:
+        """One POST /generate: one assistant turn of each (state, episode) `eps`, from its stored ids."""
+        temperature, top_p, max_new, run_id, min_version = key
+        body = {"prompts": [{"prompt_ids": s.episodes[j].prompt_ids + s.episodes[j].token_ids,
+                             "seed": None if s.prompt.seed is None else s.prompt.seed + 1_000_003 * j + 7919 * s.turn}
+                            for s, j in eps],
+                "n": 1, "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new,
+                "run_id": run_id, "min_policy_version": min_version}
+        try:
+            resp = self.client.post(f"{self.url}/generate", json=body, timeout=self.request_timeout_s)
+        except httpx.HTTPError as e:
+            return RetryLater(f"actor unreachable: {type(e).__name__}: {e}", self.retry_backoff_s)
+        if resp.status_code >= 500 or resp.status_code in (401, 403):
+            return RetryLater(f"actor answered {resp.status_code}: {response_detail(resp)}", self.retry_backoff_s,
+                              counts=True)
+        if resp.status_code >= 400:
+            detail = response_detail(resp)
+            return Rejected(refusal_reason(detail), f"actor refused an episode's turn ({resp.status_code}): {detail}")
+        answer: dict[str, Any] = resp.json()
+        return answer
+
+    def _step(self, s: EpisodeState, ep: Any) -> None:
+        """The environment's answer to the episode's last turn, appended; or the episode ends."""
+        used = len(ep.prompt_ids) + len(ep.token_ids)
+        if s.turn >= self.a.max_turns or used >= self.a.max_episode_tokens:
+            ep.done = True
+            EPISODES.labels("turns" if s.turn >= self.a.max_turns else "tokens").inc()
+            return
+        t0 = time.perf_counter()
+        env = agents.rebuilt(self.factory, s.prompt, ep.env_state)
+        new, reward, done = env.step([agents._msg(m) for m in ep.messages])
+        ENV_SECONDS.observe(time.perf_counter() - t0)
+        ep.env_state = agents.env_state(env)
+        if reward is not None:
+            ep.reward = float(reward)
+        if done or not new:
+            ep.done = True
+            EPISODES.labels("done").inc()
+            return
+        ids = agents.delta_ids(self.tok, new)
+        if used + len(ids) >= self.a.max_episode_tokens:   # no room for another turn
+            ep.done = True
+            EPISODES.labels("tokens").inc()
+            return
+        agents.add_observation(ep, new, ids)
+
+
+def make_episode_handler(runner: EpisodeRunner) -> BatchHandler:
+    """[(Prompt | EpisodeState, meta)] -> per record [Output(rl.episodes) | Output(rl.rollouts)],
+    a RetryLater (the actor) or a Rejected (the actor refused a turn, the environment raised)."""
+
+    def handle_batch(items: list[tuple[Contract, Meta]]) -> list[list[Output] | RetryLater | Rejected]:
+        states: list[EpisodeState | Rejected] = []
+        for v, _ in items:   # copies: a call the stage repeats (alone) starts from the record again
+            try:
+                states.append(runner.start(v) if isinstance(v, Prompt)
+                              else v.model_copy(deep=True))  # type: ignore[arg-type]
+            except Exception as e:  # noqa: BLE001 - the user's environment: its record goes to rl.dlq
+                states.append(Rejected(DLQReason.handler_error, f"environment reset raised {type(e).__name__}: {e}"))
+        live = [s for s in states if isinstance(s, EpisodeState)]
+        try:
+            done = dict(zip((id(s) for s in live), runner.turn(live), strict=True))
+        except RetryLater:
+            raise
+        except Exception as e:  # noqa: BLE001 - an environment's step: the stage retries each record alone
+            raise RuntimeError(f"environment step raised {type(e).__name__}: {e}") from e
+        results: list[list[Output] | RetryLater | Rejected] = []
+        for s in states:
+            r = s if isinstance(s, Rejected) else done[id(s)]
+            if not isinstance(r, EpisodeState):
+                results.append(r)
+            elif all(ep.done for ep in r.episodes):
+                results.append([Output("rl.rollouts", r.prompt_id, agents.finished(r))])
+            else:
+                results.append([Output("rl.episodes", r.prompt_id, r)])
+        return results
+
+    return handle_batch

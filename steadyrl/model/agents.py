@@ -1,0 +1,300 @@
+"""Agents: multi-turn episodes with tools or an environment, token in, token out (docs/agents.md).
+
+A user writes an environment in one file, in one of two shapes:
+
+- tools: plain typed Python functions (`--tools my_tools.py:calc,search`). Their JSON schemas
+  come from the signature and docstring (transformers' `get_json_schema`); the model sees them
+  through its chat template (`apply_chat_template(..., tools=...)`), or, for a template without
+  tool support (SmolLM2's, the tiny model's), through a system message in the Hermes/Qwen
+  `<tools>` style (`tools_system_message`). Its calls are parsed from
+  `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; each result is appended as a
+  `tool` message. An answer without a call ends the episode; the reward is the run's reward
+  function on that final answer.
+- an environment class (`--env my_env.py:Class`, SkyRL-gym / OpenRLHF shape):
+  `reset(row) -> messages` and `step(messages) -> (new messages, reward or None, done)`.
+
+Serialization contract: an environment is rebuilt for every step (`Class()`, `reset(row)`,
+then `set_state(state)` if it defines `get_state`/`set_state`) and stepped on the whole
+conversation; one without `get_state` must be a function of the messages (and the row). A
+rollout worker can therefore die between any two turns: the next one rebuilds it.
+
+Token in, token out: the first turn's prompt is tokenized once; later turns continue from the
+stored ids, and only each appended tool/environment message is tokenized (`delta_ids`: the
+chat template's rendering of that message after a fixed conversation, minus that
+conversation's). Model tokens have loss mask 1 and their behaviour log-probs; appended ones
+mask 0 and log-prob 0.0.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+from steadyrl.model.rewards import resolve_scorer
+from steadyrl.wire.contracts import ChatMessage, Episode, EpisodeState, Prompt, RolloutGroup, Sample
+
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+#: Longest tool result kept, characters (more is cut, and says so).
+MAX_TOOL_RESULT_CHARS = 8192
+
+
+class Environment(Protocol):
+    """The shape of `--env my_env.py:Class` (SkyRL-gym's BaseTextEnv, OpenRLHF's agent)."""
+
+    def reset(self, row: dict[str, Any]) -> list[dict[str, str]]: ...
+
+    def step(self, messages: list[dict[str, str]]) -> tuple[list[dict[str, str]], float | None, bool]: ...
+
+
+# ---- tools -------------------------------------------------------------------------------
+def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The OpenAI-style JSON schema of a typed function with a Google-style docstring
+    (transformers.utils.get_json_schema). Raises ValueError naming what is missing (a type
+    hint, a docstring, an argument's description)."""
+    from transformers.utils.chat_template_utils import get_json_schema  # lazy: heavy (transformers)
+
+    try:
+        return dict(get_json_schema(fn))
+    except Exception as e:  # noqa: BLE001 - transformers raises its own TypeHintParsingException, DocstringParsingException
+        raise ValueError(f"tool {getattr(fn, '__name__', fn)!r}: {e}") from None
+
+
+def load_tools(spec: str) -> dict[str, Callable[..., Any]]:
+    """`my_tools.py:calc,search` (or `pkg.mod:calc`) -> {name: function}. Raises ValueError:
+    no name, a file or function not found, or a function without a usable schema."""
+    module, _, names = spec.rpartition(":")
+    if not module or not names:
+        raise ValueError(f"tools {spec!r}: give file.py:name[,name...]")
+    tools = {}
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        try:
+            fn = resolve_scorer(f"{module}:{name}")
+        except ValueError as e:
+            raise ValueError(str(e).replace("scorer", "tool")) from None
+        tool_schema(fn)  # fails at start, not mid-run
+        tools[name] = fn
+    return tools
+
+
+def tools_system_message(schemas: list[dict[str, Any]]) -> str:
+    """The Hermes/Qwen system message offering `schemas`, for a chat template without tool
+    support (the rendering Qwen2.5's template makes)."""
+    listed = "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+            f"{listed}\n</tools>\n\nFor each function call, return a json object with function name and "
+            "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+@dataclass
+class ToolCall:
+    """One parsed call: name and arguments, or the error the model gets back instead."""
+
+    name: str
+    arguments: dict[str, Any]
+    error: str | None = None
+
+
+def parse_tool_calls(text: str, tools: dict[str, Callable[..., Any]]) -> list[ToolCall]:
+    """The `<tool_call>{json}</tool_call>` calls in `text`, in order. A call that is not JSON,
+    names no or an unknown tool, or whose arguments do not fit the function's signature comes
+    back with `error` set (the message the model sees as the tool's result)."""
+    calls = []
+    for body in TOOL_CALL.findall(text):
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as e:
+            calls.append(ToolCall("", {}, f"error: the tool call is not JSON ({e.msg} at {e.pos})"))
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            calls.append(ToolCall("", {}, 'error: a tool call is {"name": ..., "arguments": {...}}'))
+            continue
+        name, args = obj["name"], obj.get("arguments", {})
+        if name not in tools:
+            calls.append(ToolCall(name, {}, f"error: no tool {name!r}; the tools are {', '.join(sorted(tools))}"))
+            continue
+        if not isinstance(args, dict):
+            calls.append(ToolCall(name, {}, f"error: the arguments of {name} must be a JSON object"))
+            continue
+        try:
+            inspect.signature(tools[name]).bind(**args)
+        except TypeError as e:
+            calls.append(ToolCall(name, args, f"error: bad arguments for {name}: {e}"))
+            continue
+        calls.append(ToolCall(name, args))
+    return calls
+
+
+def run_tool(fn: Callable[..., Any], args: dict[str, Any], timeout_s: float) -> tuple[str, str]:
+    """(result text, outcome: ok | error | timeout) of one call, within `timeout_s` seconds. A
+    call that raises gives its exception as the result; one past the timeout is abandoned (its
+    daemon thread runs on; process isolation is docs/agents.md's next step)."""
+    fut: Future[Any] = Future()
+
+    def call() -> None:
+        try:
+            fut.set_result(fn(**args))
+        except BaseException as e:  # noqa: BLE001 - the user's tool: SystemExit too
+            fut.set_exception(e)
+
+    threading.Thread(target=call, daemon=True, name="tool-call").start()
+    try:
+        out = fut.result(timeout=timeout_s)
+    except TimeoutError:
+        return f"error: the tool did not answer within {timeout_s:g} s", "timeout"
+    except BaseException as e:  # noqa: BLE001
+        return f"error: {type(e).__name__}: {e}", "error"
+    text = out if isinstance(out, str) else json.dumps(out, ensure_ascii=False, default=str)
+    if len(text) > MAX_TOOL_RESULT_CHARS:
+        text = text[:MAX_TOOL_RESULT_CHARS] + f" [... {len(text) - MAX_TOOL_RESULT_CHARS} characters cut]"
+    return text, "ok"
+
+
+class ToolEnv:
+    """Tools as an Environment: the system message offers them (unless the template does), each
+    `<tool_call>` runs and its result comes back as a `tool` message; an answer without a call
+    ends the episode (reward None: the run's reward function scores the final answer)."""
+
+    def __init__(self, tools: dict[str, Callable[..., Any]], timeout_s: float = 10.0, in_template: bool = False):
+        self.tools, self.timeout_s, self.in_template = tools, timeout_s, in_template
+        self.schemas = [tool_schema(f) for f in tools.values()]
+
+    def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
+        messages: list[dict[str, str]] = list(row["messages"])
+        if self.in_template:
+            return messages
+        system = tools_system_message(self.schemas)
+        if messages and messages[0]["role"] == "system":
+            return [{"role": "system", "content": messages[0]["content"] + "\n\n" + system}, *messages[1:]]
+        return [{"role": "system", "content": system}, *messages]
+
+    def step(self, messages: list[dict[str, str]]) -> tuple[list[dict[str, str]], float | None, bool]:
+        calls = parse_tool_calls(messages[-1]["content"], self.tools)
+        if not calls:
+            return [], None, True
+        out = []
+        for c in calls:
+            text = c.error if c.error is not None else run_tool(self.tools[c.name], c.arguments, self.timeout_s)[0]
+            out.append({"role": "tool", "name": c.name, "content": text})
+        return out, None, False
+
+
+# ---- environments --------------------------------------------------------------------------
+def load_env(spec: str) -> Callable[[], Environment]:
+    """`my_env.py:Class` -> the class (a factory of environments). Raises ValueError when it is
+    not found or lacks reset/step."""
+    try:
+        cls = resolve_scorer(spec)
+    except ValueError as e:
+        raise ValueError(str(e).replace("scorer", "environment")) from None
+    missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ValueError(f"environment {spec!r} has no {' or '.join(missing)} method")
+    return cast("Callable[[], Environment]", cls)
+
+
+def row_of(prompt: Prompt) -> dict[str, Any]:
+    """What `reset` gets: the prompt's messages and verl fields."""
+    return {"messages": [_msg(m) for m in prompt.messages], "ground_truth": prompt.ground_truth,
+            "data_source": prompt.data_source, "extra_info": prompt.extra_info, "prompt_id": prompt.prompt_id}
+
+
+def _msg(m: ChatMessage) -> dict[str, str]:
+    d = {"role": m.role, "content": m.content}
+    if m.name is not None:
+        d["name"] = m.name
+    return d
+
+
+def rebuilt(factory: Callable[[], Environment], prompt: Prompt, state: Any) -> Environment:
+    """The environment of an episode, rebuilt (the serialization contract, module doc)."""
+    env = factory()
+    env.reset(row_of(prompt))
+    if state is not None and callable(getattr(env, "set_state", None)):
+        env.set_state(state)  # type: ignore[attr-defined]
+    return env
+
+
+def env_state(env: Environment) -> Any:
+    """The JSON state of `env` (its `get_state()`), or None."""
+    get = getattr(env, "get_state", None)
+    return get() if callable(get) else None
+
+
+# ---- tokens ---------------------------------------------------------------------------------
+#: The fixed conversation `delta_ids` renders a message after.
+_BASE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+
+
+def _render(tok: Any, messages: list[dict[str, str]], gen: bool, tools: list[dict[str, Any]] | None = None) -> str:
+    return str(tok.apply_chat_template(messages, tools=tools, add_generation_prompt=gen, tokenize=False))
+
+
+def prompt_ids(tok: Any, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """The first turn's token ids: the chat template (with `tools` where it takes them), the
+    assistant turn opened. Tokenized once per episode."""
+    return list(tok.encode(_render(tok, messages, True, tools), add_special_tokens=False))
+
+
+def delta_ids(tok: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of `messages` appended after an assistant turn, with the next assistant turn
+    opened: the template's text of them after a fixed conversation minus that conversation's.
+    Earlier turns are never re-tokenized. A `tool` message the template cannot render goes as
+    a user message in Hermes' `<tool_response>` wrapping."""
+    base = _render(tok, _BASE, False)
+    try:
+        full = _render(tok, [*_BASE, *messages], True)
+    except Exception:  # noqa: BLE001 - jinja2's TemplateError: the template refuses the tool role
+        full = _render(tok, [*_BASE, *[m if m["role"] != "tool" else
+                                       {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
+                                       for m in messages]], True)
+    if not full.startswith(base):
+        raise ValueError("the chat template renders a conversation differently once a message is appended; "
+                         "cannot tokenize the appended message alone")
+    return list(tok.encode(full[len(base):], add_special_tokens=False))
+
+
+# ---- episodes -------------------------------------------------------------------------------
+def start(prompt: Prompt, messages: list[dict[str, str]], ids: list[int], state: Any = None) -> EpisodeState:
+    """Turn 0 of `prompt`'s group: n episodes from the same first messages and ids."""
+    msgs = [ChatMessage(**m) for m in messages]
+    return EpisodeState(prompt=prompt, turn=0, episodes=[
+        Episode(messages=msgs, prompt_ids=ids, env_state=state) for _ in range(prompt.n_samples)])
+
+
+def add_turn(ep: Episode, token_ids: list[int], logprobs: list[float], text: str, finish_reason: str,
+             version: int) -> None:
+    """Append one assistant turn (model tokens: mask 1, their behaviour log-probs)."""
+    ep.token_ids += token_ids
+    ep.logprobs += logprobs
+    ep.loss_mask += [1] * len(token_ids)
+    ep.turn_versions.append(version)
+    ep.messages.append(ChatMessage(role="assistant", content=text))
+    ep.text, ep.finish_reason = text, finish_reason  # type: ignore[assignment]
+
+
+def add_observation(ep: Episode, messages: list[dict[str, str]], ids: list[int]) -> None:
+    """Append the environment's messages and their token ids (mask 0, log-prob 0.0)."""
+    ep.messages += [ChatMessage(**m) for m in messages]
+    ep.token_ids += ids
+    ep.logprobs += [0.0] * len(ids)
+    ep.loss_mask += [0] * len(ids)
+
+
+def finished(state: EpisodeState) -> RolloutGroup:
+    """The group of a state whose episodes are all done: one sample per episode (its whole
+    trajectory after the prompt, with loss mask and per-turn versions); policy_version is the
+    first turn's, so staleness counts from the episode's start."""
+    eps = state.episodes
+    first = min((v for e in eps for v in e.turn_versions[:1]), default=0)
+    samples = [Sample(text=e.text, token_ids=e.token_ids, logprobs=e.logprobs, finish_reason=e.finish_reason,
+                      loss_mask=e.loss_mask, turn_versions=e.turn_versions) for e in eps]
+    return RolloutGroup(prompt=state.prompt, prompt_token_ids=eps[0].prompt_ids, samples=samples,
+                        policy_version=first, actor=state.actor, engine=state.engine)
