@@ -50,7 +50,7 @@ from steadyrl.run.runfolder import Count
 from steadyrl.run.tensors import rng_state
 from steadyrl.wire.contracts import ScoredGroup, now_ms
 
-from . import disk, report, rows
+from . import bad_rows, disk, report, rows
 from .buffer import next_batch
 from .config import LearnerConfig, LearnerSection, data_label, open_dataset
 from .drift import ParamDrift
@@ -146,7 +146,7 @@ def build(cfg: LearnerConfig, health: Health) -> Learner:
     run_dir.mkdir(parents=True, exist_ok=True)
     # free-space gauges, /readyz `disk`, dead processes' temporaries; exit 2 when the volumes are too small
     disk.prepare(lc, model, health, run_dir, st.run_id)
-    report_rows(st, check, evals, run_dir, lc.data, len(rows_))
+    bad_rows.report(st, check, evals, run_dir, lc.data, len(rows_))
     trim_audit(run_dir, st.step)
     trim_history(run_dir, st)
     trackers = Trackers.of(lc, run_dir, {"steadyrl.run_id": st.run_id, "steadyrl.model": lc.model,
@@ -216,29 +216,6 @@ def checkpoint_key(lc: LearnerSection) -> bytes | None:
         return lc.checkpoint_key()
     except CheckpointError as e:   # a restart would not bring it back
         raise ConfigError(f"learner.checkpoint_key_file: {e}") from None
-
-
-def report_rows(st: RunState, check: RowCheck, evals: dict[str, EvalSplit], run_dir: Path,
-                data: str | list[str], n_rows: int) -> None:
-    """The run's bad_rows.jsonl (and bad_eval_rows.jsonl), counted; the training rows' report
-    and count grow as the feeder meets more (RowCheck.on_bad)."""
-    path = check.report_to(run_dir / "bad_rows.jsonl")
-    st.counts[Count.bad_rows.value] = check.bad
-
-    def found(bad: rows.BadRow) -> None:
-        st.count(Count.bad_rows)
-        if st.counts[Count.bad_rows.value] <= rows.LOGGED:
-            log.warning("dataset rows left out: one more the actor or the prompt contract cannot take",
-                        extra={"data": data_label(data), "row": str(bad), "report": str(path)})
-
-    check.on_bad = found
-    if check.bad:
-        log.warning("dataset rows left out: the actor or the prompt contract cannot take them",
-                    extra={"data": data_label(data), "bad": check.bad, "rows": n_rows,
-                           "report": str(path), "first": [str(b) for b in check.first[:rows.LOGGED]]})
-    n = rows.report_eval(evals, run_dir)
-    if n or Count.bad_eval_rows.value in st.counts:
-        st.counts[Count.bad_eval_rows.value] = n
 
 
 @dataclass(eq=False)

@@ -133,6 +133,9 @@ def _why(lc: LearnerSection, row: PromptRow | RowError, index: int, tokenizer: A
     """check_row's reason, without where."""
     if isinstance(row, RowError):
         return BadRow(index, row.field, row.reason)
+    tool = next((i for i, m in enumerate(row.messages) if isinstance(m, dict) and m.get("role") == "tool"), None)
+    if tool is not None:   # prompt 1.4 takes it for an episode's turns only: its tool call's result (docs/agents.md)
+        return BadRow(index, f"prompt[{tool}].role", "'tool' is an episode's tool result, not a dataset row's")
     try:
         record = prompt_record(lc, row, f"r00000000T000000-0000/e0-i{index}", 0, index, 0,
                                "r00000000T000000-0000", 0)
@@ -554,20 +557,3 @@ def eval_splits(lc: LearnerSection, tokenizer: Any, context: int | None, cache_d
         out[name] = eval_split(lc, name, f"learner.eval_splits.{name}", spec, lc.eval_splits_limit, tokenizer,
                                context, cache_dir, beat)
     return out
-
-
-def report_eval(splits: dict[str, EvalSplit], run_dir: Path) -> int:
-    """Write `<run_dir>/bad_eval_rows.jsonl` (split, index, field, reason, where; none: no file)
-    and log the first few. Returns how many."""
-    bad = [(name, b) for name, sp in splits.items() for b in sp.bad]
-    path = run_dir / "bad_eval_rows.jsonl"
-    if not bad:
-        path.unlink(missing_ok=True)
-        return 0
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"split": name, **asdict(b)}) + "\n" for name, b in bad))
-    log.warning("evaluation rows left out: the evaluation cannot take them",
-                extra={"bad": len(bad), "report": str(path),
-                       "first": [f"{name}: {b}" for name, b in bad[:LOGGED]],
-                       "evaluated": {name: len(sp.good) for name, sp in splits.items()}})
-    return len(bad)
