@@ -71,7 +71,7 @@ def open_cache(run_dir: Path, st: RunState, max_file_bytes: int, max_total_bytes
 
 
 #: Trainer metrics kept in the history beside EXPORTED (/metrics'): what the experiment
-#: trackers show (services/learner/trackers.py), under verl's names.
+#: trackers show (services/learner/tracker_kinds.py), under verl's names.
 TRACKED = ("critic/advantages/mean", "actor/kl_loss", "actor/pg_clipfrac_lower", "critic/vf_clipfrac",
            "perf/train_tokens_per_s", "perf/oom_fallback")
 

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from steadyrl.services.learner.trackers import mlflow_uri, tracked
+from steadyrl.services.learner.tracker_kinds import mlflow_uri, tracked
 from tests.integration.test_pipeline import Up, _config
 from tests.services.learner import tracker_readers as read
 
@@ -78,7 +78,7 @@ def test_every_tracker_has_every_step_once_across_a_learner_kill(bootstrap, tmp_
     client = MlflowClient(tracking_uri=mlflow_uri(run.state_dir))
     mrun = client.get_run(json.loads((run.path / "trackers.json").read_text())["mlflow_run_id"])
     assert {a.path for a in client.list_artifacts(mrun.info.run_id)} == {"summary.json", "curve.png"}
-    assert mrun.data.tags["steadyrl.model.data"] == "tiny_copy:256" and mrun.data.tags["steadyrl.run_id"] == run.run_id
+    assert mrun.data.tags["steadyrl.data"] == "tiny_copy:256" and mrun.data.tags["steadyrl.run_id"] == run.run_id
     assert mrun.data.params["learner.steps"] == str(steps) and mrun.info.status == "FINISHED"
 
 

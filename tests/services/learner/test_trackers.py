@@ -12,7 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from steadyrl.services.learner.config import LearnerSection
-from steadyrl.services.learner.trackers import RENAME, STEP_KEY, Trackers, mlflow_uri, tracked
+from steadyrl.services.learner.tracker_kinds import RENAME, STEP_KEY, mlflow_uri, tracked
+from steadyrl.services.learner.trackers import Trackers
 from tests.services.learner import tracker_readers as read
 from tests.services.learner.conftest import Msg, scored
 
@@ -257,7 +258,7 @@ def test_a_full_queue_drops_with_a_count_never_blocks_and_jsonl_stays_complete(t
     """The remote tracker is stuck in its start; its queue holds 2 calls. 10 steps are logged
     on a thread of the test's: they all return (the logging thread ends while the tracker is
     still stuck), 8 of the 10 are dropped and counted, and the jsonl record has all 10."""
-    from steadyrl.services.learner.trackers import Jsonl
+    from steadyrl.services.learner.tracker_kinds import Jsonl
 
     gate = Gate(hold=("start",))
     t = Trackers([Jsonl(tmp_path), gate], queue_size=2, timeout_s=60)
@@ -283,7 +284,7 @@ def test_a_hung_tracker_is_reported_and_left_behind_and_answers_again(tmp_path, 
     """A call past timeout_s: one error line naming the tracker and the call, the hung gauge
     at 1; when it returns, a line saying so and the gauge at 0. Hung again at the end: close
     does not wait for it, says it is left behind, and the local tracker is complete."""
-    from steadyrl.services.learner.trackers import Jsonl
+    from steadyrl.services.learner.tracker_kinds import Jsonl
 
     gate = Gate(hold=("log",))
     t = Trackers([Jsonl(tmp_path), gate], queue_size=4, timeout_s=0.2)
@@ -330,7 +331,7 @@ def test_a_new_mlflow_store_is_made_whole_before_it_is_used(tmp_path):
     """The SQLite store is created beside its place and renamed in: a half-made one that a
     killed start left (`.tmp-<pid>`, here garbage) is removed, and the store opens."""
     pytest.importorskip("mlflow")
-    from steadyrl.services.learner.trackers import _new_sqlite_store
+    from steadyrl.services.learner.tracker_kinds import _new_sqlite_store
 
     db = tmp_path / "mlflow.db"
     (tmp_path / "mlflow.db.tmp-999999").write_text("half a store")
