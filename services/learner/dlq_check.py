@@ -41,7 +41,7 @@ from steadyrl.wire.contracts import DLQReason, DLQRecord
 
 #: service (the part of a DLQ record's `stage` before "/") -> the topics (catalogue names) it reads.
 STAGE_READS: dict[str, tuple[str, ...]] = {
-    "rollout": ("rl.prompts",),
+    "rollout": ("rl.prompts", "rl.episodes"),   # rl.episodes: an agent episode's later turns
     "reward": ("rl.rollouts",),
     "learner": ("rl.scored", "rl.releases"),
 }

@@ -513,10 +513,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     sp.add_argument("--reward", help="the reward, for the reward server and the evaluation: a built-in name "
                                      "(numeric_match, ...), module:function, or file.py:function (verl's signature)")
     sp.add_argument("--steps", type=int, help="policy updates (learner.steps)")
-    sp.add_argument("--tools", metavar="FILE.py:NAME,...", help="multi-turn episodes with tools: typed Python "
+    agent = sp.add_mutually_exclusive_group()   # an episode has tools or an environment class
+    agent.add_argument("--tools", metavar="FILE.py:NAME,...", help="multi-turn episodes with tools: typed Python "
                                                                 "functions (docs/agents.md; rollout.agent.tools)")
-    sp.add_argument("--env", metavar="FILE.py:CLASS", help="multi-turn episodes with an environment class with "
-                                                            "reset/step (docs/agents.md; rollout.agent.env)")
+    agent.add_argument("--env", metavar="FILE.py:CLASS", help="multi-turn episodes with an environment class with "
+                                                               "reset/step (docs/agents.md; rollout.agent.env)")
     sp.add_argument("--from-verl", metavar="FILE", help="a verl config (ppo_trainer.yaml's names): translated "
                                                          "into <state-dir>/from-verl.yaml and run as --config; "
                                                          "what has no steadyrl equal is listed (docs/verl.md)")

@@ -114,11 +114,14 @@ def _agent(cfg: dict[str, Any], args: argparse.Namespace) -> None:
     """--tools / --env (docs/agents.md): the rollout workers' multi-turn episodes, with the
     actor's model for their tokenizer (unless the config names one)."""
     tools, env = getattr(args, "tools", None), getattr(args, "env", None)
-    if tools is None and env is None:
+    agent = cfg.get("rollout", {}).get("agent") if isinstance(cfg.get("rollout"), dict) else None
+    if tools is None and env is None and not isinstance(agent, dict):
         return
     agent = cfg.setdefault("rollout", {}).setdefault("agent", {})
-    agent.update({"tools": tools} if tools is not None else {"env": env})
-    if not agent.get("model"):
+    if tools is not None or env is not None:   # a flag replaces the config's other shape
+        agent.pop("env" if tools is not None else "tools", None)
+        agent.update({"tools": tools} if tools is not None else {"env": env})
+    if args.model is not None or not agent.get("model"):   # the actor's tokenizer, always
         agent["model"] = str(cfg.get("actor", {}).get("model") or PolicyModel().model)
 
 

@@ -102,7 +102,8 @@ SCORERS: dict[str, Scorer] = {"numeric_match": numeric_match, "tiny_copy": tiny_
 #: reward_server.scorers written before the package had sub-packages) live now. Spelled with
 #: "steadyrl." + name: these are the old paths, kept as they were.
 MOVED_MODULES = {"steadyrl." + old: "steadyrl.model." + old
-                 for old in ("rewards", "scorers", "similarity", "scorepool", "data", "models", "generation")}
+                 for old in ("rewards", "scorers", "similarity", "scorepool", "data", "models")}
+MOVED_MODULES["steadyrl." + "generation"] = "steadyrl.rl.generation"
 
 
 def resolve_scorer(name: str) -> Scorer:

@@ -172,6 +172,16 @@ class Sample(BaseModel):
     turn_versions: list[Count64] | None = Field(default=None, description=(
         "Policy version of each assistant turn of an episode, in order; None: one turn (policy_version)."))
 
+    @model_serializer(mode="wrap")
+    def _one_turn_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """No `loss_mask` / `turn_versions` key when None: a one-turn sample is written exactly as
+        before rollout_group 1.6."""
+        out: dict[str, Any] = handler(self)
+        for key in ("loss_mask", "turn_versions"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
+
     @model_validator(mode="after")
     def _same_length(self) -> Sample:
         if len(self.token_ids) != len(self.logprobs):

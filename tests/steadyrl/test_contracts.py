@@ -141,3 +141,14 @@ def test_a_dlq_record_of_what_holds_no_readable_attempt_has_none(value):
     rec = codec.dlq_record(codec.Rejected(DLQReason.undecodable, "x"), stage="s", topic="t", partition=0, offset=1,
                            key=b"k", value=value)
     assert rec.attempt is None
+
+
+def test_a_one_turn_sample_is_written_as_before_the_episode_fields():
+    """rollout_group 1.6 added loss_mask and turn_versions for agent episodes; a one-turn sample
+    (both None) is written byte for byte as 1.5 wrote it, and an episode's sample keeps both."""
+    from steadyrl.wire.contracts import Sample
+
+    one = Sample(text="a", token_ids=[3], logprobs=[-0.5])
+    assert one.model_dump_json() == '{"text":"a","token_ids":[3],"logprobs":[-0.5],"finish_reason":"stop"}'
+    episode = Sample(text="a", token_ids=[3, 4], logprobs=[-0.5, 0.0], loss_mask=[1, 0], turn_versions=[2])
+    assert episode.model_dump()["loss_mask"] == [1, 0] and episode.model_dump()["turn_versions"] == [2]

@@ -51,6 +51,11 @@ def test_a_scorer_named_by_its_module_s_old_path_still_resolves():
     assert resolve_scorer(f"{old}:numeric_match") is numeric_match
     assert resolve_scorer(f"{old}.numeric_match") is numeric_match
     assert resolve_scorer("steadyrl." + "scorers:raised") is resolve_scorer("steadyrl.model.rewards:raised")
+    # every module that moved, including the one that went to rl/, not model/
+    from steadyrl.model.rewards import MOVED_MODULES
+    from steadyrl.rl.generation import engine_seed
+    assert MOVED_MODULES["steadyrl." + "generation"] == "steadyrl.rl.generation"
+    assert resolve_scorer("steadyrl." + "generation:engine_seed") is engine_seed
 
 
 def test_score_value():

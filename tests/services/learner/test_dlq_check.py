@@ -28,6 +28,7 @@ def _rec(stage="rollout/rollout-0", topic="p.rl.prompts", reason=DLQReason.handl
 
 @pytest.mark.parametrize("stage, topic, reason, counts", [
     ("rollout/rollout-0", "p.rl.prompts", DLQReason.handler_error, True),
+    ("rollout/rollout-0", "p.rl.episodes", DLQReason.handler_error, True),  # an agent episode's later turn
     ("reward/reward-1", "p.rl.rollouts", DLQReason.scorer_error, True),
     ("learner/0", "p.rl.scored", DLQReason.invalid_tokens, True),
     ("learner/0", "p.rl.releases", DLQReason.rejected, True),
@@ -65,6 +66,20 @@ def test_an_old_record_names_its_attempt_by_the_payloads_prompt():
     truncated = _rec(attempt=None, value=_payload_prompt(seed=99)).model_copy(update={"payload_truncated": True})
     assert named_attempt(truncated, 99, 5) is None
     assert named_attempt(_rec(attempt=4, value=_payload_prompt(seed=99)), 99, 5) == 4       # its own word first
+
+
+def test_a_refused_episode_turn_counts_for_the_attempt_its_state_holds():
+    """A rollout worker's refusal of a later turn of an agent episode (a record of rl.episodes,
+    whose payload is an EpisodeState holding the prompt) counts as that attempt's refusal."""
+    from steadyrl.wire.contracts import EpisodeState, Prompt
+
+    prompt = Prompt(prompt_id="r/e0-i1", epoch=0, index=1, messages=[{"role": "user", "content": "q"}],
+                    n_samples=1, ground_truth="3", run_id="r", seed=7, attempt=2)
+    episode = {"messages": [{"role": "user", "content": "q"}], "prompt_ids": [5]}
+    state = EpisodeState.model_validate({"prompt": prompt.model_dump(mode="json"), "episodes": [episode], "turn": 1})
+    rec = _rec(topic="p.rl.episodes", attempt=None, value=codec.encode(state)[0])
+    assert uncounted(rec, PREFIX, 2, 7) is None
+    assert uncounted(rec, PREFIX, 3, 7) == "attempt"
 
 
 def test_uncounted_says_why():

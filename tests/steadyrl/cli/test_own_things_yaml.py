@@ -86,3 +86,20 @@ def test_tools_and_env_go_to_the_rollout_workers_with_the_actors_model(tmp_path)
     args, _ = _up(tmp_path, {"tools": "t.py:calc", "rollout": {"agent": {"max_turns": 2}}})
     agent = yaml.safe_load(_own_things(args).read_text())["rollout"]["agent"]
     assert agent == {"tools": "t.py:calc", "max_turns": 2, "model": "smollm2-135m-instruct"}
+
+
+def test_a_tools_or_env_flag_replaces_the_configs_other_shape_and_model_follows_the_actor(tmp_path):
+    """An episode has tools or an environment class: a flag replaces the config's other one, and
+    --model sets the tokenizer the rollout workers build episodes with, as the actor's."""
+    args, _ = _up(tmp_path, {"rollout": {"agent": {"env": "e.py:C", "model": "old-model"}}},
+                  "--tools", "t.py:f", "--model", "tiny")
+    agent = yaml.safe_load(_own_things(args).read_text())["rollout"]["agent"]
+    assert agent == {"tools": "t.py:f", "model": "tiny"}
+
+
+def test_tools_and_env_flags_together_are_refused(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["up", "--tools", "t.py:f", "--env", "e.py:C"])
+    assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err

@@ -137,7 +137,7 @@ def _oom_rank(rank: int, world: int, port: int, out: str) -> None:
 
 def test_one_ranks_out_of_memory_puts_every_rank_in_the_safe_mode(tmp_path):
     """Replicated, rank 1 alone runs out of memory (in the update, or in the no-grad pass before it): both
-    ranks retry the part in the safe mode together (`Trainer._agreed`), so the collectives stay
+    ranks retry the part in the safe mode together (`Trainer._agree`), so the collectives stay
     matched and the step equals the one-rank step with the safe mode's micro-batches."""
     out = str(tmp_path / "oom.pt")
     mp.spawn(_oom_rank, args=(2, free_port(), out), nprocs=2, join=True)
