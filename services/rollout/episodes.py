@@ -55,6 +55,10 @@ class AgentSection(BaseModel):
     max_episode_tokens: int = Field(4096, ge=2, description="Prompt + trajectory tokens an episode has at most.")
     tool_timeout_s: float = Field(10.0, gt=0, description="Longest a tool call may take; past it the model "
                                                           "gets an error as the tool's result.")
+    env_timeout_s: float = Field(30.0, gt=0, description="Longest an environment's reset or one step (rebuilt, "
+                                                         "stepped, get_state) may take; past it, or when it "
+                                                         "raises, the group goes to rl.dlq (handler_error) and the "
+                                                         "learner republishes its prompt within its refusal budget.")
 
     @field_validator("tools")
     @classmethod
@@ -109,13 +113,26 @@ class EpisodeRunner:
             self.factory = lambda: env
         else:
             self.factory = agents.load_env(a.env or "")
+        self.name = f"environment {a.env}" if a.env else f"tools {a.tools}" if a.tools else "environment"
 
     # ---- turn 0 -----------------------------------------------------------------------
-    def start(self, p: Prompt) -> EpisodeState:
-        """The group's n episodes at turn 0 (reset once: they start alike, as GRPO's group)."""
-        env = self.factory()
-        messages = env.reset(agents.row_of(p))
-        return agents.start(p, messages, agents.prompt_ids(self.tok, messages, self.schemas), agents.env_state(env))
+    def start(self, p: Prompt) -> EpisodeState | Rejected:
+        """The group's n episodes at turn 0 (reset once: they start alike, as GRPO's group), or
+        Rejected (handler_error) when the environment raises or takes past `env_timeout_s`."""
+        def reset() -> tuple[list[dict[str, str]], Any]:
+            env = self.factory()
+            messages = env.reset(agents.row_of(p))
+            return messages, agents.env_state(env)
+
+        try:
+            messages, state = agents.within(reset, self.a.env_timeout_s, "env-reset")
+        except Exception as e:  # noqa: BLE001 - the user's environment: its record goes to rl.dlq
+            return self._refused("reset", e)
+        return agents.start(p, messages, agents.prompt_ids(self.tok, messages, self.schemas), state)
+
+    def _refused(self, what: str, e: Exception) -> Rejected:
+        how = str(e) if isinstance(e, agents.Deadline) else f"raised {type(e).__name__}: {e}"
+        return Rejected(DLQReason.handler_error, f"{self.name}: {what} {how}")
 
     # ---- one turn ---------------------------------------------------------------------
     def turn(self, states: list[EpisodeState]) -> list[EpisodeState | RetryLater | Rejected]:
@@ -151,8 +168,9 @@ class EpisodeRunner:
             if isinstance(out[i], EpisodeState):
                 s.turn += 1
                 for ep in s.episodes:
-                    if not ep.done:
-                        self._step(s, ep)
+                    if not ep.done and (bad := self._step(s, ep)) is not None:
+                        out[i] = bad   # the group to rl.dlq; its other episodes are not stepped
+                        break
         return out
 
     def _generate(self, key: tuple[Any, ...],
@@ -177,51 +195,60 @@ class EpisodeRunner:
         answer: dict[str, Any] = resp.json()
         return answer
 
-    def _step(self, s: EpisodeState, ep: Any) -> None:
-        """The environment's answer to the episode's last turn, appended; or the episode ends."""
+    def _step(self, s: EpisodeState, ep: Any) -> Rejected | None:
+        """The environment's answer to the episode's last turn, appended; or the episode ends.
+        Rejected (handler_error) when the environment raises or takes past `env_timeout_s`."""
         used = len(ep.prompt_ids) + len(ep.token_ids)
         if s.turn >= self.a.max_turns or used >= self.a.max_episode_tokens:
             ep.done = True
             EPISODES.labels("turns" if s.turn >= self.a.max_turns else "tokens").inc()
-            return
+            return None
+        conversation = [agents._msg(m) for m in ep.messages]
+
+        def step() -> tuple[Any, Any, Any, Any]:
+            env = agents.rebuilt(self.factory, s.prompt, ep.env_state)
+            new, reward, done = env.step(conversation)
+            return new, reward, done, agents.env_state(env)
+
         t0 = time.perf_counter()
-        env = agents.rebuilt(self.factory, s.prompt, ep.env_state)
-        new, reward, done = env.step([agents._msg(m) for m in ep.messages])
-        ENV_SECONDS.observe(time.perf_counter() - t0)
-        ep.env_state = agents.env_state(env)
+        try:
+            new, reward, done, ep.env_state = agents.within(step, self.a.env_timeout_s, "env-step")
+        except Exception as e:  # noqa: BLE001 - the user's environment: its group goes to rl.dlq
+            return self._refused(f"step at turn {s.turn}", e)
+        finally:
+            ENV_SECONDS.observe(time.perf_counter() - t0)
         if reward is not None:
             ep.reward = float(reward)
         if done or not new:
             ep.done = True
             EPISODES.labels("done").inc()
-            return
+            return None
         ids = agents.delta_ids(self.tok, new)
         if used + len(ids) >= self.a.max_episode_tokens:   # no room for another turn
             ep.done = True
             EPISODES.labels("tokens").inc()
-            return
+            return None
         agents.add_observation(ep, new, ids)
+        return None
 
 
 def make_episode_handler(runner: EpisodeRunner) -> BatchHandler:
     """[(Prompt | EpisodeState, meta)] -> per record [Output(rl.episodes) | Output(rl.rollouts)],
-    a RetryLater (the actor) or a Rejected (the actor refused a turn, the environment raised)."""
+    a RetryLater (the actor) or a Rejected (the actor refused a turn, the environment raised or
+    took past env_timeout_s)."""
 
     def handle_batch(items: list[tuple[Contract, Meta]]) -> list[list[Output] | RetryLater | Rejected]:
         states: list[EpisodeState | Rejected] = []
         for v, _ in items:   # copies: a call the stage repeats (alone) starts from the record again
-            try:
-                states.append(runner.start(v) if isinstance(v, Prompt)
-                              else v.model_copy(deep=True))  # type: ignore[arg-type]
-            except Exception as e:  # noqa: BLE001 - the user's environment: its record goes to rl.dlq
-                states.append(Rejected(DLQReason.handler_error, f"environment reset raised {type(e).__name__}: {e}"))
+            states.append(runner.start(v) if isinstance(v, Prompt)
+                          else v.model_copy(deep=True))  # type: ignore[arg-type]
         live = [s for s in states if isinstance(s, EpisodeState)]
         try:
             done = dict(zip((id(s) for s in live), runner.turn(live), strict=True))
         except RetryLater:
             raise
-        except Exception as e:  # noqa: BLE001 - an environment's step: the stage retries each record alone
-            raise RuntimeError(f"environment step raised {type(e).__name__}: {e}") from e
+        except Exception as e:  # noqa: BLE001 - the tokenizer, not the environment: the stage retries each alone
+            raise RuntimeError(f"episode turn failed: {type(e).__name__}: {e}") from e
         results: list[list[Output] | RetryLater | Rejected] = []
         for s in states:
             r = s if isinstance(s, Rejected) else done[id(s)]

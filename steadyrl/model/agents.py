@@ -132,22 +132,42 @@ def parse_tool_calls(text: str, tools: dict[str, Callable[..., Any]]) -> list[To
     return calls
 
 
-def run_tool(fn: Callable[..., Any], args: dict[str, Any], timeout_s: float) -> tuple[str, str]:
-    """(result text, outcome: ok | error | timeout) of one call, within `timeout_s` seconds. A
-    call that raises gives its exception as the result; one past the timeout is abandoned (its
-    daemon thread runs on; process isolation is docs/agents.md's next step)."""
+class Deadline(TimeoutError):
+    """A user's function (a tool, an environment's reset/step) did not return within its time."""
+
+
+def within(fn: Callable[[], Any], timeout_s: float, name: str = "user-call") -> Any:
+    """`fn()` in a daemon thread, within `timeout_s` seconds: its result, or the exception it
+    raised. Raises Deadline past the time; the thread is abandoned and runs on (process
+    isolation is docs/agents.md's next step)."""
     fut: Future[Any] = Future()
 
     def call() -> None:
         try:
-            fut.set_result(fn(**args))
-        except BaseException as e:  # noqa: BLE001 - the user's tool: SystemExit too
+            fut.set_result(fn())
+        except BaseException as e:  # noqa: BLE001 - the user's code: SystemExit too
             fut.set_exception(e)
 
-    threading.Thread(target=call, daemon=True, name="tool-call").start()
+    threading.Thread(target=call, daemon=True, name=name).start()
     try:
-        out = fut.result(timeout=timeout_s)
+        return fut.result(timeout=timeout_s)
     except TimeoutError:
+        if fut.done():   # the function itself raised TimeoutError
+            raise
+        raise Deadline(f"did not answer within {timeout_s:g} s") from None
+    except Exception:
+        raise
+    except BaseException as e:  # noqa: BLE001 - SystemExit in the user's code must not stop the caller
+        raise RuntimeError(f"{type(e).__name__}: {e}") from e
+
+
+def run_tool(fn: Callable[..., Any], args: dict[str, Any], timeout_s: float) -> tuple[str, str]:
+    """(result text, outcome: ok | error | timeout) of one call, within `timeout_s` seconds. A
+    call that raises gives its exception as the result; one past the timeout is abandoned (its
+    daemon thread runs on; process isolation is docs/agents.md's next step)."""
+    try:
+        out = within(lambda: fn(**args), timeout_s, "tool-call")
+    except Deadline:
         return f"error: the tool did not answer within {timeout_s:g} s", "timeout"
     except BaseException as e:  # noqa: BLE001
         return f"error: {type(e).__name__}: {e}", "error"

@@ -14,7 +14,8 @@ import pytest
 from steadyrl.model import agents
 from steadyrl.model.models import tiny_tokenizer
 from steadyrl.services.rollout.episodes import AgentSection, EpisodeRunner, make_episode_handler
-from steadyrl.wire.contracts import Prompt, RolloutGroup
+from steadyrl.wire.codec import Rejected
+from steadyrl.wire.contracts import DLQReason, Prompt, RolloutGroup
 
 
 def add(a: int, b: int) -> int:
@@ -115,9 +116,9 @@ class FakeActor:
                                          "completions": [[comp] for _ in body["prompts"]]})
 
 
-def _runner(tok, actor, factory, max_turns=3, max_episode_tokens=4096):
+def _runner(tok, actor, factory, max_turns=3, max_episode_tokens=4096, **agent):
     a = AgentSection(env="tests.steadyrl.test_agents:Never", model="tiny", max_turns=max_turns,
-                     max_episode_tokens=max_episode_tokens)
+                     max_episode_tokens=max_episode_tokens, **agent)
     client = httpx.Client(transport=httpx.MockTransport(actor))
     return EpisodeRunner(a, "http://actor", client, 5.0, 0.1, tok=tok, factory=factory)
 
@@ -227,12 +228,45 @@ class Raises(Never):
         raise KeyError("boom")
 
 
-def test_an_environment_that_raises_fails_the_call_so_the_stage_dead_letters_its_record():
+class RaisesOnReset(Never):
+    def reset(self, row):
+        raise SystemExit(3)
+
+
+class HangsOnStep(Never):
+    def step(self, messages):
+        time.sleep(30)
+
+
+class HangsOnReset(Never):
+    def reset(self, row):
+        time.sleep(30)
+
+
+def test_an_environment_that_raises_sends_its_group_to_the_dlq_naming_it():
     tok = tiny_tokenizer()
     actor = FakeActor(tok, tok.encode("a", add_special_tokens=False), [-0.1])
     handle = make_episode_handler(_runner(tok, actor, Raises))
-    with pytest.raises(RuntimeError, match="environment step raised KeyError"):
-        handle([(_prompt(n=1), None)])
+    [r] = handle([(_prompt(n=2), None)])
+    assert isinstance(r, Rejected) and r.reason == DLQReason.handler_error
+    assert r.detail == ("environment tests.steadyrl.test_agents:Never: step at turn 1 raised KeyError: 'boom'")
+    [r] = make_episode_handler(_runner(tok, actor, RaisesOnReset))([(_prompt(n=2), None)])
+    assert isinstance(r, Rejected) and "reset raised RuntimeError: SystemExit: 3" in r.detail
+
+
+@pytest.mark.parametrize("env", [HangsOnStep, HangsOnReset])
+def test_an_environment_that_hangs_costs_env_timeout_s_and_its_group_only(env):
+    """Regression: reset/step had no deadline; a hanging class stalled the worker for good
+    (its handler loop beats /livez while it waits)."""
+    tok = tiny_tokenizer()
+    actor = FakeActor(tok, tok.encode("a", add_special_tokens=False), [-0.1])
+    handle = make_episode_handler(_runner(tok, actor, env, env_timeout_s=0.3))
+    t0 = time.monotonic()
+    [r] = handle([(_prompt(n=2), None)])
+    assert time.monotonic() - t0 < 3
+    assert isinstance(r, Rejected) and r.reason == DLQReason.handler_error
+    assert r.detail.startswith("environment tests.steadyrl.test_agents:Never: ")
+    assert r.detail.endswith("did not answer within 0.3 s")
 
 
 def test_tools_run_in_an_episode_and_their_results_come_back_as_tool_messages(tmp_path, monkeypatch):
