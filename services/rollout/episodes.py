@@ -153,17 +153,13 @@ class EpisodeRunner:
             if not live:
                 continue
             answer = self._generate(key, [(states[i], j) for i, j, _ in live])
-            if not isinstance(answer, dict):
-                for i, _, _ in live:
-                    out[i] = answer
+            groups = list(dict.fromkeys(i for i, _, _ in live))
+            if isinstance(answer, Rejected) and len(groups) > 1:   # which group does the actor refuse?
+                for g in groups:
+                    mine = [w for w in live if w[0] == g]
+                    self._apply(states, out, mine, self._generate(key, [(states[g], j) for _, j, _ in mine]))
                 continue
-            for (i, j, _), comp in zip(live, answer["completions"], strict=True):
-                c = comp[0]
-                agents.add_turn(states[i].episodes[j], c["token_ids"], c["logprobs"], c["text"], c["finish_reason"],
-                                answer["policy_version"])
-                states[i].engine = answer.get("engine", "") if isinstance(answer.get("engine"), str) else ""
-                states[i].actor = self.url
-                TURNS.inc()
+            self._apply(states, out, live, answer)
         for i, s in enumerate(states):
             if isinstance(out[i], EpisodeState):
                 s.turn += 1
@@ -172,6 +168,22 @@ class EpisodeRunner:
                         out[i] = bad   # the group to rl.dlq; its other episodes are not stepped
                         break
         return out
+
+    def _apply(self, states: list[EpisodeState], out: list[EpisodeState | RetryLater | Rejected],
+               live: list[tuple[int, int, int]], answer: dict[str, Any] | RetryLater | Rejected) -> None:
+        """One /generate answer to the (state, episode, max_new) `live`: a turn appended to each
+        episode, or what holds or refuses each of their states."""
+        if not isinstance(answer, dict):
+            for i, _, _ in live:
+                out[i] = answer
+            return
+        for (i, j, _), comp in zip(live, answer["completions"], strict=True):
+            c = comp[0]
+            agents.add_turn(states[i].episodes[j], c["token_ids"], c["logprobs"], c["text"], c["finish_reason"],
+                            answer["policy_version"])
+            states[i].engine = answer.get("engine", "") if isinstance(answer.get("engine"), str) else ""
+            states[i].actor = self.url
+            TURNS.inc()
 
     def _generate(self, key: tuple[Any, ...],
                   eps: list[tuple[EpisodeState, int]]) -> dict[str, Any] | RetryLater | Rejected:

@@ -300,3 +300,24 @@ def test_a_one_turn_prompt_is_written_as_before_the_tool_role():
     value, _ = codec.encode(_prompt())
     assert b'"messages":[{"role":"user","content":"7"}]' in value
     assert _prompt().messages[0].model_dump() == {"role": "user", "content": "7"}
+
+
+def test_an_actor_refusal_of_one_group_does_not_dead_letter_the_groups_batched_with_it():
+    """Regression: the refusal of a /generate call went to every group in it; now the call is
+    made again per group, as the one-turn worker does per prompt."""
+    tok = tiny_tokenizer()
+    good = FakeActor(tok, tok.encode("a", add_special_tokens=False), [-0.1])
+    bad_ids = agents.prompt_ids(tok, [{"role": "user", "content": "8"}])
+
+    def actor(request):
+        if any(p["prompt_ids"][:len(bad_ids)] == bad_ids for p in json.loads(request.content)["prompts"]):
+            return httpx.Response(400, json={"detail": "prompt too long for the model's context"})
+        return good(request)
+
+    handle = make_episode_handler(_runner(tok, actor, Never))
+    bad = Prompt(**{**_prompt(n=2).model_dump(), "prompt_id": "r/e0-i1",
+                    "messages": [{"role": "user", "content": "8"}]})
+    ok1, refused, ok2 = handle([(_prompt(n=2), None), (bad, None), (_prompt(n=1), None)])
+    assert [o.topic for o in ok1] == ["rl.episodes"] and [o.topic for o in ok2] == ["rl.episodes"]
+    assert isinstance(refused, Rejected) and "too long" in refused.detail
+    assert len(good.sent) == 2 and [len(s) for s in good.sent] == [2, 1]   # each group alone after the refusal
