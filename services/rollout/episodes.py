@@ -55,6 +55,11 @@ class AgentSection(BaseModel):
     max_episode_tokens: int = Field(4096, ge=2, description="Prompt + trajectory tokens an episode has at most.")
     tool_timeout_s: float = Field(10.0, gt=0, description="Longest a tool call may take; past it the model "
                                                           "gets an error as the tool's result.")
+    max_tool_calls: int = Field(4, ge=1, description="Tool calls one answer may make; the others get an error "
+                                                     "as their result, not run.")
+    tool_turn_timeout_s: float = Field(20.0, gt=0, description="Longest all tool calls of one answer may take "
+                                                               "together; a call past it gets an error, not run. "
+                                                               "Below env_timeout_s.")
     env_timeout_s: float = Field(30.0, gt=0, description="Longest an environment's reset or one step (rebuilt, "
                                                          "stepped, get_state) may take; past it, or when it "
                                                          "raises, the group goes to rl.dlq (handler_error) and the "
@@ -80,6 +85,9 @@ class AgentSection(BaseModel):
             raise ValueError("give tools or env, not both")
         if (self.tools or self.env) and not self.model:
             raise ValueError("tools/env need model (the actor's model, for its tokenizer)")
+        if self.tools and self.tool_turn_timeout_s >= self.env_timeout_s:
+            raise ValueError(f"tool_turn_timeout_s ({self.tool_turn_timeout_s:g}) must be below env_timeout_s "
+                             f"({self.env_timeout_s:g}): a tools step runs under env_timeout_s")
         return self
 
     @property
@@ -108,7 +116,7 @@ class EpisodeRunner:
         elif a.tools:
             tools = agents.load_tools(a.tools)
             in_template = "tools" in str(getattr(self.tok, "chat_template", "") or "")
-            env = agents.ToolEnv(tools, a.tool_timeout_s, in_template)
+            env = agents.ToolEnv(tools, a.tool_timeout_s, in_template, a.max_tool_calls, a.tool_turn_timeout_s)
             self.schemas = env.schemas if in_template else None
             self.factory = lambda: env
         else:

@@ -31,10 +31,13 @@ import inspect
 import json
 import re
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
+
+from prometheus_client import Counter
 
 from steadyrl.model.rewards import resolve_scorer
 from steadyrl.wire.contracts import ChatMessage, Episode, EpisodeState, Prompt, RolloutGroup, Sample
@@ -42,6 +45,8 @@ from steadyrl.wire.contracts import ChatMessage, Episode, EpisodeState, Prompt, 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 #: Longest tool result kept, characters (more is cut, and says so).
 MAX_TOOL_RESULT_CHARS = 8192
+TOOL_CALLS = Counter("steadyrl_rollout_tool_calls", "Tool calls an answer made, by outcome (ok, error, timeout; "
+                     "over_limit: past max_tool_calls, not run); a turn run again counts again", ["outcome"])
 
 
 class Environment(Protocol):
@@ -180,10 +185,14 @@ def run_tool(fn: Callable[..., Any], args: dict[str, Any], timeout_s: float) -> 
 class ToolEnv:
     """Tools as an Environment: the system message offers them (unless the template does), each
     `<tool_call>` runs and its result comes back as a `tool` message; an answer without a call
-    ends the episode (reward None: the run's reward function scores the final answer)."""
+    ends the episode (reward None: the run's reward function scores the final answer). One
+    answer runs at most `max_calls` calls (the others get an error result, not run), all of them
+    within `turn_timeout_s` seconds together (each within `timeout_s`)."""
 
-    def __init__(self, tools: dict[str, Callable[..., Any]], timeout_s: float = 10.0, in_template: bool = False):
+    def __init__(self, tools: dict[str, Callable[..., Any]], timeout_s: float = 10.0, in_template: bool = False,
+                 max_calls: int = 4, turn_timeout_s: float = 20.0):
         self.tools, self.timeout_s, self.in_template = tools, timeout_s, in_template
+        self.max_calls, self.turn_timeout_s = max_calls, turn_timeout_s
         self.schemas = [tool_schema(f) for f in tools.values()]
 
     def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
@@ -200,8 +209,20 @@ class ToolEnv:
         if not calls:
             return [], None, True
         out = []
-        for c in calls:
-            text = c.error if c.error is not None else run_tool(self.tools[c.name], c.arguments, self.timeout_s)[0]
+        deadline = time.monotonic() + self.turn_timeout_s
+        for k, c in enumerate(calls):
+            left = deadline - time.monotonic()
+            if k >= self.max_calls:
+                text, outcome = f"error: at most {self.max_calls} tool calls an answer; this one was not run", \
+                    "over_limit"
+            elif c.error is not None:
+                text, outcome = c.error, "error"
+            elif left <= 0:
+                text, outcome = (f"error: this answer's tool calls used their {self.turn_timeout_s:g} s; "
+                                 "this one was not run"), "timeout"
+            else:
+                text, outcome = run_tool(self.tools[c.name], c.arguments, min(self.timeout_s, left))
+            TOOL_CALLS.labels(outcome).inc()
             out.append({"role": "tool", "name": c.name, "content": text})
         return out, None, False
 

@@ -321,3 +321,33 @@ def test_an_actor_refusal_of_one_group_does_not_dead_letter_the_groups_batched_w
     assert [o.topic for o in ok1] == ["rl.episodes"] and [o.topic for o in ok2] == ["rl.episodes"]
     assert isinstance(refused, Rejected) and "too long" in refused.detail
     assert len(good.sent) == 2 and [len(s) for s in good.sent] == [2, 1]   # each group alone after the refusal
+
+
+def test_an_answer_runs_at_most_max_tool_calls_within_one_shared_deadline():
+    """Regression: every <tool_call> of an answer ran, one after another, each up to
+    tool_timeout_s: an answer of 50 sleeping calls held the worker 50 x tool_timeout_s."""
+    before = {o: agents.TOOL_CALLS.labels(o)._value.get() for o in ("ok", "timeout", "over_limit")}
+    env = agents.ToolEnv({"add": add, "sleepy": sleepy}, timeout_s=0.3, max_calls=4, turn_timeout_s=0.5)
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>'
+    nap = '<tool_call>{"name": "sleepy", "arguments": {"seconds": 5}}</tool_call>'
+    t0 = time.monotonic()
+    new, _, done = env.step([{"role": "assistant", "content": call + nap * 3 + nap * 50}])
+    took = time.monotonic() - t0
+    assert not done and len(new) == 54 and took < 2
+    assert new[0]["content"] == "2"
+    assert new[1]["content"] == "error: the tool did not answer within 0.3 s"
+    assert new[2]["content"].startswith("error: the tool did not answer within 0.")   # what was left: 0.2 s
+    assert new[3]["content"] == "error: this answer's tool calls used their 0.5 s; this one was not run"
+    assert {m["content"] for m in new[4:]} == {"error: at most 4 tool calls an answer; this one was not run"}
+    after = {o: agents.TOOL_CALLS.labels(o)._value.get() for o in before}
+    assert {o: after[o] - before[o] for o in before} == {"ok": 1, "timeout": 3, "over_limit": 50}
+
+
+def test_tool_turn_timeout_must_be_below_env_timeout(tmp_path, monkeypatch):
+    from pydantic import ValidationError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text('def add(a: int) -> int:\n    """Add.\n\n    Args:\n        a: a.\n    """\n'
+                                   "    return a\n")
+    with pytest.raises(ValidationError, match=r"tool_turn_timeout_s \(30\) must be below env_timeout_s \(30\)"):
+        AgentSection(tools="t.py:add", model="tiny", tool_turn_timeout_s=30)
