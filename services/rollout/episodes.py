@@ -18,6 +18,9 @@ tokens reach `max_episode_tokens` (prompt + trajectory): the last turn is cut to
 
 from __future__ import annotations
 
+import logging
+import math
+import numbers
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -35,6 +38,8 @@ from steadyrl.wire.contracts import DLQReason, EpisodeState, Prompt
 if TYPE_CHECKING:
     from steadyrl.bus.stage import BatchHandler, Meta
     from steadyrl.wire.contracts import Contract
+
+log = logging.getLogger(__name__)
 
 TURNS = Counter("steadyrl_rollout_episode_turns", "Assistant turns of episodes run")
 EPISODES = Counter("steadyrl_rollout_episodes_finished", "Episodes finished", ["how"])
@@ -193,6 +198,15 @@ class EpisodeRunner:
             states[i].actor = self.url
             TURNS.inc()
 
+    def _reward(self, reward: Any, s: EpisodeState) -> float | None:
+        """An environment's reward as a finite float, or None (with a warning) for anything else:
+        a NaN or a string would make the record unencodable and dead-letter the group."""
+        if isinstance(reward, numbers.Real) and not isinstance(reward, bool) and math.isfinite(float(reward)):
+            return float(reward)
+        log.warning("%s returned reward %r at turn %d of %s: not a finite number, kept as None",
+                    self.name, reward, s.turn, s.prompt_id)
+        return None
+
     def _generate(self, key: tuple[Any, ...],
                   eps: list[tuple[EpisodeState, int]]) -> dict[str, Any] | RetryLater | Rejected:
         """One POST /generate: one assistant turn of each (state, episode) `eps`, from its stored ids."""
@@ -238,7 +252,7 @@ class EpisodeRunner:
         finally:
             ENV_SECONDS.observe(time.perf_counter() - t0)
         if reward is not None:
-            ep.reward = float(reward)
+            ep.reward = self._reward(reward, s)
         if done or not new:
             ep.done = True
             EPISODES.labels("done").inc()

@@ -351,3 +351,28 @@ def test_tool_turn_timeout_must_be_below_env_timeout(tmp_path, monkeypatch):
                                    "    return a\n")
     with pytest.raises(ValidationError, match=r"tool_turn_timeout_s \(30\) must be below env_timeout_s \(30\)"):
         AgentSection(tools="t.py:add", model="tiny", tool_turn_timeout_s=30)
+
+
+class OddReward(Never):
+    """Rewards an episode by its conversation's length: NaN, inf, a string, True, then 0.5."""
+
+    def step(self, messages):
+        odd = [float("nan"), float("inf"), "1.0", True, 0.5][(len(messages) - 2) // 2]
+        return [{"role": "user", "content": "no"}], odd, False
+
+
+def test_a_non_finite_or_non_number_env_reward_is_kept_as_none(caplog):
+    """Regression: a NaN reward made the output unencodable and the record was dead-lettered."""
+    from steadyrl.wire import codec
+
+    tok = tiny_tokenizer()
+    actor = FakeActor(tok, tok.encode("a", add_special_tokens=False), [-0.1])
+    handle = make_episode_handler(_runner(tok, actor, OddReward, max_turns=10))
+    record, rewards = _prompt(n=1), []
+    for _ in range(5):
+        [[o]] = handle([(record, None)])
+        record = o.value
+        rewards.append(record.episodes[0].reward)
+        codec.encode(record)   # encodable
+    assert rewards == [None, None, None, None, 0.5]
+    assert "returned reward nan at turn 1 of r/e0-i0: not a finite number, kept as None" in caplog.text
