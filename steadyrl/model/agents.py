@@ -264,9 +264,21 @@ def rebuilt(factory: Callable[[], Environment], prompt: Prompt, state: Any) -> E
 
 
 def env_state(env: Environment) -> Any:
-    """The JSON state of `env` (its `get_state()`), or None."""
+    """The JSON state of `env` (its `get_state()`), or None. Raises ValueError when the state
+    does not come back the same through JSON (a set, a tuple, an int key, NaN, an object): the
+    next step would get another state than the one `get_state` gave."""
     get = getattr(env, "get_state", None)
-    return get() if callable(get) else None
+    if not callable(get):
+        return None
+    state = get()
+    try:
+        same = json.loads(json.dumps(state)) == state
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"get_state() returned a {type(state).__name__} that is not JSON: {e}") from None
+    if not same:
+        raise ValueError(f"get_state() returned a value that changes through JSON (a tuple, a set, a "
+                         f"non-string key, NaN?): {state!r:.200}")
+    return state
 
 
 # ---- tokens ---------------------------------------------------------------------------------

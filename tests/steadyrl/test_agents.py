@@ -376,3 +376,41 @@ def test_a_non_finite_or_non_number_env_reward_is_kept_as_none(caplog):
         codec.encode(record)   # encodable
     assert rewards == [None, None, None, None, 0.5]
     assert "returned reward nan at turn 1 of r/e0-i0: not a finite number, kept as None" in caplog.text
+
+
+class SetState(Never):
+    """Keeps the answers seen in a set: not JSON."""
+
+    def reset(self, row):
+        self.seen = set()
+        return row["messages"]
+
+    def step(self, messages):
+        self.seen.add(messages[-1]["content"])
+        return [{"role": "user", "content": "no"}], 0.0, False
+
+    def get_state(self):
+        return self.seen if self.seen else {"seen": []}
+
+    def set_state(self, state):
+        self.seen = set(state) if isinstance(state, list) else set()
+
+
+class TupleState(SetState):
+    def get_state(self):
+        return {"seen": tuple(sorted(self.seen))}
+
+
+def test_an_env_state_that_is_not_json_sends_its_group_to_the_dlq_naming_the_env():
+    """Regression: get_state's value was stored as the codec turned it (a set became a list,
+    a tuple a list): the next step got another state than the one it gave."""
+    tok = tiny_tokenizer()
+    actor = FakeActor(tok, tok.encode("a", add_special_tokens=False), [-0.1])
+    [r] = make_episode_handler(_runner(tok, actor, SetState))([(_prompt(n=1), None)])
+    assert isinstance(r, Rejected) and r.reason == DLQReason.handler_error
+    assert r.detail.startswith("environment tests.steadyrl.test_agents:Never: step at turn 1 raised ValueError: "
+                               "get_state() returned a set that is not JSON")
+    [r] = make_episode_handler(_runner(tok, actor, TupleState))([(_prompt(n=1), None)])
+    assert isinstance(r, Rejected) and r.detail.startswith(
+        "environment tests.steadyrl.test_agents:Never: reset raised ValueError: get_state() returned a value "
+        "that changes through JSON") and r.detail.endswith("{'seen': ()}")
