@@ -41,8 +41,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TURNS = Counter("steadyrl_rollout_episode_turns", "Assistant turns of episodes run")
-EPISODES = Counter("steadyrl_rollout_episodes_finished", "Episodes finished", ["how"])
+TURNS = Counter("steadyrl_rollout_episode_turns", "Assistant turns of episodes written (in the next state or "
+                                                  "the finished group); a turn held or refused is not counted")
+EPISODES = Counter("steadyrl_rollout_episodes_finished", "Episodes finished in a state or group written, by how "
+                                                         "(done, turns, tokens)", ["how"])
 ENV_SECONDS = Histogram("steadyrl_rollout_env_step_seconds", "Time of one environment/tool step",
                         buckets=(0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60))
 
@@ -126,6 +128,8 @@ class EpisodeRunner:
             self.factory = lambda: env
         else:
             self.factory = agents.load_env(a.env or "")
+        self.turns_of: dict[int, int] = {}        # id(state) -> turns this call, counted once written
+        self.ends_of: dict[int, list[str]] = {}   # id(state) -> how its episodes ended this call
         self.name = f"environment {a.env}" if a.env else f"tools {a.tools}" if a.tools else "environment"
 
     # ---- turn 0 -----------------------------------------------------------------------
@@ -152,6 +156,8 @@ class EpisodeRunner:
         """Run one assistant turn and one environment step of every unfinished episode of
         `states` (changed in place); per state: itself, or what holds or refuses it."""
         out: list[EpisodeState | RetryLater | Rejected] = list(states)
+        self.turns_of = {id(s): 0 for s in states}
+        self.ends_of = {id(s): [] for s in states}
         wants: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}   # key -> [(state, episode, max_new)]
         for i, s in enumerate(states):
             for j, ep in enumerate(s.episodes):
@@ -182,6 +188,12 @@ class EpisodeRunner:
                         break
         return out
 
+    def count(self, s: EpisodeState) -> None:
+        """Count the turns and ended episodes of `s` in this call: once its output is written."""
+        TURNS.inc(self.turns_of.pop(id(s), 0))
+        for how in self.ends_of.pop(id(s), []):
+            EPISODES.labels(how).inc()
+
     def _apply(self, states: list[EpisodeState], out: list[EpisodeState | RetryLater | Rejected],
                live: list[tuple[int, int, int]], answer: dict[str, Any] | RetryLater | Rejected) -> None:
         """One /generate answer to the (state, episode, max_new) `live`: a turn appended to each
@@ -196,7 +208,7 @@ class EpisodeRunner:
                             answer["policy_version"])
             states[i].engine = answer.get("engine", "") if isinstance(answer.get("engine"), str) else ""
             states[i].actor = self.url
-            TURNS.inc()
+            self.turns_of[id(states[i])] += 1
 
     def _reward(self, reward: Any, s: EpisodeState) -> float | None:
         """An environment's reward as a finite float, or None (with a warning) for anything else:
@@ -235,7 +247,7 @@ class EpisodeRunner:
         used = len(ep.prompt_ids) + len(ep.token_ids)
         if s.turn >= self.a.max_turns or used >= self.a.max_episode_tokens:
             ep.done = True
-            EPISODES.labels("turns" if s.turn >= self.a.max_turns else "tokens").inc()
+            self.ends_of[id(s)].append("turns" if s.turn >= self.a.max_turns else "tokens")
             return None
         conversation = [agents._msg(m) for m in ep.messages]
 
@@ -255,12 +267,12 @@ class EpisodeRunner:
             ep.reward = self._reward(reward, s)
         if done or not new:
             ep.done = True
-            EPISODES.labels("done").inc()
+            self.ends_of[id(s)].append("done")
             return None
         ids = agents.delta_ids(self.tok, new)
         if used + len(ids) >= self.a.max_episode_tokens:   # no room for another turn
             ep.done = True
-            EPISODES.labels("tokens").inc()
+            self.ends_of[id(s)].append("tokens")
             return None
         agents.add_observation(ep, new, ids)
         return None
@@ -288,7 +300,9 @@ def make_episode_handler(runner: EpisodeRunner) -> BatchHandler:
             r = s if isinstance(s, Rejected) else done[id(s)]
             if not isinstance(r, EpisodeState):
                 results.append(r)
-            elif all(ep.done for ep in r.episodes):
+                continue
+            runner.count(r)
+            if all(ep.done for ep in r.episodes):
                 results.append([Output("rl.rollouts", r.prompt_id, agents.finished(r))])
             else:
                 results.append([Output("rl.episodes", r.prompt_id, r)])

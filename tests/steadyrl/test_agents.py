@@ -414,3 +414,33 @@ def test_an_env_state_that_is_not_json_sends_its_group_to_the_dlq_naming_the_env
     assert isinstance(r, Rejected) and r.detail.startswith(
         "environment tests.steadyrl.test_agents:Never: reset raised ValueError: get_state() returned a value "
         "that changes through JSON") and r.detail.endswith("{'seen': ()}")
+
+
+class DoneThenRaises(Never):
+    """The first step of a group ends its episode; the second raises."""
+
+    calls = 0
+
+    def step(self, messages):
+        DoneThenRaises.calls += 1
+        if DoneThenRaises.calls % 2:
+            return [], 1.0, True
+        raise KeyError("boom")
+
+
+def test_turns_and_episodes_are_counted_only_once_their_state_is_written():
+    """Regression: TURNS/EPISODES counted the turns and ends of a group then dead-lettered (or
+    held): a turn run again counted twice."""
+    from steadyrl.services.rollout.episodes import EPISODES, TURNS
+
+    def counts():
+        return TURNS._value.get(), {h: EPISODES.labels(h)._value.get() for h in ("done", "turns", "tokens")}
+
+    tok = tiny_tokenizer()
+    actor = FakeActor(tok, tok.encode("a", add_special_tokens=False), [-0.1])
+    turns0, ends0 = counts()
+    [r] = make_episode_handler(_runner(tok, actor, DoneThenRaises))([(_prompt(n=2), None)])
+    assert isinstance(r, Rejected) and counts() == (turns0, ends0)
+    [[o]] = make_episode_handler(_runner(tok, actor, Never, max_turns=1))([(_prompt(n=2), None)])
+    turns1, ends1 = counts()
+    assert o.topic == "rl.rollouts" and turns1 == turns0 + 2 and ends1 == {**ends0, "turns": ends0["turns"] + 2}
