@@ -72,6 +72,11 @@ class AgentSection(BaseModel):
                                                          "raises, the group goes to rl.dlq (handler_error) and the "
                                                          "learner republishes its prompt within its refusal budget.")
 
+    turn_timeout_s: float = Field(120.0, gt=0, description="Longest the environment steps of one worker call (a "
+                                                         "batch's turn) take before no other step starts: the "
+                                                         "groups not stepped by then are held and tried alone "
+                                                         "(each step still within env_timeout_s).")
+
     @field_validator("tools")
     @classmethod
     def _tools_load(cls, v: str | None) -> str | None:
@@ -179,11 +184,18 @@ class EpisodeRunner:
                     self._apply(states, out, mine, self._generate(key, [(states[g], j) for _, j, _ in mine]))
                 continue
             self._apply(states, out, live, answer)
+        deadline = time.monotonic() + self.a.turn_timeout_s
         for i, s in enumerate(states):
             if isinstance(out[i], EpisodeState):
                 s.turn += 1
                 for ep in s.episodes:
-                    if not ep.done and (bad := self._step(s, ep)) is not None:
+                    if ep.done:
+                        continue
+                    if time.monotonic() > deadline:   # held: tried alone next, with the whole time
+                        out[i] = RetryLater(f"the environment steps of this call took past turn_timeout_s "
+                                            f"({self.a.turn_timeout_s:g} s)", self.retry_backoff_s, own=True)
+                        break
+                    if (bad := self._step(s, ep)) is not None:
                         out[i] = bad   # the group to rl.dlq; its other episodes are not stepped
                         break
         return out

@@ -444,3 +444,22 @@ def test_turns_and_episodes_are_counted_only_once_their_state_is_written():
     [[o]] = make_episode_handler(_runner(tok, actor, Never, max_turns=1))([(_prompt(n=2), None)])
     turns1, ends1 = counts()
     assert o.topic == "rl.rollouts" and turns1 == turns0 + 2 and ends1 == {**ends0, "turns": ends0["turns"] + 2}
+
+
+class Slow(Never):
+    def step(self, messages):
+        time.sleep(0.2)
+        return [{"role": "user", "content": "no"}], 0.0, False
+
+
+def test_a_call_whose_environment_steps_take_past_turn_timeout_s_holds_the_groups_left():
+    """A batch of groups whose steps are each within env_timeout_s but slow together: once
+    turn_timeout_s is spent, the groups not stepped are held (tried alone next), not waited on."""
+    from steadyrl.bus.stage import RetryLater
+
+    tok = tiny_tokenizer()
+    actor = FakeActor(tok, tok.encode("a", add_special_tokens=False), [-0.1])
+    handle = make_episode_handler(_runner(tok, actor, Slow, env_timeout_s=5, turn_timeout_s=0.3))
+    first, _, last = handle([(_prompt(n=1), None)] * 3)
+    assert [o.topic for o in first] == ["rl.episodes"]
+    assert isinstance(last, RetryLater) and last.own and "turn_timeout_s (0.3 s)" in str(last)
