@@ -150,10 +150,13 @@ class EpisodeRunner:
             messages, state = agents.within(reset, self.a.env_timeout_s, "env-reset")
         except Exception as e:  # noqa: BLE001 - the user's environment: its record goes to rl.dlq
             return self._refused("reset", e)
-        return agents.start(p, messages, agents.prompt_ids(self.tok, messages, self.schemas), state)
+        try:
+            return agents.start(p, messages, agents.prompt_ids(self.tok, messages, self.schemas), state)
+        except Exception as e:  # noqa: BLE001 - not a list of {role, content} messages the template renders
+            return self._refused("reset returned messages the worker cannot use:", e, bad=True)
 
-    def _refused(self, what: str, e: Exception) -> Rejected:
-        how = str(e) if isinstance(e, agents.Deadline) else f"raised {type(e).__name__}: {e}"
+    def _refused(self, what: str, e: Exception, bad: bool = False) -> Rejected:
+        how = str(e) if isinstance(e, agents.Deadline) else f"{'' if bad else 'raised '}{type(e).__name__}: {e}"
         return Rejected(DLQReason.handler_error, f"{self.name}: {what} {how}")
 
     # ---- one turn ---------------------------------------------------------------------
@@ -281,12 +284,15 @@ class EpisodeRunner:
             ep.done = True
             self.ends_of[id(s)].append("done")
             return None
-        ids = agents.delta_ids(self.tok, new)
-        if used + len(ids) >= self.a.max_episode_tokens:   # no room for another turn
-            ep.done = True
-            self.ends_of[id(s)].append("tokens")
-            return None
-        agents.add_observation(ep, new, ids)
+        try:
+            ids = agents.delta_ids(self.tok, new)
+            if used + len(ids) >= self.a.max_episode_tokens:   # no room for another turn
+                ep.done = True
+                self.ends_of[id(s)].append("tokens")
+                return None
+            agents.add_observation(ep, new, ids)
+        except Exception as e:  # noqa: BLE001 - not a list of {role, content} messages the template renders
+            return self._refused(f"step at turn {s.turn} returned messages the worker cannot use:", e, bad=True)
         return None
 
 

@@ -463,3 +463,25 @@ def test_a_call_whose_environment_steps_take_past_turn_timeout_s_holds_the_group
     first, _, last = handle([(_prompt(n=1), None)] * 3)
     assert [o.topic for o in first] == ["rl.episodes"]
     assert isinstance(last, RetryLater) and last.own and "turn_timeout_s (0.3 s)" in str(last)
+
+
+class ResetsToNothing(Never):
+    def reset(self, row):
+        return None
+
+
+class StepsToNumbers(Never):
+    def step(self, messages):
+        return [42], 0.0, False
+
+
+def test_an_environment_returning_messages_that_are_not_messages_sends_its_group_to_the_dlq():
+    tok = tiny_tokenizer()
+    actor = FakeActor(tok, tok.encode("a", add_special_tokens=False), [-0.1])
+    [r] = make_episode_handler(_runner(tok, actor, ResetsToNothing))([(_prompt(n=1), None)])
+    assert isinstance(r, Rejected) and r.reason == DLQReason.handler_error
+    assert r.detail.startswith("environment tests.steadyrl.test_agents:Never: reset returned messages the worker "
+                               "cannot use: TypeError")
+    [r] = make_episode_handler(_runner(tok, actor, StepsToNumbers))([(_prompt(n=1), None)])
+    assert isinstance(r, Rejected) and r.detail.startswith(
+        "environment tests.steadyrl.test_agents:Never: step at turn 1 returned messages the worker cannot use: ")
