@@ -164,9 +164,11 @@ def build(cfg: LearnerConfig, health: Health) -> Learner:
     for pid, f in list(st.in_flight.items()):  # published before this check existed (or the row changed)
         if not f.released and (bad := check.why_bad(f.index)) is not None:
             intake.abandon(pid, f"row {f.index} left out at start: {bad.field}: {bad.reason}")
-    return Learner(cfg, health, rows_, check, evals, topics, fingerprint, model, tok, drift, trainer, ranks,
-                   outbox, store, st, run_dir, resumed, trackers, saver, cache, intake, feeder,
-                   Screen(lc, st, outbox), Stall(lc.stall_factor, lc.stall_min_s, st.history))
+    return Learner(cfg=cfg, health=health, rows=rows_, check=check, evals=evals, topics=topics,
+                   fingerprint=fingerprint, model=model, tok=tok, drift=drift, trainer=trainer, ranks=ranks,
+                   outbox=outbox, store=store, state=st, run_dir=run_dir, resumed=resumed, trackers=trackers,
+                   saver=saver, cache=cache, intake=intake, feeder=feeder, screen=Screen(lc, st, outbox),
+                   stall=Stall(lc.stall_factor, lc.stall_min_s, st.history))
 
 
 def open_rows(lc: LearnerSection, beat: Callable[[], None]) -> Rows:
@@ -218,7 +220,7 @@ def checkpoint_key(lc: LearnerSection) -> bytes | None:
         raise ConfigError(f"learner.checkpoint_key_file: {e}") from None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class Learner:
     """The learner loop (see the module doc), made of finished parts (`build` makes them).
     `run(stop)` returns when the run is done or stopped."""
