@@ -284,7 +284,7 @@ def config_for_tree(config: Path, tree: Path) -> Path:
     learner_src = "\n".join(p.read_text() for p in (tree / "services" / "learner").rglob("*.py")) \
         if (tree / "services" / "learner").is_dir() else (tree / "services" / "learner.py").read_text()
     dropped = [k for k in cfg["learner"] if not re.search(rf"\b{re.escape(k)}\b", learner_src)]
-    placed = (tree / "steadyrl" / "placement.py").exists()
+    placed = any((tree / "steadyrl" / where / "placement.py").exists() for where in ("", "local"))  # local/: since 47
     if placed and not dropped:
         return config
     if not placed:

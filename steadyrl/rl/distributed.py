@@ -276,6 +276,10 @@ def init_from_env(timeout_s: float = GROUP_TIMEOUT_S, device: str = "cpu") -> tu
     return dist.get_rank(), dist.get_world_size()
 
 
+#: The longest a rank waits for its peers before it leaves the group (a peer that died never comes).
+LEAVE_TIMEOUT_S = 10.0
+
+
 def leave() -> None:
     """Leave the process group before this rank exits (`destroy_process_group`; nothing when
     none was joined). A rank that exited with its gloo group still up could abort at interpreter
@@ -283,9 +287,20 @@ def leave() -> None:
     -6), and torchrun then counted the finished group as failed: the CI failure of
     tests/steadyrl/rl/test_distributed_restart.py's out-of-memory test, whose ranks had both
     stepped. A group that broke (a peer died) is left too; an error doing so is logged, not
-    raised."""
+    raised.
+
+    The ranks first meet at a barrier (gloo: `monitored_barrier`, at most LEAVE_TIMEOUT_S): a
+    rank that tore its group down while a peer still finished its last collective made that
+    peer fail ("Connection closed by peer") or abort, 1 run in 3 of the same test here."""
     if not dist.is_initialized():
         return
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=timedelta(seconds=LEAVE_TIMEOUT_S))
+        else:
+            dist.barrier()
+    except Exception as e:  # noqa: BLE001 - a peer gone: leave without it
+        log.warning("ranks did not meet before leaving", extra={"error": f"{type(e).__name__}: {e}"[:300]})
     try:
         dist.destroy_process_group()
     except Exception as e:  # noqa: BLE001 - the rank is exiting either way

@@ -43,6 +43,7 @@ from steadyrl.wire.contracts import (
     Contract,
     DLQReason,
     DLQRecord,
+    EpisodeState,
     PolicyUpdate,
     Prompt,
     QuarantineAction,
@@ -186,8 +187,25 @@ def quarantine_decision(r: random.Random) -> QuarantineDecision:
                               note=_text(r), decided_ms=_int(r, -INT64_MAX - 1, INT64_MAX))
 
 
+def episode_state(r: random.Random) -> EpisodeState:
+    episodes = []
+    for _ in range(r.randint(1, 3)):
+        n = r.randint(0, 4)
+        episodes.append({
+            "messages": [{"role": r.choice(["system", "user", "assistant", "tool"]), "content": _text(r)}
+                         for _ in range(r.randint(1, 3))],
+            "prompt_ids": _tokens(r, r.randint(1, 4)), "token_ids": _tokens(r, n),
+            "logprobs": [_logprob(r) for _ in range(n)], "loss_mask": [r.randint(0, 1) for _ in range(n)],
+            "turn_versions": [_int(r, 0, INT64_MAX) for _ in range(r.randint(0, 2))], "text": _text(r),
+            "finish_reason": r.choice(["stop", "length", "error"]), "done": r.random() < 0.5,
+            "reward": r.choice([None, _float(r)]), "env_state": r.choice([None, _json(r, 1)])})
+    return EpisodeState(prompt=prompt(r), turn=_int(r, 0, INT64_MAX), episodes=episodes, engine=_text(r, 0, 8),
+                        actor=_text(r), started_ms=_int(r, -INT64_MAX - 1, INT64_MAX))
+
+
 VALID = {Prompt: prompt, RolloutGroup: rollout_group, ScoredGroup: scored_group, PolicyUpdate: policy_update,
-         DLQRecord: dlq_record, QuarantinedGroup: quarantined_group, QuarantineDecision: quarantine_decision}
+         DLQRecord: dlq_record, QuarantinedGroup: quarantined_group, QuarantineDecision: quarantine_decision,
+         EpisodeState: episode_state}
 
 # ---------------------------------------------------------------- mutations
 
