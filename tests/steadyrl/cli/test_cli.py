@@ -228,7 +228,7 @@ def test_readme_where_things_are_matches_the_code(monkeypatch):
     assert all(f"`{name}`" in where for name in ("status", "logs", "export", "--state-dir", "--port",
                                                    "--port-offset", ".steadyrl", "up.json"))
     assert '"question"' in where and '"answer"' in where
-    assert "(docs/rl.md#data-steadyrldatapy)" in where
+    assert "(docs/rl.md#data-steadyrlmodeldatapy)" in where   # the anchor of the heading below
     assert "\n## Data (`steadyrl/model/data.py`)\n" in (ROOT / "docs/rl.md").read_text()   # the anchor's heading
     monkeypatch.delenv("STEADYRL_CACHE", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
