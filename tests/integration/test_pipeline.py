@@ -44,7 +44,11 @@ class Up:
         self.prefix = unique_prefix()
         self.offset = 2000 + (os.getpid() * 7 + int(time.time())) % 3000
         self.log_path = log_path or tmp_path / "up.log"   # up's output (stdout and stderr)
-        with open(self.log_path, "wb") as log:  # the child writes it; read back by path
+        self.log_path.unlink(missing_ok=True)
+        # appended to, as `up >> file`: each write of up's goes at the end of the file, even
+        # when a test appends to it as well (one without O_APPEND would write over what the
+        # test appended, and need no new page of a volume the test keeps full)
+        with open(self.log_path, "ab") as log:  # the child writes it; read back by path
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "steadyrl.cli", "up", "--bootstrap", bootstrap, "--state-dir", str(self.state),
                  "--prefix", self.prefix, "--port-offset", str(self.offset), "--config", str(config), *extra],
