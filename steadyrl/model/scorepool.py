@@ -1,4 +1,10 @@
-"""A user's rule reward, run item by item in worker processes with hard limits.
+"""A user's code -- a rule reward, a tool, an environment -- run in worker processes with hard limits.
+
+Two kinds of job share the processes and their plumbing: `ScoringPool.score` (a reward item by
+item, below) and `ScoringPool.call` (a user's function with keyword arguments: a tool call, an
+environment's reset or step; its result comes back as text cut to the call's `max_chars` in the
+worker process, before it crosses the socket; outcomes ok / cut / too_large / error / timeout /
+crash, CALL_OUTCOMES). The rollout worker's episodes use `call` (steadyrl/model/agents.py).
 
 The reward function is code the user brings: it may hang, exit the process (`os._exit`,
 `sys.exit`), crash it (a segfault in a C extension), allocate without bound or return what
@@ -63,7 +69,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from steadyrl.model.rewards import NotAReward, raised, resolve_scorer, score_value
+from steadyrl.model.rewards import ERROR_MESSAGE_CHARS, NotAReward, raised, resolve_scorer, score_value
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +124,39 @@ def _score_here(spec: str, name: str, args: tuple[Any, ...]) -> tuple[str, Any, 
     return "ok", reward, json.dumps(extra, allow_nan=False)
 
 
+def _call_here(spec: str, name: str, kwargs: dict[str, Any], via: str | None, max_chars: int,
+               cut: bool) -> tuple[str, Any, Any]:
+    """One call, in this process: `spec(**kwargs)` (or `via(spec, **kwargs)`), its result as
+    text (a str as it is, anything else as JSON), at most `max_chars` characters:
+    ("ok", text, None); ("cut", text cut to max_chars with a note, full length) when `cut`;
+    ("too_large", error, None) when not; ("error", "Type: message", None) when it raised."""
+    try:
+        fn = _resolved.get(spec)
+        if fn is None:
+            fn = _resolved[spec] = resolve_scorer(spec)
+        if via is not None:
+            wrap = _resolved.get(via)
+            if wrap is None:
+                wrap = _resolved[via] = resolve_scorer(via)
+            value = wrap(fn, **kwargs)
+        else:
+            value = fn(**kwargs)
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+        text = str(text)   # a str subclass with odd methods: plain text from here
+    except MemoryError as e:
+        limit = resource.getrlimit(resource.RLIMIT_DATA)[0]
+        shown = f" (memory_limit_mb {limit // 2**20} per process)" if limit > 0 else ""
+        return "error", f"{type(e).__name__}: {e}{shown}", None
+    except BaseException as e:  # noqa: BLE001 - SystemExit, KeyboardInterrupt too: the call's error
+        msg = str(e)
+        return "error", f"{type(e).__name__}: {msg[:ERROR_MESSAGE_CHARS]}", None
+    if len(text) > max_chars:
+        if cut:
+            return "cut", text[:max_chars] + f" [... {len(text) - max_chars} characters cut]", len(text)
+        return "too_large", f"{name} returned {len(text)} characters, more than the {max_chars} allowed", None
+    return "ok", text, None
+
+
 def _worker(conn: multiprocessing.connection.Connection, memory_limit_mb: int) -> None:
     """A worker process's life: limits, then items until the socket closes."""
     with contextlib.suppress(OSError, AttributeError):   # Linux: die with the caller, even mid-item
@@ -130,15 +169,17 @@ def _worker(conn: multiprocessing.connection.Connection, memory_limit_mb: int) -
             resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
     while True:
         try:
-            seq, spec, name, args = conn.recv()
+            seq, what, spec, name, args = conn.recv()
         except (EOFError, OSError):   # the caller went away
             return
-        if args is None:   # load the scorer before items come (its errors are the items')
+        if what == "load":   # load the scorer before items come (its errors are the items')
             with contextlib.suppress(BaseException):
                 _resolved[spec] = resolve_scorer(spec)
             conn.send((seq, "loaded", None, None))
-            continue
-        conn.send((seq, *_score_here(spec, name, args)))
+        elif what == "call":
+            conn.send((seq, *_call_here(spec, name, *args)))
+        else:
+            conn.send((seq, *_score_here(spec, name, args)))
 
 
 if __name__ == "__main__":   # python -m steadyrl.model.scorepool FD MEMORY_LIMIT_MB: one worker (ScoringPool._start)
@@ -213,6 +254,47 @@ class _Job:
     args: tuple[Any, ...]
     group: tuple[Any, ...] = ()
     queued: float = field(default_factory=time.monotonic)
+    what: str = "score"              # or "call" (ScoringPool.call)
+    timeout_s: float | None = None   # None: the pool's item_timeout_s
+
+    @property
+    def label(self) -> str:
+        """How errors name it: `scorer my_reward.py:fn`, or a call's own name (`tool calc`)."""
+        return f"scorer {self.name}" if self.what == "score" else self.name
+
+
+#: The outcomes of a ScoringPool.call: ok; cut (its text was longer than max_chars and comes
+#: cut, with a note); too_large (longer, and the call asked for no cut); error (it raised, or its
+#: arguments cannot be sent); timeout (past its timeout_s or the deadline: the process killed and
+#: replaced); crash (it ended its process: os._exit, a signal; replaced).
+CALL_OUTCOMES = ("ok", "cut", "too_large", "error", "timeout", "crash")
+_CALL_OUTCOME = {"scorer_error": "error", "scorer_timeout": "timeout", DEADLINE: "timeout", "scorer_crash": "crash",
+                 "error": "error", "too_large": "too_large"}
+
+
+@dataclass
+class Call:
+    """One call of a user's function in a pool process: `spec(**kwargs)`, or, with `via` (a
+    function of ours, `module:function`), `via(spec's object, **kwargs)`. The arguments are
+    pickled to the process; the result comes back as text (a str as it is, else JSON), at most
+    `max_chars` characters (cut, or too_large when `cut` is False). `name` names it in errors
+    (`tool calc`)."""
+
+    spec: str
+    kwargs: dict[str, Any]
+    timeout_s: float
+    max_chars: int
+    name: str = ""
+    cut: bool = True
+    via: str | None = None
+
+
+@dataclass
+class CallResult:
+    """A Call's outcome (CALL_OUTCOMES) and text: the result, or the error."""
+
+    outcome: str
+    text: str
 
 
 class _Slot:
@@ -224,14 +306,15 @@ class _Slot:
         self.conn: multiprocessing.connection.Connection | None = None
         self.busy_since: float | None = None
         self.started = 0   # processes started for this slot
-        self.spec: str | None = None   # the scorer its process has loaded
+        self.loaded: set[str] = set()   # the specs (scorers, tools) its process has loaded
         self.loading: str | None = None   # the scorer its process was asked to load, not yet loaded
         self.load_started = 0.0
         self.seq = 0   # requests sent to its process; a reply carries its request's number
 
 
 class ScoringPool:
-    """Worker processes that score rule rewards item by item with hard limits (module doc).
+    """Worker processes that score rule rewards item by item, or call a user's functions, with
+    hard limits (module doc).
 
     Args:
         processes: worker processes (>= 1); items beyond them wait their turn.
@@ -284,6 +367,39 @@ class ScoringPool:
                                                   f"{self.processes} scoring processes)"))
         return [r for r in call.results if r is not None]
 
+    def call(self, calls: Sequence[Call], deadline: float | None = None) -> list[CallResult]:
+        """Run each of `calls` (a user's function with keyword arguments: a tool, an
+        environment's reset or step) in a worker process, as items are scored: each within its
+        own `timeout_s`, all by `deadline` (time.monotonic(); None: none), in parallel up to
+        `processes`; one CallResult each, in order (CALL_OUTCOMES). The result crosses the
+        socket as text already cut to the call's `max_chars` in the worker process. Never
+        raises for what the user's code does."""
+        if not calls:
+            return []
+        call = _Call([None] * len(calls), deadline if deadline is not None else float("inf"), len(calls))
+        jobs = [_Job(call, i, absolute_spec(c.spec), c.name, (c.kwargs, c.via, c.max_chars, c.cut), (i,),
+                     what="call", timeout_s=c.timeout_s) for i, c in enumerate(calls)]
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the pool is closed")
+            self._queue.extend(jobs)
+            self._cond.notify_all()
+        if not call.done.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+            with self._cond:
+                mine = [j for j in self._queue if j.call is call]
+                for j in mine:
+                    self._queue.remove(j)
+            for j in jobs:
+                self._finish(j, _failed(DEADLINE, f"{j.name}: not done before the call's deadline"))
+        out = []
+        for r in call.results:
+            assert r is not None
+            if "outcome" in r:
+                out.append(CallResult(r["outcome"], r["text"]))
+            else:
+                out.append(CallResult(_CALL_OUTCOME.get(r["kind"], "error"), r["error"]))
+        return out
+
     def ready(self) -> tuple[bool, str]:
         """(can take work, detail): False when an item has waited QUEUE_WAIT_NOT_READY_S for a
         process, or when the pool is closed (the reward server's /readyz)."""
@@ -307,7 +423,7 @@ class ScoringPool:
             self._queue.clear()
             self._cond.notify_all()
         for job in left:
-            self._finish(job, _failed("scorer_timeout", f"scorer {job.name}: not scored: the scoring pool closed"))
+            self._finish(job, _failed("scorer_timeout", f"{job.label}: not run: the pool closed"))
         for s in self.slots:
             self._stop(s)
 
@@ -343,7 +459,7 @@ class ScoringPool:
                 self._finish(job, result)
             except BaseException as e:  # noqa: BLE001 - never leave a call waiting
                 log.exception("scoring pool failed on an item", extra={"slot": slot.n})
-                self._finish(job, _failed("scorer_crash", f"scorer {job.name}: the scoring pool failed: "
+                self._finish(job, _failed("scorer_crash", f"{job.label}: the pool failed: "
                                                           f"{type(e).__name__}: {e}"))
                 self._stop(slot)
             finally:
@@ -352,52 +468,58 @@ class ScoringPool:
     def _run(self, slot: _Slot, job: _Job) -> dict[str, Any]:
         now = time.monotonic()
         if now >= job.call.deadline:
-            return _failed(DEADLINE, f"scorer {job.name}: not started before the call's deadline (the "
+            return _failed(DEADLINE, f"{job.label}: not started before the call's deadline (the "
                                      f"{self.processes} scoring processes were busy with other items)")
-        if slot.proc is None or slot.proc.poll() is not None or slot.spec != job.spec:
+        if slot.proc is None or slot.proc.poll() is not None or job.spec not in slot.loaded:
             failed = self._ready(slot, job)
             if failed is not None:
                 return failed
             now = time.monotonic()   # the item's time starts once its process is ready
         proc, conn = slot.proc, slot.conn   # close() may clear the slot's meanwhile
         assert conn is not None and proc is not None   # _start set them
-        end = min(now + self.item_timeout_s, job.call.deadline)
+        timeout_s = job.timeout_s if job.timeout_s is not None else self.item_timeout_s
+        limit = f"item_timeout_s ({timeout_s:g} s)" if job.what == "score" else f"{timeout_s:g} s"
+        process = "scoring process" if job.what == "score" else "process"
+        end = min(now + timeout_s, job.call.deadline)
         try:
             slot.seq += 1
-            conn.send((slot.seq, job.spec, job.name, job.args))
+            conn.send((slot.seq, job.what, job.spec, job.name, job.args))
             while conn.poll(max(0.0, end - time.monotonic())):
                 seq, status, a, b = conn.recv()
                 if seq != slot.seq:   # an earlier request's answer (a load): not this item's
                     continue
+                if job.what == "call":
+                    return {"outcome": status, "text": a, "chars": b} if status in ("ok", "cut") \
+                        else _failed(status, a)
                 if status == "ok":
                     return {"reward": a, "extra": json.loads(b)}
                 return _failed(status, a)
         except (EOFError, OSError, BrokenPipeError):
             ended = True  # its end of the socket closed: the process is dying (below)
         except Exception as e:  # noqa: BLE001 - its arguments cannot be pickled (an odd extra_info)
-            return _failed("scorer_error", f"scorer {job.name}: the item cannot be sent to a scoring process: "
+            return _failed("scorer_error", f"{job.label}: the item cannot be sent to a {process}: "
                                            f"{type(e).__name__}: {e}")
         else:
             ended = False
         if self._closed:
-            return _failed("scorer_timeout", f"scorer {job.name}: not scored: the scoring pool closed")
+            return _failed("scorer_timeout", f"{job.label}: not run: the pool closed")
         with contextlib.suppress(subprocess.TimeoutExpired):   # a dying process may take a moment to go
             proc.wait(_JOIN_S if ended else 0.05)
         if proc.poll() is None:   # still running at its end: a timeout, or cut short by the deadline
             self._stop(slot)
             if end >= job.call.deadline:
-                return _failed(DEADLINE, f"scorer {job.name}: not scored before the call's deadline ({end - now:.1f} "
-                                         "s after it started; its scoring process was killed and replaced)")
+                return _failed(DEADLINE, f"{job.label}: not done before the call's deadline ({end - now:.1f} "
+                                         f"s after it started; its {process} was killed and replaced)")
             self.restarts["scorer_timeout"] += 1
-            return _failed("scorer_timeout", f"scorer {job.name} did not return within item_timeout_s "
-                                             f"({self.item_timeout_s:g} s): its scoring process was killed and "
-                                             "replaced")
+            return _failed("scorer_timeout", f"{job.label} did not return within {limit}: its {process} was "
+                                             "killed and replaced")
         code = proc.returncode
         self._stop(slot)
         self.restarts["scorer_crash"] += 1
         how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
                and -code in signal.valid_signals() else f"exited with code {code}")
-        return _failed("scorer_crash", f"scorer {job.name} crashed its scoring process ({how}) on this item")
+        return _failed("scorer_crash", f"{job.label} crashed its {process} ({how}) on this "
+                                       f"{'item' if job.what == 'score' else 'call'}")
 
     def _ready(self, slot: _Slot, job: _Job) -> dict[str, Any] | None:
         """Make `slot`'s process (started anew when it has none or it ended) load `job`'s scorer.
@@ -408,13 +530,13 @@ class ScoringPool:
             self._start(slot)
         loaded = self._load(slot, job.spec, job.call.deadline)
         if loaded == "later":   # still loading (kept: the next call finds it loaded)
-            return _failed(DEADLINE, f"scorer {job.name}: not scored before the call's deadline (its "
-                                     "scoring process was still loading the scorer)")
+            return _failed(DEADLINE, f"{job.label}: not done before the call's deadline (its process was "
+                                     "still loading it)")
         if loaded == "failed":
             self._stop(slot)
             self.restarts["scorer_crash"] += 1
-            return _failed("scorer_crash", f"scorer {job.name}: its scoring process did not start or load "
-                                           f"the scorer within {START_TIMEOUT_S:g} s")
+            return _failed("scorer_crash", f"{job.label}: its process did not start or load it within "
+                                           f"{START_TIMEOUT_S:g} s")
         return None
 
     def _load(self, slot: _Slot, spec: str, deadline: float) -> str:
@@ -426,13 +548,14 @@ class ScoringPool:
         assert conn is not None
         try:
             if slot.loading != spec:
-                slot.spec, slot.loading, slot.load_started = None, spec, time.monotonic()
+                slot.loading, slot.load_started = spec, time.monotonic()
                 slot.seq += 1
-                conn.send((slot.seq, spec, spec, None))
+                conn.send((slot.seq, "load", spec, spec, None))
             load_seq, give_up = slot.seq, slot.load_started + START_TIMEOUT_S
             while conn.poll(max(0.0, min(give_up, deadline) - time.monotonic())):
                 if conn.recv()[0] == load_seq:
-                    slot.spec, slot.loading = spec, None
+                    slot.loaded.add(spec)
+                    slot.loading = None
                     return "ok"
         except (EOFError, OSError):
             return "failed"
@@ -457,7 +580,8 @@ class ScoringPool:
     def _stop(self, slot: _Slot) -> None:
         proc, conn = slot.proc, slot.conn
         slot.proc = slot.conn = None
-        slot.spec = slot.loading = None
+        slot.loaded = set()
+        slot.loading = None
         if conn is not None:
             conn.close()
         if proc is not None:
