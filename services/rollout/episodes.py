@@ -12,18 +12,31 @@ rl.episodes or, once every episode is done, the RolloutGroup to rl.rollouts: in 
 transaction that commits the input's offset. A worker killed mid-turn loses that turn only;
 the next reader of the state runs it again (with the same seed).
 
-An episode ends when the environment says done, after `max_turns` assistant turns, or when its
-tokens reach `max_episode_tokens` (prompt + trajectory): the last turn is cut to fit.
+An episode ends when the environment says done, after `max_turns` assistant turns, when its
+tokens reach `max_episode_tokens` (prompt + trajectory: the last turn is cut to fit), or once
+`episode_timeout_s` has passed since its group started (checked after each turn, before the
+environment's step: the episode ends with the turn in flight, so a trajectory always ends with
+the model's tokens). The last three are truncations (`Episode.truncated`): trained, or dropped
+from the group (`truncated: drop`; a group left with none goes to rl.dlq, `rejected`).
+
+Every call into the user's code runs in a pool process (steadyrl/model/scorepool.py,
+`ScoringPool.call`; `processes`, `memory_limit_mb`): each tool call within `tool_timeout_s`,
+the environment's reset and each step (rebuilt there from the row, its state and the messages)
+within `env_timeout_s`. A tool that raises, hangs, exits its process or returns megabytes costs
+that call (an `error: ...` tool result; a result past MAX_TOOL_RESULT_CHARS is cut in the tool's
+process); an environment that does costs its group (rl.dlq, handler_error).
 """
 
 from __future__ import annotations
 
+import collections
+import json
 import logging
 import math
 import numbers
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 from prometheus_client import Counter, Histogram
@@ -32,8 +45,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from steadyrl.bus.stage import Output, RetryLater, refusal_reason
 from steadyrl.http import response_detail
 from steadyrl.model import agents
+from steadyrl.model.scorepool import Call, CallResult, ScoringPool, absolute_spec
 from steadyrl.wire.codec import Rejected
-from steadyrl.wire.contracts import DLQReason, EpisodeState, Prompt
+from steadyrl.wire.contracts import DLQReason, EpisodeState, Prompt, now_ms
 
 if TYPE_CHECKING:
     from steadyrl.bus.stage import BatchHandler, Meta
@@ -44,7 +58,10 @@ log = logging.getLogger(__name__)
 TURNS = Counter("steadyrl_rollout_episode_turns", "Assistant turns of episodes written (in the next state or "
                                                   "the finished group); a turn held or refused is not counted")
 EPISODES = Counter("steadyrl_rollout_episodes_finished", "Episodes finished in a state or group written, by how "
-                                                         "(done, turns, tokens)", ["how"])
+                                                         "(done; truncated by turns, tokens, time)", ["how"])
+DROPPED = Counter("steadyrl_rollout_episodes_dropped", "Truncated episodes left out of their group "
+                                                       "(rollout.agent.truncated: drop), by how (turns, tokens, "
+                                                       "time)", ["how"])
 ENV_SECONDS = Histogram("steadyrl_rollout_env_step_seconds", "Time of one environment/tool step",
                         buckets=(0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60))
 
@@ -76,6 +93,20 @@ class AgentSection(BaseModel):
                                                          "batch's turn) take before no other step starts: the "
                                                          "groups not stepped by then are held and tried alone "
                                                          "(each step still within env_timeout_s).")
+    episode_timeout_s: float = Field(600.0, gt=0, description="Wall-clock budget of an episode from its group's "
+                                                              "start, checked after each turn: past it the episode "
+                                                              "ends with that turn (truncated: time).")
+    truncated: Literal["train", "drop"] = Field("train", description="An episode ended by max_turns, "
+                                                "max_episode_tokens or episode_timeout_s: train it (its last answer "
+                                                "scored as any), or drop it from its group (counted in the group's "
+                                                "`rejected`; a group left with none goes to rl.dlq, rejected, and "
+                                                "the learner publishes the prompt again within its refusal budget).")
+    processes: int = Field(2, ge=1, le=64, description="Worker processes that run the tool calls and the "
+                                                       "environment's reset/step (a hang, os._exit or a huge result "
+                                                       "costs a call, never the worker).")
+    memory_limit_mb: int = Field(2048, ge=0, description="Memory each of those processes may allocate "
+                                                         "(RLIMIT_DATA), MiB; past it the call raises MemoryError. "
+                                                         "0: no limit.")
 
     @field_validator("tools")
     @classmethod
@@ -106,6 +137,10 @@ class AgentSection(BaseModel):
     def on(self) -> bool:
         return bool(self.tools or self.env)
 
+    def pool(self) -> ScoringPool:
+        """The processes that run the user's tools or environment (ScoringPool.call)."""
+        return ScoringPool(self.processes, self.env_timeout_s, self.memory_limit_mb)
+
 
 def _tokenizer(model: str) -> Any:
     from steadyrl.model.models import TINY, hf_folder, load_tokenizer, tiny_tokenizer  # lazy: heavy (transformers)
@@ -123,31 +158,59 @@ class EpisodeRunner:
         self.request_timeout_s, self.retry_backoff_s = request_timeout_s, retry_backoff_s
         self.tok = tok if tok is not None else _tokenizer(a.model or "")
         self.schemas: list[dict[str, Any]] | None = None
+        self.pool: ScoringPool | None = None
+        self.env_spec: str | None = None   # the environment class, run in the pool
+        self.factory: Callable[[], agents.Environment] | None = None   # in this process (tests; ToolEnv)
         if factory is not None:
             self.factory = factory
         elif a.tools:
             tools = agents.load_tools(a.tools)
             in_template = "tools" in str(getattr(self.tok, "chat_template", "") or "")
-            env = agents.ToolEnv(tools, a.tool_timeout_s, in_template, a.max_tool_calls, a.tool_turn_timeout_s)
+            self.pool = a.pool()
+            env = agents.ToolEnv(tools, a.tool_timeout_s, in_template, a.max_tool_calls, a.tool_turn_timeout_s,
+                                 pool=self.pool, specs=agents.tool_specs(a.tools))
             self.schemas = env.schemas if in_template else None
             self.factory = lambda: env
         else:
-            self.factory = agents.load_env(a.env or "")
+            agents.load_env(a.env or "")   # found, with reset and step (AgentSection checked it too)
+            self.env_spec = absolute_spec(a.env or "")
+            self.pool = a.pool()
         self.turns_of: dict[int, int] = {}        # id(state) -> turns this call, counted once written
         self.ends_of: dict[int, list[str]] = {}   # id(state) -> how its episodes ended this call
         self.name = f"environment {a.env}" if a.env else f"tools {a.tools}" if a.tools else "environment"
+
+    def close(self) -> None:
+        """Stop the pool's processes."""
+        if self.pool is not None:
+            self.pool.close()
+
+    def _in_pool(self, via: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The environment's reset or step (agents.env_reset / env_step) in a pool process,
+        within env_timeout_s: its answer, or EnvFailed saying how it failed."""
+        assert self.pool is not None and self.env_spec is not None
+        [r] = self.pool.call([Call(self.env_spec, kwargs, self.a.env_timeout_s, agents.MAX_ENV_RESULT_CHARS,
+                                   name=self.name, cut=False, via=f"steadyrl.model.agents:{via}")])
+        if r.outcome != "ok":
+            raise EnvFailed(r, self.name, self.a.env_timeout_s)
+        answer: dict[str, Any] = json.loads(r.text)
+        return answer
 
     # ---- turn 0 -----------------------------------------------------------------------
     def start(self, p: Prompt) -> EpisodeState | Rejected:
         """The group's n episodes at turn 0 (reset once: they start alike, as GRPO's group), or
         Rejected (handler_error) when the environment raises or takes past `env_timeout_s`."""
         def reset() -> tuple[list[dict[str, str]], Any]:
+            assert self.factory is not None
             env = self.factory()
             messages = env.reset(agents.row_of(p))
             return messages, agents.env_state(env)
 
         try:
-            messages, state = agents.within(reset, self.a.env_timeout_s, "env-reset")
+            if self.env_spec is not None:
+                answer = self._in_pool("env_reset", {"row": agents.row_of(p)})
+                messages, state = answer["messages"], answer["state"]
+            else:
+                messages, state = agents.within(reset, self.a.env_timeout_s, "env-reset")
         except Exception as e:  # noqa: BLE001 - the user's environment: its record goes to rl.dlq
             return self._refused("reset", e)
         try:
@@ -156,7 +219,8 @@ class EpisodeRunner:
             return self._refused("reset returned messages the worker cannot use:", e, bad=True)
 
     def _refused(self, what: str, e: Exception, bad: bool = False) -> Rejected:
-        how = str(e) if isinstance(e, agents.Deadline) else f"{'' if bad else 'raised '}{type(e).__name__}: {e}"
+        how = str(e) if isinstance(e, agents.Deadline | EnvFailed) else \
+            f"{'' if bad else 'raised '}{type(e).__name__}: {e}"
         return Rejected(DLQReason.handler_error, f"{self.name}: {what} {how}")
 
     # ---- one turn ---------------------------------------------------------------------
@@ -260,20 +324,30 @@ class EpisodeRunner:
         """The environment's answer to the episode's last turn, appended; or the episode ends.
         Rejected (handler_error) when the environment raises or takes past `env_timeout_s`."""
         used = len(ep.prompt_ids) + len(ep.token_ids)
-        if s.turn >= self.a.max_turns or used >= self.a.max_episode_tokens:
-            ep.done = True
-            self.ends_of[id(s)].append("turns" if s.turn >= self.a.max_turns else "tokens")
+        if s.turn >= self.a.max_turns or used >= self.a.max_episode_tokens or self._past_time(s):
+            self._end(s, ep, "turns" if s.turn >= self.a.max_turns else
+                      "tokens" if used >= self.a.max_episode_tokens else "time")
             return None
         conversation = [agents._msg(m) for m in ep.messages]
 
         def step() -> tuple[Any, Any, Any, Any]:
+            assert self.factory is not None
             env = agents.rebuilt(self.factory, s.prompt, ep.env_state)
             new, reward, done = env.step(conversation)
             return new, reward, done, agents.env_state(env)
 
         t0 = time.perf_counter()
         try:
-            new, reward, done, ep.env_state = agents.within(step, self.a.env_timeout_s, "env-step")
+            if self.env_spec is not None:
+                answer = self._in_pool("env_step", {"row": agents.row_of(s.prompt), "state": ep.env_state,
+                                                    "messages": conversation})
+                new, reward, done, ep.env_state = answer["messages"], answer["reward"], answer["done"], \
+                    answer["state"]
+            elif self.pool is not None:   # tools: our ToolEnv here, each call in the pool
+                assert self.factory is not None
+                new, reward, done = self.factory().step(conversation)
+            else:
+                new, reward, done, ep.env_state = agents.within(step, self.a.env_timeout_s, "env-step")
         except Exception as e:  # noqa: BLE001 - the user's environment: its group goes to rl.dlq
             return self._refused(f"step at turn {s.turn}", e)
         finally:
@@ -287,13 +361,50 @@ class EpisodeRunner:
         try:
             ids = agents.delta_ids(self.tok, new)
             if used + len(ids) >= self.a.max_episode_tokens:   # no room for another turn
-                ep.done = True
-                self.ends_of[id(s)].append("tokens")
+                self._end(s, ep, "tokens")
                 return None
             agents.add_observation(ep, new, ids)
         except Exception as e:  # noqa: BLE001 - not a list of {role, content} messages the template renders
             return self._refused(f"step at turn {s.turn} returned messages the worker cannot use:", e, bad=True)
         return None
+
+
+    def _past_time(self, s: EpisodeState) -> bool:
+        """Whether `s`'s episodes have used their wall-clock budget (from the group's start)."""
+        return now_ms() - s.started_ms >= self.a.episode_timeout_s * 1000
+
+    def _end(self, s: EpisodeState, ep: Any, how: str) -> None:
+        """End `ep` as truncated by `how` (turns, tokens, time)."""
+        ep.done, ep.truncated = True, how
+        self.ends_of[id(s)].append(how)
+
+    def group(self, s: EpisodeState) -> list[Output] | Rejected:
+        """The finished group of `s` to rl.rollouts, less its truncated episodes with
+        `truncated: drop` (counted); Rejected (rejected) when that leaves none."""
+        drop = self.a.truncated == "drop"
+        g = agents.finished(s, drop_truncated=drop)
+        if drop:
+            for ep in s.episodes:
+                if ep.truncated:
+                    DROPPED.labels(ep.truncated).inc()
+        if g is None:
+            hows = ", ".join(f"{h} x{n}" for h, n in sorted(collections.Counter(e.truncated or "" for e in
+                                                                                s.episodes).items()))
+            return Rejected(DLQReason.rejected, f"all {len(s.episodes)} episodes were truncated ({hows}) and "
+                                                "rollout.agent.truncated is drop")
+        return [Output("rl.rollouts", s.prompt_id, g)]
+
+
+class EnvFailed(Exception):
+    """The environment's reset or step failed in its pool process: raised, timed out, crashed its
+    process, or answered past MAX_ENV_RESULT_CHARS (`outcome`)."""
+
+    def __init__(self, r: CallResult, name: str, timeout_s: float):
+        self.outcome = r.outcome
+        text = r.text.removeprefix(f"{name} ")   # the pool's text names it: the detail names it once
+        how = {"error": f"raised {text}",
+               "timeout": f"did not answer within {timeout_s:g} s (its process was killed and replaced)"}
+        super().__init__(how.get(r.outcome, text))
 
 
 def make_episode_handler(runner: EpisodeRunner) -> BatchHandler:
@@ -321,7 +432,7 @@ def make_episode_handler(runner: EpisodeRunner) -> BatchHandler:
                 continue
             runner.count(r)
             if all(ep.done for ep in r.episodes):
-                results.append([Output("rl.rollouts", r.prompt_id, agents.finished(r))])
+                results.append(runner.group(r))
             else:
                 results.append([Output("rl.episodes", r.prompt_id, r)])
         return results

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
+import numbers
 import re
 import threading
 import time
@@ -40,13 +42,19 @@ from typing import Any, Protocol, cast
 from prometheus_client import Counter
 
 from steadyrl.model.rewards import resolve_scorer
+from steadyrl.model.scorepool import Call, ScoringPool
 from steadyrl.wire.contracts import ChatMessage, Episode, EpisodeState, Prompt, RolloutGroup, Sample
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-#: Longest tool result kept, characters (more is cut, and says so).
+#: Longest tool result kept, characters: more is cut in the tool's process (and says so).
 MAX_TOOL_RESULT_CHARS = 8192
-TOOL_CALLS = Counter("steadyrl_rollout_tool_calls", "Tool calls an answer made, by outcome (ok, error, timeout; "
-                     "over_limit: past max_tool_calls, not run); a turn run again counts again", ["outcome"])
+#: Longest an environment's reset or step answer may be (its messages, reward, done and state as
+#: JSON), characters: more sends the group to rl.dlq (the answer is never read whole here).
+MAX_ENV_RESULT_CHARS = 2**20
+TOOL_CALLS = Counter("steadyrl_rollout_tool_calls", "Tool calls an answer made, by outcome (ok; cut: its result "
+                     "was longer than MAX_TOOL_RESULT_CHARS and was cut; error: bad call or arguments, or it "
+                     "raised; timeout; crash: it ended its process; over_limit: past max_tool_calls, not run); "
+                     "a turn run again counts again", ["outcome"])
 
 
 class Environment(Protocol):
@@ -182,17 +190,32 @@ def run_tool(fn: Callable[..., Any], args: dict[str, Any], timeout_s: float) -> 
     return text, "ok"
 
 
+def tool_specs(spec: str) -> dict[str, str]:
+    """`my_tools.py:calc,search` -> {"calc": "my_tools.py:calc", ...}: each tool's own spec, for
+    a pool process (ScoringPool.call) to load it by."""
+    module, _, names = spec.rpartition(":")
+    return {n.strip(): f"{module}:{n.strip()}" for n in names.split(",") if n.strip()}
+
+
 class ToolEnv:
     """Tools as an Environment: the system message offers them (unless the template does), each
     `<tool_call>` runs and its result comes back as a `tool` message; an answer without a call
     ends the episode (reward None: the run's reward function scores the final answer). One
     answer runs at most `max_calls` calls (the others get an error result, not run), all of them
-    within `turn_timeout_s` seconds together (each within `timeout_s`)."""
+    within `turn_timeout_s` seconds together (each within `timeout_s`).
+
+    With `pool` (and `specs`, each tool's `file.py:name`), each call runs in a pool process
+    (ScoringPool.call): a tool that hangs, exits its process or returns megabytes costs that
+    call. Without, in a thread of this process (tests; a hang keeps its thread)."""
 
     def __init__(self, tools: dict[str, Callable[..., Any]], timeout_s: float = 10.0, in_template: bool = False,
-                 max_calls: int = 4, turn_timeout_s: float = 20.0):
+                 max_calls: int = 4, turn_timeout_s: float = 20.0, pool: ScoringPool | None = None,
+                 specs: dict[str, str] | None = None):
         self.tools, self.timeout_s, self.in_template = tools, timeout_s, in_template
         self.max_calls, self.turn_timeout_s = max_calls, turn_timeout_s
+        self.pool, self.specs = pool, specs or {}
+        if pool is not None and set(self.specs) != set(tools):
+            raise ValueError(f"specs {sorted(self.specs)} must name the tools {sorted(tools)}")
         self.schemas = [tool_schema(f) for f in tools.values()]
 
     def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
@@ -220,11 +243,26 @@ class ToolEnv:
             elif left <= 0:
                 text, outcome = (f"error: this answer's tool calls used their {self.turn_timeout_s:g} s; "
                                  "this one was not run"), "timeout"
+            elif self.pool is not None:
+                text, outcome = self._in_pool(c, min(self.timeout_s, left), deadline)
             else:
                 text, outcome = run_tool(self.tools[c.name], c.arguments, min(self.timeout_s, left))
             TOOL_CALLS.labels(outcome).inc()
             out.append({"role": "tool", "name": c.name, "content": text})
         return out, None, False
+
+    def _in_pool(self, c: ToolCall, timeout_s: float, deadline: float) -> tuple[str, str]:
+        """(result text, outcome) of one call in a pool process (ScoringPool.call's outcomes)."""
+        assert self.pool is not None
+        [r] = self.pool.call([Call(self.specs[c.name], c.arguments, timeout_s, MAX_TOOL_RESULT_CHARS,
+                                   name=f"tool {c.name}")], deadline=deadline)
+        if r.outcome in ("ok", "cut"):
+            return r.text, r.outcome
+        if r.outcome == "timeout":
+            return f"error: the tool did not answer within {timeout_s:g} s", "timeout"
+        if r.outcome == "crash":
+            return f"error: the tool crashed: {r.text.removeprefix(f'tool {c.name} ')}", "crash"
+        return f"error: {r.text}", "error"
 
 
 # ---- environments --------------------------------------------------------------------------
@@ -261,6 +299,27 @@ def rebuilt(factory: Callable[[], Environment], prompt: Prompt, state: Any) -> E
     if state is not None and callable(getattr(env, "set_state", None)):
         env.set_state(state)  # type: ignore[attr-defined]
     return env
+
+
+def env_reset(cls: Callable[[], Environment], row: dict[str, Any]) -> dict[str, Any]:
+    """An environment's reset, in a pool process (ScoringPool.call's `via`): {"messages", "state"}."""
+    env = cls()
+    messages = env.reset(row)
+    return {"messages": messages, "state": env_state(env)}
+
+
+def env_step(cls: Callable[[], Environment], row: dict[str, Any], state: Any,
+             messages: list[dict[str, str]]) -> dict[str, Any]:
+    """One step of an environment rebuilt from (row, state) (the serialization contract), in a
+    pool process (ScoringPool.call's `via`): {"messages", "reward", "done", "state"}."""
+    env = cls()
+    env.reset(row)
+    if state is not None and callable(getattr(env, "set_state", None)):
+        env.set_state(state)  # type: ignore[attr-defined]
+    new, reward, done = env.step(messages)
+    if isinstance(reward, numbers.Real) and not isinstance(reward, bool) and not math.isfinite(float(reward)):
+        reward = str(reward)   # NaN/inf as JSON text would not come back as a number either way
+    return {"messages": new, "reward": reward, "done": bool(done), "state": env_state(env)}
 
 
 def env_state(env: Environment) -> Any:
@@ -341,13 +400,22 @@ def add_observation(ep: Episode, messages: list[dict[str, str]], ids: list[int])
     ep.loss_mask += [0] * len(ids)
 
 
-def finished(state: EpisodeState) -> RolloutGroup:
+def finished(state: EpisodeState, drop_truncated: bool = False) -> RolloutGroup | None:
     """The group of a state whose episodes are all done: one sample per episode (its whole
     trajectory after the prompt, with loss mask and per-turn versions); policy_version is the
-    first turn's, so staleness counts from the episode's start."""
-    eps = state.episodes
+    first turn's, so staleness counts from the episode's start. With `drop_truncated`, the
+    truncated episodes are left out and counted in the group's `rejected`
+    (`truncated_turns`, `truncated_tokens`, `truncated_time`), as the rollout gate leaves out
+    samples; None when none is left."""
+    eps = [e for e in state.episodes if not (drop_truncated and e.truncated)]
+    if not eps:
+        return None
+    rejected: dict[str, int] = {}
+    for e in state.episodes:
+        if drop_truncated and e.truncated:
+            rejected[f"truncated_{e.truncated}"] = rejected.get(f"truncated_{e.truncated}", 0) + 1
     first = min((v for e in eps for v in e.turn_versions[:1]), default=0)
     samples = [Sample(text=e.text, token_ids=e.token_ids, logprobs=e.logprobs, finish_reason=e.finish_reason,
                       loss_mask=e.loss_mask, turn_versions=e.turn_versions) for e in eps]
     return RolloutGroup(prompt=state.prompt, prompt_token_ids=eps[0].prompt_ids, samples=samples,
-                        policy_version=first, actor=state.actor, engine=state.engine)
+                        policy_version=first, actor=state.actor, engine=state.engine, rejected=rejected)

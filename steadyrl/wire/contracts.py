@@ -413,6 +413,9 @@ class Episode(BaseModel):
     text: str = Field(default="", description="The last assistant turn's text (scored when done).")
     finish_reason: Literal["stop", "length", "error"] = "stop"
     done: bool = False
+    truncated: Literal["turns", "tokens", "time"] | None = Field(
+        default=None, description="Why a done episode was cut short: max_turns, max_episode_tokens or "
+                                  "episode_timeout_s; None: it ended by itself (or goes on).")
     reward: Finite | None = Field(default=None, description="The environment's reward, when it gave one.")
     env_state: Any = Field(default=None, description="The environment's JSON state (None: rebuilt from messages).")
 
@@ -431,7 +434,8 @@ class EpisodeState(Contract):
     rl.rollouts) in the transaction that commits this one (steadyrl/model/agents.py)."""
 
     SCHEMA_NAME: ClassVar[str] = "episode_state"
-    SCHEMA_VERSION: ClassVar[str] = "1.0"
+    # 1.1: episodes' truncated
+    SCHEMA_VERSION: ClassVar[str] = "1.1"
 
     prompt: Prompt
     turn: Count64 = Field(description="Assistant turns done by every unfinished episode.")
