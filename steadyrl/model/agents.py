@@ -7,16 +7,18 @@ A user writes an environment in one file, in one of two shapes:
   through its chat template (`apply_chat_template(..., tools=...)`), or, for a template without
   tool support (SmolLM2's, the tiny model's), through a system message in the Hermes/Qwen
   `<tools>` style (`tools_system_message`). Its calls are parsed from
-  `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; each result is appended as a
-  `tool` message. An answer without a call ends the episode; the reward is the run's reward
-  function on that final answer.
+  `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; each runs in a pool process
+  (ScoringPool.call: a hang, os._exit or a huge result costs that call) and its result, cut at
+  MAX_TOOL_RESULT_CHARS there, is appended as a `tool` message. An answer without a call ends
+  the episode; the reward is the run's reward function on that final answer.
 - an environment class (`--env my_env.py:Class`, SkyRL-gym / OpenRLHF shape):
   `reset(row) -> messages` and `step(messages) -> (new messages, reward or None, done)`.
 
-Serialization contract: an environment is rebuilt for every step (`Class()`, `reset(row)`,
-then `set_state(state)` if it defines `get_state`/`set_state`) and stepped on the whole
-conversation; one without `get_state` must be a function of the messages (and the row). A
-rollout worker can therefore die between any two turns: the next one rebuilds it.
+Serialization contract: an environment is rebuilt for every step, in a pool process of the
+rollout worker (`env_step`: `Class()`, `reset(row)`, then `set_state(state)` if it defines
+`get_state`/`set_state`) and stepped on the whole conversation; one without `get_state` must
+be a function of the messages (and the row). A rollout worker can therefore die between any
+two turns: the next one rebuilds it.
 
 Token in, token out: the first turn's prompt is tokenized once; later turns continue from the
 stored ids, and only each appended tool/environment message is tokenized (`delta_ids`: the
@@ -151,8 +153,9 @@ class Deadline(TimeoutError):
 
 def within(fn: Callable[[], Any], timeout_s: float, name: str = "user-call") -> Any:
     """`fn()` in a daemon thread, within `timeout_s` seconds: its result, or the exception it
-    raised. Raises Deadline past the time; the thread is abandoned and runs on (process
-    isolation is docs/agents.md's next step)."""
+    raised. Raises Deadline past the time; the thread is abandoned and runs on. For an
+    environment given as an object (EpisodeRunner's `factory`: tests); the rollout worker runs
+    the user's code in its pool processes (ScoringPool.call)."""
     fut: Future[Any] = Future()
 
     def call() -> None:
@@ -175,9 +178,9 @@ def within(fn: Callable[[], Any], timeout_s: float, name: str = "user-call") -> 
 
 
 def run_tool(fn: Callable[..., Any], args: dict[str, Any], timeout_s: float) -> tuple[str, str]:
-    """(result text, outcome: ok | error | timeout) of one call, within `timeout_s` seconds. A
-    call that raises gives its exception as the result; one past the timeout is abandoned (its
-    daemon thread runs on; process isolation is docs/agents.md's next step)."""
+    """(result text, outcome: ok | error | timeout) of one call in a thread of this process,
+    within `timeout_s` seconds (a ToolEnv without a pool: tests). A call that raises gives its
+    exception as the result; one past the timeout is abandoned (its daemon thread runs on)."""
     try:
         out = within(lambda: fn(**args), timeout_s, "tool-call")
     except Deadline:
