@@ -212,6 +212,20 @@ def _dlq_reasons(dlq: list[DLQRecord], prefix: str) -> list[dict[str, Any]]:
     return [{"stage": s, "reason": r, "topic": t, "count": n,
              "example": next(d.error for d in dlq if where(d) == (s, r, t))[:300]}
             for (s, r, t), n in sorted(reasons.items())]
+def samples_extend(group: RolloutGroup, episodes: list[Any], extends: Callable[[Any, Any], bool]) -> bool:
+    """Whether each sample of a finished `group` extends an episode of its last state, in order:
+    one each, or, with truncated episodes dropped (`rollout.agent.truncated: drop`, counted in
+    the group's `rejected` as truncated_*), one each of the episodes left, matched in order."""
+    dropped = sum(n for why, n in group.rejected.items() if why.startswith("truncated_"))
+    if len(group.samples) + dropped != len(episodes):
+        return False
+    k = 0
+    for ep in episodes:   # the samples are the kept episodes, in their order
+        if k < len(group.samples) and extends(group.samples[k], ep):
+            k += 1
+    return k == len(group.samples)
+
+
 def audit_episodes(states: Iterable[EpisodeState], groups: Iterable[RolloutGroup],
                    prompts: Iterable[str]) -> dict[str, Any]:
     """The exactly-once checks of multi-turn episodes (steadyrl/model/agents.py), from the committed
@@ -222,7 +236,8 @@ def audit_episodes(states: Iterable[EpisodeState], groups: Iterable[RolloutGroup
     - `turns_in_order`: a prompt's states are turns 1, 2, ... with none missing;
     - `trajectories_extend_their_states`: each state's episodes extend the previous state's
       (token ids, mask, log-probs and turn versions as a prefix), and each finished sample
-      extends its last state's: no turn is lost, repeated or re-tokenized in a trained
+      extends its last state's (less the truncated episodes a `truncated: drop` worker left out,
+      counted in the group's `rejected`): no turn is lost, repeated or re-tokenized in a trained
       trajectory;
     - `masks_align`: every finished sample has one mask entry per token, one version per turn.
     """
@@ -247,7 +262,7 @@ def audit_episodes(states: Iterable[EpisodeState], groups: Iterable[RolloutGroup
         pairs = list(zip(chain, chain[1:], strict=False))
         ok = all(extends(b, a) for x, y in pairs for a, b in zip(x.episodes, y.episodes, strict=True))
         if pid in last and chain:
-            ok = ok and all(extends(smp, ep) for smp, ep in zip(last[pid].samples, chain[-1].episodes, strict=True))
+            ok = ok and samples_extend(last[pid], chain[-1].episodes, extends)
         if not ok:
             broken.append(pid)
     misaligned = sorted(g.prompt_id for g in groups for smp in g.samples

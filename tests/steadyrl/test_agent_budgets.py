@@ -18,6 +18,7 @@ from steadyrl.model import agents
 from steadyrl.model.models import tiny_tokenizer
 from steadyrl.services.rollout import episodes
 from steadyrl.services.rollout.episodes import AgentSection, EpisodeRunner, make_episode_handler
+from steadyrl.testing.audit import audit_episodes
 from steadyrl.wire.codec import Rejected
 from steadyrl.wire.contracts import DLQReason, Prompt, RolloutGroup
 
@@ -261,10 +262,15 @@ def test_a_dropped_truncated_episode_leaves_the_rest_of_its_group(files):
     runner.client = httpx.Client(transport=httpx.MockTransport(actor))
     runner.a = runner.a.model_copy(update={"max_turns": 2})
     [[o]] = make_episode_handler(runner)([(state, None)])   # turn 1: "7" ends; the call gets its result
-    [[o]] = make_episode_handler(runner)([(o.value, None)])  # turn 2: max_turns
+    turn1 = o.value
+    [[o]] = make_episode_handler(runner)([(turn1, None)])  # turn 2: max_turns
     g = o.value
     assert isinstance(g, RolloutGroup) and len(g.samples) == 1 and g.rejected == {"truncated_turns": 1}
     assert g.samples[0].text == "7"
+    # the audit of episodes matches the sample left to its episode
+    assert audit_episodes([turn1], [g], [g.prompt_id])["ok"]
+    lost = g.model_copy(update={"rejected": {}})   # a sample missing without a reason is a lost episode
+    assert not audit_episodes([turn1], [lost], [g.prompt_id])["checks"]["trajectories_extend_their_states"]
 
 
 def test_an_episode_past_its_wall_clock_budget_ends_with_the_turn_in_flight(files):
