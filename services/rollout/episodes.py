@@ -26,12 +26,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from steadyrl.bus.stage import Output, RetryLater, refusal_reason
 from steadyrl.http import response_detail
-from steadyrl.model import agents
+from steadyrl.model import agent_metrics, agents
 from steadyrl.wire.codec import Rejected
 from steadyrl.wire.contracts import DLQReason, EpisodeState, Prompt
 
@@ -45,8 +45,6 @@ TURNS = Counter("steadyrl_rollout_episode_turns", "Assistant turns of episodes w
                                                   "the finished group); a turn held or refused is not counted")
 EPISODES = Counter("steadyrl_rollout_episodes_finished", "Episodes finished in a state or group written, by how "
                                                          "(done, turns, tokens)", ["how"])
-ENV_SECONDS = Histogram("steadyrl_rollout_env_step_seconds", "Time of one environment/tool step",
-                        buckets=(0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60))
 
 
 class AgentSection(BaseModel):
@@ -131,10 +129,12 @@ class EpisodeRunner:
             env = agents.ToolEnv(tools, a.tool_timeout_s, in_template, a.max_tool_calls, a.tool_turn_timeout_s)
             self.schemas = env.schemas if in_template else None
             self.factory = lambda: env
+            agent_metrics.offered(tools)
         else:
             self.factory = agents.load_env(a.env or "")
         self.turns_of: dict[int, int] = {}        # id(state) -> turns this call, counted once written
-        self.ends_of: dict[int, list[str]] = {}   # id(state) -> how its episodes ended this call
+        self.ends_of: dict[int, list[tuple[str, int, int]]] = {}   # id(state) -> (how, turns, tokens) of its
+        #                                                            episodes ended this call
         self.name = f"environment {a.env}" if a.env else f"tools {a.tools}" if a.tools else "environment"
 
     # ---- turn 0 -----------------------------------------------------------------------
@@ -146,10 +146,13 @@ class EpisodeRunner:
             messages = env.reset(agents.row_of(p))
             return messages, agents.env_state(env)
 
+        t0 = time.perf_counter()
         try:
             messages, state = agents.within(reset, self.a.env_timeout_s, "env-reset")
         except Exception as e:  # noqa: BLE001 - the user's environment: its record goes to rl.dlq
             return self._refused("reset", e)
+        finally:
+            agent_metrics.env_call("reset", time.perf_counter() - t0)
         try:
             return agents.start(p, messages, agents.prompt_ids(self.tok, messages, self.schemas), state)
         except Exception as e:  # noqa: BLE001 - not a list of {role, content} messages the template renders
@@ -206,8 +209,14 @@ class EpisodeRunner:
     def count(self, s: EpisodeState) -> None:
         """Count the turns and ended episodes of `s` in this call: once its output is written."""
         TURNS.inc(self.turns_of.pop(id(s), 0))
-        for how in self.ends_of.pop(id(s), []):
+        for how, turns, tokens in self.ends_of.pop(id(s), []):
             EPISODES.labels(how).inc()
+            agent_metrics.episode_finished(turns, tokens, how)
+
+    def _ended(self, s: EpisodeState, ep: Any, how: str) -> None:
+        """`ep` of `s` ended this call (`how`: done, turns, tokens): counted once `s` is written."""
+        ep.done = True
+        self.ends_of[id(s)].append((how, len(ep.turn_versions), len(ep.prompt_ids) + len(ep.token_ids)))
 
     def _apply(self, states: list[EpisodeState], out: list[EpisodeState | RetryLater | Rejected],
                live: list[tuple[int, int, int]], answer: dict[str, Any] | RetryLater | Rejected) -> None:
@@ -261,8 +270,7 @@ class EpisodeRunner:
         Rejected (handler_error) when the environment raises or takes past `env_timeout_s`."""
         used = len(ep.prompt_ids) + len(ep.token_ids)
         if s.turn >= self.a.max_turns or used >= self.a.max_episode_tokens:
-            ep.done = True
-            self.ends_of[id(s)].append("turns" if s.turn >= self.a.max_turns else "tokens")
+            self._ended(s, ep, "turns" if s.turn >= self.a.max_turns else "tokens")
             return None
         conversation = [agents._msg(m) for m in ep.messages]
 
@@ -277,18 +285,16 @@ class EpisodeRunner:
         except Exception as e:  # noqa: BLE001 - the user's environment: its group goes to rl.dlq
             return self._refused(f"step at turn {s.turn}", e)
         finally:
-            ENV_SECONDS.observe(time.perf_counter() - t0)
+            agent_metrics.env_call("step", time.perf_counter() - t0)
         if reward is not None:
             ep.reward = self._reward(reward, s)
         if done or not new:
-            ep.done = True
-            self.ends_of[id(s)].append("done")
+            self._ended(s, ep, "done")
             return None
         try:
             ids = agents.delta_ids(self.tok, new)
             if used + len(ids) >= self.a.max_episode_tokens:   # no room for another turn
-                ep.done = True
-                self.ends_of[id(s)].append("tokens")
+                self._ended(s, ep, "tokens")
                 return None
             agents.add_observation(ep, new, ids)
         except Exception as e:  # noqa: BLE001 - not a list of {role, content} messages the template renders

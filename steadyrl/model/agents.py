@@ -37,16 +37,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from prometheus_client import Counter
-
+from steadyrl.model import agent_metrics
 from steadyrl.model.rewards import resolve_scorer
 from steadyrl.wire.contracts import ChatMessage, Episode, EpisodeState, Prompt, RolloutGroup, Sample
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 #: Longest tool result kept, characters (more is cut, and says so).
 MAX_TOOL_RESULT_CHARS = 8192
-TOOL_CALLS = Counter("steadyrl_rollout_tool_calls", "Tool calls an answer made, by outcome (ok, error, timeout; "
-                     "over_limit: past max_tool_calls, not run); a turn run again counts again", ["outcome"])
 
 
 class Environment(Protocol):
@@ -211,18 +208,20 @@ class ToolEnv:
         out = []
         deadline = time.monotonic() + self.turn_timeout_s
         for k, c in enumerate(calls):
-            left = deadline - time.monotonic()
+            left, seconds = deadline - time.monotonic(), None
             if k >= self.max_calls:
                 text, outcome = f"error: at most {self.max_calls} tool calls an answer; this one was not run", \
                     "over_limit"
-            elif c.error is not None:
-                text, outcome = c.error, "error"
+            elif c.error is not None:   # the model's call, not the tool: not run
+                text, outcome = c.error, "invalid"
             elif left <= 0:
                 text, outcome = (f"error: this answer's tool calls used their {self.turn_timeout_s:g} s; "
                                  "this one was not run"), "timeout"
             else:
+                t0 = time.perf_counter()
                 text, outcome = run_tool(self.tools[c.name], c.arguments, min(self.timeout_s, left))
-            TOOL_CALLS.labels(outcome).inc()
+                seconds = time.perf_counter() - t0
+            agent_metrics.tool_call(agent_metrics.tool_label(c.name, self.tools), outcome, seconds)
             out.append({"role": "tool", "name": c.name, "content": text})
         return out, None, False
 
