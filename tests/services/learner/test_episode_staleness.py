@@ -125,7 +125,7 @@ def test_each_tokens_ratio_is_against_the_log_prob_stored_for_its_turn():
     # 5 model tokens per row, each -A * ratio = -e^0.1 (inside the 0.2 clip)
     assert loss.item() == pytest.approx(-math.exp(0.1), abs=1e-6)
     assert m["approx_kl"].item() == pytest.approx(-0.1, abs=1e-6)
-    # TIS per token against the stored (rollout) log-probs: e^0.1 on model tokens, 0 on tool tokens
+    # the TIS weight is per token and masked too: tool tokens weigh 0 whatever their log-probs
     w = core.tis_weights(logp, old, mask, cap=2.0)
     assert w[0].tolist() == pytest.approx([math.exp(0.1) if x else 0.0 for x in MASK], abs=1e-6)
 
