@@ -14,9 +14,12 @@ a label per made-up name would grow without bound.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 from prometheus_client import Counter, Histogram
+
+log = logging.getLogger(__name__)
 
 #: Outcomes of a tool call. ok: the tool answered; invalid: the model's call was not JSON, named
 #: no or an unknown tool, or had arguments that do not fit (not run); error: the tool raised;
@@ -66,10 +69,12 @@ def offered(tools: Iterable[str]) -> None:
 
 def tool_call(tool: str, outcome: str, seconds: float | None = None) -> None:
     """Count one tool call of an answer. `tool`: `tool_label(...)`; `outcome`: one of OUTCOMES
-    (ValueError otherwise: a new outcome is added here first); `seconds`: how long it ran, for
-    a call that ran (ok, error, timeout, crash, too_large), None for one that did not."""
+    (a new outcome is added there first: another is counted as `error`, with a warning, rather
+    than cost the episode its turn); `seconds`: how long it ran, for a call that ran (ok, error,
+    timeout, crash, too_large), None for one that did not."""
     if outcome not in OUTCOMES:
-        raise ValueError(f"tool call outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+        log.warning("tool call outcome %r is not one of %s: counted as error", outcome, ", ".join(OUTCOMES))
+        outcome = "error"
     TOOL_CALLS.labels(tool, outcome).inc()
     if seconds is not None:
         TOOL_SECONDS.labels(tool).observe(seconds)

@@ -5,7 +5,6 @@ written. The actor is an httpx.MockTransport (unit level), as in test_agents.py.
 
 from __future__ import annotations
 
-import pytest
 from prometheus_client import REGISTRY
 
 from steadyrl.model import agent_metrics, agents
@@ -50,12 +49,14 @@ def test_tool_calls_count_by_tool_and_outcome_with_the_model_made_names_bounded(
     assert not any(n and n.startswith("made_up") for n in names)
 
 
-def test_offered_tools_start_at_zero_and_an_unknown_outcome_is_refused():
+def test_offered_tools_start_at_zero_and_an_unknown_outcome_counts_as_error_with_a_warning(caplog):
     agent_metrics.offered(["fresh_tool"])
     assert REGISTRY.get_sample_value("steadyrl_rollout_tool_calls_total",
                                      {"tool": "fresh_tool", "outcome": "timeout"}) == 0.0
-    with pytest.raises(ValueError, match="not one of"):
-        agent_metrics.tool_call("fresh_tool", "exploded")
+    agent_metrics.tool_call("fresh_tool", "exploded")
+    assert _v("steadyrl_rollout_tool_calls_total", tool="fresh_tool", outcome="error") == 1
+    assert _v("steadyrl_rollout_tool_calls_total", tool="fresh_tool", outcome="exploded") == 0
+    assert "'exploded' is not one of" in caplog.text
     assert agent_metrics.tool_label("", ["a"]) == "unknown" and agent_metrics.tool_label("a", ["a"]) == "a"
 
 
