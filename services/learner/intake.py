@@ -372,12 +372,15 @@ class Intake:
 
     def drop_stale(self) -> None:
         """Groups older than max_staleness allows, or newer than this learner (made by weights a
-        crash threw away): out of the buffer, their prompts published again (same seed if newer)."""
+        crash threw away): out of the buffer, their prompts published again (same seed if newer).
+        An episode's turns may span versions: the bound counts from its oldest turn (its first),
+        and any turn newer than this learner makes the group newer."""
         st = self.st
         oldest = st.step - self.lc.max_staleness
         for pid, r in list(self.ready.items()):
-            v = r.group.group.policy_version
-            if oldest <= v <= st.step or (v < oldest and st.in_flight[pid].released):
+            g = r.group.group
+            v, newest = g.oldest_version, g.newest_version
+            if newest <= st.step and (oldest <= v or st.in_flight[pid].released):
                 continue
             stale = v < oldest
             del self.ready[pid]

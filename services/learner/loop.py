@@ -100,9 +100,11 @@ def trainer_groups(groups: list[ScoredGroup], step: int, cache_scored_weight: fl
     server down) weighs `cache_scored_weight` in the loss. Every group brings the actor's
     log-probs and engine: the train/inference mismatch metrics, and TIS where
     learner.train.rollout_is says so (auto: vLLM groups). A multi-turn group's loss masks keep
-    its tool and environment tokens out of the loss (docs/agents.md)."""
+    its tool and environment tokens out of the loss (docs/agents.md); it is stale when any turn
+    is (`oldest_version`), and then each token's ratio is against the log-prob stored when its
+    turn was sampled, whichever version that was."""
     return [Group(sg.group.prompt_token_ids, [s.token_ids for s in sg.group.samples], sg.rewards,
-                  [s.logprobs for s in sg.group.samples] if sg.group.policy_version < step else None,
+                  [s.logprobs for s in sg.group.samples] if sg.group.oldest_version < step else None,
                   weight=cache_scored_weight if sg.reward_source.value == "cache" else 1.0,
                   rollout_logprobs=[s.logprobs for s in sg.group.samples], engine=sg.group.engine,
                   loss_masks=[s.loss_mask for s in sg.group.samples])

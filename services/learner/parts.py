@@ -93,7 +93,7 @@ def history_row(step: int, metrics: dict[str, float], groups: list[ScoredGroup],
     return {"step": step, "reward_mean": metrics["critic/score/mean"], "reward_std": metrics["critic/score/std"],
             "tokens": tokens, "total_tokens": total, "seconds": round(seconds, 3),
             "tokens_per_s": tokens / max(seconds, 1e-9),
-            "policy_versions": sorted({sg.group.policy_version for sg in groups}),
+            "policy_versions": sorted({sg.group.oldest_version for sg in groups}),   # an episode: its first turn's
             "cache_scored": sum(1 for sg in groups if sg.reward_source.value == "cache"),
             "time": round(time.time(), 3),
             **{k: v for k, v in metrics.items() if k in EXPORTED or k in TRACKED or k.startswith("timing_s/")},

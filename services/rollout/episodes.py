@@ -39,12 +39,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from steadyrl.bus.stage import Output, RetryLater, refusal_reason
 from steadyrl.http import response_detail
-from steadyrl.model import agents
+from steadyrl.model import agent_metrics, agents
 from steadyrl.model.scorepool import Call, CallResult, ScoringPool, absolute_spec
 from steadyrl.wire.codec import Rejected
 from steadyrl.wire.contracts import DLQReason, EpisodeState, Prompt, now_ms
@@ -62,8 +62,6 @@ EPISODES = Counter("steadyrl_rollout_episodes_finished", "Episodes finished in a
 DROPPED = Counter("steadyrl_rollout_episodes_dropped", "Truncated episodes left out of their group "
                                                        "(rollout.agent.truncated: drop), by how (turns, tokens, "
                                                        "time)", ["how"])
-ENV_SECONDS = Histogram("steadyrl_rollout_env_step_seconds", "Time of one environment/tool step",
-                        buckets=(0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60))
 
 
 class AgentSection(BaseModel):
@@ -171,12 +169,14 @@ class EpisodeRunner:
                                  pool=self.pool, specs=agents.tool_specs(a.tools))
             self.schemas = env.schemas if in_template else None
             self.factory = lambda: env
+            agent_metrics.offered(tools)
         else:
             agents.load_env(a.env or "")   # found, with reset and step (AgentSection checked it too)
             self.env_spec = absolute_spec(a.env or "")
             self.pool = a.pool()
         self.turns_of: dict[int, int] = {}        # id(state) -> turns this call, counted once written
-        self.ends_of: dict[int, list[str]] = {}   # id(state) -> how its episodes ended this call
+        self.ends_of: dict[int, list[tuple[str, int, int]]] = {}   # id(state) -> (how, turns, tokens) of its
+        #                                                            episodes ended this call
         self.name = f"environment {a.env}" if a.env else f"tools {a.tools}" if a.tools else "environment"
 
     def close(self) -> None:
@@ -205,6 +205,7 @@ class EpisodeRunner:
             messages = env.reset(agents.row_of(p))
             return messages, agents.env_state(env)
 
+        t0 = time.perf_counter()
         try:
             if self.env_spec is not None:
                 answer = self._in_pool("env_reset", {"row": agents.row_of(p)})
@@ -213,6 +214,8 @@ class EpisodeRunner:
                 messages, state = agents.within(reset, self.a.env_timeout_s, "env-reset")
         except Exception as e:  # noqa: BLE001 - the user's environment: its record goes to rl.dlq
             return self._refused("reset", e)
+        finally:
+            agent_metrics.env_call("reset", time.perf_counter() - t0)
         try:
             return agents.start(p, messages, agents.prompt_ids(self.tok, messages, self.schemas), state)
         except Exception as e:  # noqa: BLE001 - not a list of {role, content} messages the template renders
@@ -270,8 +273,17 @@ class EpisodeRunner:
     def count(self, s: EpisodeState) -> None:
         """Count the turns and ended episodes of `s` in this call: once its output is written."""
         TURNS.inc(self.turns_of.pop(id(s), 0))
-        for how in self.ends_of.pop(id(s), []):
+        for how, turns, tokens in self.ends_of.pop(id(s), []):
             EPISODES.labels(how).inc()
+            agent_metrics.episode_finished(turns, tokens, how)
+
+    def _ended(self, s: EpisodeState, ep: Any, how: str) -> None:
+        """`ep` of `s` ended this call (`how`: done, or truncated by turns, tokens, time): counted
+        once `s` is written."""
+        ep.done = True
+        if how != "done":
+            ep.truncated = how
+        self.ends_of[id(s)].append((how, len(ep.turn_versions), len(ep.prompt_ids) + len(ep.token_ids)))
 
     def _apply(self, states: list[EpisodeState], out: list[EpisodeState | RetryLater | Rejected],
                live: list[tuple[int, int, int]], answer: dict[str, Any] | RetryLater | Rejected) -> None:
@@ -325,7 +337,7 @@ class EpisodeRunner:
         Rejected (handler_error) when the environment raises or takes past `env_timeout_s`."""
         used = len(ep.prompt_ids) + len(ep.token_ids)
         if s.turn >= self.a.max_turns or used >= self.a.max_episode_tokens or self._past_time(s):
-            self._end(s, ep, "turns" if s.turn >= self.a.max_turns else
+            self._ended(s, ep, "turns" if s.turn >= self.a.max_turns else
                       "tokens" if used >= self.a.max_episode_tokens else "time")
             return None
         conversation = [agents._msg(m) for m in ep.messages]
@@ -351,17 +363,16 @@ class EpisodeRunner:
         except Exception as e:  # noqa: BLE001 - the user's environment: its group goes to rl.dlq
             return self._refused(f"step at turn {s.turn}", e)
         finally:
-            ENV_SECONDS.observe(time.perf_counter() - t0)
+            agent_metrics.env_call("step", time.perf_counter() - t0)
         if reward is not None:
             ep.reward = self._reward(reward, s)
         if done or not new:
-            ep.done = True
-            self.ends_of[id(s)].append("done")
+            self._ended(s, ep, "done")
             return None
         try:
             ids = agents.delta_ids(self.tok, new)
             if used + len(ids) >= self.a.max_episode_tokens:   # no room for another turn
-                self._end(s, ep, "tokens")
+                self._ended(s, ep, "tokens")
                 return None
             agents.add_observation(ep, new, ids)
         except Exception as e:  # noqa: BLE001 - not a list of {role, content} messages the template renders
@@ -372,11 +383,6 @@ class EpisodeRunner:
     def _past_time(self, s: EpisodeState) -> bool:
         """Whether `s`'s episodes have used their wall-clock budget (from the group's start)."""
         return now_ms() - s.started_ms >= self.a.episode_timeout_s * 1000
-
-    def _end(self, s: EpisodeState, ep: Any, how: str) -> None:
-        """End `ep` as truncated by `how` (turns, tokens, time)."""
-        ep.done, ep.truncated = True, how
-        self.ends_of[id(s)].append(how)
 
     def group(self, s: EpisodeState) -> list[Output] | Rejected:
         """The finished group of `s` to rl.rollouts, less its truncated episodes with

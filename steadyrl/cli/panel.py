@@ -4,7 +4,8 @@ services' scrolling lines.
 What it shows (`PanelState`, drawn by the pure `render`): the step against the total with an
 ETA, the last batch's reward, the phase (during an evaluation, which one and the splits done so
 far), the last evaluation accuracy per split, the circuit breaker each reward worker keeps
-on its calls to the reward server (`steadyrl_reward_breaker_state`), the DLQ count, and the restarts ("2 crashes
+on its calls to the reward server (`steadyrl_reward_breaker_state`), in a multi-turn run the
+episodes' turns and tool calls by outcome (the rollout workers' `/metrics`), the DLQ count, and the restarts ("2 crashes
 absorbed") beside the run's counts (`Counts.line()`, as the SUMMARY prints them). The figures
 come through steadyrl.run.runview, as `steadyrl status` reads them.
 
@@ -91,6 +92,50 @@ class PanelState:
     counts: str = ""                          # Counts.line() of the run
     checkpoint: str | None = None
     log_dir: str = ""
+    agents: AgentFigures | None = None        # multi-turn runs only: the rollout workers' episodes
+
+
+@dataclass
+class AgentFigures:
+    """A multi-turn run's episodes so far, summed over the rollout workers (`agent_figures`)."""
+
+    episodes: int = 0                                                  # finished and written
+    turns: float = 0.0                                                 # their assistant turns in all
+    truncated: dict[str, int] = field(default_factory=dict)            # reason -> episodes
+    tools: dict[str, dict[str, int]] = field(default_factory=dict)     # tool -> outcome -> calls
+
+
+def agent_figures(scrapes: list[runview.Metrics]) -> AgentFigures | None:
+    """The episode metrics of the rollout workers' `/metrics` (steadyrl/model/agent_metrics.py),
+    summed; None while no episode finished and no tool was called (a one-turn run: the panel
+    stays as it is)."""
+    fig = AgentFigures()
+    for metrics in scrapes:
+        for (name, labels), v in metrics.items():
+            lab = dict(labels)
+            if name == "steadyrl_rollout_turns_per_episode_count":
+                fig.episodes += int(v)
+            elif name == "steadyrl_rollout_turns_per_episode_sum":
+                fig.turns += v
+            elif name == "steadyrl_rollout_episodes_truncated_total" and v:
+                fig.truncated[lab["reason"]] = fig.truncated.get(lab["reason"], 0) + int(v)
+            elif name == "steadyrl_rollout_tool_calls_total" and v:
+                calls = fig.tools.setdefault(lab["tool"], {})
+                calls[lab["outcome"]] = calls.get(lab["outcome"], 0) + int(v)
+    return fig if fig.episodes or fig.tools else None
+
+
+def _agents(a: AgentFigures) -> Text:
+    mean = f"{a.turns / a.episodes:.1f}" if a.episodes else "-"
+    text = Text(f"{a.episodes} episodes, {mean} turns/episode")
+    if a.truncated:
+        text.append(" (truncated: " + ", ".join(f"{why} {n}" for why, n in sorted(a.truncated.items())) + ")",
+                    style="yellow")
+    for tool, calls in sorted(a.tools.items()):
+        bad = sum(n for outcome, n in calls.items() if outcome not in ("ok", "invalid", "over_limit"))
+        text.append(f"; {tool}: " + ", ".join(f"{outcome} {n}" for outcome, n in sorted(
+            calls.items(), key=lambda kv: (kv[0] != "ok", kv[0]))), style="yellow" if bad else "")
+    return text
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
@@ -152,6 +197,8 @@ def render(s: PanelState) -> RenderableType:
     evals = Text(", ".join(f"{name} " + " -> ".join(f"{when} {acc:.3f}" for when, acc in sorted(ev.items(),
                            key=lambda kv: kv[0] != "before")) for name, ev in s.evals.items()) or "none yet")
     grid.add_row("accuracy", evals)
+    if s.agents is not None:
+        grid.add_row("agents", _agents(s.agents))
     grid.add_row("breaker", Text.assemble(_breaker(s), ("  (reward workers -> reward server)", "dim")))
     grid.add_row("DLQ", Text(str(s.dlq), style="yellow" if s.dlq else ""))
     grid.add_row("restarts", _restarts(s))
@@ -224,11 +271,14 @@ class LivePanel:
         learner_url: the learner's HTTP address.
         reward_urls: reward worker instance -> HTTP address (their breaker state).
         restarts: instance -> restarts so far (the supervisor's children, the broker watch).
+        rollout_urls: rollout worker instance -> HTTP address (a multi-turn run's episodes).
     """
 
     def __init__(self, state_dir: Path, learner_url: str, reward_urls: dict[str, str],
-                 restarts: Callable[[], dict[str, int]], console: Console | None = None, poll_s: float = 2.0) -> None:
+                 restarts: Callable[[], dict[str, int]], console: Console | None = None, poll_s: float = 2.0,
+                 rollout_urls: dict[str, str] | None = None) -> None:
         self.state_dir, self.learner_url, self.reward_urls = Path(state_dir), learner_url, reward_urls
+        self.rollout_urls = rollout_urls or {}
         self.restarts, self.poll_s = restarts, poll_s
         self.console = console or Console()
         self.out = cast(TextIO, _Lines(self.line))   # what the Supervisor writes to: write() and flush()
@@ -274,6 +324,7 @@ class LivePanel:
                   if metric == "steadyrl_reward_breaker_state" and v == 1]
             if on:
                 breaker[name] = on[0]
+        agents = agent_figures([runview.fetch_metrics(url, http) for url in self.rollout_urls.values()])
         # this start's run: the one the learner names (before it answers, CURRENT may still name
         # the last run of this state dir); while it does not answer (a restart), the one it named
         run_id = live.get("run_id") or self.state.run_id
@@ -302,7 +353,8 @@ class LivePanel:
                 tokens_per_s=live.get("tokens_per_s"), evals=evals, breaker=breaker,
                 evaluating=live.get("eval") if isinstance(live.get("eval"), dict) else None,
                 dlq=run.counts[Count.dlq] if run else 0, abandoned=run.counts[Count.abandoned] if run else 0,
-                counts=run.counts.line() if run else "", checkpoint=run.checkpoint if run else None)
+                counts=run.counts.line() if run else "", checkpoint=run.checkpoint if run else None,
+                agents=agents or self.state.agents)   # a worker not answering (a restart): the last known
 
     def snapshot(self) -> PanelState:
         """`state` with the clocks of now."""

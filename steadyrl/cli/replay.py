@@ -1,4 +1,5 @@
-"""`steadyrl replay`: reward shift over a time range of a scored topic (steadyrl.replay, docs/replay.md)."""
+"""`steadyrl replay`: reward shift over a time range of a scored topic, or the turns of the
+episodes on rl.episodes (steadyrl.replay, docs/replay.md)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from steadyrl import replay as rp  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
     t_from, t_to = _time_range(args)
+    if args.topic == "rl.episodes":
+        return _episodes(args, t_from, t_to)
+    if args.prompt is not None:
+        raise CliError("--prompt reads one group's episodes: give it with --topic rl.episodes", 2)
     if args.top < 0:
         raise CliError(f"--top {args.top}: give 0 or more", 2)
     scorer = _rescorer(args.rescore) if args.rescore else None
@@ -67,6 +72,41 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"report: {args.json}")
     if args.to_topic:
         _republish(args, bootstrap, topic, window, rescored)
+    return 0
+
+
+def _episodes(args: argparse.Namespace, t_from: int, t_to: int) -> int:
+    """`--topic rl.episodes`: each group's turns in order, with the finished groups' last answers
+    and rewards from rl.scored (steadyrl/replay/episodes.py). Exit 2 for an option that reads
+    scored groups only, 1 when the topic cannot be read or the window holds no episode."""
+    from confluent_kafka import KafkaException  # lazy: entry point (a command), keeps `steadyrl --help` fast
+
+    from steadyrl.replay.episodes import format_episodes, read_episodes  # lazy, as above
+
+    for flag, given in (("--rescore", args.rescore), ("--to-topic", args.to_topic), ("--png", args.png)):
+        if given:
+            raise CliError(f"{flag} works on scored groups; rl.episodes holds episode states (give --topic "
+                           "rl.scored)", 2)
+    bootstrap = _bootstrap(args) or LOCAL_BOOTSTRAP
+    _require_broker(bootstrap)
+    topic = f"{args.prefix}{args.topic}"
+    try:
+        eps = read_episodes(bootstrap, topic, t_from, t_to, prompt_id=args.prompt,
+                            scored_topic=f"{args.prefix}rl.scored", timeout_s=args.timeout)
+    except (RuntimeError, KafkaException) as e:
+        raise CliError(f"--topic {topic}: {e}", 1) from None
+    print(format_episodes(eps))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(
+            {pid: [{"partition": r.partition, "offset": r.offset, "timestamp_ms": r.timestamp_ms,
+                    "state": r.state.model_dump(mode="json")} for r in states]
+             for pid, states in eps.groups.items()}, indent=2) + "\n")
+        print(f"episodes: {args.json}")
+    if not eps.groups:
+        print(f"no episode states on {topic} between {args.t_from} and {args.t_to}"
+              + (f" for prompt {args.prompt}" if args.prompt else ""), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -127,8 +167,10 @@ def _republish(args: argparse.Namespace, bootstrap: str, topic: str, window: Win
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp = sub.add_parser("replay", help="read a time range of a scored topic, optionally re-score it, and report "
-                                       "the reward shift (KS, mean/std, largest changes) with a PNG")
-    sp.add_argument("--topic", default="rl.scored", help="scored topic to read (prefix applied)")
+                                       "the reward shift (KS, mean/std, largest changes) with a PNG; or read "
+                                       "rl.episodes: each agent episode's turns in order")
+    sp.add_argument("--topic", default="rl.scored", help="scored topic to read (prefix applied); rl.episodes: the "
+                                                         "episodes' turns in order")
     sp.add_argument("--from", dest="t_from", required=True, metavar="T1",
                     help="window start, inclusive: ISO-8601 (UTC when no zone), unix seconds, -30m / -2h, now")
     sp.add_argument("--to", dest="t_to", default="now", metavar="T2", help="window end, inclusive (default now)")
@@ -137,6 +179,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                                                       "(without it: the window's first half vs its second half)")
     sp.add_argument("--to-topic", metavar="T", help="re-publish the (re-scored) groups to this topic (prefix "
                                                     "applied; created like rl.scored if missing), in one transaction")
+    sp.add_argument("--prompt", metavar="PROMPT_ID", help="with --topic rl.episodes: only this group's episodes")
     sp.add_argument("--top", type=int, default=10, help="largest per-sample changes to list (with --rescore)")
     sp.add_argument("--png", help="histogram path (default .steadyrl/replay/<topic>_<from>_<to>.png)")
     sp.add_argument("--json", help="also write the report as JSON here")

@@ -296,7 +296,9 @@ def _panel(args: argparse.Namespace, state: Path, learner_url: str, scale: dict[
         return None
     rewards = {f"reward-{i}": f"http://127.0.0.1:{SERVICE_PORTS['reward'] + args.port_offset + i}"
                for i in range(scale.get("reward", 1))}
-    return panel.LivePanel(state, learner_url, rewards, restarts)
+    rollouts = {f"rollout-{i}": f"http://127.0.0.1:{SERVICE_PORTS['rollout'] + args.port_offset + i}"
+                for i in range(scale.get("rollout", 1))}   # episodes' figures: shown once a run has any
+    return panel.LivePanel(state, learner_url, rewards, restarts, rollout_urls=rollouts)
 
 
 def _service_flags(port_offset: int, state: Path) -> dict[str, list[str]]:

@@ -41,8 +41,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from prometheus_client import Counter
-
+from steadyrl.model import agent_metrics
 from steadyrl.model.rewards import resolve_scorer
 from steadyrl.model.scorepool import Call, ScoringPool
 from steadyrl.wire.contracts import ChatMessage, Episode, EpisodeState, Prompt, RolloutGroup, Sample
@@ -53,10 +52,6 @@ MAX_TOOL_RESULT_CHARS = 8192
 #: Longest an environment's reset or step answer may be (its messages, reward, done and state as
 #: JSON), characters: more sends the group to rl.dlq (the answer is never read whole here).
 MAX_ENV_RESULT_CHARS = 2**20
-TOOL_CALLS = Counter("steadyrl_rollout_tool_calls", "Tool calls an answer made, by outcome (ok; cut: its result "
-                     "was longer than MAX_TOOL_RESULT_CHARS and was cut; error: bad call or arguments, or it "
-                     "raised; timeout; crash: it ended its process; over_limit: past max_tool_calls, not run); "
-                     "a turn run again counts again", ["outcome"])
 
 
 class Environment(Protocol):
@@ -237,20 +232,21 @@ class ToolEnv:
         out = []
         deadline = time.monotonic() + self.turn_timeout_s
         for k, c in enumerate(calls):
-            left = deadline - time.monotonic()
+            left, seconds = deadline - time.monotonic(), None
             if k >= self.max_calls:
                 text, outcome = f"error: at most {self.max_calls} tool calls an answer; this one was not run", \
                     "over_limit"
-            elif c.error is not None:
-                text, outcome = c.error, "error"
+            elif c.error is not None:   # the model's call, not the tool: not run
+                text, outcome = c.error, "invalid"
             elif left <= 0:
                 text, outcome = (f"error: this answer's tool calls used their {self.turn_timeout_s:g} s; "
                                  "this one was not run"), "timeout"
-            elif self.pool is not None:
-                text, outcome = self._in_pool(c, min(self.timeout_s, left), deadline)
             else:
-                text, outcome = run_tool(self.tools[c.name], c.arguments, min(self.timeout_s, left))
-            TOOL_CALLS.labels(outcome).inc()
+                t0 = time.perf_counter()
+                text, outcome = (self._in_pool(c, min(self.timeout_s, left), deadline) if self.pool is not None
+                                 else run_tool(self.tools[c.name], c.arguments, min(self.timeout_s, left)))
+                seconds = time.perf_counter() - t0
+            agent_metrics.tool_call(agent_metrics.tool_label(c.name, self.tools), outcome, seconds)
             out.append({"role": "tool", "name": c.name, "content": text})
         return out, None, False
 

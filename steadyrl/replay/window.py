@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from steadyrl.bus.kafka import read_ranges, reader_config, retrying
 from steadyrl.wire import codec
-from steadyrl.wire.contracts import ScoredGroup
+from steadyrl.wire.contracts import Contract, ScoredGroup
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -109,12 +109,33 @@ def read_range(bootstrap: str, topic: str, t_from_ms: int, t_to_ms: int, timeout
         RuntimeError: the topic does not exist, or the range was not read within timeout_s.
         ValueError: t_from_ms > t_to_ms.
     """
+    read = read_contracts(bootstrap, topic, t_from_ms, t_to_ms, ScoredGroup, timeout_s)
+    records = [Record(part, off, ts, cast(ScoredGroup, g)) for part, off, ts, g in read.records]
+    return Window(topic, t_from_ms, t_to_ms, records, read.ranges, read.undecodable, read.outside)
+
+
+@dataclass
+class Read:
+    """What `read_contracts` read: (partition, offset, timestamp_ms, record) in time order."""
+
+    records: list[tuple[int, int, int, Contract]]
+    ranges: dict[int, tuple[int, int]]
+    undecodable: dict[str, int]
+    outside: int
+
+
+def read_contracts(bootstrap: str, topic: str, t_from_ms: int, t_to_ms: int, contract: type[Contract],
+                   timeout_s: float = 30.0) -> Read:
+    """Every committed record of `topic` that decodes as `contract`, timestamp in [t_from_ms,
+    t_to_ms]: `read_range`'s reading for any contract (rl.episodes' EpisodeState, say). Raises
+    as `read_range`."""
     if t_from_ms > t_to_ms:
         raise ValueError(f"window starts ({format_ms(t_from_ms)}) after it ends ({format_ms(t_to_ms)})")
     c = Consumer(reader_config(bootstrap, "replay-cli"))
-    records: list[Record] = []
+    records: list[tuple[int, int, int, Contract]] = []
     undecodable: dict[str, int] = {}
     outside = 0
+    ranges: dict[int, tuple[int, int]] = {}
     try:
         md = c.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if md is None or md.error is not None:
@@ -122,7 +143,6 @@ def read_range(bootstrap: str, topic: str, t_from_ms: int, t_to_ms: int, timeout
         parts = sorted(md.partitions)
         starts = retrying(c.offsets_for_times, [TopicPartition(topic, p, t_from_ms) for p in parts], timeout_s)
         ends = retrying(c.offsets_for_times, [TopicPartition(topic, p, t_to_ms + 1) for p in parts], timeout_s)
-        ranges: dict[int, tuple[int, int]] = {}
         for s, e in zip(starts, ends, strict=True):
             if s.error or e.error:
                 raise RuntimeError(f"{topic} [{s.partition}]: offsets_for_times failed: {s.error or e.error}")
@@ -137,13 +157,13 @@ def read_range(bootstrap: str, topic: str, t_from_ms: int, t_to_ms: int, timeout
                 outside += 1
                 continue
             try:
-                g = codec.decode(m.value(), m.headers(), ScoredGroup)
+                g = codec.decode(m.value(), m.headers(), contract)
             except codec.Rejected as rej:
                 undecodable[rej.reason.value] = undecodable.get(rej.reason.value, 0) + 1
                 continue
             # read_ranges yields only messages of its ranges: partition and offset are set
-            records.append(Record(cast(int, m.partition()), cast(int, m.offset()), ts, g))
+            records.append((cast(int, m.partition()), cast(int, m.offset()), ts, g))
     finally:
         c.close()
-    records.sort(key=lambda r: (r.timestamp_ms, r.partition, r.offset))
-    return Window(topic, t_from_ms, t_to_ms, records, ranges, undecodable, outside)
+    records.sort(key=lambda r: (r[2], r[0], r[1]))
+    return Read(records, ranges, undecodable, outside)

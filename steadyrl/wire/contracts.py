@@ -219,6 +219,19 @@ class RolloutGroup(Contract):
     def prompt_id(self) -> str:
         return self.prompt.prompt_id
 
+    @property
+    def oldest_version(self) -> int:
+        """The oldest policy version that sampled any of the group's tokens: `policy_version`, or
+        an episode's earlier turn (`Sample.turn_versions`). The learner's staleness bound counts
+        from it (docs/agents.md)."""
+        return min([self.policy_version, *(v for s in self.samples for v in s.turn_versions or ())])
+
+    @property
+    def newest_version(self) -> int:
+        """The newest policy version that sampled any of the group's tokens (an episode's last
+        turn, or `policy_version`): above the learner's step, weights a crash threw away."""
+        return max([self.policy_version, *(v for s in self.samples for v in s.turn_versions or ())])
+
     def prompt_text(self) -> str:
         """The text the group's prompt is matched and scored on: its last user message."""
         users = [m.content for m in self.prompt.messages if m.role == "user"]

@@ -41,6 +41,15 @@ RUN_HEALTH = {
     "service restarts": {"process_start_time_seconds"},
     "firing alerts": {"ALERTS"},
 }
+#: The "Agents" row (issue 48): a view -> the metrics its queries must use (histograms by base name).
+AGENTS = {
+    "turns per episode": {"steadyrl_rollout_turns_per_episode_bucket"},
+    "tool calls by tool and outcome": {"steadyrl_rollout_tool_calls_total"},
+    "truncated": {"steadyrl_rollout_episodes_truncated_total", "steadyrl_rollout_episodes_finished_total"},
+    "tool latency": {"steadyrl_rollout_tool_call_seconds_bucket"},
+    "environment latency": {"steadyrl_rollout_env_step_seconds_bucket"},
+    "episode tokens": {"steadyrl_rollout_episode_tokens_bucket"},
+}
 #: The learner's figures (issue 38): a view -> the steadyrl_learner_train{metric=...} it shows.
 LEARNER_VIEWS = {"actor/pg_loss": {"actor/pg_loss"}, "actor/grad_norm": {"actor/grad_norm"},
                  "response length": {"response_length/mean"}, "actor/lr": {"actor/lr"},
@@ -149,6 +158,16 @@ def test_run_health_is_the_top_row_with_each_view():
         shown = view_panels(row, view)
         assert shown, f"no {view!r} panel in the Run health row"
         assert need <= used_metrics(shown), (view, sorted(need - used_metrics(shown)))
+
+
+def test_the_agents_row_shows_turns_tool_outcomes_latencies_tokens_and_truncation():
+    row = rows(dashboards()["steadyrl.json"])["Agents"]
+    for view, need in AGENTS.items():
+        shown = view_panels(row, view)
+        assert shown, f"no {view!r} panel in the Agents row"
+        assert need <= used_metrics(shown), (view, sorted(need - used_metrics(shown)))
+    (tools,) = view_panels(row, "tool calls by tool and outcome")
+    assert "by (tool, outcome)" in tools["targets"][0]["expr"]
 
 
 def test_the_learners_figures_each_have_a_panel():

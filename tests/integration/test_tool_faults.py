@@ -78,8 +78,9 @@ def test_tools_that_hang_exit_return_10_mb_or_raise_cost_their_calls_and_every_e
                 assert die.startswith("error: the tool crashed: crashed its process (exited with code 7)")
                 assert len(huge) < MAX_TOOL_RESULT_CHARS + 100 and huge.endswith("characters cut]")
                 assert boom == "error: RuntimeError: tool broke"
-        counted = {o: worker.metric("steadyrl_rollout_tool_calls_total", {"outcome": o})
-                   for o in ("ok", "timeout", "crash", "cut", "error")}
+        counted = {o: worker.metric("steadyrl_rollout_tool_calls_total", {"tool": t, "outcome": o})
+                   for t, o in (("ok", "ok"), ("hang", "timeout"), ("die", "crash"), ("huge", "cut"),
+                                ("boom", "error"))}
         assert counted == dict.fromkeys(counted, 2.0 * N)
         assert worker.metric("steadyrl_rollout_episodes_finished_total", {"how": "turns"}) == 2.0 * N
         assert read_all(bootstrap, f"{prefix}rl.dlq", expect=0, timeout_s=3, settle_s=0.5) == []

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from steadyrl.model import agents
+from steadyrl.model import agent_metrics, agents
 from steadyrl.model.models import tiny_tokenizer
 from steadyrl.services.rollout import episodes
 from steadyrl.services.rollout.episodes import AgentSection, EpisodeRunner, make_episode_handler
@@ -159,8 +159,8 @@ def _call(name: str) -> str:
 
 
 def test_tools_that_hang_exit_return_10_mb_or_raise_cost_their_call_only(files):
-    outcomes = ("ok", "timeout", "crash", "cut", "error")
-    before = {o: _count(agents.TOOL_CALLS, o) for o in outcomes}
+    outcomes = {"ok": "ok", "hang": "timeout", "die": "crash", "huge": "cut", "boom": "error"}   # tool: outcome
+    before = {o: _count(agent_metrics.TOOL_CALLS, t, o) for t, o in outcomes.items()}
     text = _call("ok") + _call("hang") + _call("die") + _call("huge") + _call("boom")
     runner = files(text, tools="tools.py:ok,hang,die,huge,boom", tool_timeout_s=1.0, max_tool_calls=5,
                    tool_turn_timeout_s=8.0, env_timeout_s=10.0, max_turns=3, max_episode_tokens=100_000)
@@ -178,8 +178,8 @@ def test_tools_that_hang_exit_return_10_mb_or_raise_cost_their_call_only(files):
     assert results[3][0] == "huge" and len(results[3][1]) < agents.MAX_TOOL_RESULT_CHARS + 100
     assert results[3][1].endswith(f"[... {10 * 2**20 - agents.MAX_TOOL_RESULT_CHARS} characters cut]")
     assert results[4] == ("boom", "error: RuntimeError: tool broke")
-    after = {o: _count(agents.TOOL_CALLS, o) for o in outcomes}
-    assert {o: after[o] - before[o] for o in outcomes} == dict.fromkeys(outcomes, 1)
+    after = {o: _count(agent_metrics.TOOL_CALLS, t, o) for t, o in outcomes.items()}
+    assert {o: after[o] - before[o] for o in outcomes.values()} == dict.fromkeys(outcomes.values(), 1)
     assert pool.restarts == {"scorer_timeout": 1, "scorer_crash": 1}
     # the next turn runs its calls in fresh processes: the worker goes on
     [[o2]] = make_episode_handler(runner)([(o.value, None)])

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from steadyrl.model import agents
+from steadyrl.model import agent_metrics, agents
 from steadyrl.model.models import tiny_tokenizer
 from steadyrl.services.rollout.episodes import AgentSection, EpisodeRunner, make_episode_handler
 from steadyrl.wire.codec import Rejected
@@ -326,7 +326,10 @@ def test_an_actor_refusal_of_one_group_does_not_dead_letter_the_groups_batched_w
 def test_an_answer_runs_at_most_max_tool_calls_within_one_shared_deadline():
     """Regression: every <tool_call> of an answer ran, one after another, each up to
     tool_timeout_s: an answer of 50 sleeping calls held the worker 50 x tool_timeout_s."""
-    before = {o: agents.TOOL_CALLS.labels(o)._value.get() for o in ("ok", "timeout", "over_limit")}
+    def counted(tool, outcome):
+        return agent_metrics.TOOL_CALLS.labels(tool, outcome)._value.get()
+
+    before = {k: counted(*k) for k in (("add", "ok"), ("sleepy", "timeout"), ("sleepy", "over_limit"))}
     env = agents.ToolEnv({"add": add, "sleepy": sleepy}, timeout_s=0.3, max_calls=4, turn_timeout_s=0.5)
     call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>'
     nap = '<tool_call>{"name": "sleepy", "arguments": {"seconds": 5}}</tool_call>'
@@ -339,8 +342,8 @@ def test_an_answer_runs_at_most_max_tool_calls_within_one_shared_deadline():
     assert new[2]["content"].startswith("error: the tool did not answer within 0.")   # what was left: 0.2 s
     assert new[3]["content"] == "error: this answer's tool calls used their 0.5 s; this one was not run"
     assert {m["content"] for m in new[4:]} == {"error: at most 4 tool calls an answer; this one was not run"}
-    after = {o: agents.TOOL_CALLS.labels(o)._value.get() for o in before}
-    assert {o: after[o] - before[o] for o in before} == {"ok": 1, "timeout": 3, "over_limit": 50}
+    after = {k: counted(*k) for k in before}
+    assert [after[k] - before[k] for k in before] == [1, 3, 50]
 
 
 def test_tool_turn_timeout_must_be_below_env_timeout(tmp_path, monkeypatch):

@@ -116,3 +116,90 @@ def test_an_error_shows_whole_a_warning_is_cut():
     assert shown("learner-0", {"level": "ERROR", "msg": msg}).plain.endswith("what to do")
     cut = shown("learner-0", {"level": "WARNING", "msg": msg}).plain
     assert cut.endswith("...") and len(cut) < 280
+
+
+def _scrape(text: str):
+    from steadyrl.run.runview import parse_metrics
+
+    return parse_metrics(text)
+
+
+ROLLOUT_0 = """\
+# TYPE steadyrl_rollout_turns_per_episode histogram
+steadyrl_rollout_turns_per_episode_bucket{le="+Inf"} 4.0
+steadyrl_rollout_turns_per_episode_count 4.0
+steadyrl_rollout_turns_per_episode_sum 10.0
+# TYPE steadyrl_rollout_episodes_truncated counter
+steadyrl_rollout_episodes_truncated_total{reason="turns"} 1.0
+steadyrl_rollout_episodes_truncated_total{reason="tokens"} 0.0
+# TYPE steadyrl_rollout_tool_calls counter
+steadyrl_rollout_tool_calls_total{tool="calc",outcome="ok"} 7.0
+steadyrl_rollout_tool_calls_total{tool="calc",outcome="timeout"} 1.0
+steadyrl_rollout_tool_calls_total{tool="calc",outcome="error"} 0.0
+"""
+ROLLOUT_1 = (ROLLOUT_0.replace("_count 4.0", "_count 2.0").replace("_sum 10.0", "_sum 2.0")
+             .replace('outcome="ok"} 7.0', 'outcome="ok"} 3.0')
+             + 'steadyrl_rollout_tool_calls_total{tool="unknown",outcome="invalid"} 2.0\n')
+ONE_TURN = """\
+# TYPE steadyrl_rollout_turns_per_episode histogram
+steadyrl_rollout_turns_per_episode_bucket{le="+Inf"} 0.0
+steadyrl_rollout_turns_per_episode_count 0.0
+steadyrl_rollout_turns_per_episode_sum 0.0
+# TYPE steadyrl_rollout_episodes_truncated counter
+steadyrl_rollout_episodes_truncated_total{reason="turns"} 0.0
+"""
+
+
+def test_agent_figures_sum_the_rollout_workers_and_a_one_turn_run_has_none():
+    a = panel.agent_figures([_scrape(ROLLOUT_0), _scrape(ROLLOUT_1), {}])   # {}: a worker not answering
+    assert a is not None and (a.episodes, a.turns) == (6, 12.0) and a.truncated == {"turns": 2}
+    assert a.tools == {"calc": {"ok": 10, "timeout": 2}, "unknown": {"invalid": 2}}
+    assert panel.agent_figures([_scrape(ONE_TURN)]) is None and panel.agent_figures([]) is None
+
+
+def test_render_shows_turns_and_tool_outcomes_only_for_a_multi_turn_run():
+    state = PanelState(run_id="r1", step=3, steps=10)
+    plain = text_of(state)
+    assert "agents" not in plain
+    a = panel.agent_figures([_scrape(ROLLOUT_0), _scrape(ROLLOUT_1)])
+    out = text_of(PanelState(run_id="r1", step=3, steps=10, agents=a), width=160)
+    assert "6 episodes, 2.0 turns/episode (truncated: turns 2)" in out
+    assert "calc: ok 10, timeout 2; unknown: invalid 2" in out
+    # the same rows, the agents row added after accuracy; the one-turn panel has the rows it had
+    def rows(text):
+        return [line.strip("│ ").split("  ")[0] for line in text.splitlines()[1:-1]]
+
+    assert rows(plain) == ["step", "phase", "reward", "accuracy", "breaker", "DLQ", "restarts", "checkpoint"]
+    assert rows(out) == ["step", "phase", "reward", "accuracy", "agents", "breaker", "DLQ", "restarts", "checkpoint"]
+
+
+def test_the_live_panel_reads_the_rollout_workers_metrics(tmp_path):
+    """A real HTTP server as the rollout worker's /metrics; the learner not answering."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):   # noqa: N802 - http.server's name
+            body = ROLLOUT_0.encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/plain; version=0.0.4")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        view = LivePanel(tmp_path, "http://127.0.0.1:1", {}, dict, rollout_urls={"rollout-0": url})
+        with httpx.Client(timeout=2.0) as http:
+            view.poll(http)
+        a = view.snapshot().agents
+        assert a is not None and a.episodes == 4 and a.tools == {"calc": {"ok": 7, "timeout": 1}}
+    finally:
+        server.shutdown()
