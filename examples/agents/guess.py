@@ -1,15 +1,16 @@
-"""A two-turn environment the tiny model learns in about a minute (docs/agents.md): the model
+"""A two-turn environment the tiny model learns in about two minutes (docs/agents.md): the model
 guesses a hidden digit, the environment tells it the digit, and it answers again. Only the
 environment's message holds the digit, and only the second answer is scored, so the reward
 rises only as the model learns to read that message.
 
-    steadyrl up --model tiny --data tiny_copy:256 --reward tiny_copy --env examples/agents/guess.py:Guess
+    steadyrl up --config configs/tiny.yaml --env examples/agents/guess.py:Guess
 
 With `tiny_copy` rows (the prompt is one digit, the ground truth the same digit), `reset` hides
-the digit behind "?"; `step` answers the first guess, right or wrong, with the digit ("it was 7"
-in a character the tiny tokenizer has: "7"), and ends the episode after the second answer,
-which the run's reward function scores. A lucky first guess ends nothing: were it scored, the
-policy would learn to guess the commonest digits instead of reading the environment.
+the digit behind "?"; `step` answers the first guess, right or wrong, with the digit four times
+("7777": the tiny model finds four sooner than one among its guess's characters), and ends the
+episode after the second answer, which the run's reward function scores. A lucky first guess
+ends nothing: were it scored, the policy would learn to guess the commonest digits instead of
+reading the environment.
 
 Stateless: `step` reads only the messages and the row (the serialization contract)."""
 
