@@ -247,6 +247,7 @@ def main() -> None:
             else:
                 after, items = evaluated(str(run_dir / "model"), run_dir / "eval.json")
             print(f"seed {seed}", json.dumps(after), flush=True)
+            tr["command"] = "steadyrl " + tr["command"].removeprefix("steadyrl.cli ").replace(str(d), "D")
             seeds.append({**tr, "after": after, "examples_after": items[:5]})
         keys = ("accuracy", "accuracy_answer_without_call", "tool_call_rate", "calls_per_episode",
                 "well_formed_calls_per_episode", "turns_per_episode")
