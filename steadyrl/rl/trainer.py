@@ -18,6 +18,7 @@ import copy
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -93,6 +94,8 @@ class Trainer:
         sharded: whether `module` is sharded.
         pending_optimizer: rank 0, sharded: a restored whole optimizer state dict that
             steadyrl.rl.distributed.sync scatters to the shards before the first update.
+        progress: called after each micro-batch's forward (the no-grad passes' too) and
+            backward: the learner beats its heartbeat there (default: nothing).
     """
 
     def __init__(self, model: torch.nn.Module, pad_id: int, cfg: TrainConfig):
@@ -146,6 +149,7 @@ class Trainer:
         self.micro_batch_size = cfg.micro_batch_size   # 4x smaller in the safe mode
         self.safe_mode = False
         self.oom_fallbacks = 0                         # times a step ran out of memory and was retried
+        self.progress: Callable[[], None] = lambda: None
         self.pending_optimizer: dict[str, Any] | None = None   # rank 0, sharded: restored state to scatter (`sync`)
         self._pushed = self.module is self.model       # `module` holds what `model` holds
         if (self.sharded and cfg.oom_fallback != "off"
@@ -284,6 +288,7 @@ class Trainer:
         if need_values:
             assert self.value_head is not None, "values need the PPO value head"
             values = self.value_head(out.hidden_states[-1][:, P - 1:-1].float())  # (n, T)
+        self.progress()
         return logp, ent, values
 
     def _accumulate(self, last: bool) -> None:
@@ -500,6 +505,7 @@ class Trainer:
                             # its share of the minibatch, so the micro-batches' sum is the minibatch's loss
                             weight = core.microbatch_weight(x.mask[idx], x.mask[mb_idx], cfg.loss_agg)
                             (loss * weight).backward()   # type: ignore[no-untyped-call, unused-ignore]  # --strict: torch's backward is unannotated
+                            self.progress()
                             losses.append(loss.detach())
                             mb_sums.add(metrics, weight)
                     except Exception as e:  # noqa: BLE001 - only out-of-memory is agreed and falls back
