@@ -399,9 +399,19 @@ def add_observation(ep: Episode, messages: list[dict[str, str]], ids: list[int])
     ep.loss_mask += [0] * len(ids)
 
 
+def final_answer(text: str) -> str:
+    """`text` (an episode's last assistant turn) less its tool calls: the `<tool_call>...</tool_call>`
+    blocks, and an unclosed `<tool_call>` to the end. What the run's reward function scores: a
+    call is not an answer. An episode cut short by max_turns on a call, `<tool_call>{"name":
+    "calc", "arguments": {"expression": "38610"}}</tool_call>`, scored 1 on numeric_match
+    before (the expression's number was the answer's last); now it is scored on "" (0)."""
+    return TOOL_CALL.sub("", text).split("<tool_call>", 1)[0].strip()
+
+
 def finished(state: EpisodeState, drop_truncated: bool = False) -> RolloutGroup | None:
     """The group of a state whose episodes are all done: one sample per episode (its whole
-    trajectory after the prompt, with loss mask and per-turn versions); policy_version is the
+    trajectory after the prompt, with loss mask and per-turn versions; its text, what the
+    reward scores, is the last turn's `final_answer`); policy_version is the
     first turn's, so staleness counts from the episode's start. With `drop_truncated`, the
     truncated episodes are left out and counted in the group's `rejected`
     (`truncated_turns`, `truncated_tokens`, `truncated_time`), as the rollout gate leaves out
@@ -414,7 +424,8 @@ def finished(state: EpisodeState, drop_truncated: bool = False) -> RolloutGroup 
         if drop_truncated and e.truncated:
             rejected[f"truncated_{e.truncated}"] = rejected.get(f"truncated_{e.truncated}", 0) + 1
     first = min((v for e in eps for v in e.turn_versions[:1]), default=0)
-    samples = [Sample(text=e.text, token_ids=e.token_ids, logprobs=e.logprobs, finish_reason=e.finish_reason,
-                      loss_mask=e.loss_mask, turn_versions=e.turn_versions) for e in eps]
+    samples = [Sample(text=final_answer(e.text), token_ids=e.token_ids, logprobs=e.logprobs,
+                      finish_reason=e.finish_reason, loss_mask=e.loss_mask, turn_versions=e.turn_versions)
+               for e in eps]
     return RolloutGroup(prompt=state.prompt, prompt_token_ids=eps[0].prompt_ids, samples=samples,
                         policy_version=first, actor=state.actor, engine=state.engine, rejected=rejected)

@@ -488,3 +488,18 @@ def test_an_environment_returning_messages_that_are_not_messages_sends_its_group
     [r] = make_episode_handler(_runner(tok, actor, StepsToNumbers))([(_prompt(n=1), None)])
     assert isinstance(r, Rejected) and r.detail.startswith(
         "environment tests.steadyrl.test_agents:Never: step at turn 1 returned messages the worker cannot use: ")
+
+
+def test_the_reward_scores_the_final_answer_less_its_tool_calls():
+    """Found by the SmolLM2 calculator runs: an episode cut off by max_turns on a call whose
+    expression was the answer scored 1 on numeric_match (the last number of the text)."""
+    from steadyrl.model.rewards import numeric_match
+
+    call = '<tool_call>{"name": "calc", "arguments": {"expression": "38610"}}</tool_call>'
+    assert agents.final_answer(call) == ""
+    assert agents.final_answer(f"Let me check. {call}") == "Let me check."
+    assert agents.final_answer('It is 12. <tool_call>{"name": "calc", "arguments": {"expression": "38610') \
+        == "It is 12."
+    assert agents.final_answer("The answer is 38610.") == "The answer is 38610."
+    assert numeric_match("arith", agents.final_answer(call), "38610")["score"] == 0.0
+    assert numeric_match("arith", call, "38610")["score"] == 1.0   # what it scored before
