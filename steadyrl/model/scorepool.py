@@ -309,6 +309,7 @@ class _Slot:
         self.loaded: set[str] = set()   # the specs (scorers, tools) its process has loaded
         self.loading: str | None = None   # the scorer its process was asked to load, not yet loaded
         self.load_started = 0.0
+        self.load_seq = 0   # the request number of that load
         self.seq = 0   # requests sent to its process; a reply carries its request's number
 
 
@@ -486,7 +487,10 @@ class ScoringPool:
             conn.send((slot.seq, job.what, job.spec, job.name, job.args))
             while conn.poll(max(0.0, end - time.monotonic())):
                 seq, status, a, b = conn.recv()
-                if seq != slot.seq:   # an earlier request's answer (a load): not this item's
+                if seq != slot.seq:   # an earlier request's answer: not this item's
+                    if slot.loading is not None and seq == slot.load_seq:   # a load a deadline cut short: done
+                        slot.loaded.add(slot.loading)
+                        slot.loading = None
                     continue
                 if job.what == "call":
                     return {"outcome": status, "text": a, "chars": b} if status in ("ok", "cut") \
@@ -550,10 +554,11 @@ class ScoringPool:
             if slot.loading != spec:
                 slot.loading, slot.load_started = spec, time.monotonic()
                 slot.seq += 1
+                slot.load_seq = slot.seq
                 conn.send((slot.seq, "load", spec, spec, None))
-            load_seq, give_up = slot.seq, slot.load_started + START_TIMEOUT_S
+            give_up = slot.load_started + START_TIMEOUT_S
             while conn.poll(max(0.0, min(give_up, deadline) - time.monotonic())):
-                if conn.recv()[0] == load_seq:
+                if conn.recv()[0] == slot.load_seq:
                     slot.loaded.add(spec)
                     slot.loading = None
                     return "ok"

@@ -169,3 +169,24 @@ def test_a_module_in_the_callers_folder_does_not_shadow_the_standard_library(tmp
     monkeypatch.chdir(tmp_path)
     with ScoringPool(1, item_timeout_s=5.0) as p:
         assert p.score("r.py:compute_score", [_item("x")]) == [{"reward": 0.5, "extra": {}}]
+
+
+def test_a_load_the_deadline_cut_short_is_taken_when_another_scorers_item_runs_meanwhile(tmp_path, monkeypatch):
+    """Found in review (issue 48's pool of loaded specs): scorer B's load cut short by a call's
+    deadline, then an item of the loaded scorer A on the same process. A's read of its answer
+    dropped B's "loaded" reply, and every later B item waited for a reply that had come: its
+    whole deadline each, and after START_TIMEOUT_S a scorer_crash. Each B item now scores at once."""
+    (tmp_path / "a.py").write_text("def fa(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                   "    return 1.0\n")
+    (tmp_path / "b.py").write_text("import time\ntime.sleep(1.0)\n"
+                                   "def fb(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                   "    return 0.5\n")
+    monkeypatch.chdir(tmp_path)
+    with ScoringPool(1, 5.0) as p:
+        assert p.score("a.py:fa", [_item("1")], deadline=time.monotonic() + 30)[0]["reward"] == 1.0
+        assert p.score("b.py:fb", [_item("1")], deadline=time.monotonic() + 0.3)[0]["kind"] == DEADLINE
+        assert p.score("a.py:fa", [_item("1")], deadline=time.monotonic() + 30)[0]["reward"] == 1.0
+        for _ in range(2):
+            t0 = time.monotonic()
+            assert p.score("b.py:fb", [_item("1")], deadline=time.monotonic() + 5)[0]["reward"] == 0.5
+            assert time.monotonic() - t0 < 2.0
