@@ -334,11 +334,17 @@ class EpisodeRunner:
 
     def _step(self, s: EpisodeState, ep: Any) -> Rejected | None:
         """The environment's answer to the episode's last turn, appended; or the episode ends.
-        Rejected (handler_error) when the environment raises or takes past `env_timeout_s`."""
+        Rejected (handler_error) when the environment raises or takes past `env_timeout_s`.
+
+        At a budget (max_turns, max_episode_tokens, episode_timeout_s) the episode ends either
+        way: done when its last answer finished it (no tool call; the environment says done),
+        else truncated by that budget, with nothing appended (a trajectory ends with the
+        model's tokens). With tools, the calls of such a last answer are not run."""
         used = len(ep.prompt_ids) + len(ep.token_ids)
-        if s.turn >= self.a.max_turns or used >= self.a.max_episode_tokens or self._past_time(s):
-            self._ended(s, ep, "turns" if s.turn >= self.a.max_turns else
-                      "tokens" if used >= self.a.max_episode_tokens else "time")
+        limit = ("turns" if s.turn >= self.a.max_turns else "tokens" if used >= self.a.max_episode_tokens
+                 else "time" if self._past_time(s) else None)
+        if limit is not None and self.a.tools:
+            self._ended(s, ep, limit if agents.TOOL_CALL.search(ep.messages[-1].content) else "done")
             return None
         conversation = [agents._msg(m) for m in ep.messages]
 
@@ -368,6 +374,9 @@ class EpisodeRunner:
             ep.reward = self._reward(reward, s)
         if done or not new:
             self._ended(s, ep, "done")
+            return None
+        if limit is not None:
+            self._ended(s, ep, limit)
             return None
         try:
             ids = agents.delta_ids(self.tok, new)

@@ -99,6 +99,13 @@ class ExitsOnReset(Fine):
     def reset(self, row):
         os._exit(4)
 
+class DoneAtTwo(Fine):
+    """Says done at its second step (after the model's second answer)."""
+    def step(self, messages):
+        turns = sum(m["role"] == "assistant" for m in messages)
+        return [{"role": "user", "content": "again"}], float(turns), turns >= 2
+
+
 class Counts(Fine):
     """State through the pool: get_state/set_state round-trip across steps."""
     def reset(self, row):
@@ -292,3 +299,32 @@ def test_an_episode_past_its_wall_clock_budget_ends_with_the_turn_in_flight(file
 def test_a_bad_budget_setting_is_refused_naming_it(field, value):
     with pytest.raises(ValidationError, match=field):
         AgentSection(env="tests.steadyrl.test_agents:Never", model="tiny", **{field: value})
+
+
+def test_an_episode_its_last_allowed_answer_finishes_is_done_not_truncated(files, tmp_path):
+    """Found in review: the max_turns check ran before the environment's step, so an episode
+    whose last allowed answer finished it (no tool call; the environment said done) was marked
+    truncated, and with truncated: drop the ideal trajectory was dropped and its prompt refused."""
+    answers = [_call("ok"), "7"]   # turn 1 calls a tool, turn 2 answers
+
+    def actor(request: httpx.Request) -> httpx.Response:
+        body, text = json.loads(request.content), answers.pop(0)
+        comp = {"token_ids": [5], "logprobs": [-0.5], "finish_reason": "stop", "text": text}
+        return httpx.Response(200, json={"policy_version": 3, "engine": "torch", "prompt_ids": [],
+                                         "completions": [[comp] for _ in body["prompts"]]})
+
+    r = EpisodeRunner(AgentSection(model="tiny", tools="tools.py:ok", max_turns=2, truncated="drop"), "http://actor",
+                      httpx.Client(transport=httpx.MockTransport(actor)), 5.0, 0.1, tok=tiny_tokenizer())
+    try:
+        g = _to_the_end(make_episode_handler(r), _prompt(n=2))
+    finally:
+        r.close()
+    assert isinstance(g, RolloutGroup) and len(g.samples) == 2 and g.rejected == {}
+    assert [s.text for s in g.samples] == ["7", "7"]
+
+    env = _to_the_end(make_episode_handler(files(env="envs.py:DoneAtTwo", max_turns=2, truncated="drop")),
+                      _prompt(n=2))
+    assert isinstance(env, RolloutGroup) and len(env.samples) == 2 and env.rejected == {}
+    # and one that does not finish at its last allowed turn is still truncated, with nothing appended
+    cut = _to_the_end(make_episode_handler(files(env="envs.py:Fine", max_turns=2)), _prompt(n=2))
+    assert isinstance(cut, RolloutGroup) and all(s.loss_mask[-1] == 1 for s in cut.samples)
