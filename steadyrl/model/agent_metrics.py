@@ -61,10 +61,12 @@ def tool_label(name: str, offered: Iterable[str]) -> str:
 
 
 def offered(tools: Iterable[str]) -> None:
-    """Make the ok/invalid/error/timeout series of each offered tool exist at 0, so the alerts'
-    and the dashboard's rates read 0 before the first call (call once at the worker's start)."""
+    """Make the series of each offered tool and outcome that ran (or was invalid) exist at 0, so
+    the alerts' and the dashboard's increases see the first crash or error too (an increase()
+    over a series that appears with 1 reads 0), and read 0 before the first call (call once at
+    the worker's start)."""
     for t in [*tools, UNKNOWN_TOOL]:
-        for outcome in ("ok", "invalid", "error", "timeout"):
+        for outcome in ("ok", "cut", "invalid", "error", "timeout", "crash", "too_large"):
             TOOL_CALLS.labels(t, outcome)
 
 

@@ -316,8 +316,10 @@ def env_step(cls: Callable[[], Environment], row: dict[str, Any], state: Any,
     if state is not None and callable(getattr(env, "set_state", None)):
         env.set_state(state)  # type: ignore[attr-defined]
     new, reward, done = env.step(messages)
-    if isinstance(reward, numbers.Real) and not isinstance(reward, bool) and not math.isfinite(float(reward)):
-        reward = str(reward)   # NaN/inf as JSON text would not come back as a number either way
+    if isinstance(reward, numbers.Real) and not isinstance(reward, bool):
+        # a numpy float32 or int64 as a float (JSON's default=str made it the string "0.5");
+        # NaN/inf as text, which would not come back as a number either way
+        reward = float(reward) if math.isfinite(float(reward)) else str(reward)
     return {"messages": new, "reward": reward, "done": bool(done), "state": env_state(env)}
 
 

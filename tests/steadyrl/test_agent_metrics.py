@@ -79,7 +79,8 @@ def test_a_finished_episode_counts_its_turns_tokens_and_truncation_once_written(
     assert got == {names[0]: 2, names[1]: 2 * 2, names[2]: 2, names[3]: 2 * tokens}
     assert _v("steadyrl_rollout_episodes_truncated_total", reason="turns") - turns_trunc == 2   # max_turns 2
     assert _v("steadyrl_rollout_env_step_seconds_count", call="reset") - resets == 1           # once per group
-    assert _v("steadyrl_rollout_env_step_seconds_count", call="step") - steps == 2             # turn 1, 2 episodes
+    assert _v("steadyrl_rollout_env_step_seconds_count", call="step") - steps == 4             # 2 turns, 2 episodes
+    # (the last allowed turn's step too: it says whether the answer finished the episode)
 
 
 def test_truncated_reasons_exist_at_zero():

@@ -503,3 +503,20 @@ def test_the_reward_scores_the_final_answer_less_its_tool_calls():
     assert agents.final_answer("The answer is 38610.") == "The answer is 38610."
     assert numeric_match("arith", agents.final_answer(call), "38610")["score"] == 0.0
     assert numeric_match("arith", call, "38610")["score"] == 1.0   # what it scored before
+
+
+def test_an_environments_numpy_reward_comes_back_from_its_process_as_a_number():
+    """Found in review: a step's answer crosses from the pool process as JSON (default=str), so
+    a numpy float32 reward came back as the string "0.5" and was recorded as None."""
+    import numpy as np
+
+    class Env:
+        def reset(self, row):
+            return row["messages"]
+
+        def step(self, messages):
+            return [], np.float32(0.5), True
+
+    row = {"messages": [{"role": "user", "content": "7"}]}
+    answer = json.loads(json.dumps(agents.env_step(Env, row, None, row["messages"]), default=str))
+    assert answer["reward"] == 0.5 and isinstance(answer["reward"], float)
