@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from services.rollout.episodes import AgentSection, EpisodeRunner  # noqa: E402
+from steadyrl.services.rollout.episodes import AgentSection, EpisodeRunner  # noqa: E402
 from steadyrl.bus.stage import Output, Stage  # noqa: E402
 from steadyrl.bus.topics import create_topics  # noqa: E402
 from steadyrl.local.broker import LocalBroker  # noqa: E402

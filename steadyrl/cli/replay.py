@@ -81,7 +81,7 @@ def _episodes(args: argparse.Namespace, t_from: int, t_to: int) -> int:
     scored groups only, 1 when the topic cannot be read or the window holds no episode."""
     from confluent_kafka import KafkaException  # lazy: entry point (a command), keeps `steadyrl --help` fast
 
-    from steadyrl.replay.episodes import format_episodes, read_episodes  # lazy, as above
+    from steadyrl.replay.episodes import format_episodes, read_episodes  # lazy: entry point (a command), as above
 
     for flag, given in (("--rescore", args.rescore), ("--to-topic", args.to_topic), ("--png", args.png)):
         if given:
