@@ -42,13 +42,13 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from steadyrl.services.rollout.episodes import AgentSection, EpisodeRunner  # noqa: E402
 from steadyrl.bus.stage import Output, Stage  # noqa: E402
 from steadyrl.bus.topics import create_topics  # noqa: E402
 from steadyrl.local.broker import LocalBroker  # noqa: E402
 from steadyrl.local.jars import fetch  # noqa: E402
 from steadyrl.local.ports import free_port  # noqa: E402
 from steadyrl.model.models import tiny_tokenizer  # noqa: E402
+from steadyrl.services.rollout.episodes import AgentSection, EpisodeRunner  # noqa: E402
 from steadyrl.testing.procs import ServiceProc, produce_all  # noqa: E402
 from steadyrl.wire import codec  # noqa: E402
 from steadyrl.wire.contracts import EpisodeState, Prompt  # noqa: E402
