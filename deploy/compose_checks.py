@@ -408,12 +408,15 @@ def read_all(conf: dict, topic: str, timeout_s: float = 60.0) -> list:
         pos = dict.fromkeys(ends, 0)
         while any(pos[p] < ends[p] for p in ends) and time.time() < deadline:
             for m in c.consume(500, timeout=1.0):
-                if m.error():
-                    continue
-                got.append(m)
-                pos[m.partition()] = m.offset() + 1
+                if not m.error():
+                    got.append(m)
+            # the consumer's position, not the last record's offset + 1: a partition whose last
+            # entry is a transaction's commit or abort marker ends past every record it delivers
+            for tp in c.position(parts):
+                pos[tp.partition] = max(pos[tp.partition], tp.offset)
         if any(pos[p] < ends[p] for p in ends):
-            raise Failed(f"{topic}: could not read to the end within {timeout_s:.0f} s")
+            raise Failed(f"{topic}: could not read to the end within {timeout_s:.0f} s "
+                         f"(at {pos}, ends {ends})")
         return got
     finally:
         c.close()
