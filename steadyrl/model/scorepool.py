@@ -157,11 +157,11 @@ def _call_here(spec: str, name: str, kwargs: dict[str, Any], via: str | None, ma
     return "ok", text, None
 
 
-def _worker(conn: multiprocessing.connection.Connection, memory_limit_mb: int) -> None:
+def _worker(conn: multiprocessing.connection.Connection, memory_limit_mb: int, caller: int) -> None:
     """A worker process's life: limits, then items until the socket closes."""
     with contextlib.suppress(OSError, AttributeError):   # Linux: die with the caller, even mid-item
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:   # the caller died before that
+    if os.getppid() != caller:   # the caller (pid `caller`: PID 1 itself in a container) died before that
         return
     if memory_limit_mb > 0:
         limit = memory_limit_mb * 2**20
@@ -182,8 +182,8 @@ def _worker(conn: multiprocessing.connection.Connection, memory_limit_mb: int) -
             conn.send((seq, *_score_here(spec, name, args)))
 
 
-if __name__ == "__main__":   # python -m steadyrl.model.scorepool FD MEMORY_LIMIT_MB: one worker (ScoringPool._start)
-    _worker(multiprocessing.connection.Connection(int(sys.argv[1])), int(sys.argv[2]))
+if __name__ == "__main__":   # python -m steadyrl.model.scorepool FD MEMORY_LIMIT_MB CALLER_PID (ScoringPool._start)
+    _worker(multiprocessing.connection.Connection(int(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]))
     sys.exit(0)
 
 
@@ -572,7 +572,7 @@ class ScoringPool:
             proc = subprocess.Popen(   # -P: the working folder last on sys.path, not first (a user's
                 # random.py there must not shadow the standard library; rewards._import appends it)
                 [sys.executable, "-P", "-m", "steadyrl.model.scorepool", str(theirs.fileno()),
-                 str(self.memory_limit_mb)],
+                 str(self.memory_limit_mb), str(os.getpid())],
                 pass_fds=(theirs.fileno(),), cwd=self._cwd, stdin=subprocess.DEVNULL, start_new_session=True)
         except BaseException:
             ours.close()

@@ -4,6 +4,7 @@ memory limit holds, the call's deadline bounds the wait; the pool serves on afte
 
 import os
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -190,3 +191,28 @@ def test_a_load_the_deadline_cut_short_is_taken_when_another_scorers_item_runs_m
             t0 = time.monotonic()
             assert p.score("b.py:fb", [_item("1")], deadline=time.monotonic() + 5)[0]["reward"] == 0.5
             assert time.monotonic() - t0 < 2.0
+
+
+def test_a_pool_whose_caller_is_pid_1_scores(tmp_path):
+    """Found by the compose test: in a container the learner (or reward server) is PID 1, and
+    its scoring processes took a parent of PID 1 for a dead caller and left at once, so every
+    item was 'its process did not start or load it within 60 s' and the learner exited 2 at
+    its evaluation, restarted for ever. Here the caller is PID 1 of a new PID namespace."""
+    import subprocess
+    import sys
+
+    (tmp_path / "r.py").write_text("def fa(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                   "    return 0.25\n")
+    code = ("import os, time\nfrom types import SimpleNamespace as S\n"
+            "from steadyrl.model.scorepool import ScoringPool\n"
+            "assert os.getpid() == 1\n"
+            "with ScoringPool(1, 5.0) as p:\n"
+            "    it = S(data_source='d', prompt='p', response='r', ground_truth='g', extra_info={})\n"
+            "    print(p.score('r.py:fa', [it], deadline=time.monotonic() + 30)[0])\n")
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a PID namespace here: {probe.stderr.decode().strip()}")
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert done.returncode == 0 and "'reward': 0.25" in done.stdout, done.stdout + done.stderr
