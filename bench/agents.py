@@ -64,6 +64,22 @@ class Again:
         return [{"role": "user", "content": "again"}], None, False
 
 
+def _timed(obj: Any, method: str) -> list[float]:
+    """Wrap `obj.method` so that each call's seconds are appended to the list returned."""
+    seconds: list[float] = []
+    call = getattr(obj, method)
+
+    def timed(*args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return call(*args)
+        finally:
+            seconds.append(time.perf_counter() - t0)
+
+    setattr(obj, method, timed)
+    return seconds
+
+
 def prompt(i: int, n: int, max_new: int) -> Prompt:
     return Prompt(prompt_id=f"bench/e0-i{i}", epoch=0, index=i, n_samples=n, ground_truth=str(i % 10),
                   max_new_tokens=max_new, messages=[{"role": "user", "content": str(i % 10)}], seed=1000 + i)
@@ -73,18 +89,7 @@ def runner(url: str, turns: int) -> tuple[EpisodeRunner, list[float]]:
     """The worker's EpisodeRunner on the actor at `url`, and the list its /generate times go to."""
     r = EpisodeRunner(AgentSection(model="tiny", max_turns=turns), url, httpx.Client(), 120.0, 1.0,
                       tok=tiny_tokenizer(), factory=Again)
-    gen_s: list[float] = []
-    generate = r._generate
-
-    def timed(key: tuple[Any, ...], eps: list[tuple[EpisodeState, int]]) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return generate(key, eps)
-        finally:
-            gen_s.append(time.perf_counter() - t0)
-
-    r._generate = timed  # type: ignore[method-assign]
-    return r, gen_s
+    return r, _timed(r, "_generate")
 
 
 def started(r: EpisodeRunner, p: Prompt) -> EpisodeState:
@@ -146,17 +151,7 @@ def turn_transactions(bootstrap: str, prefix: str, states: list[EpisodeState], t
     stage = Stage(name="bench-turn", bootstrap=bootstrap, topic_prefix=prefix, instance_id="b0",
                   input_topic="rl.episodes", input_contract=EpisodeState, group_id=f"{prefix}bench-turn",
                   handle_batch=handle, batch_size=len(states))
-    commits: list[float] = []
-    commit = stage._commit_transaction
-
-    def timed(outputs: Any, offsets: Any) -> bool:
-        t0 = time.perf_counter()
-        try:
-            return commit(outputs, offsets)
-        finally:
-            commits.append(time.perf_counter() - t0)
-
-    stage._commit_transaction = timed  # type: ignore[method-assign]
+    commits = _timed(stage, "_commit_transaction")
     stop = threading.Event()
     th = threading.Thread(target=stage.run, args=(stop,), daemon=True)
     th.start()
